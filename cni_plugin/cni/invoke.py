@@ -1,0 +1,62 @@
+"""Exec a delegated plugin the way the spec says (section 4; checklist 10a).
+
+Same environment with only CNI_COMMAND changed (and IgnoreUnknown=1 added to CNI_ARGS,
+IPM-6), the same stdin bytes, the delegate's stderr passed through to ours (IPM-3); its
+error is passed on with its own code, never re-wrapped (IPM-4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .args import with_ignore_unknown
+from .errors import CniError, Code
+
+
+def find_plugin(plugin_type: str, path: Sequence[str]) -> str:
+    if not plugin_type or "/" in plugin_type or plugin_type in (".", ".."):
+        raise CniError(Code.INVALID_CONFIG, "invalid plugin type",
+                       f"type {plugin_type!r} must be a plain binary name")
+    for d in path:
+        candidate = os.path.join(d, plugin_type)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise CniError(Code.DELEGATE_FAILED, f"failed to find plugin {plugin_type!r} in path",
+                   f"searched CNI_PATH {list(path)}")
+
+
+def exec_plugin(plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str],
+                path: Sequence[str]) -> dict[str, Any] | None:
+    """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
+    binary = find_plugin(plugin_type, path)
+    child_env = dict(env)
+    child_env["CNI_COMMAND"] = command
+    child_env["CNI_ARGS"] = with_ignore_unknown(env.get("CNI_ARGS", ""))
+    try:
+        proc = subprocess.run([binary], input=stdin, env=child_env, stdout=subprocess.PIPE,
+                              check=False)
+    except OSError as e:
+        raise CniError(Code.DELEGATE_FAILED, f"failed to execute {plugin_type}",
+                       f"{binary}: {e}") from None
+    out = proc.stdout.strip()
+    parsed: Any = None
+    if out:
+        try:
+            parsed = json.loads(out)
+        except ValueError:
+            raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} printed garbage",
+                           f"exit {proc.returncode}, stdout {out[:500]!r}") from None
+    if proc.returncode != 0:
+        if isinstance(parsed, dict) and isinstance(parsed.get("code"), int):
+            raise CniError(parsed["code"], str(parsed.get("msg", "")),
+                           str(parsed.get("details", "")))
+        raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} failed",
+                       f"exit status {proc.returncode}, no CNI error on stdout")
+    if parsed is not None and not isinstance(parsed, dict):
+        raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} printed a non-object",
+                       repr(parsed)[:500])
+    return parsed

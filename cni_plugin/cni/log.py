@@ -1,0 +1,119 @@
+"""Logging for short-lived CNI processes: a size-rotated file shared by many processes.
+
+Never stdout (GEN-5). Warnings and errors also go to stderr (PRODUCT.md "logs").
+``logging.handlers.RotatingFileHandler`` is not safe when many processes append and
+rotate the same file at once; this handler appends with O_APPEND (one write per record,
+so records never interleave) and rotates under an flock, re-checking the size after
+taking it so that only one process rotates.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+
+DEFAULT_LOG_FILE = "/var/log/tabby/cni.log"
+MAX_BYTES = 10 * 1024 * 1024
+BACKUPS = 5
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR}
+
+_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s [%(cni)s] %(message)s"
+
+
+class _ContextFilter(logging.Filter):
+    """Stamps every record with the call it belongs to (verb and container id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.context = "-"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.cni = self.context
+        return True
+
+
+class SharedRotatingFileHandler(logging.Handler):
+    def __init__(self, path: str, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
+        super().__init__()
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            data = (self.format(record) + "\n").encode("utf-8", "replace")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, data)
+                if os.fstat(fd).st_size > self.max_bytes:
+                    self._rotate(fd)
+            finally:
+                os.close(fd)
+        except Exception:  # a log failure must never fail a CNI call
+            self.handleError(record)
+
+    def _rotate(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            try:
+                if os.stat(self.path).st_size <= self.max_bytes:
+                    return  # another process rotated while we waited
+            except FileNotFoundError:
+                return
+            for i in range(self.backups - 1, 0, -1):
+                src = f"{self.path}.{i}"
+                if os.path.exists(src):
+                    os.replace(src, f"{self.path}.{i + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+_context = _ContextFilter()
+_configured: list[logging.Handler] = []
+
+
+def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *,
+          stderr: bool = True) -> None:
+    """(Re)configure the ``tabby`` logger. Safe to call more than once."""
+    root = logging.getLogger("tabby")
+    for h in _configured:
+        root.removeHandler(h)
+    _configured.clear()
+    root.setLevel(LEVELS.get(level.lower(), logging.INFO))
+    root.propagate = False
+    fmt = logging.Formatter(_FORMAT)
+    if path:
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            fh = SharedRotatingFileHandler(path)
+            fh.setFormatter(fmt)
+            fh.addFilter(_context)
+            _configured.append(fh)
+        except OSError:
+            pass  # no writable log dir (e.g. not root): stderr still gets warnings
+    if stderr:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setLevel(logging.WARNING)
+        sh.setFormatter(fmt)
+        sh.addFilter(_context)
+        _configured.append(sh)
+    for h in _configured:
+        root.addHandler(h)
+
+
+def set_context(text: str) -> None:
+    _context.context = text
+
+
+def configure_for_call(config: dict[str, object], command: str, container_id: str,
+                       ifname: str) -> None:
+    """Apply the config's ``log_level``/``log_file_path`` and tag records with the call."""
+    level = config.get("log_level")
+    path = config.get("log_file_path")
+    setup(level if isinstance(level, str) else "info",
+          path if isinstance(path, str) and path else DEFAULT_LOG_FILE)
+    set_context(f"{command} {container_id[:12] or '-'} {ifname or '-'}")

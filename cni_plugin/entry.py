@@ -1,0 +1,116 @@
+"""Process entry for every tabby program, chosen by the name it was exec'd as.
+
+One frozen bundle serves ``tabby``, ``tabby-ipam``, ``tabbyctl`` and ``tabby-node`` (Calico
+does the same with calico/calico-ipam): ``/opt/cni/bin/tabby`` and ``tabby-ipam`` are
+symlinks into the bundle. Everything heavy is imported only by the role that needs it;
+VERSION imports nothing beyond the skel.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ROLES = ("tabby", "tabby-ipam", "tabbyctl", "tabby-node")
+ABOUT = {
+    "tabby": "tabby CNI plugin: Calico-style veth + /32 routes, delegates IPAM",
+    "tabby-ipam": "tabby-ipam CNI IPAM plugin: node-affine address blocks",
+}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _read_stdin() -> bytes | None:
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError:
+        return None
+
+
+def cni_main(role: str) -> int:
+    """Run one CNI call as ``role``. Only the result (or error) JSON reaches fd 1."""
+    from cni_plugin.cni import log, skel
+    from cni_plugin.cni.errors import CniError, Code
+
+    # Anything written to fd 1 by any library (or C code) now lands on stderr; the one
+    # JSON document goes to the saved descriptor (GEN-5).
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    env = os.environ
+    log.setup(stderr=True, path=None)
+    if not env.get("CNI_COMMAND"):
+        sys.stderr.write(f"{ABOUT.get(role, role)}\nCNI protocol versions supported: "
+                         "0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n")
+    stdin = _read_stdin() if env.get("CNI_COMMAND") in skel.VERBS else b""
+    if stdin is None:
+        err = CniError(Code.IO_FAILURE, "failed to read network configuration from stdin")
+        _write_all(out_fd, skel.dump(err.to_dict("1.1.0")))
+        return 1
+    if env.get("CNI_COMMAND") == "VERSION":
+        rc, out = skel.run(_no_handlers(), env, stdin)
+    else:
+        rc, out = _dispatch(role, env, stdin)
+    _write_all(out_fd, out)
+    return rc
+
+
+def _no_handlers() -> object:
+    from cni_plugin.cni import skel
+
+    def never(_: object) -> None:  # VERSION is answered by the skel itself
+        raise AssertionError("unreachable")
+
+    return skel.Handlers(add=never, delete=never, check=never, gc=never, status=never)
+
+
+def _dispatch(role: str, env: os._Environ[str], stdin: bytes) -> tuple[int, bytes]:
+    from cni_plugin.cni import skel
+
+    if role == "tabby-ipam":
+        from ipam.plugin import HANDLERS, configure_logging
+    else:
+        from cni_plugin.plugin import HANDLERS, configure_logging
+    return skel.run(HANDLERS, env, stdin, own_netns=skel.own_netns_id(),
+                    before_dispatch=configure_logging)
+
+
+def role_from_argv0(argv0: str) -> str:
+    name = os.path.basename(argv0)
+    return name if name in ROLES else os.environ.get("TABBY_ROLE", "tabby")
+
+
+def main() -> None:
+    role = role_from_argv0(sys.argv[0])
+    if role == "tabbyctl":
+        main_ctl()
+    elif role == "tabby-node":
+        main_node()
+    else:
+        sys.exit(cni_main(role))
+
+
+def main_ipam() -> None:
+    sys.exit(cni_main("tabby-ipam"))
+
+
+def main_ctl() -> None:
+    from cni_plugin.ctl.cli import main as ctl
+
+    ctl()
+
+
+def main_node() -> None:
+    from cni_plugin.node.server import main as node
+
+    sys.exit(node())

@@ -1,0 +1,1 @@
+"""tabby-ipam: block IPAM (pools cut into node-affine blocks, handles per attachment)."""

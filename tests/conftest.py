@@ -1,0 +1,36 @@
+"""Test tiers: unit (default), privileged (--run-privileged), e2e (--run-e2e).
+
+In CI the flags are given explicitly, so a missing capability fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+ALL_SPEC_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-privileged", action="store_true", default=False,
+                     help="run tests that need root and network namespaces")
+    parser.addoption("--run-e2e", action="store_true", default=False,
+                     help="run tests that exec the installed binaries (after ./build.sh)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    run_priv = config.getoption("--run-privileged")
+    run_e2e = config.getoption("--run-e2e")
+    skip_priv = pytest.mark.skip(reason="needs --run-privileged (root, netns)")
+    skip_e2e = pytest.mark.skip(reason="needs --run-e2e (installed binaries, root)")
+    for item in items:
+        if "e2e" in item.keywords and not run_e2e:
+            item.add_marker(skip_e2e)
+        elif "privileged" in item.keywords and not run_priv:
+            item.add_marker(skip_priv)
