@@ -76,11 +76,20 @@ def _no_handlers() -> object:
 
 def _dispatch(role: str, env: os._Environ[str], stdin: bytes) -> tuple[int, bytes]:
     from cni_plugin.cni import skel
+    from cni_plugin.cni.errors import CniError, Code
 
-    if role == "tabby-ipam":
-        from ipam.plugin import HANDLERS, configure_logging
-    else:
-        from cni_plugin.plugin import HANDLERS, configure_logging
+    try:
+        if role == "tabby-ipam":
+            from ipam.plugin import HANDLERS, configure_logging
+        else:
+            from cni_plugin.plugin import HANDLERS, configure_logging
+    except Exception as e:  # a broken install must still answer with one error JSON
+        import logging
+
+        logging.getLogger("tabby").exception("cannot load the %s handlers", role)
+        err = CniError(Code.INTERNAL, f"{role} is broken: cannot load its code",
+                       f"{type(e).__name__}: {e}")
+        return 1, skel.dump(err.to_dict(skel.sniff_version(stdin)))
     return skel.run(HANDLERS, env, stdin, own_netns=skel.own_netns_id(),
                     before_dispatch=configure_logging)
 

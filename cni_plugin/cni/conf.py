@@ -99,3 +99,27 @@ def runtime_value(conf: Mapping[str, Any], capability: str) -> Any:
         if k.lower() == capability.lower():
             return v
     return None
+
+
+def valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]] | None:
+    """GC-2/GC-4: the valid (containerID, ifname) set, or None when the key is absent.
+
+    Absent means "no information": delete nothing. Only an explicit empty list means
+    everything of this network is stale. ``valid-attachments`` first, the 1.1.0 tag's
+    ``attachments`` as the fallback (libcni sends both).
+    """
+    for key in ("cni.dev/valid-attachments", "cni.dev/attachments"):
+        if key in config:
+            raw = config[key]
+            if raw is None:
+                raw = []
+            if not isinstance(raw, list):
+                raise CniError(Code.INVALID_CONFIG, f"{key} must be a list", repr(raw)[:200])
+            out = set()
+            for a in raw:
+                if not isinstance(a, dict):
+                    raise CniError(Code.INVALID_CONFIG, f"{key} entries must be objects",
+                                   repr(a)[:200])
+                out.add((str(a.get("containerID", "")), str(a.get("ifname", ""))))
+            return out
+    return None

@@ -128,7 +128,7 @@ def build_args(env: Mapping[str, str], stdin: bytes, *,
                        f"CNI_COMMAND {command!r} is not one of {', '.join(VERBS)}")
     missing = [k for k in REQUIRED_ENV[command] if not env.get(k)]
     if missing:
-        raise CniError(Code.INVALID_ENV, f"required env variables {missing} missing",
+        raise CniError(Code.INVALID_ENV, f"required env variables missing: {', '.join(missing)}",
                        f"{command} needs {', '.join(REQUIRED_ENV[command])}")
     container_id = env.get("CNI_CONTAINERID", "")
     ifname = env.get("CNI_IFNAME", "")
@@ -168,7 +168,7 @@ def build_args(env: Mapping[str, str], stdin: bytes, *,
                    cni_version=cni_version, env=env)
 
 
-def _sniff_version(stdin: bytes) -> str:
+def sniff_version(stdin: bytes) -> str:
     """The version to write an error in: the request's, if it is one we speak (GEN-8)."""
     try:
         v = json.loads(stdin).get("cniVersion")
@@ -192,7 +192,7 @@ def run(handlers: Handlers, env: Mapping[str, str], stdin: bytes, *,
         except Exception:
             requested = None
         return 0, dump(ver.version_reply(requested))
-    cni_version = _sniff_version(stdin)
+    cni_version = sniff_version(stdin)
     try:
         args = build_args(env, stdin, own_netns=own_netns)
         cni_version = args.cni_version

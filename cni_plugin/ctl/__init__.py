@@ -1,0 +1,1 @@
+"""tabbyctl: the operator CLI (the only package that imports click)."""

@@ -1,0 +1,255 @@
+"""tabby-ipam's CNI adapter: CmdArgs in, IPAM core calls, IPAM-shaped result out.
+
+The core knows nothing of CNI; this module maps CNI inputs to an AssignRequest (specific
+IPs, pod-annotation pools, the attachment's identity and metadata) and core errors to
+CNI codes (PRODUCT.md 100-102, 11 for a lock timeout).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from cni_plugin.cni import conf as c
+from cni_plugin.cni import log, skel, types
+from cni_plugin.cni.args import parse_cni_args
+from cni_plugin.cni.errors import CniError, Code
+from ipam import config as ipam_config
+from ipam.core import AssignRequest, Ipam, IpamError, handle_id
+from ipam.store.file import FileStore
+
+T = TypeVar("T")
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
+ANNOTATION_KEYS = {
+    "ipAddrs": ("tabby.io/ipAddrs", "cni.projectcalico.org/ipAddrs"),
+    "ipv4pools": ("tabby.io/ipv4pools", "cni.projectcalico.org/ipv4pools"),
+    "ipv6pools": ("tabby.io/ipv6pools", "cni.projectcalico.org/ipv6pools"),
+}
+
+
+def configure_logging(args: skel.CmdArgs) -> None:
+    log.configure_for_call(args.config, f"ipam {args.command}", args.container_id, args.ifname)
+
+
+@contextmanager
+def _ipam_errors() -> Iterator[None]:
+    try:
+        yield
+    except IpamError as e:
+        raise CniError(e.code, type(e).__name__ if not str(e) else _short(e),
+                       str(e)) from None
+
+
+def _short(e: IpamError) -> str:
+    return {
+        Code.NO_ADDRESS: "no address available",
+        Code.STORE_CORRUPT: "IPAM datastore unreadable or corrupt",
+        Code.ADDRESS_UNAVAILABLE: "requested address not available",
+        Code.TRY_AGAIN_LATER: "IPAM datastore busy, try again later",
+        Code.INVALID_CONFIG: "invalid IPAM configuration",
+    }.get(e.code, "IPAM failure")
+
+
+def open_ipam(conf: ipam_config.IpamConf, node: str) -> Ipam:
+    store = FileStore(conf.data_dir, lock_timeout=conf.lock_timeout_seconds)
+    return Ipam(store, node)
+
+
+def _guard(fn: Callable[[], T]) -> T:
+    with _ipam_errors():
+        return fn()
+
+
+# -- request decoding ---------------------------------------------------------------------
+
+def _ip(text: object, source: str) -> Address:
+    if not isinstance(text, str):
+        raise CniError(Code.INVALID_CONFIG, f"invalid IP in {source}", repr(text))
+    try:
+        return ipaddress.ip_interface(text.strip()).ip
+    except ValueError:
+        raise CniError(Code.INVALID_CONFIG, f"invalid IP in {source}", repr(text)) from None
+
+
+def requested_ips(config: dict[str, Any], cni_args: dict[str, str]) -> list[Address]:
+    """Specific IPs, highest first: runtimeConfig.ips, args.cni.ips, CNI_ARGS IP= (IPM-12)."""
+    rc_ips = c.runtime_value(config, "ips")
+    if rc_ips:
+        if not isinstance(rc_ips, list):
+            raise CniError(Code.INVALID_CONFIG, "runtimeConfig.ips must be a list", repr(rc_ips))
+        return [_ip(v, "runtimeConfig.ips") for v in rc_ips]
+    args = config.get("args")
+    cni = args.get("cni") if isinstance(args, dict) else None
+    if isinstance(cni, dict) and cni.get("ips"):
+        ips = cni["ips"]
+        if not isinstance(ips, list):
+            raise CniError(Code.INVALID_CONFIG, "args.cni.ips must be a list", repr(ips))
+        return [_ip(v, "args.cni.ips") for v in ips]
+    if cni_args.get("IP"):
+        return [_ip(v, "CNI_ARGS IP") for v in cni_args["IP"].split(",") if v.strip()]
+    return []
+
+
+def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
+    for key in ANNOTATION_KEYS[which]:
+        if key in annotations:
+            raw = annotations[key]
+            try:
+                value = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                raise CniError(Code.INVALID_CONFIG, f"invalid pod annotation {key}",
+                               repr(raw)) from None
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise CniError(Code.INVALID_CONFIG, f"pod annotation {key} must be a JSON list",
+                               repr(raw))
+            return value
+    return None
+
+
+def pod_annotations(config: dict[str, Any]) -> dict[str, Any]:
+    value = c.runtime_value(config, ANNOTATIONS_CAP)
+    return value if isinstance(value, dict) else {}
+
+
+def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> AssignRequest:
+    cni_args = parse_cni_args(args.args)
+    annotations = pod_annotations(args.config)
+    specific = requested_ips(args.config, cni_args)
+    if not specific:
+        specific = [_ip(v, "pod annotation ipAddrs")
+                    for v in (_annotation(annotations, "ipAddrs") or [])]
+    v4_pools = _annotation(annotations, "ipv4pools")
+    v6_pools = _annotation(annotations, "ipv6pools")
+    for pools, fam in ((v4_pools, 4), (v6_pools, 6)):
+        for p in pools or []:
+            try:
+                net = ipaddress.ip_network(p)
+            except ValueError:
+                raise CniError(Code.INVALID_CONFIG, "invalid pool in pod annotation",
+                               repr(p)) from None
+            if net.version != fam:
+                raise CniError(Code.INVALID_CONFIG, f"pod annotation pool is not IPv{fam}",
+                               repr(p))
+    attrs = {
+        "node": node,
+        "network": args.network,
+        "container_id": args.container_id,
+        "ifname": args.ifname,
+        "pod_namespace": cni_args.get("K8S_POD_NAMESPACE", ""),
+        "pod_name": cni_args.get("K8S_POD_NAME", ""),
+        "pod_uid": cni_args.get("K8S_POD_UID", ""),
+        "time": time.time(),
+    }
+    return AssignRequest(
+        handle_id=handle_id(args.network, args.container_id, args.ifname),
+        attrs=attrs,
+        want_v4=conf.assign_ipv4,
+        want_v6=conf.assign_ipv6,
+        v4_pools=[str(p) for p in v4_pools] if v4_pools is not None else conf.ipv4_pools,
+        v6_pools=[str(p) for p in v6_pools] if v6_pools is not None else conf.ipv6_pools,
+        specific_ips=specific,
+        strict_affinity=conf.strict_affinity,
+        max_blocks_per_host=conf.max_blocks_per_host,
+        reserved=conf.reserved,
+    )
+
+
+def _pool_specs(conf: ipam_config.IpamConf) -> list[Any]:
+    from ipam.core import PoolSpec
+
+    specs = [PoolSpec(p, conf.block_size_ipv4) for p in conf.ipv4_pools if conf.assign_ipv4]
+    specs += [PoolSpec(p, conf.block_size_ipv6) for p in conf.ipv6_pools if conf.assign_ipv6]
+    return specs
+
+
+# -- verbs ------------------------------------------------------------------------------
+
+def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
+    conf = ipam_config.parse(args.config)
+    node = c.node_name(args.config)
+    req = build_request(args, conf, node)
+
+    def work() -> list[Any]:
+        ipam = open_ipam(conf, node)
+        ipam.ensure_pools(_pool_specs(conf))
+        return ipam.assign(req)
+
+    allocations = _guard(work)
+    if not allocations:
+        raise CniError(Code.NO_ADDRESS, "no address available", "IPAM assigned nothing")
+    ips = [{"address": f"{a.ip}/{a.ip.max_prefixlen}"} for a in allocations]
+    return types.render({"ips": ips}, args.cni_version)
+
+
+def cmd_del(args: skel.CmdArgs) -> None:
+    # DEL needs neither the node name nor valid pools (CFG-7, DEL-7): release by handle.
+    conf = ipam_config.parse(args.config)
+    hid = handle_id(args.network, args.container_id, args.ifname)
+    _guard(lambda: open_ipam(conf, "").release_handle(hid))
+    return None
+
+
+def cmd_check(args: skel.CmdArgs) -> None:
+    conf = ipam_config.parse(args.config)
+    prev = types.prev_result(args.config, args.cni_version)
+    if prev is None:
+        raise CniError(Code.INVALID_CONFIG, "CHECK needs prevResult",
+                       "the runtime must send the cached ADD result (CHK-2)")
+    hid = handle_id(args.network, args.container_id, args.ifname)
+    held = _guard(lambda: open_ipam(conf, "").get_handle(hid))
+    if not held:
+        raise CniError(Code.UNKNOWN_CONTAINER, "no IPAM allocation for this attachment",
+                       f"handle {hid} holds no address")
+    held_ips = {a.ip for a in held}
+    listed = {ipaddress.ip_interface(ip["address"]).ip for ip in prev.get("ips", [])}
+    missing = held_ips - listed
+    if missing:
+        raise CniError(Code.UNKNOWN_CONTAINER, "IPAM allocation does not match prevResult",
+                       f"handle {hid} holds {sorted(map(str, missing))} not in prevResult")
+    return None
+
+
+def cmd_gc(args: skel.CmdArgs) -> None:
+    conf = ipam_config.parse(args.config)
+    valid = c.valid_attachments(args.config)
+    if valid is None:
+        return None
+    report = _guard(lambda: open_ipam(conf, "").gc(args.network, valid,
+                                                    grace_seconds=conf.gc_grace_seconds))
+    if report.errors:
+        raise CniError(Code.TRY_AGAIN_LATER, f"GC released {len(report.released)} handles, "
+                       f"{len(report.errors)} failed", "; ".join(report.errors)[:2000])
+    return None
+
+
+def cmd_status(args: skel.CmdArgs) -> None:
+    try:
+        conf = ipam_config.parse(args.config)
+    except CniError as e:
+        raise CniError(Code.NOT_READY, "IPAM configuration unusable", str(e)) from None
+    node = c.node_name(args.config)
+    try:
+        ipam = open_ipam(conf, node)
+        ipam.store.check_usable()
+        reason = ipam.can_allocate(
+            conf.ipv4_pools, conf.ipv6_pools, need_v4=conf.assign_ipv4,
+            need_v6=conf.assign_ipv6, strict_affinity=conf.strict_affinity,
+            max_blocks_per_host=conf.max_blocks_per_host, reserved=conf.reserved,
+            block_size_v4=conf.block_size_ipv4, block_size_v6=conf.block_size_ipv6)
+    except IpamError as e:
+        raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
+    except OSError as e:
+        raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
+    if reason:
+        raise CniError(Code.NOT_READY, "no address can be allocated for this node", reason)
+    return None
+
+
+HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc,
+                         status=cmd_status)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The whole test suite: build + install the binaries, then every tier.
+#
+#   sudo bash tests/run.sh              build, install, run unit + privileged + e2e tiers
+#   sudo bash tests/run.sh --no-build   reuse the installed binaries
+#   bash tests/run.sh --unit            unit tier only (no root needed, no build)
+#   any other arguments go to pytest (e.g. -k dataplane, -x)
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+
+BUILD=1 UNIT_ONLY=0 args=()
+for a in "$@"; do
+  case "$a" in
+    --no-build) BUILD=0 ;;
+    --unit) UNIT_ONLY=1; BUILD=0 ;;
+    *) args+=("$a") ;;
+  esac
+done
+
+if [ "$UNIT_ONLY" = 1 ]; then
+  [ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'; }
+  exec .venv/bin/python -m pytest tests/unit "${args[@]}"
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  echo "tests/run.sh: the privileged and e2e tiers need root (or use --unit)" >&2
+  exit 2
+fi
+
+if [ "$BUILD" = 1 ]; then
+  ./build.sh --no-demo
+fi
+if [ -x tests/e2e/tools/build.sh ] || [ -f tests/e2e/tools/build.sh ]; then
+  PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/build.sh
+fi
+exec .venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}"
