@@ -114,13 +114,13 @@ def build_result(args: skel.CmdArgs, conf: PluginConf, prev: dict[str, Any],
     idx = len(interfaces) - 1
     ips = list(prev.get("ips", []))
     for a in addresses:
-        gw = IPV4_GATEWAY if a.version == 4 else done.ipv6_gateway
+        gw = IPV4_GATEWAY if a.version == 4 else str(dataplane().IPV6_GATEWAY)
         ips.append({"address": f"{a}/{a.max_prefixlen}", "gateway": gw, "interface": idx})
     routes = list(prev.get("routes", []))
     for r in done.routes:
-        route: dict[str, Any] = {"dst": r.dst}
-        if r.gw:
-            route["gw"] = r.gw
+        route: dict[str, Any] = {"dst": str(r.dst)}
+        if r.gw is not None:
+            route["gw"] = str(r.gw)
         if r.scope == SCOPE_LINK:
             route["scope"] = SCOPE_LINK
         routes.append(route)
@@ -178,10 +178,12 @@ def cmd_check(args: skel.CmdArgs) -> None:
     dp = dataplane()
     spec = dp.SetupSpec(netns_path=args.netns, ifname=args.ifname,
                         host_ifname=host_ifname(args, conf), addresses=addresses,
-                        mtu=conf.mtu, mac=pod_if.get("mac"),
+                        mtu=conf.mtu, mac=None,
                         allow_ip_forwarding=conf.allow_ip_forwarding,
                         alias=attachment_alias(args))
-    dp.check(spec)
+    # Compare against prevResult (the final result: a later plugin may have changed the
+    # MAC, CHK-4), not against what ADD printed.
+    dp.check(spec, dp.ExpectedState(container_mac=pod_if.get("mac")))
     call_ipam(args, conf, "CHECK")
     return None
 
@@ -198,12 +200,19 @@ def cmd_gc(args: skel.CmdArgs) -> None:
         dp = dataplane()
         keep = {dp.host_veth_name(conf.veth_prefix, args.network, cid, ifname)
                 for cid, ifname in valid}
+        mine = f"tabby:{args.network}:"
         try:
-            removed = dp.gc_host_veths(conf.veth_prefix, f"tabby:{args.network}:", keep)
-            if removed:
-                logger.info("GC removed host veths %s", removed)
+            stale = [v.name for v in dp.list_host_veths(conf.veth_prefix)
+                     if v.alias.startswith(mine) and v.name not in keep]
         except CniError as e:
             errors.append(e)
+            stale = []
+        for name in stale:
+            try:
+                dp.delete_host_veth(name)
+                logger.info("GC removed host veth %s", name)
+            except CniError as e:
+                errors.append(e)
     try:
         call_ipam(args, conf, "GC")  # GC-6: always forwarded, with the same stdin
     except CniError as e:

@@ -1,0 +1,354 @@
+"""tabby's verbs with a fake dataplane and a fake IPAM (checklist 4-8, 10a, 11)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cni_plugin import plugin
+from cni_plugin.cni import skel
+from cni_plugin.cni.errors import CniError
+from tests.conftest import ALL_SPEC_VERSIONS
+
+V6GW = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
+
+
+class FakeDataplane:
+    IPV6_GATEWAY = V6GW
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail_setup: CniError | None = None
+        self.fail_teardown: CniError | None = None
+        self.fail_check: CniError | None = None
+        self.veths: list[Any] = []
+
+    @staticmethod
+    def SetupSpec(**kw: Any) -> SimpleNamespace:  # noqa: N802 (mirrors the class)
+        return SimpleNamespace(**kw)
+
+    @staticmethod
+    def ExpectedState(**kw: Any) -> SimpleNamespace:  # noqa: N802
+        return SimpleNamespace(**kw)
+
+    @staticmethod
+    def host_veth_name(prefix: str, network: str, cid: str, ifname: str) -> str:
+        return f"{prefix}{abs(hash((network, cid, ifname))) % 10**11:011d}"[:15]
+
+    def setup(self, spec: Any) -> Any:
+        self.calls.append(("setup", spec))
+        if self.fail_setup:
+            raise self.fail_setup
+        routes = []
+        if any(a.version == 4 for a in spec.addresses):
+            routes.append(SimpleNamespace(dst=ipaddress.ip_network("169.254.1.1/32"), gw=None,
+                                          scope=253))
+            routes.append(SimpleNamespace(dst=ipaddress.ip_network("0.0.0.0/0"),
+                                          gw=ipaddress.ip_address("169.254.1.1"), scope=0))
+        if any(a.version == 6 for a in spec.addresses):
+            routes.append(SimpleNamespace(dst=ipaddress.ip_network("::/0"), gw=V6GW, scope=0))
+        return SimpleNamespace(host_ifname=spec.host_ifname, host_mac="ee:ee:ee:ee:ee:ee",
+                               container_mac="02:11:22:33:44:55", routes=routes)
+
+    def teardown(self, netns: str | None, ifname: str, host_ifname: str,
+                 addresses: Any) -> None:
+        self.calls.append(("teardown", (netns, ifname, host_ifname, addresses)))
+        if self.fail_teardown:
+            raise self.fail_teardown
+
+    def check(self, spec: Any, expected: Any) -> None:
+        self.calls.append(("check", (spec, expected)))
+        if self.fail_check:
+            raise self.fail_check
+
+    def list_host_veths(self, prefix: str) -> list[Any]:
+        return self.veths
+
+    def delete_host_veth(self, name: str) -> None:
+        self.calls.append(("delete_host_veth", name))
+
+
+class FakeIpam:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.result: dict[str, Any] = {"ips": [{"address": "10.244.0.5/32"},
+                                               {"address": "fd00:10:244::5/128"}]}
+        self.fail: dict[str, CniError] = {}
+
+    def __call__(self, args: skel.CmdArgs, conf: Any, command: str) -> dict[str, Any] | None:
+        self.calls.append(command)
+        if command in self.fail:
+            raise self.fail[command]
+        return {"cniVersion": args.cni_version, **self.result} if command == "ADD" else None
+
+
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeDataplane, FakeIpam]:
+    dp, ipam = FakeDataplane(), FakeIpam()
+    monkeypatch.setattr(plugin, "dataplane", lambda: dp)
+    monkeypatch.setattr(plugin, "call_ipam", ipam)
+    return dp, ipam
+
+
+def conf(version: str = "1.1.0", **extra: Any) -> dict[str, Any]:
+    return {"cniVersion": version, "name": "net1", "type": "tabby",
+            "ipam": {"type": "tabby-ipam"}, **extra}
+
+
+def run(command: str, config: dict[str, Any], **env: str) -> tuple[int, Any]:
+    base = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p1",
+            "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", **env}
+    base = {k: v for k, v in base.items() if v != "<unset>"}
+    rc, out = skel.run(plugin.HANDLERS, base, json.dumps(config).encode())
+    return rc, (json.loads(out) if out.strip() else None)
+
+
+@pytest.mark.parametrize("version", ALL_SPEC_VERSIONS)
+def test_add_result_shape(fakes: tuple[FakeDataplane, FakeIpam], version: str) -> None:
+    """ADD-3, GEN-8, CHN-3: both interfaces, IPs on the container side, routes programmed."""
+    dp, ipam = fakes
+    rc, out = run("ADD", conf(version))
+    assert rc == 0, out
+    assert out["cniVersion"] == version
+    host, pod = out["interfaces"]
+    assert "sandbox" not in host
+    assert pod == {**pod, "name": "eth0", "sandbox": "/run/netns/p1", "mac": "02:11:22:33:44:55"}
+    assert [ip["address"] for ip in out["ips"]] == ["10.244.0.5/32", "fd00:10:244::5/128"]
+    assert all(ip["interface"] == 1 for ip in out["ips"])
+    assert ("version" in out["ips"][0]) is (version < "1.0.0")
+    assert {"dst": "0.0.0.0/0", "gw": "169.254.1.1"} in out["routes"]
+    assert {"dst": "::/0", "gw": str(V6GW)} in out["routes"]
+    assert ("mtu" in host) is (version == "1.1.0")
+    spec = dp.calls[0][1]
+    assert [str(a) for a in spec.addresses] == ["10.244.0.5", "fd00:10:244::5"]
+    assert spec.host_ifname.startswith("cali") and len(spec.host_ifname) <= 15
+    assert ipam.calls == ["ADD"]
+
+
+def test_add_keeps_prev_result(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """ADD-4: earlier interfaces keep their indexes; ours are appended."""
+    prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "x0"}],
+            "ips": [{"address": "192.168.9.9/24", "interface": 0}]}
+    rc, out = run("ADD", conf("1.0.0", prevResult=prev))
+    assert rc == 0, out
+    assert out["interfaces"][0] == {"name": "x0"}
+    assert out["ips"][0] == {"address": "192.168.9.9/24", "interface": 0}
+    assert all(ip["interface"] == 2 for ip in out["ips"][1:])
+
+
+def test_add_rolls_back_ipam_when_dataplane_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """ADD-5: a failure after IPAM succeeded runs IPAM DEL, then reports the error."""
+    dp, ipam = fakes
+    dp.fail_setup = CniError(103, "route failed", "EPERM")
+    rc, out = run("ADD", conf())
+    assert rc == 1
+    assert out["code"] == 103
+    assert ipam.calls == ["ADD", "DEL"]
+
+
+def test_add_with_no_ips_is_an_error_and_releases(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """ADD-8."""
+    dp, ipam = fakes
+    ipam.result = {"ips": []}
+    rc, out = run("ADD", conf())
+    assert rc == 1
+    assert out["code"] == 104
+    assert ipam.calls == ["ADD", "DEL"]
+    assert not [c for c in dp.calls if c[0] == "setup"]
+
+
+def test_add_ipam_error_passes_through(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """IPM-4: the delegate's code is kept; nothing to roll back."""
+    dp, ipam = fakes
+    ipam.fail["ADD"] = CniError(100, "no address available", "pool full")
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"], out["msg"]) == (1, 100, "no address available")
+    assert ipam.calls == ["ADD"]
+    assert dp.calls == []
+
+
+@pytest.mark.parametrize("mac", ["zz:00:00:00:00:00", "01:00:00:00:00:01", 5])
+def test_bad_mac_capability_is_rejected_before_ipam(fakes: tuple[FakeDataplane, FakeIpam],
+                                                   mac: Any) -> None:
+    """ADD-10."""
+    _, ipam = fakes
+    rc, out = run("ADD", conf(runtimeConfig={"mac": mac}))
+    assert (rc, out["code"]) == (1, 7)
+    assert ipam.calls == []
+
+
+def test_mac_capability_is_used(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    dp, _ = fakes
+    rc, _ = run("ADD", conf(runtimeConfig={"MAC": "0A:58:0A:F4:00:05"}))
+    assert rc == 0
+    assert dp.calls[0][1].mac == "0a:58:0a:f4:00:05"
+
+
+def test_mac_not_declared_is_ignored(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """CAP-3/ADD-10: a capability not declared is not consumed."""
+    dp, _ = fakes
+    rc, _ = run("ADD", conf(capabilities={"ips": True},
+                            runtimeConfig={"mac": "0a:58:0a:f4:00:05"}))
+    assert rc == 0
+    assert dp.calls[0][1].mac is None
+
+
+@pytest.mark.parametrize(("field", "value", "code"), [
+    ("mtu", 10, 2), ("mtu", "x", 2), ("veth_prefix", "toolong", 2), ("veth_prefix", "a/b", 2),
+    ("ipam", {"type": "../x"}, 7), ("ipam", {}, 7),
+    ("container_settings", {"allow_ip_forwarding": "maybe"}, 2),
+])
+def test_bad_known_fields(fakes: tuple[FakeDataplane, FakeIpam], field: str, value: Any,
+                          code: int) -> None:
+    """GEN-11: code 2 names field and value; CFG-4: ipam.type without path characters."""
+    rc, out = run("ADD", {**conf(), field: value})
+    assert (rc, out["code"]) == (1, code)
+    if code == 2:
+        assert field in out["msg"]
+
+
+@pytest.mark.parametrize("netns", ["/run/netns/p1", "<unset>", "/nonexistent/ns"])
+def test_del_always_tears_down_then_releases(fakes: tuple[FakeDataplane, FakeIpam],
+                                             netns: str) -> None:
+    """DEL-1..3: local cleanup first, IPAM DEL always, also without a netns."""
+    dp, ipam = fakes
+    for _ in range(3):
+        rc, out = run("DEL", conf(), CNI_NETNS=netns)
+        assert (rc, out) == (0, None)  # DEL-8: nothing on stdout
+    assert [c[0] for c in dp.calls] == ["teardown"] * 3
+    assert dp.calls[0][1][0] == (None if netns == "<unset>" else netns)
+    assert ipam.calls == ["DEL"] * 3
+
+
+def test_del_releases_ipam_even_when_teardown_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """DEL-3: IPAM DEL is not skipped because an earlier step failed; the error is reported."""
+    dp, ipam = fakes
+    dp.fail_teardown = CniError(103, "netlink failed", "EBUSY")
+    rc, out = run("DEL", conf())
+    assert (rc, out["code"]) == (1, 103)
+    assert ipam.calls == ["DEL"]
+
+
+def test_del_reports_locked_store_after_local_cleanup(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """DEL-7: a busy store does not block local cleanup; code 11 says retry."""
+    dp, ipam = fakes
+    ipam.fail["DEL"] = CniError(11, "IPAM datastore busy, try again later")
+    rc, out = run("DEL", conf())
+    assert (rc, out["code"]) == (1, 11)
+    assert dp.calls[0][0] == "teardown"
+
+
+def test_del_with_garbage_prev_result_still_cleans(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """DEL-4: prevResult is accepted but never required."""
+    dp, ipam = fakes
+    rc, _ = run("DEL", conf(prevResult={"ips": "garbage"}))
+    assert rc == 0
+    assert ipam.calls == ["DEL"]
+
+
+def test_del_uses_prev_result_addresses(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    dp, _ = fakes
+    prev = {"cniVersion": "1.1.0", "ips": [{"address": "10.244.0.5/32"}]}
+    run("DEL", conf(prevResult=prev))
+    assert [str(a) for a in dp.calls[0][1][3]] == ["10.244.0.5"]
+
+
+def _added(version: str = "1.1.0") -> dict[str, Any]:
+    return {"cniVersion": version,
+            "interfaces": [{"name": "cali123", "mac": "ee:ee:ee:ee:ee:ee"},
+                           {"name": "eth0", "mac": "02:11:22:33:44:55",
+                            "sandbox": "/run/netns/p1"}],
+            "ips": [{"address": "10.244.0.5/32", "interface": 1}]}
+
+
+def test_check_compares_with_prev_result_and_forwards(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """CHK-2, CHK-4, CHK-6, CHK-8."""
+    dp, ipam = fakes
+    rc, out = run("CHECK", conf(prevResult=_added()))
+    assert (rc, out) == (0, None)
+    spec, expected = dp.calls[0][1]
+    assert [str(a) for a in spec.addresses] == ["10.244.0.5"]
+    assert expected.container_mac == "02:11:22:33:44:55"
+    assert ipam.calls == ["CHECK"]
+
+
+def test_check_without_prev_result_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """CHK-2."""
+    rc, out = run("CHECK", conf())
+    assert rc == 1
+    assert out["code"] == 7
+
+
+def test_check_sandbox_mismatch_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    rc, out = run("CHECK", conf(prevResult=_added()), CNI_NETNS="/run/netns/other")
+    assert (rc, out["code"]) == (1, 103)
+
+
+def test_check_dataplane_failure_is_reported(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """CHK-3."""
+    dp, ipam = fakes
+    dp.fail_check = CniError(103, "host route missing", "10.244.0.5/32")
+    rc, out = run("CHECK", conf(prevResult=_added()))
+    assert (rc, out["code"]) == (1, 103)
+
+
+def test_check_ipam_failure_is_passed_on(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """CHK-6."""
+    _, ipam = fakes
+    ipam.fail["CHECK"] = CniError(3, "no IPAM allocation for this attachment")
+    rc, out = run("CHECK", conf(prevResult=_added()))
+    assert (rc, out["code"]) == (1, 3)
+
+
+def _gc_conf(**extra: Any) -> dict[str, Any]:
+    return conf("1.1.0", **extra)
+
+
+def test_gc_removes_only_this_networks_stale_veths(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """GC-3, GC-6: stale veths of this network go; valid ones and other networks' stay."""
+    dp, ipam = fakes
+    keep = dp.host_veth_name("cali", "net1", "c1", "eth0")
+    dp.veths = [SimpleNamespace(name=keep, alias="tabby:net1:c1:eth0"),
+                SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0"),
+                SimpleNamespace(name="cali-other", alias="tabby:net2:c3:eth0"),
+                SimpleNamespace(name="cali-foreign", alias="")]
+    valid = [{"containerID": "c1", "ifname": "eth0"}]
+    rc, out = run("GC", _gc_conf(**{"cni.dev/valid-attachments": valid}), CNI_CONTAINERID="")
+    assert (rc, out) == (0, None)  # GC-8
+    assert [c for c in dp.calls if c[0] == "delete_host_veth"] == [
+        ("delete_host_veth", "cali-stale")]
+    assert ipam.calls == ["GC"]
+
+
+def test_gc_legacy_key_and_absent_key(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """GC-2 (legacy key honoured), GC-4 (absent key deletes nothing)."""
+    dp, ipam = fakes
+    dp.veths = [SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0")]
+    run("GC", _gc_conf())
+    assert not [c for c in dp.calls if c[0] == "delete_host_veth"]
+    run("GC", _gc_conf(**{"cni.dev/attachments": []}))
+    assert [c for c in dp.calls if c[0] == "delete_host_veth"] == [
+        ("delete_host_veth", "cali-stale")]
+    assert ipam.calls == ["GC", "GC"]
+
+
+def test_gc_keeps_going_and_reports_all_errors(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """GC-5."""
+    dp, ipam = fakes
+    ipam.fail["GC"] = CniError(11, "busy")
+    rc, out = run("GC", _gc_conf(**{"cni.dev/valid-attachments": []}))
+    assert (rc, out["code"]) == (1, 11)
+
+
+def test_status_forwards_to_ipam(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """STA-4."""
+    _, ipam = fakes
+    rc, out = run("STATUS", conf(), CNI_CONTAINERID="", CNI_NETNS="", CNI_IFNAME="")
+    assert (rc, out) == (0, None)
+    ipam.fail["STATUS"] = CniError(50, "no address can be allocated for this node")
+    rc, out = run("STATUS", conf())
+    assert (rc, out["code"]) == (1, 50)
