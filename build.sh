@@ -12,6 +12,7 @@
 #   /opt/cni/bin/tabby           -> /opt/tabby/tabby
 #   /opt/cni/bin/tabby-ipam      -> /opt/tabby/tabby
 #   /usr/local/bin/tabbyctl      -> /opt/tabby/tabby
+#   /usr/local/bin/tabby-node    -> /opt/tabby/tabby
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
@@ -87,6 +88,7 @@ rm -rf "$DESTDIR$BUNDLE_DIR.old"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$CNI_BIN/tabby"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$CNI_BIN/tabby-ipam"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabbyctl"
+ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-node"
 
 if [ -n "$DESTDIR" ]; then
   say "staged under $DESTDIR"

@@ -20,20 +20,30 @@ class PluginConf:
         ipam = c.get_section(config, "ipam")
         ipam_type = ipam.get("type")
         if not isinstance(ipam_type, str) or not ipam_type:
-            raise CniError(Code.INVALID_CONFIG, "ipam.type is required",
-                           "tabby delegates addressing to the plugin named in ipam.type")
+            raise CniError(
+                Code.INVALID_CONFIG,
+                "ipam.type is required",
+                "tabby delegates addressing to the plugin named in ipam.type",
+            )
         if "/" in ipam_type or ipam_type in (".", ".."):
-            raise CniError(Code.INVALID_CONFIG, "invalid ipam.type",
-                           f"ipam.type {ipam_type!r} must be a plain binary name (CFG-4)")
+            raise CniError(
+                Code.INVALID_CONFIG,
+                "invalid ipam.type",
+                f"ipam.type {ipam_type!r} must be a plain binary name (CFG-4)",
+            )
         self.ipam_type = ipam_type
         self.veth_prefix = c.get_str(config, "veth_prefix", "cali")
         if not _PREFIX_RE.match(self.veth_prefix):
-            raise c.unsupported("veth_prefix", self.veth_prefix,
-                                "1-4 characters (letter first, then letters, digits, '_' or "
-                                "'-'), so that prefix + 11 hex chars fits 15 bytes")
+            raise c.unsupported(
+                "veth_prefix",
+                self.veth_prefix,
+                "1-4 characters (letter first, then letters, digits, '_' or "
+                "'-'), so that prefix + 11 hex chars fits 15 bytes",
+            )
         settings = c.get_section(config, "container_settings")
-        self.allow_ip_forwarding = c.get_bool(settings, "allow_ip_forwarding", False,
-                                              prefix="container_settings.")
+        self.allow_ip_forwarding = c.get_bool(
+            settings, "allow_ip_forwarding", False, prefix="container_settings."
+        )
         # Teardown needs neither the MTU nor a readable mtu file.
         self.mtu = 1500 if for_teardown else _mtu(config)
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cni_plugin.cni import skel as skel_t
 
 ROLES = ("tabby", "tabby-ipam", "tabbyctl", "tabby-node")
 ABOUT = {
@@ -26,7 +30,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _read_stdin() -> bytes | None:
-    chunks = []
+    chunks: list[bytes] = []
     try:
         while True:
             chunk = os.read(0, 65536)
@@ -39,25 +43,38 @@ def _read_stdin() -> bytes | None:
 
 def cni_main(role: str) -> int:
     """Run one CNI call as ``role``. Only the result (or error) JSON reaches fd 1."""
-    from cni_plugin.cni import log, skel
-    from cni_plugin.cni.errors import CniError, Code
-
-    # Anything written to fd 1 by any library (or C code) now lands on stderr; the one
-    # JSON document goes to the saved descriptor (GEN-5).
+    # Anything written to fd 1 by any library (or C code) lands on stderr from here on; the
+    # one JSON document goes to the saved descriptor (GEN-5).
     out_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     env = os.environ
+    command = env.get("CNI_COMMAND", "")
+    stdin = _read_stdin() if command else b""
+    if stdin is not None and command in ("ADD", "DEL", "CHECK", "GC", "STATUS"):
+        # Fast path: a resident tabby-node runs the call with everything warm.
+        from cni_plugin import __version__
+        from cni_plugin.node.client import try_node
+
+        served = try_node(role, env, stdin, __version__)
+        if served is not None:
+            _write_all(out_fd, served[1])
+            return served[0]
+
+    from cni_plugin.cni import log, skel
+    from cni_plugin.cni.errors import CniError, Code
+
     log.setup(stderr=True, path=None)
-    if not env.get("CNI_COMMAND"):
-        sys.stderr.write(f"{ABOUT.get(role, role)}\nCNI protocol versions supported: "
-                         "0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n")
-    stdin = _read_stdin() if env.get("CNI_COMMAND") in skel.VERBS else b""
+    if not command:
+        sys.stderr.write(
+            f"{ABOUT.get(role, role)}\nCNI protocol versions supported: "
+            "0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n"
+        )
     if stdin is None:
         err = CniError(Code.IO_FAILURE, "failed to read network configuration from stdin")
         _write_all(out_fd, skel.dump(err.to_dict("1.1.0")))
         return 1
-    if env.get("CNI_COMMAND") == "VERSION":
+    if command == "VERSION":
         rc, out = skel.run(_no_handlers(), env, stdin)
     else:
         rc, out = _dispatch(role, env, stdin)
@@ -65,7 +82,7 @@ def cni_main(role: str) -> int:
     return rc
 
 
-def _no_handlers() -> object:
+def _no_handlers() -> skel_t.Handlers:
     from cni_plugin.cni import skel
 
     def never(_: object) -> None:  # VERSION is answered by the skel itself
@@ -87,11 +104,13 @@ def _dispatch(role: str, env: os._Environ[str], stdin: bytes) -> tuple[int, byte
         import logging
 
         logging.getLogger("tabby").exception("cannot load the %s handlers", role)
-        err = CniError(Code.INTERNAL, f"{role} is broken: cannot load its code",
-                       f"{type(e).__name__}: {e}")
+        err = CniError(
+            Code.INTERNAL, f"{role} is broken: cannot load its code", f"{type(e).__name__}: {e}"
+        )
         return 1, skel.dump(err.to_dict(skel.sniff_version(stdin)))
-    return skel.run(HANDLERS, env, stdin, own_netns=skel.own_netns_id(),
-                    before_dispatch=configure_logging)
+    return skel.run(
+        HANDLERS, env, stdin, own_netns=skel.own_netns_id(), before_dispatch=configure_logging
+    )
 
 
 def role_from_argv0(argv0: str) -> str:

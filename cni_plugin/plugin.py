@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from cni_plugin.cni import conf as c
@@ -39,7 +42,28 @@ def dataplane() -> ModuleType:
     return dp
 
 
+# tabby-node installs a runner that serves tabby-ipam in-process (same handlers, same
+# stdin and env, so identical results); per thread, because it serves calls concurrently.
+IpamRunner = Callable[[str, str, bytes, Mapping[str, str]], "tuple[int, bytes] | None"]
+_runner = threading.local()
+
+
+@contextmanager
+def ipam_runner(runner: IpamRunner) -> Iterator[None]:
+    _runner.fn = runner
+    try:
+        yield
+    finally:
+        _runner.fn = None
+
+
 def call_ipam(args: skel.CmdArgs, conf: PluginConf, command: str) -> dict[str, Any] | None:
+    runner: IpamRunner | None = getattr(_runner, "fn", None)
+    if runner is not None:
+        env = invoke.delegate_env(args.env, command)
+        served = runner(conf.ipam_type, command, args.stdin, env)
+        if served is not None:
+            return invoke.parse_output(conf.ipam_type, command, served[0], served[1])
     return invoke.exec_plugin(conf.ipam_type, command, args.stdin, args.env, args.path)
 
 
@@ -61,8 +85,9 @@ def _mac_capability(config: dict[str, Any]) -> str | None:
     except ValueError:
         raise CniError(Code.INVALID_CONFIG, "invalid runtimeConfig.mac", repr(mac)) from None
     if octets[0] & 1:
-        raise CniError(Code.INVALID_CONFIG, "invalid runtimeConfig.mac",
-                       f"{mac} is a multicast address")
+        raise CniError(
+            Code.INVALID_CONFIG, "invalid runtimeConfig.mac", f"{mac} is a multicast address"
+        )
     return mac.lower()
 
 
@@ -71,8 +96,9 @@ def _addresses(result: dict[str, Any]) -> list[Address]:
 
 
 def host_ifname(args: skel.CmdArgs, conf: PluginConf) -> str:
-    name: str = dataplane().host_veth_name(conf.veth_prefix, args.network, args.container_id,
-                                           args.ifname)
+    name: str = dataplane().host_veth_name(
+        conf.veth_prefix, args.network, args.container_id, args.ifname
+    )
     return name
 
 
@@ -85,32 +111,47 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
         ipam_result = types.canonical(raw or {}, args.cni_version)
         addresses = _addresses(ipam_result)
         if not addresses:
-            raise CniError(Code.DELEGATE_FAILED, f"{conf.ipam_type} returned no IP addresses",
-                           "ADD-8: a result without addresses is an error")
+            raise CniError(
+                Code.DELEGATE_FAILED,
+                f"{conf.ipam_type} returned no IP addresses",
+                "ADD-8: a result without addresses is an error",
+            )
         dp = dataplane()
-        spec = dp.SetupSpec(netns_path=args.netns, ifname=args.ifname,
-                            host_ifname=host_ifname(args, conf), addresses=addresses,
-                            mtu=conf.mtu, mac=mac,
-                            allow_ip_forwarding=conf.allow_ip_forwarding,
-                            alias=attachment_alias(args))
+        spec = dp.SetupSpec(
+            netns_path=args.netns,
+            ifname=args.ifname,
+            host_ifname=host_ifname(args, conf),
+            addresses=addresses,
+            mtu=conf.mtu,
+            mac=mac,
+            allow_ip_forwarding=conf.allow_ip_forwarding,
+            alias=attachment_alias(args),
+        )
         done = dp.setup(spec)
     except BaseException:
         # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
         # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
         _ipam_del_quietly(args, conf)
         raise
-    return types.render(build_result(args, conf, prev, ipam_result, addresses, done),
-                        args.cni_version)
+    return types.render(
+        build_result(args, conf, prev, ipam_result, addresses, done), args.cni_version
+    )
 
 
-def build_result(args: skel.CmdArgs, conf: PluginConf, prev: dict[str, Any],
-                 ipam_result: dict[str, Any], addresses: list[Address],
-                 done: Any) -> dict[str, Any]:
+def build_result(
+    args: skel.CmdArgs,
+    conf: PluginConf,
+    prev: dict[str, Any],
+    ipam_result: dict[str, Any],
+    addresses: list[Address],
+    done: Any,
+) -> dict[str, Any]:
     """Both interfaces, the IPs on the container side, the routes actually programmed."""
     interfaces = list(prev.get("interfaces", []))
     interfaces.append({"name": done.host_ifname, "mac": done.host_mac, "mtu": conf.mtu})
-    interfaces.append({"name": args.ifname, "mac": done.container_mac, "mtu": conf.mtu,
-                       "sandbox": args.netns})
+    interfaces.append(
+        {"name": args.ifname, "mac": done.container_mac, "mtu": conf.mtu, "sandbox": args.netns}
+    )
     idx = len(interfaces) - 1
     ips = list(prev.get("ips", []))
     for a in addresses:
@@ -145,8 +186,12 @@ def cmd_del(args: skel.CmdArgs) -> None:
         logger.warning("ignoring unusable prevResult: %s", e)
     local_error: CniError | None = None
     try:
-        dataplane().teardown(args.netns or None, args.ifname, host_ifname(args, conf),
-                             _addresses(prev) if prev else None)
+        dataplane().teardown(
+            args.netns or None,
+            args.ifname,
+            host_ifname(args, conf),
+            _addresses(prev) if prev else None,
+        )
     except CniError as e:
         logger.error("local teardown failed: %s", e)
         local_error = e
@@ -161,26 +206,49 @@ def cmd_check(args: skel.CmdArgs) -> None:
     conf = PluginConf(args.config)
     prev = types.prev_result(args.config, args.cni_version)
     if prev is None:
-        raise CniError(Code.INVALID_CONFIG, "CHECK needs prevResult",
-                       "the runtime must send the cached ADD result (CHK-2)")
+        raise CniError(
+            Code.INVALID_CONFIG,
+            "CHECK needs prevResult",
+            "the runtime must send the cached ADD result (CHK-2)",
+        )
     interfaces = prev.get("interfaces", [])
-    pod_idx = next((i for i, itf in enumerate(interfaces)
-                    if itf.get("name") == args.ifname and itf.get("sandbox")), None)
+    pod_idx = next(
+        (
+            i
+            for i, itf in enumerate(interfaces)
+            if itf.get("name") == args.ifname and itf.get("sandbox")
+        ),
+        None,
+    )
     if pod_idx is None:
-        raise CniError(Code.DATAPLANE, f"prevResult has no interface {args.ifname}",
-                       "CHECK compares the kernel with prevResult")
+        raise CniError(
+            Code.DATAPLANE,
+            f"prevResult has no interface {args.ifname}",
+            "CHECK compares the kernel with prevResult",
+        )
     pod_if = interfaces[pod_idx]
     if pod_if.get("sandbox") != args.netns:
-        raise CniError(Code.DATAPLANE, "sandbox mismatch",
-                       f"prevResult says {pod_if.get('sandbox')}, CNI_NETNS is {args.netns}")
-    addresses = [ipaddress.ip_interface(ip["address"]).ip for ip in prev.get("ips", [])
-                 if ip.get("interface") == pod_idx]
+        raise CniError(
+            Code.DATAPLANE,
+            "sandbox mismatch",
+            f"prevResult says {pod_if.get('sandbox')}, CNI_NETNS is {args.netns}",
+        )
+    addresses = [
+        ipaddress.ip_interface(ip["address"]).ip
+        for ip in prev.get("ips", [])
+        if ip.get("interface") == pod_idx
+    ]
     dp = dataplane()
-    spec = dp.SetupSpec(netns_path=args.netns, ifname=args.ifname,
-                        host_ifname=host_ifname(args, conf), addresses=addresses,
-                        mtu=conf.mtu, mac=None,
-                        allow_ip_forwarding=conf.allow_ip_forwarding,
-                        alias=attachment_alias(args))
+    spec = dp.SetupSpec(
+        netns_path=args.netns,
+        ifname=args.ifname,
+        host_ifname=host_ifname(args, conf),
+        addresses=addresses,
+        mtu=conf.mtu,
+        mac=None,
+        allow_ip_forwarding=conf.allow_ip_forwarding,
+        alias=attachment_alias(args),
+    )
     # Compare against prevResult (the final result: a later plugin may have changed the
     # MAC, CHK-4), not against what ADD printed.
     dp.check(spec, dp.ExpectedState(container_mac=pod_if.get("mac")))
@@ -198,12 +266,16 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     errors: list[CniError] = []
     if valid is not None:
         dp = dataplane()
-        keep = {dp.host_veth_name(conf.veth_prefix, args.network, cid, ifname)
-                for cid, ifname in valid}
+        keep = {
+            dp.host_veth_name(conf.veth_prefix, args.network, cid, ifname) for cid, ifname in valid
+        }
         mine = f"tabby:{args.network}:"
         try:
-            stale = [v.name for v in dp.list_host_veths(conf.veth_prefix)
-                     if v.alias.startswith(mine) and v.name not in keep]
+            stale = [
+                v.name
+                for v in dp.list_host_veths(conf.veth_prefix)
+                if v.alias.startswith(mine) and v.name not in keep
+            ]
         except CniError as e:
             errors.append(e)
             stale = []
@@ -229,5 +301,4 @@ def cmd_status(args: skel.CmdArgs) -> None:
     return None
 
 
-HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc,
-                         status=cmd_status)
+HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status)

@@ -20,30 +20,47 @@ P = "ipam."
 
 
 class IpamConf:
-    __slots__ = ("assign_ipv4", "assign_ipv6", "block_size_ipv4", "block_size_ipv6",
-                 "data_dir", "datastore_type", "gc_grace_seconds", "ipv4_pools", "ipv6_pools",
-                 "lock_timeout_seconds", "max_blocks_per_host", "reserved", "strict_affinity")
+    __slots__ = (
+        "assign_ipv4",
+        "assign_ipv6",
+        "block_size_ipv4",
+        "block_size_ipv6",
+        "data_dir",
+        "datastore_type",
+        "gc_grace_seconds",
+        "ipv4_pools",
+        "ipv6_pools",
+        "lock_timeout_seconds",
+        "max_blocks_per_host",
+        "reserved",
+        "strict_affinity",
+    )
 
     def __init__(self, ipam: dict[str, Any]) -> None:
         self.assign_ipv4 = c.get_bool(ipam, "assign_ipv4", True, prefix=P)
         self.assign_ipv6 = c.get_bool(ipam, "assign_ipv6", False, prefix=P)
         self.block_size_ipv4 = c.get_int(ipam, "block_size_ipv4", 26, lo=20, hi=32, prefix=P)
-        self.block_size_ipv6 = c.get_int(ipam, "block_size_ipv6", 122, lo=116, hi=128,
-                                         prefix=P)
+        self.block_size_ipv6 = c.get_int(ipam, "block_size_ipv6", 122, lo=116, hi=128, prefix=P)
         self.ipv4_pools = _pools(ipam, "ipv4_pools", 4, DEFAULT_V4_POOLS)
         self.ipv6_pools = _pools(ipam, "ipv6_pools", 6, DEFAULT_V6_POOLS)
         self.strict_affinity = c.get_bool(ipam, "strict_affinity", False, prefix=P)
-        self.max_blocks_per_host = c.get_int(ipam, "max_blocks_per_host", 0, lo=0,
-                                             hi=1 << 30, prefix=P)
-        self.reserved = [_network(r, "reserved") for r in c.get_str_list(ipam, "reserved",
-                                                                          prefix=P)]
+        self.max_blocks_per_host = c.get_int(
+            ipam, "max_blocks_per_host", 0, lo=0, hi=1 << 30, prefix=P
+        )
+        self.reserved = [
+            _network(r, "reserved") for r in c.get_str_list(ipam, "reserved", prefix=P)
+        ]
         self.datastore_type = c.get_str(ipam, "datastore_type", "file", prefix=P)
         if self.datastore_type == "etcdv3":
-            raise c.unsupported(P + "datastore_type", self.datastore_type,
-                                "the etcd store is not available in this release; use 'file'")
+            raise c.unsupported(
+                P + "datastore_type",
+                self.datastore_type,
+                "the etcd store is not available in this release; use 'file'",
+            )
         if self.datastore_type != "file":
-            raise c.unsupported(P + "datastore_type", self.datastore_type,
-                                "expected 'file' or 'etcdv3'")
+            raise c.unsupported(
+                P + "datastore_type", self.datastore_type, "expected 'file' or 'etcdv3'"
+            )
         self.data_dir = c.get_str(ipam, "data_dir", DEFAULT_DATA_DIR, prefix=P)
         if not self.data_dir.startswith("/"):
             raise c.unsupported(P + "data_dir", self.data_dir, "must be an absolute path")
@@ -56,8 +73,11 @@ class IpamConf:
             raise c.unsupported(P + "gc_grace_seconds", grace, "expected a number >= 0")
         self.gc_grace_seconds = float(grace)
         if not (self.assign_ipv4 or self.assign_ipv6):
-            raise CniError(Code.INVALID_CONFIG, "nothing to assign",
-                           "assign_ipv4 and assign_ipv6 are both false")
+            raise CniError(
+                Code.INVALID_CONFIG,
+                "nothing to assign",
+                "assign_ipv4 and assign_ipv6 are both false",
+            )
 
 
 def _network(text: str, field: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -67,8 +87,7 @@ def _network(text: str, field: str) -> ipaddress.IPv4Network | ipaddress.IPv6Net
         raise c.unsupported(P + field, text, "not an IP address or CIDR") from None
 
 
-def _pools(ipam: dict[str, Any], field: str, family: int,
-           default: tuple[str, ...]) -> list[str]:
+def _pools(ipam: dict[str, Any], field: str, family: int, default: tuple[str, ...]) -> list[str]:
     raw = c.get_str_list(ipam, field, prefix=P) if field in ipam else list(default)
     out = []
     for text in raw:

@@ -42,18 +42,18 @@ def _ipam_errors() -> Iterator[None]:
     try:
         yield
     except IpamError as e:
-        raise CniError(e.code, type(e).__name__ if not str(e) else _short(e),
-                       str(e)) from None
+        raise CniError(e.code, type(e).__name__ if not str(e) else _short(e), str(e)) from None
 
 
 def _short(e: IpamError) -> str:
-    return {
+    messages: dict[int, str] = {
         Code.NO_ADDRESS: "no address available",
         Code.STORE_CORRUPT: "IPAM datastore unreadable or corrupt",
         Code.ADDRESS_UNAVAILABLE: "requested address not available",
         Code.TRY_AGAIN_LATER: "IPAM datastore busy, try again later",
         Code.INVALID_CONFIG: "invalid IPAM configuration",
-    }.get(e.code, "IPAM failure")
+    }
+    return messages.get(e.code, "IPAM failure")
 
 
 def open_ipam(conf: ipam_config.IpamConf, node: str) -> Ipam:
@@ -67,6 +67,7 @@ def _guard(fn: Callable[[], T]) -> T:
 
 
 # -- request decoding ---------------------------------------------------------------------
+
 
 def _ip(text: object, source: str) -> Address:
     if not isinstance(text, str):
@@ -103,11 +104,13 @@ def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
             try:
                 value = json.loads(raw) if isinstance(raw, str) else raw
             except ValueError:
-                raise CniError(Code.INVALID_CONFIG, f"invalid pod annotation {key}",
-                               repr(raw)) from None
+                raise CniError(
+                    Code.INVALID_CONFIG, f"invalid pod annotation {key}", repr(raw)
+                ) from None
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise CniError(Code.INVALID_CONFIG, f"pod annotation {key} must be a JSON list",
-                               repr(raw))
+                raise CniError(
+                    Code.INVALID_CONFIG, f"pod annotation {key} must be a JSON list", repr(raw)
+                )
             return value
     return None
 
@@ -122,8 +125,9 @@ def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> 
     annotations = pod_annotations(args.config)
     specific = requested_ips(args.config, cni_args)
     if not specific:
-        specific = [_ip(v, "pod annotation ipAddrs")
-                    for v in (_annotation(annotations, "ipAddrs") or [])]
+        specific = [
+            _ip(v, "pod annotation ipAddrs") for v in (_annotation(annotations, "ipAddrs") or [])
+        ]
     v4_pools = _annotation(annotations, "ipv4pools")
     v6_pools = _annotation(annotations, "ipv6pools")
     for pools, fam in ((v4_pools, 4), (v6_pools, 6)):
@@ -131,11 +135,11 @@ def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> 
             try:
                 net = ipaddress.ip_network(p)
             except ValueError:
-                raise CniError(Code.INVALID_CONFIG, "invalid pool in pod annotation",
-                               repr(p)) from None
+                raise CniError(
+                    Code.INVALID_CONFIG, "invalid pool in pod annotation", repr(p)
+                ) from None
             if net.version != fam:
-                raise CniError(Code.INVALID_CONFIG, f"pod annotation pool is not IPv{fam}",
-                               repr(p))
+                raise CniError(Code.INVALID_CONFIG, f"pod annotation pool is not IPv{fam}", repr(p))
     attrs = {
         "node": node,
         "network": args.network,
@@ -170,6 +174,7 @@ def _pool_specs(conf: ipam_config.IpamConf) -> list[Any]:
 
 # -- verbs ------------------------------------------------------------------------------
 
+
 def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     conf = ipam_config.parse(args.config)
     node = c.node_name(args.config)
@@ -199,19 +204,28 @@ def cmd_check(args: skel.CmdArgs) -> None:
     conf = ipam_config.parse(args.config)
     prev = types.prev_result(args.config, args.cni_version)
     if prev is None:
-        raise CniError(Code.INVALID_CONFIG, "CHECK needs prevResult",
-                       "the runtime must send the cached ADD result (CHK-2)")
+        raise CniError(
+            Code.INVALID_CONFIG,
+            "CHECK needs prevResult",
+            "the runtime must send the cached ADD result (CHK-2)",
+        )
     hid = handle_id(args.network, args.container_id, args.ifname)
     held = _guard(lambda: open_ipam(conf, "").get_handle(hid))
     if not held:
-        raise CniError(Code.UNKNOWN_CONTAINER, "no IPAM allocation for this attachment",
-                       f"handle {hid} holds no address")
+        raise CniError(
+            Code.UNKNOWN_CONTAINER,
+            "no IPAM allocation for this attachment",
+            f"handle {hid} holds no address",
+        )
     held_ips = {a.ip for a in held}
     listed = {ipaddress.ip_interface(ip["address"]).ip for ip in prev.get("ips", [])}
     missing = held_ips - listed
     if missing:
-        raise CniError(Code.UNKNOWN_CONTAINER, "IPAM allocation does not match prevResult",
-                       f"handle {hid} holds {sorted(map(str, missing))} not in prevResult")
+        raise CniError(
+            Code.UNKNOWN_CONTAINER,
+            "IPAM allocation does not match prevResult",
+            f"handle {hid} holds {sorted(map(str, missing))} not in prevResult",
+        )
     return None
 
 
@@ -220,11 +234,15 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     valid = c.valid_attachments(args.config)
     if valid is None:
         return None
-    report = _guard(lambda: open_ipam(conf, "").gc(args.network, valid,
-                                                    grace_seconds=conf.gc_grace_seconds))
+    report = _guard(
+        lambda: open_ipam(conf, "").gc(args.network, valid, grace_seconds=conf.gc_grace_seconds)
+    )
     if report.errors:
-        raise CniError(Code.TRY_AGAIN_LATER, f"GC released {len(report.released)} handles, "
-                       f"{len(report.errors)} failed", "; ".join(report.errors)[:2000])
+        raise CniError(
+            Code.TRY_AGAIN_LATER,
+            f"GC released {len(report.released)} handles, {len(report.errors)} failed",
+            "; ".join(report.errors)[:2000],
+        )
     return None
 
 
@@ -238,10 +256,16 @@ def cmd_status(args: skel.CmdArgs) -> None:
         ipam = open_ipam(conf, node)
         ipam.store.check_usable()
         reason = ipam.can_allocate(
-            conf.ipv4_pools, conf.ipv6_pools, need_v4=conf.assign_ipv4,
-            need_v6=conf.assign_ipv6, strict_affinity=conf.strict_affinity,
-            max_blocks_per_host=conf.max_blocks_per_host, reserved=conf.reserved,
-            block_size_v4=conf.block_size_ipv4, block_size_v6=conf.block_size_ipv6)
+            conf.ipv4_pools,
+            conf.ipv6_pools,
+            need_v4=conf.assign_ipv4,
+            need_v6=conf.assign_ipv6,
+            strict_affinity=conf.strict_affinity,
+            max_blocks_per_host=conf.max_blocks_per_host,
+            reserved=conf.reserved,
+            block_size_v4=conf.block_size_ipv4,
+            block_size_v6=conf.block_size_ipv6,
+        )
     except IpamError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:
@@ -251,5 +275,4 @@ def cmd_status(args: skel.CmdArgs) -> None:
     return None
 
 
-HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc,
-                         status=cmd_status)
+HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status)

@@ -18,10 +18,18 @@ ALL_SPEC_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--run-privileged", action="store_true", default=False,
-                     help="run tests that need root and network namespaces")
-    parser.addoption("--run-e2e", action="store_true", default=False,
-                     help="run tests that exec the installed binaries (after ./build.sh)")
+    parser.addoption(
+        "--run-privileged",
+        action="store_true",
+        default=False,
+        help="run tests that need root and network namespaces",
+    )
+    parser.addoption(
+        "--run-e2e",
+        action="store_true",
+        default=False,
+        help="run tests that exec the installed binaries (after ./build.sh)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

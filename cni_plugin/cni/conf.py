@@ -16,8 +16,9 @@ DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
 
 
 def unsupported(field: str, value: object, why: str) -> CniError:
-    return CniError(Code.UNSUPPORTED_FIELD, f"unsupported value for field {field!r}: {value!r}",
-                    why)
+    return CniError(
+        Code.UNSUPPORTED_FIELD, f"unsupported value for field {field!r}: {value!r}", why
+    )
 
 
 def get_bool(conf: Mapping[str, Any], field: str, default: bool, *, prefix: str = "") -> bool:
@@ -30,8 +31,9 @@ def get_bool(conf: Mapping[str, Any], field: str, default: bool, *, prefix: str 
     raise unsupported(prefix + field, value, "expected true or false")
 
 
-def get_int(conf: Mapping[str, Any], field: str, default: int, *, lo: int, hi: int,
-            prefix: str = "") -> int:
+def get_int(
+    conf: Mapping[str, Any], field: str, default: int, *, lo: int, hi: int, prefix: str = ""
+) -> int:
     value = conf.get(field, default)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise unsupported(prefix + field, value, f"expected an integer from {lo} to {hi}")
@@ -45,8 +47,9 @@ def get_str(conf: Mapping[str, Any], field: str, default: str, *, prefix: str = 
     return value
 
 
-def get_str_list(conf: Mapping[str, Any], field: str, *, prefix: str = "",
-                 comma_string: bool = False) -> list[str]:
+def get_str_list(
+    conf: Mapping[str, Any], field: str, *, prefix: str = "", comma_string: bool = False
+) -> list[str]:
     value = conf.get(field)
     if value is None:
         return []
@@ -93,7 +96,8 @@ def runtime_value(conf: Mapping[str, Any], capability: str) -> Any:
         return None
     caps = conf.get("capabilities")
     if isinstance(caps, dict) and not any(
-            k.lower() == capability.lower() and v for k, v in caps.items()):
+        k.lower() == capability.lower() and v for k, v in caps.items()
+    ):
         return None
     for k, v in rc.items():
         if k.lower() == capability.lower():
@@ -118,8 +122,9 @@ def valid_attachments(config: dict[str, Any]) -> set[tuple[str, str]] | None:
             out = set()
             for a in raw:
                 if not isinstance(a, dict):
-                    raise CniError(Code.INVALID_CONFIG, f"{key} entries must be objects",
-                                   repr(a)[:200])
+                    raise CniError(
+                        Code.INVALID_CONFIG, f"{key} entries must be objects", repr(a)[:200]
+                    )
                 out.add((str(a.get("containerID", "")), str(a.get("ifname", ""))))
             return out
     return None

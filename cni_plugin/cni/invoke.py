@@ -19,44 +19,79 @@ from .errors import CniError, Code
 
 def find_plugin(plugin_type: str, path: Sequence[str]) -> str:
     if not plugin_type or "/" in plugin_type or plugin_type in (".", ".."):
-        raise CniError(Code.INVALID_CONFIG, "invalid plugin type",
-                       f"type {plugin_type!r} must be a plain binary name")
+        raise CniError(
+            Code.INVALID_CONFIG,
+            "invalid plugin type",
+            f"type {plugin_type!r} must be a plain binary name",
+        )
     for d in path:
         candidate = os.path.join(d, plugin_type)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise CniError(Code.DELEGATE_FAILED, f"failed to find plugin {plugin_type!r} in path",
-                   f"searched CNI_PATH {list(path)}")
+    raise CniError(
+        Code.DELEGATE_FAILED,
+        f"failed to find plugin {plugin_type!r} in path",
+        f"searched CNI_PATH {list(path)}",
+    )
 
 
-def exec_plugin(plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str],
-                path: Sequence[str]) -> dict[str, Any] | None:
-    """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
-    binary = find_plugin(plugin_type, path)
+def delegate_env(env: Mapping[str, str], command: str) -> dict[str, str]:
+    """The caller's environment with only CNI_COMMAND changed and IgnoreUnknown=1 (IPM-6)."""
     child_env = dict(env)
     child_env["CNI_COMMAND"] = command
     child_env["CNI_ARGS"] = with_ignore_unknown(env.get("CNI_ARGS", ""))
+    return child_env
+
+
+def exec_plugin(
+    plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str], path: Sequence[str]
+) -> dict[str, Any] | None:
+    """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
+    binary = find_plugin(plugin_type, path)
     try:
-        proc = subprocess.run([binary], input=stdin, env=child_env, stdout=subprocess.PIPE,
-                              check=False)
+        proc = subprocess.run(
+            [binary],
+            input=stdin,
+            env=delegate_env(env, command),
+            stdout=subprocess.PIPE,
+            check=False,
+        )
     except OSError as e:
-        raise CniError(Code.DELEGATE_FAILED, f"failed to execute {plugin_type}",
-                       f"{binary}: {e}") from None
-    out = proc.stdout.strip()
+        raise CniError(
+            Code.DELEGATE_FAILED, f"failed to execute {plugin_type}", f"{binary}: {e}"
+        ) from None
+    return parse_output(plugin_type, command, proc.returncode, proc.stdout)
+
+
+def parse_output(
+    plugin_type: str, command: str, returncode: int, stdout: bytes
+) -> dict[str, Any] | None:
+    """A delegate's answer: its result, or its own CniError passed on unchanged (IPM-4)."""
+    out = stdout.strip()
     parsed: Any = None
     if out:
         try:
             parsed = json.loads(out)
         except ValueError:
-            raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} printed garbage",
-                           f"exit {proc.returncode}, stdout {out[:500]!r}") from None
-    if proc.returncode != 0:
+            raise CniError(
+                Code.DELEGATE_FAILED,
+                f"{plugin_type} {command} printed garbage",
+                f"exit {returncode}, stdout {out[:500]!r}",
+            ) from None
+    if returncode != 0:
         if isinstance(parsed, dict) and isinstance(parsed.get("code"), int):
-            raise CniError(parsed["code"], str(parsed.get("msg", "")),
-                           str(parsed.get("details", "")))
-        raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} failed",
-                       f"exit status {proc.returncode}, no CNI error on stdout")
+            raise CniError(
+                parsed["code"], str(parsed.get("msg", "")), str(parsed.get("details", ""))
+            )
+        raise CniError(
+            Code.DELEGATE_FAILED,
+            f"{plugin_type} {command} failed",
+            f"exit status {returncode}, no CNI error on stdout",
+        )
     if parsed is not None and not isinstance(parsed, dict):
-        raise CniError(Code.DELEGATE_FAILED, f"{plugin_type} {command} printed a non-object",
-                       repr(parsed)[:500])
+        raise CniError(
+            Code.DELEGATE_FAILED,
+            f"{plugin_type} {command} printed a non-object",
+            repr(parsed)[:500],
+        )
     return parsed

@@ -13,25 +13,33 @@ import fcntl
 import logging
 import os
 import sys
+import threading
 
 DEFAULT_LOG_FILE = "/var/log/tabby/cni.log"
 MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 _FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s [%(cni)s] %(message)s"
 
 
 class _ContextFilter(logging.Filter):
-    """Stamps every record with the call it belongs to (verb and container id)."""
+    """Stamps every record with the call it belongs to (verb and container id).
+
+    Per thread: tabby-node serves several calls at once.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.context = "-"
+        self.local = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.cni = self.context
+        record.cni = getattr(self.local, "context", "-")
         return True
 
 
@@ -74,11 +82,20 @@ class SharedRotatingFileHandler(logging.Handler):
 
 _context = _ContextFilter()
 _configured: list[logging.Handler] = []
+_current: list[tuple[str, str | None, bool]] = []
+_setup_lock = threading.Lock()
 
 
-def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *,
-          stderr: bool = True) -> None:
-    """(Re)configure the ``tabby`` logger. Safe to call more than once."""
+def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *, stderr: bool = True) -> None:
+    """(Re)configure the ``tabby`` logger. Safe to call more than once, from any thread."""
+    with _setup_lock:
+        if _current == [(level, path, stderr)]:
+            return
+        _current[:] = [(level, path, stderr)]
+        _setup(level, path, stderr)
+
+
+def _setup(level: str, path: str | None, stderr: bool) -> None:
     root = logging.getLogger("tabby")
     for h in _configured:
         root.removeHandler(h)
@@ -106,14 +123,17 @@ def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *,
 
 
 def set_context(text: str) -> None:
-    _context.context = text
+    _context.local.context = text
 
 
-def configure_for_call(config: dict[str, object], command: str, container_id: str,
-                       ifname: str) -> None:
+def configure_for_call(
+    config: dict[str, object], command: str, container_id: str, ifname: str
+) -> None:
     """Apply the config's ``log_level``/``log_file_path`` and tag records with the call."""
     level = config.get("log_level")
     path = config.get("log_file_path")
-    setup(level if isinstance(level, str) else "info",
-          path if isinstance(path, str) and path else DEFAULT_LOG_FILE)
+    setup(
+        level if isinstance(level, str) else "info",
+        path if isinstance(path, str) and path else DEFAULT_LOG_FILE,
+    )
     set_context(f"{command} {container_id[:12] or '-'} {ifname or '-'}")

@@ -42,12 +42,33 @@ _ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
 class CmdArgs:
     """One validated CNI call."""
 
-    __slots__ = ("args", "cni_version", "command", "config", "container_id", "env", "ifname",
-                 "netns", "path", "stdin")
+    __slots__ = (
+        "args",
+        "cni_version",
+        "command",
+        "config",
+        "container_id",
+        "env",
+        "ifname",
+        "netns",
+        "path",
+        "stdin",
+    )
 
-    def __init__(self, *, command: str, container_id: str, netns: str, ifname: str, args: str,
-                 path: list[str], stdin: bytes, config: dict[str, Any], cni_version: str,
-                 env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        *,
+        command: str,
+        container_id: str,
+        netns: str,
+        ifname: str,
+        args: str,
+        path: list[str],
+        stdin: bytes,
+        config: dict[str, Any],
+        cni_version: str,
+        env: Mapping[str, str],
+    ) -> None:
         self.command = command
         self.container_id = container_id
         self.netns = netns
@@ -70,17 +91,25 @@ Handler = Callable[[CmdArgs], "dict[str, Any] | None"]
 class Handlers:
     """The verbs a plugin implements. A handler returns the result object to print, or None."""
 
-    def __init__(self, *, add: Handler, delete: Handler, check: Handler, gc: Handler,
-                 status: Handler) -> None:
+    def __init__(
+        self, *, add: Handler, delete: Handler, check: Handler, gc: Handler, status: Handler
+    ) -> None:
         self.by_verb: dict[str, Handler] = {
-            "ADD": add, "DEL": delete, "CHECK": check, "GC": gc, "STATUS": status,
+            "ADD": add,
+            "DEL": delete,
+            "CHECK": check,
+            "GC": gc,
+            "STATUS": status,
         }
 
 
 def validate_container_id(value: str) -> None:
     if not _ID_RE.match(value):
-        raise CniError(Code.INVALID_ENV, "invalid CNI_CONTAINERID",
-                       f"CNI_CONTAINERID {value!r} must match {_ID_RE.pattern}")
+        raise CniError(
+            Code.INVALID_ENV,
+            "invalid CNI_CONTAINERID",
+            f"CNI_CONTAINERID {value!r} must match {_ID_RE.pattern}",
+        )
 
 
 def validate_ifname(value: str) -> None:
@@ -97,8 +126,11 @@ def validate_ifname(value: str) -> None:
 
 def validate_network_name(name: object) -> None:
     if not isinstance(name, str) or not _ID_RE.match(name):
-        raise CniError(Code.INVALID_CONFIG, "invalid network name",
-                       f"name {name!r} must be non-empty and match {_ID_RE.pattern}")
+        raise CniError(
+            Code.INVALID_CONFIG,
+            "invalid network name",
+            f"name {name!r} must be non-empty and match {_ID_RE.pattern}",
+        )
 
 
 def _same_netns(path: str, own: tuple[int, int] | None) -> bool:
@@ -119,17 +151,24 @@ def own_netns_id() -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def build_args(env: Mapping[str, str], stdin: bytes, *,
-               own_netns: tuple[int, int] | None = None) -> CmdArgs:
+def build_args(
+    env: Mapping[str, str], stdin: bytes, *, own_netns: tuple[int, int] | None = None
+) -> CmdArgs:
     """Validate one call. Raises CniError; ``cni_version`` is filled in as early as known."""
     command = env.get("CNI_COMMAND", "")
     if command not in VERBS:
-        raise CniError(Code.INVALID_ENV, "invalid CNI_COMMAND",
-                       f"CNI_COMMAND {command!r} is not one of {', '.join(VERBS)}")
+        raise CniError(
+            Code.INVALID_ENV,
+            "invalid CNI_COMMAND",
+            f"CNI_COMMAND {command!r} is not one of {', '.join(VERBS)}",
+        )
     missing = [k for k in REQUIRED_ENV[command] if not env.get(k)]
     if missing:
-        raise CniError(Code.INVALID_ENV, f"required env variables missing: {', '.join(missing)}",
-                       f"{command} needs {', '.join(REQUIRED_ENV[command])}")
+        raise CniError(
+            Code.INVALID_ENV,
+            f"required env variables missing: {', '.join(missing)}",
+            f"{command} needs {', '.join(REQUIRED_ENV[command])}",
+        )
     container_id = env.get("CNI_CONTAINERID", "")
     ifname = env.get("CNI_IFNAME", "")
     if command in ("ADD", "DEL", "CHECK"):
@@ -138,34 +177,59 @@ def build_args(env: Mapping[str, str], stdin: bytes, *,
     try:
         config = json.loads(stdin)
     except (ValueError, UnicodeDecodeError) as e:
-        raise CniError(Code.DECODE_FAILURE, "failed to parse network configuration",
-                       str(e)) from None
+        raise CniError(
+            Code.DECODE_FAILURE, "failed to parse network configuration", str(e)
+        ) from None
     if not isinstance(config, dict):
         raise CniError(Code.DECODE_FAILURE, "network configuration is not a JSON object")
     if "cniVersion" not in config:
-        raise CniError(Code.INCOMPATIBLE_VERSION, "incompatible CNI versions",
-                       f"config has no cniVersion (means 0.1.0); plugin supports "
-                       f"{list(ver.SUPPORTED_VERSIONS)}")
+        raise CniError(
+            Code.INCOMPATIBLE_VERSION,
+            "incompatible CNI versions",
+            f"config has no cniVersion (means 0.1.0); plugin supports "
+            f"{list(ver.SUPPORTED_VERSIONS)}",
+        )
     cni_version = config["cniVersion"]
     ver.parse(cni_version)
     if cni_version not in ver.SUPPORTED_VERSIONS:
-        raise CniError(Code.INCOMPATIBLE_VERSION, "incompatible CNI versions",
-                       f"config is {cni_version!r}, plugin supports "
-                       f"{list(ver.SUPPORTED_VERSIONS)}")
+        raise CniError(
+            Code.INCOMPATIBLE_VERSION,
+            "incompatible CNI versions",
+            f"config is {cni_version!r}, plugin supports {list(ver.SUPPORTED_VERSIONS)}",
+        )
     minimum = MIN_VERSION.get(command)
     if minimum and not ver.at_least(cni_version, minimum):
-        raise CniError(Code.INCOMPATIBLE_VERSION, f"config version does not allow {command}",
-                       f"{command} needs cniVersion >= {minimum}, config is {cni_version}")
+        raise CniError(
+            Code.INCOMPATIBLE_VERSION,
+            f"config version does not allow {command}",
+            f"{command} needs cniVersion >= {minimum}, config is {cni_version}",
+        )
     validate_network_name(config.get("name"))
     netns = env.get("CNI_NETNS", "")
-    if (command in ("ADD", "DEL", "CHECK") and netns and not env.get("CNI_NETNS_OVERRIDE")
-            and _same_netns(netns, own_netns)):
-        raise CniError(Code.INVALID_NETNS, "invalid netns",
-                       f"CNI_NETNS {netns!r} is the plugin's own network namespace")
+    if (
+        command in ("ADD", "DEL", "CHECK")
+        and netns
+        and not env.get("CNI_NETNS_OVERRIDE")
+        and _same_netns(netns, own_netns)
+    ):
+        raise CniError(
+            Code.INVALID_NETNS,
+            "invalid netns",
+            f"CNI_NETNS {netns!r} is the plugin's own network namespace",
+        )
     path = [p for p in env.get("CNI_PATH", "").split(":") if p]
-    return CmdArgs(command=command, container_id=container_id, netns=netns, ifname=ifname,
-                   args=env.get("CNI_ARGS", ""), path=path, stdin=stdin, config=config,
-                   cni_version=cni_version, env=env)
+    return CmdArgs(
+        command=command,
+        container_id=container_id,
+        netns=netns,
+        ifname=ifname,
+        args=env.get("CNI_ARGS", ""),
+        path=path,
+        stdin=stdin,
+        config=config,
+        cni_version=cni_version,
+        env=env,
+    )
 
 
 def sniff_version(stdin: bytes) -> str:
@@ -181,9 +245,14 @@ def dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def run(handlers: Handlers, env: Mapping[str, str], stdin: bytes, *,
-        own_netns: tuple[int, int] | None = None,
-        before_dispatch: Callable[[CmdArgs], None] | None = None) -> tuple[int, bytes]:
+def run(
+    handlers: Handlers,
+    env: Mapping[str, str],
+    stdin: bytes,
+    *,
+    own_netns: tuple[int, int] | None = None,
+    before_dispatch: Callable[[CmdArgs], None] | None = None,
+) -> tuple[int, bytes]:
     """Execute one CNI call. Returns (exit status, bytes for stdout). Never raises."""
     if env.get("CNI_COMMAND") == "VERSION":
         # VERSION touches nothing and validates nothing (ENV-8, VER-4).

@@ -65,8 +65,10 @@ def canonical(raw: object, version: str) -> Result:
         addr = _cidr(ip.get("address"), f"ips[{n}].address")
         entry = {k: v for k, v in ip.items() if k != "version"}
         if legacy and "version" in ip and ip["version"] != str(addr.version):
-            raise _bad("invalid result", f"ips[{n}].version {ip['version']!r} does not match "
-                                         f"{ip.get('address')}")
+            raise _bad(
+                "invalid result",
+                f"ips[{n}].version {ip['version']!r} does not match {ip.get('address')}",
+            )
         if "gateway" in ip and ip["gateway"] not in (None, ""):
             _ip(ip["gateway"], f"ips[{n}].gateway")
         idx = ip.get("interface")
@@ -102,11 +104,9 @@ def render(result: Result, version: str) -> Result:
         if key == "cniVersion":
             continue
         if key == "interfaces":
-            value = [{k: v for k, v in i.items() if not (pre11 and k in _IFACE_11)}
-                     for i in value]
+            value = [{k: v for k, v in i.items() if not (pre11 and k in _IFACE_11)} for i in value]
         elif key == "routes":
-            value = [{k: v for k, v in r.items() if not (pre11 and k in _ROUTE_11)}
-                     for r in value]
+            value = [{k: v for k, v in r.items() if not (pre11 and k in _ROUTE_11)} for r in value]
         elif key == "ips":
             ips = []
             for ip in value:
@@ -130,6 +130,9 @@ def prev_result(config: dict[str, Any], version: str) -> Result | None:
     if isinstance(raw, dict) and raw.get("cniVersion") not in (None, ""):
         version = str(raw["cniVersion"])
         if version not in ver.SUPPORTED_VERSIONS:
-            raise CniError(Code.INCOMPATIBLE_VERSION, "unsupported prevResult version",
-                           f"prevResult cniVersion {version!r}")
+            raise CniError(
+                Code.INCOMPATIBLE_VERSION,
+                "unsupported prevResult version",
+                f"prevResult cniVersion {version!r}",
+            )
     return canonical(raw, version)

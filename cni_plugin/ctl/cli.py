@@ -20,13 +20,43 @@ def cli() -> None:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 def version(output: str) -> None:
     """Print tabbyctl's version and the CNI versions the plugins speak."""
-    info = {"version": __version__, "cniVersions": list(SUPPORTED_VERSIONS),
-            "python": sys.version.split()[0]}
+    info = {
+        "version": __version__,
+        "cniVersions": list(SUPPORTED_VERSIONS),
+        "python": sys.version.split()[0],
+    }
     if output == "json":
         click.echo(json.dumps(info))
     else:
-        click.echo(f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; "
-                   f"Python {info['python']})")
+        click.echo(
+            f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; Python {info['python']})"
+        )
+
+
+@cli.command()
+@click.option(
+    "--pods",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="how many pods to create",
+)
+@click.option("--keep", is_flag=True, help="leave the namespaces and store in place")
+@click.option(
+    "--cni-bin-dir",
+    default="/opt/cni/bin",
+    show_default=True,
+    help="where the installed plugins are",
+)
+def demo(pods: int, keep: bool, cni_bin_dir: str) -> None:
+    """Build a node and N pods in throwaway namespaces, network them, prove it, clean up."""
+    from cni_plugin.ctl import demo as demo_mod
+
+    try:
+        rc = demo_mod.run(pods, keep, cni_bin_dir, click.echo)
+    except demo_mod.DemoError as e:
+        raise click.ClickException(str(e)) from None
+    sys.exit(rc)
 
 
 def main() -> None:

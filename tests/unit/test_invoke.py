@@ -45,8 +45,14 @@ def stub(tmp_path: Path) -> tuple[Path, Path]:
     return bindir, record
 
 
-ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/x", "CNI_IFNAME": "eth0",
-       "CNI_ARGS": "K8S_POD_NAME=p;K8S_POD_NAMESPACE=n", "PATH": os.environ.get("PATH", "")}
+ENV = {
+    "CNI_COMMAND": "ADD",
+    "CNI_CONTAINERID": "c1",
+    "CNI_NETNS": "/x",
+    "CNI_IFNAME": "eth0",
+    "CNI_ARGS": "K8S_POD_NAME=p;K8S_POD_NAMESPACE=n",
+    "PATH": os.environ.get("PATH", ""),
+}
 
 
 def test_same_env_and_byte_identical_stdin(stub: tuple[Path, Path]) -> None:
@@ -54,8 +60,7 @@ def test_same_env_and_byte_identical_stdin(stub: tuple[Path, Path]) -> None:
     bindir, record = stub
     stdin = b'{"cniVersion": "1.0.0",  "name": "n", "ipam": {"type": "stub-ipam"}}\n'
     path = ["/nonexistent", "", str(bindir)]
-    out = invoke.exec_plugin("stub-ipam", "DEL", stdin, {**ENV, "CNI_PATH": ":".join(path)},
-                             path)
+    out = invoke.exec_plugin("stub-ipam", "DEL", stdin, {**ENV, "CNI_PATH": ":".join(path)}, path)
     assert out is not None
     assert out["ips"] == [{"address": "10.0.0.1/32"}]
     rec = json.loads(record.read_text())
@@ -67,13 +72,13 @@ def test_same_env_and_byte_identical_stdin(stub: tuple[Path, Path]) -> None:
     assert env["CNI_ARGS"] == "IgnoreUnknown=1;K8S_POD_NAME=p;K8S_POD_NAMESPACE=n"
 
 
-def test_delegate_error_code_passes_through(stub: tuple[Path, Path],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_delegate_error_code_passes_through(
+    stub: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """IPM-4: a code 11 stays 11 (no double wrapping)."""
     bindir, _ = stub
     with pytest.raises(CniError) as e:
-        invoke.exec_plugin("stub-ipam", "ADD", b"{}", {**ENV, "STUB_MODE": "error"},
-                           [str(bindir)])
+        invoke.exec_plugin("stub-ipam", "ADD", b"{}", {**ENV, "STUB_MODE": "error"}, [str(bindir)])
     assert (e.value.code, e.value.msg, e.value.details) == (11, "busy", "lock")
 
 
@@ -81,15 +86,16 @@ def test_delegate_error_code_passes_through(stub: tuple[Path, Path],
 def test_delegate_without_cni_error_is_104(stub: tuple[Path, Path], mode: str) -> None:
     bindir, _ = stub
     with pytest.raises(CniError) as e:
-        invoke.exec_plugin("stub-ipam", "ADD", b"{}", {**ENV, "STUB_MODE": mode},
-                           [str(bindir)])
+        invoke.exec_plugin("stub-ipam", "ADD", b"{}", {**ENV, "STUB_MODE": mode}, [str(bindir)])
     assert e.value.code == 104
 
 
 def test_empty_stdout_is_none(stub: tuple[Path, Path]) -> None:
     bindir, _ = stub
-    assert invoke.exec_plugin("stub-ipam", "DEL", b"{}", {**ENV, "STUB_MODE": "empty"},
-                              [str(bindir)]) is None
+    assert (
+        invoke.exec_plugin("stub-ipam", "DEL", b"{}", {**ENV, "STUB_MODE": "empty"}, [str(bindir)])
+        is None
+    )
 
 
 def test_not_found_lists_searched_paths() -> None:

@@ -28,11 +28,11 @@ class FakeDataplane:
         self.veths: list[Any] = []
 
     @staticmethod
-    def SetupSpec(**kw: Any) -> SimpleNamespace:  # noqa: N802 (mirrors the class)
+    def SetupSpec(**kw: Any) -> SimpleNamespace:
         return SimpleNamespace(**kw)
 
     @staticmethod
-    def ExpectedState(**kw: Any) -> SimpleNamespace:  # noqa: N802
+    def ExpectedState(**kw: Any) -> SimpleNamespace:
         return SimpleNamespace(**kw)
 
     @staticmethod
@@ -45,17 +45,26 @@ class FakeDataplane:
             raise self.fail_setup
         routes = []
         if any(a.version == 4 for a in spec.addresses):
-            routes.append(SimpleNamespace(dst=ipaddress.ip_network("169.254.1.1/32"), gw=None,
-                                          scope=253))
-            routes.append(SimpleNamespace(dst=ipaddress.ip_network("0.0.0.0/0"),
-                                          gw=ipaddress.ip_address("169.254.1.1"), scope=0))
+            routes.append(
+                SimpleNamespace(dst=ipaddress.ip_network("169.254.1.1/32"), gw=None, scope=253)
+            )
+            routes.append(
+                SimpleNamespace(
+                    dst=ipaddress.ip_network("0.0.0.0/0"),
+                    gw=ipaddress.ip_address("169.254.1.1"),
+                    scope=0,
+                )
+            )
         if any(a.version == 6 for a in spec.addresses):
             routes.append(SimpleNamespace(dst=ipaddress.ip_network("::/0"), gw=V6GW, scope=0))
-        return SimpleNamespace(host_ifname=spec.host_ifname, host_mac="ee:ee:ee:ee:ee:ee",
-                               container_mac="02:11:22:33:44:55", routes=routes)
+        return SimpleNamespace(
+            host_ifname=spec.host_ifname,
+            host_mac="ee:ee:ee:ee:ee:ee",
+            container_mac="02:11:22:33:44:55",
+            routes=routes,
+        )
 
-    def teardown(self, netns: str | None, ifname: str, host_ifname: str,
-                 addresses: Any) -> None:
+    def teardown(self, netns: str | None, ifname: str, host_ifname: str, addresses: Any) -> None:
         self.calls.append(("teardown", (netns, ifname, host_ifname, addresses)))
         if self.fail_teardown:
             raise self.fail_teardown
@@ -75,8 +84,9 @@ class FakeDataplane:
 class FakeIpam:
     def __init__(self) -> None:
         self.calls: list[str] = []
-        self.result: dict[str, Any] = {"ips": [{"address": "10.244.0.5/32"},
-                                               {"address": "fd00:10:244::5/128"}]}
+        self.result: dict[str, Any] = {
+            "ips": [{"address": "10.244.0.5/32"}, {"address": "fd00:10:244::5/128"}]
+        }
         self.fail: dict[str, CniError] = {}
 
     def __call__(self, args: skel.CmdArgs, conf: Any, command: str) -> dict[str, Any] | None:
@@ -95,13 +105,24 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeDataplane, FakeIpam]:
 
 
 def conf(version: str = "1.1.0", **extra: Any) -> dict[str, Any]:
-    return {"cniVersion": version, "name": "net1", "type": "tabby",
-            "ipam": {"type": "tabby-ipam"}, **extra}
+    return {
+        "cniVersion": version,
+        "name": "net1",
+        "type": "tabby",
+        "ipam": {"type": "tabby-ipam"},
+        **extra,
+    }
 
 
 def run(command: str, config: dict[str, Any], **env: str) -> tuple[int, Any]:
-    base = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/p1",
-            "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin", **env}
+    base = {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/run/netns/p1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        **env,
+    }
     base = {k: v for k, v in base.items() if v != "<unset>"}
     rc, out = skel.run(plugin.HANDLERS, base, json.dumps(config).encode())
     return rc, (json.loads(out) if out.strip() else None)
@@ -125,14 +146,18 @@ def test_add_result_shape(fakes: tuple[FakeDataplane, FakeIpam], version: str) -
     assert ("mtu" in host) is (version == "1.1.0")
     spec = dp.calls[0][1]
     assert [str(a) for a in spec.addresses] == ["10.244.0.5", "fd00:10:244::5"]
-    assert spec.host_ifname.startswith("cali") and len(spec.host_ifname) <= 15
+    assert spec.host_ifname.startswith("cali")
+    assert len(spec.host_ifname) <= 15
     assert ipam.calls == ["ADD"]
 
 
 def test_add_keeps_prev_result(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """ADD-4: earlier interfaces keep their indexes; ours are appended."""
-    prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "x0"}],
-            "ips": [{"address": "192.168.9.9/24", "interface": 0}]}
+    prev = {
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "x0"}],
+        "ips": [{"address": "192.168.9.9/24", "interface": 0}],
+    }
     rc, out = run("ADD", conf("1.0.0", prevResult=prev))
     assert rc == 0, out
     assert out["interfaces"][0] == {"name": "x0"}
@@ -172,8 +197,9 @@ def test_add_ipam_error_passes_through(fakes: tuple[FakeDataplane, FakeIpam]) ->
 
 
 @pytest.mark.parametrize("mac", ["zz:00:00:00:00:00", "01:00:00:00:00:01", 5])
-def test_bad_mac_capability_is_rejected_before_ipam(fakes: tuple[FakeDataplane, FakeIpam],
-                                                   mac: Any) -> None:
+def test_bad_mac_capability_is_rejected_before_ipam(
+    fakes: tuple[FakeDataplane, FakeIpam], mac: Any
+) -> None:
     """ADD-10."""
     _, ipam = fakes
     rc, out = run("ADD", conf(runtimeConfig={"mac": mac}))
@@ -191,19 +217,26 @@ def test_mac_capability_is_used(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
 def test_mac_not_declared_is_ignored(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """CAP-3/ADD-10: a capability not declared is not consumed."""
     dp, _ = fakes
-    rc, _ = run("ADD", conf(capabilities={"ips": True},
-                            runtimeConfig={"mac": "0a:58:0a:f4:00:05"}))
+    rc, _ = run("ADD", conf(capabilities={"ips": True}, runtimeConfig={"mac": "0a:58:0a:f4:00:05"}))
     assert rc == 0
     assert dp.calls[0][1].mac is None
 
 
-@pytest.mark.parametrize(("field", "value", "code"), [
-    ("mtu", 10, 2), ("mtu", "x", 2), ("veth_prefix", "toolong", 2), ("veth_prefix", "a/b", 2),
-    ("ipam", {"type": "../x"}, 7), ("ipam", {}, 7),
-    ("container_settings", {"allow_ip_forwarding": "maybe"}, 2),
-])
-def test_bad_known_fields(fakes: tuple[FakeDataplane, FakeIpam], field: str, value: Any,
-                          code: int) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [
+        ("mtu", 10, 2),
+        ("mtu", "x", 2),
+        ("veth_prefix", "toolong", 2),
+        ("veth_prefix", "a/b", 2),
+        ("ipam", {"type": "../x"}, 7),
+        ("ipam", {}, 7),
+        ("container_settings", {"allow_ip_forwarding": "maybe"}, 2),
+    ],
+)
+def test_bad_known_fields(
+    fakes: tuple[FakeDataplane, FakeIpam], field: str, value: Any, code: int
+) -> None:
     """GEN-11: code 2 names field and value; CFG-4: ipam.type without path characters."""
     rc, out = run("ADD", {**conf(), field: value})
     assert (rc, out["code"]) == (1, code)
@@ -212,8 +245,9 @@ def test_bad_known_fields(fakes: tuple[FakeDataplane, FakeIpam], field: str, val
 
 
 @pytest.mark.parametrize("netns", ["/run/netns/p1", "<unset>", "/nonexistent/ns"])
-def test_del_always_tears_down_then_releases(fakes: tuple[FakeDataplane, FakeIpam],
-                                             netns: str) -> None:
+def test_del_always_tears_down_then_releases(
+    fakes: tuple[FakeDataplane, FakeIpam], netns: str
+) -> None:
     """DEL-1..3: local cleanup first, IPAM DEL always, also without a netns."""
     dp, ipam = fakes
     for _ in range(3):
@@ -233,7 +267,9 @@ def test_del_releases_ipam_even_when_teardown_fails(fakes: tuple[FakeDataplane, 
     assert ipam.calls == ["DEL"]
 
 
-def test_del_reports_locked_store_after_local_cleanup(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+def test_del_reports_locked_store_after_local_cleanup(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
     """DEL-7: a busy store does not block local cleanup; code 11 says retry."""
     dp, ipam = fakes
     ipam.fail["DEL"] = CniError(11, "IPAM datastore busy, try again later")
@@ -244,7 +280,7 @@ def test_del_reports_locked_store_after_local_cleanup(fakes: tuple[FakeDataplane
 
 def test_del_with_garbage_prev_result_still_cleans(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """DEL-4: prevResult is accepted but never required."""
-    dp, ipam = fakes
+    _dp, ipam = fakes
     rc, _ = run("DEL", conf(prevResult={"ips": "garbage"}))
     assert rc == 0
     assert ipam.calls == ["DEL"]
@@ -258,14 +294,19 @@ def test_del_uses_prev_result_addresses(fakes: tuple[FakeDataplane, FakeIpam]) -
 
 
 def _added(version: str = "1.1.0") -> dict[str, Any]:
-    return {"cniVersion": version,
-            "interfaces": [{"name": "cali123", "mac": "ee:ee:ee:ee:ee:ee"},
-                           {"name": "eth0", "mac": "02:11:22:33:44:55",
-                            "sandbox": "/run/netns/p1"}],
-            "ips": [{"address": "10.244.0.5/32", "interface": 1}]}
+    return {
+        "cniVersion": version,
+        "interfaces": [
+            {"name": "cali123", "mac": "ee:ee:ee:ee:ee:ee"},
+            {"name": "eth0", "mac": "02:11:22:33:44:55", "sandbox": "/run/netns/p1"},
+        ],
+        "ips": [{"address": "10.244.0.5/32", "interface": 1}],
+    }
 
 
-def test_check_compares_with_prev_result_and_forwards(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+def test_check_compares_with_prev_result_and_forwards(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
     """CHK-2, CHK-4, CHK-6, CHK-8."""
     dp, ipam = fakes
     rc, out = run("CHECK", conf(prevResult=_added()))
@@ -290,7 +331,7 @@ def test_check_sandbox_mismatch_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> 
 
 def test_check_dataplane_failure_is_reported(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """CHK-3."""
-    dp, ipam = fakes
+    dp, _ipam = fakes
     dp.fail_check = CniError(103, "host route missing", "10.244.0.5/32")
     rc, out = run("CHECK", conf(prevResult=_added()))
     assert (rc, out["code"]) == (1, 103)
@@ -312,15 +353,18 @@ def test_gc_removes_only_this_networks_stale_veths(fakes: tuple[FakeDataplane, F
     """GC-3, GC-6: stale veths of this network go; valid ones and other networks' stay."""
     dp, ipam = fakes
     keep = dp.host_veth_name("cali", "net1", "c1", "eth0")
-    dp.veths = [SimpleNamespace(name=keep, alias="tabby:net1:c1:eth0"),
-                SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0"),
-                SimpleNamespace(name="cali-other", alias="tabby:net2:c3:eth0"),
-                SimpleNamespace(name="cali-foreign", alias="")]
+    dp.veths = [
+        SimpleNamespace(name=keep, alias="tabby:net1:c1:eth0"),
+        SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0"),
+        SimpleNamespace(name="cali-other", alias="tabby:net2:c3:eth0"),
+        SimpleNamespace(name="cali-foreign", alias=""),
+    ]
     valid = [{"containerID": "c1", "ifname": "eth0"}]
     rc, out = run("GC", _gc_conf(**{"cni.dev/valid-attachments": valid}), CNI_CONTAINERID="")
     assert (rc, out) == (0, None)  # GC-8
     assert [c for c in dp.calls if c[0] == "delete_host_veth"] == [
-        ("delete_host_veth", "cali-stale")]
+        ("delete_host_veth", "cali-stale")
+    ]
     assert ipam.calls == ["GC"]
 
 
@@ -332,13 +376,14 @@ def test_gc_legacy_key_and_absent_key(fakes: tuple[FakeDataplane, FakeIpam]) -> 
     assert not [c for c in dp.calls if c[0] == "delete_host_veth"]
     run("GC", _gc_conf(**{"cni.dev/attachments": []}))
     assert [c for c in dp.calls if c[0] == "delete_host_veth"] == [
-        ("delete_host_veth", "cali-stale")]
+        ("delete_host_veth", "cali-stale")
+    ]
     assert ipam.calls == ["GC", "GC"]
 
 
 def test_gc_keeps_going_and_reports_all_errors(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """GC-5."""
-    dp, ipam = fakes
+    _dp, ipam = fakes
     ipam.fail["GC"] = CniError(11, "busy")
     rc, out = run("GC", _gc_conf(**{"cni.dev/valid-attachments": []}))
     assert (rc, out["code"]) == (1, 11)

@@ -20,8 +20,9 @@ BASE_ENV = {
 
 
 class Recorder:
-    def __init__(self, result: dict[str, Any] | None = None,
-                 exc: BaseException | None = None) -> None:
+    def __init__(
+        self, result: dict[str, Any] | None = None, exc: BaseException | None = None
+    ) -> None:
         self.calls: list[skel.CmdArgs] = []
         self.result = result
         self.exc = exc
@@ -40,8 +41,9 @@ def conf(version: str = "1.1.0", **extra: Any) -> bytes:
     return json.dumps({"cniVersion": version, "name": "net1", "type": "tabby", **extra}).encode()
 
 
-def call(env: dict[str, str], stdin: bytes, rec: Recorder | None = None,
-         **kw: Any) -> tuple[int, Any]:
+def call(
+    env: dict[str, str], stdin: bytes, rec: Recorder | None = None, **kw: Any
+) -> tuple[int, Any]:
     rec = rec or Recorder()
     rc, out = skel.run(rec.handlers(), env, stdin, **kw)
     text = out.decode()
@@ -63,14 +65,20 @@ def test_version_reply_echoes_request(version: str) -> None:
     """VER-1, VER-2, VER-3."""
     rc, out = call({"CNI_COMMAND": "VERSION"}, json.dumps({"cniVersion": version}).encode())
     assert rc == 0
-    assert out == {"cniVersion": version,
-                   "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}
+    assert out == {
+        "cniVersion": version,
+        "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"],
+    }
 
 
 def test_version_with_podman_dummy_env() -> None:
     """ENV-8, VER-4: dummy env, no container id, no name, nothing validated."""
-    env = {"CNI_COMMAND": "VERSION", "CNI_PATH": "dummy", "CNI_NETNS": "dummy",
-           "CNI_IFNAME": "dummy"}
+    env = {
+        "CNI_COMMAND": "VERSION",
+        "CNI_PATH": "dummy",
+        "CNI_NETNS": "dummy",
+        "CNI_IFNAME": "dummy",
+    }
     rc, out = call(env, b'{"cniVersion":"1.1.0"}')
     assert rc == 0
     assert out["cniVersion"] == "1.1.0"
@@ -92,8 +100,9 @@ def test_bad_command_is_code_4(command: str) -> None:
     assert "CNI_COMMAND" in out["details"]
 
 
-@pytest.mark.parametrize(("command", "var"), [
-    (c, v) for c, vs in skel.REQUIRED_ENV.items() for v in vs])
+@pytest.mark.parametrize(
+    ("command", "var"), [(c, v) for c, vs in skel.REQUIRED_ENV.items() for v in vs]
+)
 def test_each_missing_env_var_is_named(command: str, var: str) -> None:
     """ENV-2: drop each required variable in turn -> code 4 naming exactly it."""
     env = {**BASE_ENV, "CNI_COMMAND": command}
@@ -203,22 +212,31 @@ def test_bad_network_name_is_code_7(name: Any) -> None:
 @pytest.mark.parametrize("version", ALL_SPEC_VERSIONS)
 def test_dispatch_passes_validated_args(version: str) -> None:
     rec = Recorder(result={"cniVersion": version, "ips": []})
-    env = {**BASE_ENV, "CNI_COMMAND": "ADD", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=a",
-           "CNI_PATH": "/a::/b"}
+    env = {
+        **BASE_ENV,
+        "CNI_COMMAND": "ADD",
+        "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAME=a",
+        "CNI_PATH": "/a::/b",
+    }
     rc, out = call(env, conf(version), rec)
     assert rc == 0
     assert out == {"cniVersion": version, "ips": []}
     a = rec.calls[0]
-    assert (a.command, a.container_id, a.ifname, a.netns) == ("ADD", "abc123", "eth0",
-                                                              "/var/run/netns/test")
+    assert (a.command, a.container_id, a.ifname, a.netns) == (
+        "ADD",
+        "abc123",
+        "eth0",
+        "/var/run/netns/test",
+    )
     assert a.path == ["/a", "/b"]  # ENV-6: empty entries skipped
     assert a.cni_version == version
     assert a.network == "net1"
     assert a.stdin == conf(version)
 
 
-@pytest.mark.parametrize("key", ["runtimeConfig", "args", "prevResult", "cni.dev/foo",
-                                 "capabilities", "foo"])
+@pytest.mark.parametrize(
+    "key", ["runtimeConfig", "args", "prevResult", "cni.dev/foo", "capabilities", "foo"]
+)
 def test_reserved_and_unknown_keys_do_not_fail(key: str) -> None:
     """GEN-10, GEN-11, CFG-5, CDEV-1."""
     rc, _ = call({**BASE_ENV, "CNI_COMMAND": "ADD"}, conf("1.1.0", **{key: {"x": {"y": 1}}}))
@@ -231,12 +249,12 @@ def test_handler_cni_error_passes_through_in_request_version(version: str) -> No
     rec = Recorder(exc=CniError(11, "store busy", "lock held"))
     rc, out = call({**BASE_ENV, "CNI_COMMAND": "DEL"}, conf(version), rec)
     assert_error(rc, out, 11, version)
-    assert out == {"cniVersion": version, "code": 11, "msg": "store busy",
-                   "details": "lock held"}
+    assert out == {"cniVersion": version, "code": 11, "msg": "store busy", "details": "lock held"}
 
 
 def test_unexpected_exception_becomes_999_without_traceback(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     rec = Recorder(exc=ZeroDivisionError("boom"))
     rc, out = call({**BASE_ENV, "CNI_COMMAND": "ADD"}, conf(), rec)
     assert_error(rc, out, 999)
@@ -254,8 +272,7 @@ def test_own_netns_is_refused(tmp_path: Any) -> None:
     rc, out = call(env, conf(), rec, own_netns=(st.st_dev, st.st_ino))
     assert_error(rc, out, 8)
     assert rec.calls == []
-    rc, _ = call({**env, "CNI_NETNS_OVERRIDE": "1"}, conf(), rec,
-                 own_netns=(st.st_dev, st.st_ino))
+    rc, _ = call({**env, "CNI_NETNS_OVERRIDE": "1"}, conf(), rec, own_netns=(st.st_dev, st.st_ino))
     assert rc == 0
 
 

@@ -51,9 +51,11 @@ def test_round_trip_keeps_addresses_gateways_routes(version: str) -> None:
     """CHN-2: going to a version and back keeps addresses, gateways and routes."""
     back = types.canonical(types.render(copy.deepcopy(CANON), version), version)
     assert [(i["address"], i["gateway"], i["interface"]) for i in back["ips"]] == [
-        (i["address"], i["gateway"], i["interface"]) for i in CANON["ips"]]
+        (i["address"], i["gateway"], i["interface"]) for i in CANON["ips"]
+    ]
     assert [(r["dst"], r.get("gw")) for r in back["routes"]] == [
-        (r["dst"], r.get("gw")) for r in CANON["routes"]]
+        (r["dst"], r.get("gw")) for r in CANON["routes"]
+    ]
     assert all("version" not in ip for ip in back["ips"])
 
 
@@ -64,15 +66,18 @@ def test_legacy_version_field_must_match_family() -> None:
     assert e.value.code == 6
 
 
-@pytest.mark.parametrize("bad", [
-    {"ips": [{"address": "10.0.0.1"}]},
-    {"ips": [{"address": "nope/32"}]},
-    {"ips": [{"address": "10.0.0.1/32", "interface": 3}]},
-    {"ips": [{"address": "10.0.0.1/32", "gateway": "x"}]},
-    {"routes": [{"dst": "0.0.0.0/0", "gw": "bad"}]},
-    {"ips": "x"},
-    [],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ips": [{"address": "10.0.0.1"}]},
+        {"ips": [{"address": "nope/32"}]},
+        {"ips": [{"address": "10.0.0.1/32", "interface": 3}]},
+        {"ips": [{"address": "10.0.0.1/32", "gateway": "x"}]},
+        {"routes": [{"dst": "0.0.0.0/0", "gw": "bad"}]},
+        {"ips": "x"},
+        [],
+    ],
+)
 def test_malformed_results_are_decode_errors(bad: Any) -> None:
     with pytest.raises(CniError) as e:
         types.canonical(bad, "1.0.0")
@@ -90,8 +95,9 @@ def test_prev_result_uses_its_own_version_or_the_configs() -> None:
     """CHN-1."""
     conf = {"prevResult": {"ips": [{"address": "10.0.0.1/32", "version": "4"}]}}
     assert types.prev_result(conf, "0.4.0") == {"ips": [{"address": "10.0.0.1/32"}]}
-    conf2 = {"prevResult": {"cniVersion": "0.4.0",
-                            "ips": [{"address": "10.0.0.1/32", "version": "4"}]}}
+    conf2 = {
+        "prevResult": {"cniVersion": "0.4.0", "ips": [{"address": "10.0.0.1/32", "version": "4"}]}
+    }
     assert types.prev_result(conf2, "1.0.0") == {"ips": [{"address": "10.0.0.1/32"}]}
     assert types.prev_result({}, "1.0.0") is None
     assert types.prev_result({"prevResult": {}}, "1.0.0") is None

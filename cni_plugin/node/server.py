@@ -1,0 +1,263 @@
+"""tabby-node: serve CNI calls for the thin binaries, with pyroute2 and the IPAM warm.
+
+Each connection is one CNI call, handled in its own thread. The thread enters the
+*caller's* network namespace (an fd passed over the socket) before doing anything, so the
+host-side work lands where the binary was run, never in the node process's own namespace;
+setns(2) is per thread, so concurrent calls do not disturb each other. When a ``tabby`` ADD
+delegates to ``tabby-ipam`` the IPAM runs in-process through the very same handlers the
+binary would run, so results are identical; any other IPAM type is exec'd as the spec says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cni_plugin import __version__
+from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, REJECT
+
+log = logging.getLogger("tabby.node")
+_U32x2 = struct.Struct("!II")
+_PEERCRED = struct.Struct("3i")
+MAX_HEADER = 1 << 20
+MAX_STDIN = 16 << 20
+
+
+def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
+    buf = bytearray(first)
+    while len(buf) < n:
+        chunk = conn.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("client closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _ipam_in_process(
+    plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str]
+) -> tuple[int, bytes] | None:
+    """Run tabby-ipam's handlers in this thread; None for any other IPAM type (exec it)."""
+    if plugin_type != "tabby-ipam":
+        return None
+    from cni_plugin.cni import skel
+    from ipam.plugin import HANDLERS
+
+    return skel.run(HANDLERS, env, stdin)
+
+
+def execute(role: str, env: dict[str, str], stdin: bytes, netns_fd: int) -> tuple[int, bytes]:
+    """Run one CNI call in the calling thread, inside the caller's network namespace."""
+    from cni_plugin import plugin
+    from cni_plugin.cni import skel
+    from cni_plugin.dataplane.netns import THREAD_NETNS, setns
+
+    st = os.fstat(netns_fd)
+    caller_ns = (st.st_dev, st.st_ino)
+    home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns(netns_fd)
+        try:
+            if role == "tabby-ipam":
+                from ipam import plugin as ipam_plugin
+
+                return skel.run(
+                    ipam_plugin.HANDLERS,
+                    env,
+                    stdin,
+                    own_netns=caller_ns,
+                    before_dispatch=ipam_plugin.configure_logging,
+                )
+            with plugin.ipam_runner(_ipam_in_process):
+                return skel.run(
+                    plugin.HANDLERS,
+                    env,
+                    stdin,
+                    own_netns=caller_ns,
+                    before_dispatch=plugin.configure_logging,
+                )
+        finally:
+            setns(home)
+    finally:
+        os.close(home)
+
+
+class NodeServer:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock: socket.socket | None = None
+        self.stopping = threading.Event()
+        self.inflight: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+        self.served = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def bind(self) -> None:
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if os.path.lexists(self.path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+            except OSError:
+                os.unlink(self.path)  # stale socket of a dead node
+            else:
+                raise SystemExit(f"tabby-node: another tabby-node serves {self.path}")
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        self.sock = sock
+
+    def serve_forever(self) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(0.5)
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            conn.settimeout(None)
+            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            with self.lock:
+                self.inflight.add(t)
+            t.start()
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop accepting (new calls fall back in-process), finish the calls in flight."""
+        self.stopping.set()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        if self.sock is not None:
+            self.sock.close()
+        deadline = time.monotonic() + grace
+        while True:
+            with self.lock:
+                alive = [t for t in self.inflight if t.is_alive()]
+            if not alive or time.monotonic() > deadline:
+                break
+            alive[0].join(timeout=0.1)
+
+    # -- one call ------------------------------------------------------------------------
+
+    def _peer_ok(self, conn: socket.socket) -> bool:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        _pid, uid, _gid = _PEERCRED.unpack(raw)
+        return uid in (0, os.geteuid())
+
+    def _handle(self, conn: socket.socket) -> None:
+        fds: list[int] = []
+        try:
+            if not self._peer_ok(conn):
+                log.warning("refused a connection from a non-root peer")
+                return
+            first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 1)
+            head = _recv_exact(conn, 8, first[:8]) if len(first) < 8 else first[:8]
+            hlen, slen = _U32x2.unpack(head)
+            if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 1:
+                conn.sendall(REJECT + b"malformed request")
+                return
+            body = _recv_exact(conn, hlen + slen, first[8:])
+            header: dict[str, Any] = json.loads(body[:hlen])
+            stdin = body[hlen:]
+            if header.get("version") != __version__:
+                conn.sendall(REJECT + f"tabby-node is {__version__}".encode())
+                return
+            netns_fd = fds[0]
+            if not _is_nsfs(netns_fd):
+                conn.sendall(REJECT + b"not a namespace fd")
+                return
+            conn.sendall(ACCEPT)
+            env = {str(k): str(v) for k, v in header.get("env", {}).items()}
+            rc, out = execute(str(header.get("role", "tabby")), env, stdin, netns_fd)
+            conn.sendall(_U32x2.pack(rc, len(out)) + out)
+            with self.lock:
+                self.served += 1
+        except Exception:
+            log.exception("tabby-node: a call failed outside the CNI error path")
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            with self.lock:
+                self.inflight.discard(threading.current_thread())
+
+
+def _is_nsfs(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("net:[")
+    except OSError:
+        return False
+
+
+def warm_up() -> None:
+    """Import everything a call needs now, so no call pays for it."""
+    from cni_plugin import dataplane, plugin  # noqa: F401
+    from cni_plugin.dataplane import linux  # noqa: F401  (pyroute2)
+    from ipam import plugin as ipam_plugin  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tabby-node", description="serve tabby CNI calls on a unix socket"
+    )
+    parser.add_argument(
+        "--socket",
+        default=os.environ.get("TABBY_NODE_SOCKET", DEFAULT_SOCKET),
+        help=f"socket path (default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument("--log-file", default="/var/log/tabby/node.log")
+    opts = parser.parse_args(argv)
+    from cni_plugin.cni import log as cni_log
+
+    cni_log.setup(opts.log_level, opts.log_file or None)
+    if os.geteuid() != 0:
+        print("tabby-node: must run as root", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    warm_up()
+    server = NodeServer(opts.socket)
+    server.bind()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        server.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.warning(
+        "tabby-node %s serving %s (warm in %.0f ms)",
+        __version__,
+        opts.socket,
+        (time.perf_counter() - t0) * 1000,
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.stop()
+        log.warning("tabby-node stopped after %d calls", server.served)
+    return 0

@@ -1,0 +1,110 @@
+"""Shared helpers for tests that exec the installed binaries as a runtime would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+CNI_BIN = os.environ.get("TABBY_CNI_BIN", "/opt/cni/bin")
+TABBY = os.path.join(CNI_BIN, "tabby")
+TABBY_IPAM = os.path.join(CNI_BIN, "tabby-ipam")
+PLUGINS = (TABBY, TABBY_IPAM)
+
+
+class Call:
+    """One finished plugin exec: exit status, parsed stdout, raw stderr."""
+
+    def __init__(self, rc: int, stdout: bytes, stderr: bytes) -> None:
+        self.rc = rc
+        self.raw = stdout
+        self.stderr = stderr.decode(errors="replace")
+        text = stdout.decode(errors="replace").strip()
+        # GEN-5: stdout is exactly one JSON document or nothing.
+        self.out: Any = json.loads(text) if text else None
+
+    def __repr__(self) -> str:
+        return f"Call(rc={self.rc}, out={self.out!r}, stderr={self.stderr[-500:]!r})"
+
+
+def exec_plugin(
+    binary: str,
+    command: str,
+    conf: Mapping[str, Any] | bytes,
+    *,
+    env: Mapping[str, str] | None = None,
+    netns_fd: int | None = None,
+    timeout: float = 60,
+) -> Call:
+    """Exec ``binary`` like libcni: CNI_* env, config on stdin, optionally inside a netns."""
+    full_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": command,
+        "TABBY_NODE_SOCKET": os.environ.get("TABBY_NODE_SOCKET", "off"),
+    }
+    full_env.update(env or {})
+    stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
+    preexec = None
+    if netns_fd is not None:
+        from cni_plugin.dataplane.netns import setns
+
+        fd = netns_fd
+
+        def preexec() -> None:
+            setns(fd)
+
+    proc = subprocess.run(
+        [binary],
+        input=stdin,
+        env=full_env,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        preexec_fn=preexec,
+        pass_fds=(netns_fd,) if netns_fd is not None else (),
+    )
+    call = Call(proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in call.stderr, call
+    return call
+
+
+@pytest.fixture(scope="session")
+def installed() -> None:
+    for p in PLUGINS:
+        if not os.access(p, os.X_OK):
+            pytest.fail(f"{p} is not installed: run ./build.sh --no-demo first")
+
+
+def ipam_conf(
+    data_dir: str,
+    version: str = "1.1.0",
+    *,
+    name: str = "e2e-net",
+    node: str = "node-a",
+    **ipam: Any,
+) -> dict[str, Any]:
+    return {
+        "cniVersion": version,
+        "name": name,
+        "type": "tabby",
+        "nodename": node,
+        "log_file_path": os.path.join(os.path.dirname(data_dir), "cni.log"),
+        "ipam": {
+            "type": "tabby-ipam",
+            "data_dir": data_dir,
+            "ipv4_pools": ["10.244.0.0/16"],
+            "ipv6_pools": ["fd00:10:244::/48"],
+            **ipam,
+        },
+    }
+
+
+def run_cmd(*cmd: str, check: bool = True) -> str:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd}: {proc.stderr}")
+    return proc.stdout
