@@ -133,6 +133,12 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
         # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
         _ipam_del_quietly(args, conf)
         raise
+    logger.info(
+        "added %s on %s (host veth %s)",
+        ", ".join(map(str, addresses)),
+        args.netns,
+        done.host_ifname,
+    )
     return types.render(
         build_result(args, conf, prev, ipam_result, addresses, done), args.cni_version
     )
@@ -197,6 +203,7 @@ def cmd_del(args: skel.CmdArgs) -> None:
         local_error = e
     # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
     call_ipam(args, conf, "DEL")
+    logger.info("deleted (netns %s)", args.netns or "-")
     if local_error is not None:
         raise local_error
     return None

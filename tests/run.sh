@@ -30,7 +30,12 @@ fi
 if [ "$BUILD" = 1 ]; then
   ./build.sh --no-demo
 fi
-if [ -x tests/e2e/tools/build.sh ] || [ -f tests/e2e/tools/build.sh ]; then
-  PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/build.sh
+# The real runtimes the e2e tier drives (libcni, podman, containerd, reference plugins),
+# then the test tooling built from tests/e2e/tools (libcni driver, CRI client, pause image).
+if [ "${TABBY_SKIP_DEPS:-0}" != 1 ]; then
+  [ -d /var/lib/apt/lists ] && [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | head -1)" ] \
+    || apt-get update -qq
+  PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/install-deps.sh
 fi
+PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/build.sh
 exec .venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}"

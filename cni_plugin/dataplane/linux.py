@@ -197,7 +197,14 @@ def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Lin
         pod.add_address(pod_link, address)
 
     programmed: list[PodRoute] = []
+    skipped_v4_gateway = False
     for route in default_pod_routes(spec.addresses):
+        if skipped_v4_gateway and route.dst.version == 4 and route.dst.prefixlen == 0:
+            # The gateway is routed out of another attachment's interface, so a default
+            # route via this one could not be resolved (ENETUNREACH); that attachment's
+            # default route serves the pod.
+            log.info("pod default route is on another interface, not adding it on %s", spec.ifname)
+            continue
         try:
             pod.add_route(route.dst, pod_link.index, gw=route.gw, scope=route.scope)
         except NetlinkFailure as exc:
@@ -206,6 +213,8 @@ def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Lin
             # Another attachment of this pod already owns the default route: keep it, and
             # report only what we programmed.
             log.info("pod route %s already exists, not adding it on %s", route, spec.ifname)
+            if route.dst.version == 4 and route.gw is None:
+                skipped_v4_gateway = True
             continue
         programmed.append(route)
 
