@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ from ipam.store.file import FileStore
 
 T = TypeVar("T")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+logger = logging.getLogger("tabby.ipam")
 
 ANNOTATIONS_CAP = "io.kubernetes.cri.pod-annotations"
 ANNOTATION_KEYS = {
@@ -148,6 +151,7 @@ def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> 
         "pod_namespace": cni_args.get("K8S_POD_NAMESPACE", ""),
         "pod_name": cni_args.get("K8S_POD_NAME", ""),
         "pod_uid": cni_args.get("K8S_POD_UID", ""),
+        "netns": args.netns,
         "time": time.time(),
     }
     return AssignRequest(
@@ -189,6 +193,8 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     if not allocations:
         raise CniError(Code.NO_ADDRESS, "no address available", "IPAM assigned nothing")
     ips = [{"address": f"{a.ip}/{a.ip.max_prefixlen}"} for a in allocations]
+    logger.info("assigned %s to %s (blocks %s)", ", ".join(str(a.ip) for a in allocations),
+                req.handle_id, ", ".join(sorted({str(a.block_cidr) for a in allocations})))
     return types.render({"ips": ips}, args.cni_version)
 
 
@@ -196,7 +202,11 @@ def cmd_del(args: skel.CmdArgs) -> None:
     # DEL needs neither the node name nor valid pools (CFG-7, DEL-7): release by handle.
     conf = ipam_config.parse(args.config)
     hid = handle_id(args.network, args.container_id, args.ifname)
-    _guard(lambda: open_ipam(conf, "").release_handle(hid))
+    released = _guard(lambda: open_ipam(conf, "").release_handle(hid))
+    if released:
+        logger.info("released %s of %s", ", ".join(str(a.ip) for a in released), hid)
+    else:
+        logger.debug("nothing allocated to %s (already released)", hid)
     return None
 
 
@@ -234,8 +244,11 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     valid = c.valid_attachments(args.config)
     if valid is None:
         return None
+    # Only this node's handles: the valid list is this runtime's, and a shared store holds
+    # other nodes' attachments too.
+    node = c.node_name(args.config)
     report = _guard(
-        lambda: open_ipam(conf, "").gc(args.network, valid, grace_seconds=conf.gc_grace_seconds)
+        lambda: open_ipam(conf, node).gc(args.network, valid, grace_seconds=conf.gc_grace_seconds)
     )
     if report.errors:
         raise CniError(

@@ -80,6 +80,17 @@ class SharedRotatingFileHandler(logging.Handler):
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+class _NoTracebackFormatter(logging.Formatter):
+    """For stderr: the message only. Tracebacks go to the log file, never to stderr."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        plain = logging.makeLogRecord(record.__dict__)
+        plain.exc_info = None
+        plain.exc_text = None
+        plain.stack_info = None
+        return super().format(plain)
+
+
 _context = _ContextFilter()
 _configured: list[logging.Handler] = []
 _current: list[tuple[str, str | None, bool]] = []
@@ -115,7 +126,7 @@ def _setup(level: str, path: str | None, stderr: bool) -> None:
     if stderr:
         sh = logging.StreamHandler(sys.stderr)
         sh.setLevel(logging.WARNING)
-        sh.setFormatter(fmt)
+        sh.setFormatter(_NoTracebackFormatter(_FORMAT))
         sh.addFilter(_context)
         _configured.append(sh)
     for h in _configured:

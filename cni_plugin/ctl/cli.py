@@ -1,53 +1,297 @@
-"""tabbyctl entry point: a thin click layer over the libraries the binaries use."""
+"""tabbyctl: a thin click layer over the libraries the binaries use.
+
+Every listing takes ``-o table|json``. Errors an operator can act on are one line and
+exit status 1 (no traceback): no conflist, unreadable store (which file), not root.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 
 from cni_plugin import __version__
 from cni_plugin.cni.version import SUPPORTED_VERSIONS
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_option(fn: F) -> F:
+    return click.option("-o", "--output", type=click.Choice(["table", "json"]),
+                        default="table", show_default=True, help="output format")(fn)
+
+
+def emit(output: str, data: Any, lines: list[str]) -> None:
+    if output == "json":
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        for line in lines:
+            click.echo(line)
+
+
+@contextmanager
+def operator_errors() -> Iterator[None]:
+    """Library failures become one readable line and exit 1."""
+    from cni_plugin.cni.errors import CniError
+    from cni_plugin.ctl.views import CtlError
+    from ipam.core import IpamError
+
+    try:
+        yield
+    except CtlError as e:
+        raise click.ClickException(str(e)) from None
+    except IpamError as e:
+        raise click.ClickException(f"IPAM store: {e}") from None
+    except CniError as e:
+        raise click.ClickException(str(e)) from None
+    except PermissionError as e:
+        raise click.ClickException(
+            f"permission denied: {e.filename or e}: run tabbyctl as root") from None
+
+
+class Ctx:
+    def __init__(self, conf: str | None, data_dir: str | None, node: str | None) -> None:
+        self.conf = conf
+        self.data_dir = data_dir
+        self.node = node
+
+    def settings(self) -> Any:
+        from cni_plugin.ctl.views import load_settings
+
+        return load_settings(self.conf, data_dir=self.data_dir, node=self.node)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.option("--conf", type=click.Path(dir_okay=False),
+              help="conflist to read the store settings from (default: the first conflist in "
+                   "/etc/cni/net.d with a tabby plugin, else built-in defaults)")
+@click.option("--data-dir", help="override the IPAM file store directory")
+@click.option("--node", help="override this node's name")
+@click.pass_context
+def cli(ctx: click.Context, conf: str | None, data_dir: str | None, node: str | None) -> None:
     """Operate a tabby pod network: IPAM inspection and repair, pools, demo."""
+    ctx.obj = Ctx(conf, data_dir, node)
 
 
 @cli.command()
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option
 def version(output: str) -> None:
     """Print tabbyctl's version and the CNI versions the plugins speak."""
-    info = {
-        "version": __version__,
-        "cniVersions": list(SUPPORTED_VERSIONS),
-        "python": sys.version.split()[0],
-    }
-    if output == "json":
-        click.echo(json.dumps(info))
-    else:
-        click.echo(
-            f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; Python {info['python']})"
-        )
+    info = {"version": __version__, "cniVersions": list(SUPPORTED_VERSIONS),
+            "python": sys.version.split()[0]}
+    emit(output, info, [f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; "
+                        f"Python {info['python']})"])
 
+
+# -- ipam --------------------------------------------------------------------------------
+
+@cli.group()
+def ipam() -> None:
+    """Inspect and repair IP address management."""
+
+
+@ipam.command("show")
+@click.option("--show-blocks", is_flag=True, help="list blocks with their affinity")
+@click.option("--ip", "ip", help="show who owns this address")
+@output_option
+@click.pass_obj
+def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, output: str) -> None:
+    """Pools with TOTAL / IN USE / RESERVED / FREE, every allocation, or one IP's owner."""
+    from cni_plugin.ctl import views
+
+    with operator_errors():
+        s = obj.settings()
+        ipam_ = s.open()
+        if ip:
+            owner = ipam_.who_owns(ip)
+            if owner is None:
+                emit(output, {"ip": ip, "allocated": False}, [f"{ip} is not allocated"])
+                return
+            row = views.owner_row(owner)
+            emit(output, {**row, "allocated": True},
+                 views.table(["FIELD", "VALUE"],
+                             [[k.upper(), views.when(v) if k == "time" else (v or "-")]
+                              for k, v in row.items()]))
+            return
+        report = views.ipam_report(ipam_, s.ipam.reserved, show_blocks=show_blocks)
+        report["store"] = s.ipam.data_dir
+        emit(output, report, [f"store {s.ipam.data_dir} ({s.source})", "",
+                              *views.ipam_tables(report)])
+
+
+@ipam.command("check")
+@output_option
+@click.pass_obj
+def ipam_check(obj: Ctx, output: str) -> None:
+    """Consistency of the store and of this node; exit 1 when problems are found."""
+    from cni_plugin.ctl import views
+
+    with operator_errors():
+        s = obj.settings()
+        ipam_ = s.open()
+        store = [p._asdict() for p in ipam_.check()]
+        node = views.node_findings(s, ipam_)
+    problems = [p for p in store if p["severity"] == "error"] + node
+    data = {"store": store, "node": node, "node_name": s.node, "ok": not problems}
+    rows = [[p["severity"], p["kind"], p["subject"], p["message"]] for p in store]
+    rows += [["node", f["kind"], f["subject"], f["message"]] for f in node]
+    lines = (views.table(["SEVERITY", "KIND", "SUBJECT", "PROBLEM"], rows) if rows
+             else [f"no problems found (store {s.ipam.data_dir}, node {s.node})"])
+    emit(output, data, lines)
+    if problems:
+        sys.exit(1)
+
+
+@ipam.command("release")
+@click.option("--ip", "ip", help="release this address")
+@click.option("--handle", help="release every address of this handle "
+                               "(<network>:<container id>:<ifname>)")
+@output_option
+@click.pass_obj
+def ipam_release(obj: Ctx, ip: str | None, handle: str | None, output: str) -> None:
+    """Release one allocation, by address or by handle."""
+    if bool(ip) == bool(handle):
+        raise click.UsageError("give exactly one of --ip or --handle")
+    with operator_errors():
+        ipam_ = obj.settings().open()
+        if ip:
+            done = ipam_.release_ip(ip)
+            released = [ip] if done else []
+        else:
+            released = [str(a.ip) for a in ipam_.release_handle(str(handle))]
+    emit(output, {"released": released},
+         [f"released {', '.join(released)}" if released else "nothing to release"])
+    if not released:
+        sys.exit(1)
+
+
+@ipam.command("gc")
+@click.option("--grace", type=float, default=60.0, show_default=True,
+              help="keep allocations younger than this many seconds")
+@click.option("--dry-run", is_flag=True, help="only list what would be released")
+@output_option
+@click.pass_obj
+def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
+    """Release this node's allocations whose attachment is gone (netns and host veth).
+
+    Use after a reboot or a crash left addresses behind: an allocation is released only
+    when its network namespace no longer exists AND its host veth is gone.
+    """
+    import time
+
+    from cni_plugin import dataplane as dp
+    from cni_plugin.ctl import views
+    from ipam.core import split_handle_id
+
+    with operator_errors():
+        s = obj.settings()
+        ipam_ = s.open()
+        live = {v.name for v in dp.list_host_veths(s.veth_prefix)}
+        now = time.time()
+        stale: dict[str, list[str]] = {}
+        for o in ipam_.allocations():
+            if (o.attrs.get("node") or o.node) != s.node:
+                continue
+            t = o.attrs.get("time")
+            if isinstance(t, int | float) and now - t < grace:
+                continue
+            netns = str(o.attrs.get("netns") or "")
+            network, cid, ifname = split_handle_id(o.handle_id)
+            veth = dp.host_veth_name(s.veth_prefix, network, cid, ifname)
+            if veth in live or (netns and os.path.exists(netns)):
+                continue
+            stale.setdefault(o.handle_id, []).append(str(o.ip))
+        released: dict[str, list[str]] = {}
+        if not dry_run:
+            for hid in stale:
+                released[hid] = [str(a.ip) for a in ipam_.release_handle(hid)]
+    shown = stale if dry_run else released
+    lines = views.table(["HANDLE", "ADDRESSES"], [[h, ", ".join(a)] for h, a in shown.items()])
+    verb = "would release" if dry_run else "released"
+    emit(output, {"dry_run": dry_run, "released" if not dry_run else "stale": shown},
+         lines + [f"{verb} {sum(len(a) for a in shown.values())} addresses"]
+         if shown else [f"no leaked allocations on node {s.node}"])
+
+
+# -- pools -------------------------------------------------------------------------------
+
+@cli.group()
+def pool() -> None:
+    """List and manage address pools."""
+
+
+@pool.command("list")
+@output_option
+@click.pass_obj
+def pool_list(obj: Ctx, output: str) -> None:
+    """Pools with usage."""
+    from cni_plugin.ctl import views
+
+    with operator_errors():
+        s = obj.settings()
+        usage = [p._asdict() for p in s.open().pool_usage(s.ipam.reserved)]
+    emit(output, usage, views.ipam_tables({"pools": usage, "allocations": []})
+         if usage else ["no pools yet (a pool is created on the first ADD that needs it)"])
+
+
+@pool.command("add")
+@click.argument("cidr")
+@click.option("--block-size", type=int, help="block prefix length (default 26 / 122)")
+@click.pass_obj
+def pool_add(obj: Ctx, cidr: str, block_size: int | None) -> None:
+    """Create a pool."""
+    from ipam.core import PoolSpec
+
+    with operator_errors():
+        obj.settings().open().add_pool(PoolSpec(cidr, block_size))
+    click.echo(f"pool {cidr} added")
+
+
+def _set_disabled(obj: Ctx, cidr: str, disabled: bool) -> None:
+    with operator_errors():
+        obj.settings().open().set_pool_disabled(cidr, disabled)
+    click.echo(f"pool {cidr} {'disabled' if disabled else 'enabled'}")
+
+
+@pool.command("disable")
+@click.argument("cidr")
+@click.pass_obj
+def pool_disable(obj: Ctx, cidr: str) -> None:
+    """Serve no new addresses from a pool (existing ones stay)."""
+    _set_disabled(obj, cidr, True)
+
+
+@pool.command("enable")
+@click.argument("cidr")
+@click.pass_obj
+def pool_enable(obj: Ctx, cidr: str) -> None:
+    """Serve addresses from a pool again."""
+    _set_disabled(obj, cidr, False)
+
+
+@pool.command("delete")
+@click.argument("cidr")
+@click.pass_obj
+def pool_delete(obj: Ctx, cidr: str) -> None:
+    """Delete a pool that holds no allocations (its empty blocks go with it)."""
+    with operator_errors():
+        obj.settings().open().delete_pool(cidr)
+    click.echo(f"pool {cidr} deleted")
+
+
+# -- demo --------------------------------------------------------------------------------
 
 @cli.command()
-@click.option(
-    "--pods",
-    type=click.IntRange(1, 50),
-    default=3,
-    show_default=True,
-    help="how many pods to create",
-)
+@click.option("--pods", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="how many pods to create")
 @click.option("--keep", is_flag=True, help="leave the namespaces and store in place")
-@click.option(
-    "--cni-bin-dir",
-    default="/opt/cni/bin",
-    show_default=True,
-    help="where the installed plugins are",
-)
+@click.option("--cni-bin-dir", default="/opt/cni/bin", show_default=True,
+              help="where the installed plugins are")
 def demo(pods: int, keep: bool, cni_bin_dir: str) -> None:
     """Build a node and N pods in throwaway namespaces, network them, prove it, clean up."""
     from cni_plugin.ctl import demo as demo_mod

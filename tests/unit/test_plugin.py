@@ -39,6 +39,10 @@ class FakeDataplane:
     def host_veth_name(prefix: str, network: str, cid: str, ifname: str) -> str:
         return f"{prefix}{abs(hash((network, cid, ifname))) % 10**11:011d}"[:15]
 
+    @staticmethod
+    def default_pod_routes(addresses: Any) -> list[Any]:
+        return []
+
     def setup(self, spec: Any) -> Any:
         self.calls.append(("setup", spec))
         if self.fail_setup:

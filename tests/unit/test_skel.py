@@ -281,3 +281,22 @@ def test_success_without_result_prints_nothing() -> None:
     rc, out = call({**BASE_ENV, "CNI_COMMAND": "CHECK"}, conf("0.4.0"))
     assert rc == 0
     assert out is None
+
+
+def test_tracebacks_go_to_the_log_file_not_stderr(tmp_path: Any,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """GEN-5 and the product rule: never a traceback on stdout or stderr."""
+    from cni_plugin.cni import log
+
+    logfile = tmp_path / "cni.log"
+    log.setup("info", str(logfile))
+    try:
+        rec = Recorder(exc=KeyError("boom"))
+        rc, out = call({**BASE_ENV, "CNI_COMMAND": "ADD"}, conf(), rec)
+        assert_error(rc, out, 999)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert "internal error" in err
+        assert "Traceback" in logfile.read_text()
+    finally:
+        log.setup("info", None, stderr=False)

@@ -1,0 +1,216 @@
+"""What tabbyctl shows: settings from a conflist, IPAM views, node checks, tables.
+
+Thin over the same libraries the binaries use (ipam.core, ipam.store, the dataplane), so
+what an operator sees is what the plugins see.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni_plugin.cni import conf as c
+from cni_plugin.cni.errors import CniError
+from ipam import config as ipam_config
+from ipam.core import Ipam, IpOwner, split_handle_id
+from ipam.store.file import FileStore
+
+DEFAULT_CONF_DIR = "/etc/cni/net.d"
+
+
+class CtlError(Exception):
+    """A problem to show the operator as one line (exit 1)."""
+
+
+@dataclass
+class Settings:
+    """Where the store is and who this node is, as the plugins would see it."""
+
+    source: str  # the conflist read, or "built-in defaults"
+    network: str
+    node: str
+    ipam: ipam_config.IpamConf
+    veth_prefix: str = "cali"
+    plugin_conf: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, *, lock_timeout: float | None = None) -> Ipam:
+        timeout = lock_timeout if lock_timeout is not None else self.ipam.lock_timeout_seconds
+        return Ipam(FileStore(self.ipam.data_dir, lock_timeout=timeout), self.node)
+
+
+def _tabby_entry(doc: dict[str, Any]) -> dict[str, Any] | None:
+    plugins = doc.get("plugins") if isinstance(doc.get("plugins"), list) else [doc]
+    for p in plugins or []:
+        if isinstance(p, dict) and p.get("type") == "tabby":
+            entry = dict(p)
+            entry.setdefault("name", doc.get("name", ""))
+            entry.setdefault("cniVersion", doc.get("cniVersion", ""))
+            return entry
+    return None
+
+
+def find_conflist(conf_dir: str = DEFAULT_CONF_DIR) -> str | None:
+    """The first conflist (lexically, as runtimes pick) whose plugins include tabby."""
+    for path in sorted(glob.glob(os.path.join(conf_dir, "*.conf*"))):
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and _tabby_entry(doc) is not None:
+            return path
+    return None
+
+
+def load_settings(conf_path: str | None, *, data_dir: str | None = None,
+                  node: str | None = None) -> Settings:
+    source = "built-in defaults"
+    entry: dict[str, Any] = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
+    path = conf_path or find_conflist()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise CtlError(f"cannot read {path}: {e.strerror}") from None
+        except ValueError as e:
+            raise CtlError(f"{path} is not valid JSON: {e}") from None
+        found = _tabby_entry(doc) if isinstance(doc, dict) else None
+        if found is None:
+            raise CtlError(f"{path} has no plugin of type tabby")
+        entry, source = found, path
+    elif conf_path is None and not os.path.isdir(DEFAULT_CONF_DIR):
+        source = f"built-in defaults (no {DEFAULT_CONF_DIR})"
+    ipam_section = dict(entry.get("ipam") or {})
+    if data_dir:
+        ipam_section["data_dir"] = data_dir
+    try:
+        ipam = ipam_config.IpamConf(ipam_section)
+    except CniError as e:
+        raise CtlError(f"{source}: {e}") from None
+    if node:
+        entry["nodename"] = node
+    return Settings(source=source, network=str(entry.get("name", "")), node=c.node_name(entry),
+                    ipam=ipam, veth_prefix=str(entry.get("veth_prefix", "cali")),
+                    plugin_conf=entry)
+
+
+# -- tables --------------------------------------------------------------------------------
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r]
+                                           for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+            for r in cells]
+
+
+def when(ts: object) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def owner_row(o: IpOwner) -> dict[str, Any]:
+    a = o.attrs
+    pod = f"{a.get('pod_namespace')}/{a.get('pod_name')}" if a.get("pod_name") else ""
+    try:
+        network, cid, ifname = split_handle_id(o.handle_id)
+    except Exception:
+        network, cid, ifname = "", "", ""
+    return {"ip": str(o.ip), "handle": o.handle_id, "block": o.block_cidr,
+            "node": a.get("node") or o.node, "network": a.get("network") or network,
+            "container_id": a.get("container_id") or cid, "ifname": a.get("ifname") or ifname,
+            "pod": pod, "pod_uid": a.get("pod_uid", ""), "netns": a.get("netns", ""),
+            "time": a.get("time")}
+
+
+# -- the IPAM view (tabbyctl ipam show, and the demo) ---------------------------------------
+
+def ipam_report(ipam: Ipam, reserved: Sequence[Any], *, show_blocks: bool) -> dict[str, Any]:
+    pools = [p._asdict() for p in ipam.pool_usage(reserved)]
+    report: dict[str, Any] = {"pools": pools,
+                              "allocations": [owner_row(o) for o in ipam.allocations()]}
+    if show_blocks:
+        report["blocks"] = [b._asdict() for b in ipam.block_usage(reserved)]
+    return report
+
+
+def ipam_tables(report: dict[str, Any]) -> list[str]:
+    lines = table(["POOL", "BLOCK SIZE", "TOTAL", "IN USE", "RESERVED", "FREE", "BLOCKS",
+                   "STATE"],
+                  [[p["cidr"], f"/{p['block_size']}", p["total"], p["in_use"], p["reserved"],
+                    p["free"], p["blocks"], "disabled" if p["disabled"] else "enabled"]
+                   for p in report["pools"]])
+    if "blocks" in report:
+        lines.append("")
+        lines += table(["BLOCK", "POOL", "AFFINITY", "IN USE", "FREE"],
+                       [[b["cidr"], b["pool"], f"host:{b['node']}" if b["node"] else None,
+                         b["in_use"], b["free"]] for b in report["blocks"]])
+    if report["allocations"]:
+        lines.append("")
+        lines += table(["IP", "NODE", "POD", "IFNAME", "CONTAINER", "SINCE"],
+                       [[a["ip"], a["node"], a["pod"] or None, a["ifname"],
+                         a["container_id"][:20], when(a["time"])]
+                        for a in report["allocations"]])
+    return lines
+
+
+def render_ipam_summary(data_dir: str, *, show_blocks: bool) -> list[str]:
+    ipam = Ipam(FileStore(data_dir, lock_timeout=5), "")
+    return ipam_tables(ipam_report(ipam, [], show_blocks=show_blocks))
+
+
+def allocated_addresses(data_dir: str) -> list[str]:
+    ipam = Ipam(FileStore(data_dir, lock_timeout=5), "")
+    return [str(o.ip) for o in ipam.allocations()]
+
+
+# -- this node: allocations vs namespaces, host veths and routes ----------------------------
+
+def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
+    """Allocations of this node whose netns or host veth is gone; host veths or routes with
+    no allocation. Read-only."""
+    from cni_plugin import dataplane as dp
+
+    findings: list[dict[str, str]] = []
+    owners = [o for o in ipam.allocations() if (o.attrs.get("node") or o.node) == settings.node]
+    by_handle: dict[str, list[IpOwner]] = {}
+    for o in owners:
+        by_handle.setdefault(o.handle_id, []).append(o)
+    try:
+        veths = {v.name: v for v in dp.list_host_veths(settings.veth_prefix)}
+    except CniError as e:
+        raise CtlError(f"cannot list host veths: {e}") from None
+    expected_veths: dict[str, str] = {}
+    for hid, allocs in sorted(by_handle.items()):
+        network, cid, ifname = split_handle_id(hid)
+        name = dp.host_veth_name(settings.veth_prefix, network, cid, ifname)
+        expected_veths[name] = hid
+        ips = ", ".join(str(a.ip) for a in allocs)
+        netns = str(allocs[0].attrs.get("netns") or "")
+        if netns and not os.path.exists(netns):
+            findings.append({"kind": "netns-gone", "subject": hid,
+                             "message": f"{ips}: network namespace {netns} no longer exists"})
+        if name not in veths:
+            findings.append({"kind": "host-veth-gone", "subject": hid,
+                             "message": f"{ips}: host veth {name} does not exist"})
+    held = {str(o.ip) for o in owners}
+    for name, v in sorted(veths.items()):
+        if name not in expected_veths:
+            alias = getattr(v, "alias", "") or ""
+            if alias.startswith("tabby:"):
+                findings.append({"kind": "veth-without-allocation", "subject": name,
+                                 "message": f"host veth {name} ({alias}) has no allocation"})
+        for route in v.routes:
+            addr = str(route.network_address)
+            if addr not in held:
+                findings.append({"kind": "route-without-allocation", "subject": name,
+                                 "message": f"host route {route} dev {name}: address "
+                                            "not allocated to this node"})
+    return findings
