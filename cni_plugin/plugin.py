@@ -261,8 +261,11 @@ def cmd_check(args: skel.CmdArgs) -> None:
     # The pod routes to expect are those prevResult says were programmed: a second
     # attachment of the same pod skips the default routes the first one owns.
     listed = {(r.get("dst"), r.get("gw") or None) for r in prev.get("routes", [])}
-    routes = [r for r in dp.default_pod_routes(addresses)
-              if (str(r.dst), str(r.gw) if r.gw is not None else None) in listed]
+    routes = [
+        r
+        for r in dp.default_pod_routes(addresses)
+        if (str(r.dst), str(r.gw) if r.gw is not None else None) in listed
+    ]
     dp.check(spec, dp.ExpectedState(container_mac=pod_if.get("mac"), routes=routes))
     call_ipam(args, conf, "CHECK")
     return None

@@ -193,8 +193,12 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     if not allocations:
         raise CniError(Code.NO_ADDRESS, "no address available", "IPAM assigned nothing")
     ips = [{"address": f"{a.ip}/{a.ip.max_prefixlen}"} for a in allocations]
-    logger.info("assigned %s to %s (blocks %s)", ", ".join(str(a.ip) for a in allocations),
-                req.handle_id, ", ".join(sorted({str(a.block_cidr) for a in allocations})))
+    logger.info(
+        "assigned %s to %s (blocks %s)",
+        ", ".join(str(a.ip) for a in allocations),
+        req.handle_id,
+        ", ".join(sorted({str(a.block_cidr) for a in allocations})),
+    )
     return types.render({"ips": ips}, args.cni_version)
 
 

@@ -143,8 +143,60 @@ def configure_for_call(
     """Apply the config's ``log_level``/``log_file_path`` and tag records with the call."""
     level = config.get("log_level")
     path = config.get("log_file_path")
-    setup(
-        level if isinstance(level, str) else "info",
-        path if isinstance(path, str) and path else DEFAULT_LOG_FILE,
-    )
+    level_s = level if isinstance(level, str) else "info"
+    path_s = path if isinstance(path, str) and path else DEFAULT_LOG_FILE
     set_context(f"{command} {container_id[:12] or '-'} {ifname or '-'}")
+    if _resident:
+        # tabby-node: this thread's records go to this call's file at this call's level;
+        # the process-wide handlers stay as the daemon set them.
+        _call.target = (LEVELS.get(level_s.lower(), logging.INFO), path_s)
+        return
+    setup(level_s, path_s)
+
+
+_call = threading.local()
+_resident: list[bool] = []
+
+
+class _PerCallFileHandler(logging.Handler):
+    """In tabby-node, each call's records go to the file its network config names."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.files: dict[str, SharedRotatingFileHandler] = {}
+        self.guard = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = getattr(_call, "target", None)
+        if target is None or record.levelno < target[0]:
+            return
+        with self.guard:
+            handler = self.files.get(target[1])
+            if handler is None:
+                try:
+                    os.makedirs(os.path.dirname(target[1]) or ".", mode=0o700, exist_ok=True)
+                except OSError:
+                    return
+                handler = SharedRotatingFileHandler(target[1])
+                handler.setFormatter(logging.Formatter(_FORMAT))
+                self.files[target[1]] = handler
+        handler.emit(record)
+
+
+def setup_resident(level: str, path: str | None) -> None:
+    """Logging for a long-lived process that serves many calls (tabby-node)."""
+    setup(level, path)
+    _resident.append(True)
+    handler = _PerCallFileHandler()
+    handler.addFilter(_context)
+    root = logging.getLogger("tabby")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    for h in _configured:
+        if h.level == logging.NOTSET:
+            h.setLevel(LEVELS.get(level.lower(), logging.INFO))
+
+
+def end_call() -> None:
+    _call.target = None
+    set_context("-")

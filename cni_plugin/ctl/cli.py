@@ -22,8 +22,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def output_option(fn: F) -> F:
-    return click.option("-o", "--output", type=click.Choice(["table", "json"]),
-                        default="table", show_default=True, help="output format")(fn)
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="output format",
+    )(fn)
 
 
 def emit(output: str, data: Any, lines: list[str]) -> None:
@@ -51,7 +57,8 @@ def operator_errors() -> Iterator[None]:
         raise click.ClickException(str(e)) from None
     except PermissionError as e:
         raise click.ClickException(
-            f"permission denied: {e.filename or e}: run tabbyctl as root") from None
+            f"permission denied: {e.filename or e}: run tabbyctl as root"
+        ) from None
 
 
 class Ctx:
@@ -67,9 +74,12 @@ class Ctx:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--conf", type=click.Path(dir_okay=False),
-              help="conflist to read the store settings from (default: the first conflist in "
-                   "/etc/cni/net.d with a tabby plugin, else built-in defaults)")
+@click.option(
+    "--conf",
+    type=click.Path(dir_okay=False),
+    help="conflist to read the store settings from (default: the first conflist in "
+    "/etc/cni/net.d with a tabby plugin, else built-in defaults)",
+)
 @click.option("--data-dir", help="override the IPAM file store directory")
 @click.option("--node", help="override this node's name")
 @click.pass_context
@@ -82,13 +92,20 @@ def cli(ctx: click.Context, conf: str | None, data_dir: str | None, node: str | 
 @output_option
 def version(output: str) -> None:
     """Print tabbyctl's version and the CNI versions the plugins speak."""
-    info = {"version": __version__, "cniVersions": list(SUPPORTED_VERSIONS),
-            "python": sys.version.split()[0]}
-    emit(output, info, [f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; "
-                        f"Python {info['python']})"])
+    info = {
+        "version": __version__,
+        "cniVersions": list(SUPPORTED_VERSIONS),
+        "python": sys.version.split()[0],
+    }
+    emit(
+        output,
+        info,
+        [f"tabby {__version__} (CNI {', '.join(SUPPORTED_VERSIONS)}; Python {info['python']})"],
+    )
 
 
 # -- ipam --------------------------------------------------------------------------------
+
 
 @cli.group()
 def ipam() -> None:
@@ -113,15 +130,25 @@ def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, output: str) -> None:
                 emit(output, {"ip": ip, "allocated": False}, [f"{ip} is not allocated"])
                 return
             row = views.owner_row(owner)
-            emit(output, {**row, "allocated": True},
-                 views.table(["FIELD", "VALUE"],
-                             [[k.upper(), views.when(v) if k == "time" else (v or "-")]
-                              for k, v in row.items()]))
+            emit(
+                output,
+                {**row, "allocated": True},
+                views.table(
+                    ["FIELD", "VALUE"],
+                    [
+                        [k.upper(), views.when(v) if k == "time" else (v or "-")]
+                        for k, v in row.items()
+                    ],
+                ),
+            )
             return
         report = views.ipam_report(ipam_, s.ipam.reserved, show_blocks=show_blocks)
         report["store"] = s.ipam.data_dir
-        emit(output, report, [f"store {s.ipam.data_dir} ({s.source})", "",
-                              *views.ipam_tables(report)])
+        emit(
+            output,
+            report,
+            [f"store {s.ipam.data_dir} ({s.source})", "", *views.ipam_tables(report)],
+        )
 
 
 @ipam.command("check")
@@ -140,8 +167,11 @@ def ipam_check(obj: Ctx, output: str) -> None:
     data = {"store": store, "node": node, "node_name": s.node, "ok": not problems}
     rows = [[p["severity"], p["kind"], p["subject"], p["message"]] for p in store]
     rows += [["node", f["kind"], f["subject"], f["message"]] for f in node]
-    lines = (views.table(["SEVERITY", "KIND", "SUBJECT", "PROBLEM"], rows) if rows
-             else [f"no problems found (store {s.ipam.data_dir}, node {s.node})"])
+    lines = (
+        views.table(["SEVERITY", "KIND", "SUBJECT", "PROBLEM"], rows)
+        if rows
+        else [f"no problems found (store {s.ipam.data_dir}, node {s.node})"]
+    )
     emit(output, data, lines)
     if problems:
         sys.exit(1)
@@ -149,8 +179,9 @@ def ipam_check(obj: Ctx, output: str) -> None:
 
 @ipam.command("release")
 @click.option("--ip", "ip", help="release this address")
-@click.option("--handle", help="release every address of this handle "
-                               "(<network>:<container id>:<ifname>)")
+@click.option(
+    "--handle", help="release every address of this handle (<network>:<container id>:<ifname>)"
+)
 @output_option
 @click.pass_obj
 def ipam_release(obj: Ctx, ip: str | None, handle: str | None, output: str) -> None:
@@ -164,15 +195,23 @@ def ipam_release(obj: Ctx, ip: str | None, handle: str | None, output: str) -> N
             released = [ip] if done else []
         else:
             released = [str(a.ip) for a in ipam_.release_handle(str(handle))]
-    emit(output, {"released": released},
-         [f"released {', '.join(released)}" if released else "nothing to release"])
+    emit(
+        output,
+        {"released": released},
+        [f"released {', '.join(released)}" if released else "nothing to release"],
+    )
     if not released:
         sys.exit(1)
 
 
 @ipam.command("gc")
-@click.option("--grace", type=float, default=60.0, show_default=True,
-              help="keep allocations younger than this many seconds")
+@click.option(
+    "--grace",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="keep allocations younger than this many seconds",
+)
 @click.option("--dry-run", is_flag=True, help="only list what would be released")
 @output_option
 @click.pass_obj
@@ -211,14 +250,19 @@ def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
             for hid in stale:
                 released[hid] = [str(a.ip) for a in ipam_.release_handle(hid)]
     shown = stale if dry_run else released
-    lines = views.table(["HANDLE", "ADDRESSES"], [[h, ", ".join(a)] for h, a in shown.items()])
     verb = "would release" if dry_run else "released"
-    emit(output, {"dry_run": dry_run, "released" if not dry_run else "stale": shown},
-         lines + [f"{verb} {sum(len(a) for a in shown.values())} addresses"]
-         if shown else [f"no leaked allocations on node {s.node}"])
+    if shown:
+        lines = [
+            *views.table(["HANDLE", "ADDRESSES"], [[h, ", ".join(a)] for h, a in shown.items()]),
+            f"{verb} {sum(len(a) for a in shown.values())} addresses",
+        ]
+    else:
+        lines = [f"no leaked allocations on node {s.node}"]
+    emit(output, {"dry_run": dry_run, "stale" if dry_run else "released": shown}, lines)
 
 
 # -- pools -------------------------------------------------------------------------------
+
 
 @cli.group()
 def pool() -> None:
@@ -235,8 +279,13 @@ def pool_list(obj: Ctx, output: str) -> None:
     with operator_errors():
         s = obj.settings()
         usage = [p._asdict() for p in s.open().pool_usage(s.ipam.reserved)]
-    emit(output, usage, views.ipam_tables({"pools": usage, "allocations": []})
-         if usage else ["no pools yet (a pool is created on the first ADD that needs it)"])
+    emit(
+        output,
+        usage,
+        views.ipam_tables({"pools": usage, "allocations": []})
+        if usage
+        else ["no pools yet (a pool is created on the first ADD that needs it)"],
+    )
 
 
 @pool.command("add")
@@ -286,12 +335,22 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
 
 # -- demo --------------------------------------------------------------------------------
 
+
 @cli.command()
-@click.option("--pods", type=click.IntRange(1, 50), default=3, show_default=True,
-              help="how many pods to create")
+@click.option(
+    "--pods",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="how many pods to create",
+)
 @click.option("--keep", is_flag=True, help="leave the namespaces and store in place")
-@click.option("--cni-bin-dir", default="/opt/cni/bin", show_default=True,
-              help="where the installed plugins are")
+@click.option(
+    "--cni-bin-dir",
+    default="/opt/cni/bin",
+    show_default=True,
+    help="where the installed plugins are",
+)
 def demo(pods: int, keep: bool, cni_bin_dir: str) -> None:
     """Build a node and N pods in throwaway namespaces, network them, prove it, clean up."""
     from cni_plugin.ctl import demo as demo_mod

@@ -67,8 +67,9 @@ def find_conflist(conf_dir: str = DEFAULT_CONF_DIR) -> str | None:
     return None
 
 
-def load_settings(conf_path: str | None, *, data_dir: str | None = None,
-                  node: str | None = None) -> Settings:
+def load_settings(
+    conf_path: str | None, *, data_dir: str | None = None, node: str | None = None
+) -> Settings:
     source = "built-in defaults"
     entry: dict[str, Any] = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
     path = conf_path or find_conflist()
@@ -95,19 +96,23 @@ def load_settings(conf_path: str | None, *, data_dir: str | None = None,
         raise CtlError(f"{source}: {e}") from None
     if node:
         entry["nodename"] = node
-    return Settings(source=source, network=str(entry.get("name", "")), node=c.node_name(entry),
-                    ipam=ipam, veth_prefix=str(entry.get("veth_prefix", "cali")),
-                    plugin_conf=entry)
+    return Settings(
+        source=source,
+        network=str(entry.get("name", "")),
+        node=c.node_name(entry),
+        ipam=ipam,
+        veth_prefix=str(entry.get("veth_prefix", "cali")),
+        plugin_conf=entry,
+    )
 
 
 # -- tables --------------------------------------------------------------------------------
 
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r]
-                                           for r in rows]
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-            for r in cells]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
 def when(ts: object) -> str:
@@ -123,41 +128,83 @@ def owner_row(o: IpOwner) -> dict[str, Any]:
         network, cid, ifname = split_handle_id(o.handle_id)
     except Exception:
         network, cid, ifname = "", "", ""
-    return {"ip": str(o.ip), "handle": o.handle_id, "block": o.block_cidr,
-            "node": a.get("node") or o.node, "network": a.get("network") or network,
-            "container_id": a.get("container_id") or cid, "ifname": a.get("ifname") or ifname,
-            "pod": pod, "pod_uid": a.get("pod_uid", ""), "netns": a.get("netns", ""),
-            "time": a.get("time")}
+    return {
+        "ip": str(o.ip),
+        "handle": o.handle_id,
+        "block": o.block_cidr,
+        "node": a.get("node") or o.node,
+        "network": a.get("network") or network,
+        "container_id": a.get("container_id") or cid,
+        "ifname": a.get("ifname") or ifname,
+        "pod": pod,
+        "pod_uid": a.get("pod_uid", ""),
+        "netns": a.get("netns", ""),
+        "time": a.get("time"),
+    }
 
 
 # -- the IPAM view (tabbyctl ipam show, and the demo) ---------------------------------------
 
+
 def ipam_report(ipam: Ipam, reserved: Sequence[Any], *, show_blocks: bool) -> dict[str, Any]:
     pools = [p._asdict() for p in ipam.pool_usage(reserved)]
-    report: dict[str, Any] = {"pools": pools,
-                              "allocations": [owner_row(o) for o in ipam.allocations()]}
+    report: dict[str, Any] = {
+        "pools": pools,
+        "allocations": [owner_row(o) for o in ipam.allocations()],
+    }
     if show_blocks:
         report["blocks"] = [b._asdict() for b in ipam.block_usage(reserved)]
     return report
 
 
 def ipam_tables(report: dict[str, Any]) -> list[str]:
-    lines = table(["POOL", "BLOCK SIZE", "TOTAL", "IN USE", "RESERVED", "FREE", "BLOCKS",
-                   "STATE"],
-                  [[p["cidr"], f"/{p['block_size']}", p["total"], p["in_use"], p["reserved"],
-                    p["free"], p["blocks"], "disabled" if p["disabled"] else "enabled"]
-                   for p in report["pools"]])
+    lines = table(
+        ["POOL", "BLOCK SIZE", "TOTAL", "IN USE", "RESERVED", "FREE", "BLOCKS", "STATE"],
+        [
+            [
+                p["cidr"],
+                f"/{p['block_size']}",
+                p["total"],
+                p["in_use"],
+                p["reserved"],
+                p["free"],
+                p["blocks"],
+                "disabled" if p["disabled"] else "enabled",
+            ]
+            for p in report["pools"]
+        ],
+    )
     if "blocks" in report:
         lines.append("")
-        lines += table(["BLOCK", "POOL", "AFFINITY", "IN USE", "FREE"],
-                       [[b["cidr"], b["pool"], f"host:{b['node']}" if b["node"] else None,
-                         b["in_use"], b["free"]] for b in report["blocks"]])
+        lines += table(
+            ["BLOCK", "POOL", "AFFINITY", "IN USE", "FREE"],
+            [
+                [
+                    b["cidr"],
+                    b["pool"],
+                    f"host:{b['node']}" if b["node"] else None,
+                    b["in_use"],
+                    b["free"],
+                ]
+                for b in report["blocks"]
+            ],
+        )
     if report["allocations"]:
         lines.append("")
-        lines += table(["IP", "NODE", "POD", "IFNAME", "CONTAINER", "SINCE"],
-                       [[a["ip"], a["node"], a["pod"] or None, a["ifname"],
-                         a["container_id"][:20], when(a["time"])]
-                        for a in report["allocations"]])
+        lines += table(
+            ["IP", "NODE", "POD", "IFNAME", "CONTAINER", "SINCE"],
+            [
+                [
+                    a["ip"],
+                    a["node"],
+                    a["pod"] or None,
+                    a["ifname"],
+                    a["container_id"][:20],
+                    when(a["time"]),
+                ]
+                for a in report["allocations"]
+            ],
+        )
     return lines
 
 
@@ -172,6 +219,7 @@ def allocated_addresses(data_dir: str) -> list[str]:
 
 
 # -- this node: allocations vs namespaces, host veths and routes ----------------------------
+
 
 def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
     """Allocations of this node whose netns or host veth is gone; host veths or routes with
@@ -195,22 +243,42 @@ def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
         ips = ", ".join(str(a.ip) for a in allocs)
         netns = str(allocs[0].attrs.get("netns") or "")
         if netns and not os.path.exists(netns):
-            findings.append({"kind": "netns-gone", "subject": hid,
-                             "message": f"{ips}: network namespace {netns} no longer exists"})
+            findings.append(
+                {
+                    "kind": "netns-gone",
+                    "subject": hid,
+                    "message": f"{ips}: network namespace {netns} no longer exists",
+                }
+            )
         if name not in veths:
-            findings.append({"kind": "host-veth-gone", "subject": hid,
-                             "message": f"{ips}: host veth {name} does not exist"})
+            findings.append(
+                {
+                    "kind": "host-veth-gone",
+                    "subject": hid,
+                    "message": f"{ips}: host veth {name} does not exist",
+                }
+            )
     held = {str(o.ip) for o in owners}
     for name, v in sorted(veths.items()):
         if name not in expected_veths:
             alias = getattr(v, "alias", "") or ""
             if alias.startswith("tabby:"):
-                findings.append({"kind": "veth-without-allocation", "subject": name,
-                                 "message": f"host veth {name} ({alias}) has no allocation"})
+                findings.append(
+                    {
+                        "kind": "veth-without-allocation",
+                        "subject": name,
+                        "message": f"host veth {name} ({alias}) has no allocation",
+                    }
+                )
         for route in v.routes:
             addr = str(route.network_address)
             if addr not in held:
-                findings.append({"kind": "route-without-allocation", "subject": name,
-                                 "message": f"host route {route} dev {name}: address "
-                                            "not allocated to this node"})
+                findings.append(
+                    {
+                        "kind": "route-without-allocation",
+                        "subject": name,
+                        "message": f"host route {route} dev {name}: address "
+                        "not allocated to this node",
+                    }
+                )
     return findings

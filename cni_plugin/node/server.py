@@ -58,6 +58,7 @@ def _ipam_in_process(
 def execute(role: str, env: dict[str, str], stdin: bytes, netns_fd: int) -> tuple[int, bytes]:
     """Run one CNI call in the calling thread, inside the caller's network namespace."""
     from cni_plugin import plugin
+    from cni_plugin.cni import log as cni_log
     from cni_plugin.cni import skel
     from cni_plugin.dataplane.netns import THREAD_NETNS, setns
 
@@ -87,6 +88,7 @@ def execute(role: str, env: dict[str, str], stdin: bytes, netns_fd: int) -> tupl
                 )
         finally:
             setns(home)
+            cni_log.end_call()
     finally:
         os.close(home)
 
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     from cni_plugin.cni import log as cni_log
 
-    cni_log.setup(opts.log_level, opts.log_file or None)
+    cni_log.setup_resident(opts.log_level, opts.log_file or None)
     if os.geteuid() != 0:
         print("tabby-node: must run as root", file=sys.stderr)
         return 1

@@ -28,32 +28,64 @@ V6_POOL = "fd00:10:244::/48"
 class Runtime:
     """A minimal libcni: execs tabby in the node namespace, caches ADD results."""
 
-    def __init__(self, pool: NetnsPool, node: Node, tmp: Path, *, v4: bool = True,
-                 v6: bool = True, network: str = "e2e-pods", **ipam: Any) -> None:
+    def __init__(
+        self,
+        pool: NetnsPool,
+        node: Node,
+        tmp: Path,
+        *,
+        v4: bool = True,
+        v6: bool = True,
+        network: str = "e2e-pods",
+        **ipam: Any,
+    ) -> None:
         self.pool = pool
         self.node = node
         self.tmp = tmp
         self.data_dir = tmp / "ipam"
         self.conf: dict[str, Any] = {
-            "cniVersion": "1.1.0", "name": network, "type": "tabby", "nodename": "node-a",
-            "log_file_path": str(tmp / "cni.log"), "log_level": "debug",
-            "ipam": {"type": "tabby-ipam", "data_dir": str(self.data_dir),
-                     "assign_ipv4": v4, "assign_ipv6": v6,
-                     "ipv4_pools": [V4_POOL], "ipv6_pools": [V6_POOL], **ipam},
+            "cniVersion": "1.1.0",
+            "name": network,
+            "type": "tabby",
+            "nodename": "node-a",
+            "log_file_path": str(tmp / "cni.log"),
+            "log_level": "debug",
+            "ipam": {
+                "type": "tabby-ipam",
+                "data_dir": str(self.data_dir),
+                "assign_ipv4": v4,
+                "assign_ipv6": v6,
+                "ipv4_pools": [V4_POOL],
+                "ipv6_pools": [V6_POOL],
+                **ipam,
+            },
         }
         self.cache: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def call(self, command: str, cid: str, netns: str | None, *, ifname: str = "eth0",
-             version: str | None = None, prev: bool = True, extra: dict[str, Any] | None = None,
-             binary: str = TABBY) -> Call:
+    def call(
+        self,
+        command: str,
+        cid: str,
+        netns: str | None,
+        *,
+        ifname: str = "eth0",
+        version: str | None = None,
+        prev: bool = True,
+        extra: dict[str, Any] | None = None,
+        binary: str = TABBY,
+    ) -> Call:
         conf = copy.deepcopy(self.conf)
         if version:
             conf["cniVersion"] = version
         if prev and command != "ADD" and (cid, ifname) in self.cache:
             conf["prevResult"] = self.cache[(cid, ifname)]
         conf.update(extra or {})
-        env = {"CNI_CONTAINERID": cid, "CNI_IFNAME": ifname, "CNI_PATH": os.path.dirname(TABBY),
-               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={cid}"}
+        env = {
+            "CNI_CONTAINERID": cid,
+            "CNI_IFNAME": ifname,
+            "CNI_PATH": os.path.dirname(TABBY),
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={cid}",
+        }
         if netns is not None:
             env["CNI_NETNS"] = netns
         fd = os.open(self.node.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -81,8 +113,9 @@ class Runtime:
         return [n for n in self.node.links() if n.startswith("cali")]
 
     def host_routes(self) -> str:
-        return (self.node.ip("-4", "route", "show").stdout
-                + self.node.ip("-6", "route", "show").stdout)
+        return (
+            self.node.ip("-4", "route", "show").stdout + self.node.ip("-6", "route", "show").stdout
+        )
 
 
 @pytest.fixture
@@ -97,8 +130,11 @@ def rt(pool: NetnsPool, tmp_path: Path) -> Runtime:
 
 
 def addrs(result: dict[str, Any], version: int) -> list[str]:
-    return [ip["address"].split("/")[0] for ip in result["ips"]
-            if ipaddress.ip_interface(ip["address"]).version == version]
+    return [
+        ip["address"].split("/")[0]
+        for ip in result["ips"]
+        if ipaddress.ip_interface(ip["address"]).version == version
+    ]
 
 
 def assert_clean(rt: Runtime) -> None:
@@ -186,8 +222,7 @@ def test_single_stack(pool: NetnsPool, tmp_path: Path, v4: bool, v6: bool) -> No
     assert_clean(rt)
 
 
-def test_existing_ifname_fails_without_touching_it_or_leaking(rt: Runtime,
-                                                              pool: NetnsPool) -> None:
+def test_existing_ifname_fails_without_touching_it_or_leaking(rt: Runtime, pool: NetnsPool) -> None:
     """ADD-2, ADD-5 (the failure comes after IPAM succeeded), DEL-6."""
     pod = pool.pod()
     pod.ip("link", "add", "eth0", "type", "bridge")
@@ -236,8 +271,7 @@ def test_del_without_netns_vanished_netns_and_repeated(rt: Runtime, pool: NetnsP
     assert_clean(rt)
 
 
-def test_check_after_tampering_fails_and_passes_after_repair(rt: Runtime,
-                                                             pool: NetnsPool) -> None:
+def test_check_after_tampering_fails_and_passes_after_repair(rt: Runtime, pool: NetnsPool) -> None:
     """CHK-3, CHK-5, CHK-6: host route deleted, pod address removed, IPAM record removed."""
     pod = pool.pod()
     r = rt.add("pod-t", pod)
@@ -337,8 +371,9 @@ def test_gc_removes_stale_attachments_only(rt: Runtime, pool: NetnsPool) -> None
 
 def test_status_ready_and_exhausted(pool: NetnsPool, tmp_path: Path) -> None:
     """STA-2, STA-3, STA-4, STA-5: code 50 on a full pool; ADD/DEL keep working."""
-    rt = Runtime(pool, pool.node(), tmp_path, v6=False, block_size_ipv4=30,
-                 ipv4_pools=["10.244.9.0/30"])
+    rt = Runtime(
+        pool, pool.node(), tmp_path, v6=False, block_size_ipv4=30, ipv4_pools=["10.244.9.0/30"]
+    )
     assert rt.call("STATUS", "", None).rc == 0
     pods = [pool.pod() for _ in range(4)]
     for n, p in enumerate(pods):

@@ -24,14 +24,36 @@ MAX_CNI_VERSION_FOR_DEBIAN_RUNTIMES = "1.0.0"
 DEBIAN_PLUGINS = {"bandwidth", "bridge", "firewall", "portmap", "tuning", "sbr", "vrf"}
 
 PLUGIN_FIELDS = {
-    "type", "mtu", "veth_prefix", "log_level", "log_file_path", "nodename", "nodename_file",
-    "container_settings", "capabilities", "ipam",
+    "type",
+    "mtu",
+    "veth_prefix",
+    "log_level",
+    "log_file_path",
+    "nodename",
+    "nodename_file",
+    "container_settings",
+    "capabilities",
+    "ipam",
 }
 IPAM_FIELDS = {
-    "type", "assign_ipv4", "assign_ipv6", "ipv4_pools", "ipv6_pools", "block_size_ipv4",
-    "block_size_ipv6", "strict_affinity", "max_blocks_per_host", "reserved", "datastore_type",
-    "data_dir", "lock_timeout_seconds", "etcd_endpoints", "etcd_prefix", "etcd_ca_cert_file",
-    "etcd_cert_file", "etcd_key_file",
+    "type",
+    "assign_ipv4",
+    "assign_ipv6",
+    "ipv4_pools",
+    "ipv6_pools",
+    "block_size_ipv4",
+    "block_size_ipv6",
+    "strict_affinity",
+    "max_blocks_per_host",
+    "reserved",
+    "datastore_type",
+    "data_dir",
+    "lock_timeout_seconds",
+    "etcd_endpoints",
+    "etcd_prefix",
+    "etcd_ca_cert_file",
+    "etcd_cert_file",
+    "etcd_key_file",
 }
 POOL_V4 = ipaddress.ip_network("10.244.0.0/16")
 POOL_V6 = ipaddress.ip_network("fd00:10:244::/48")
@@ -94,8 +116,9 @@ def test_tabby_ipam(name: str) -> None:
     assert v6 == (name == "10-tabby-dualstack.conflist")
     pools = []
     for family, key, bound, block_key, lo, hi in (
-            (4, "ipv4_pools", POOL_V4, "block_size_ipv4", 20, 32),
-            (6, "ipv6_pools", POOL_V6, "block_size_ipv6", 116, 128)):
+        (4, "ipv4_pools", POOL_V4, "block_size_ipv4", 20, 32),
+        (6, "ipv6_pools", POOL_V6, "block_size_ipv6", 116, 128),
+    ):
         if not (v4 if family == 4 else v6):
             continue
         assert ipam[key], f"{key} needed when assigning IPv{family}"
@@ -108,8 +131,10 @@ def test_tabby_ipam(name: str) -> None:
             pools.append(net)
     for cidr in ipam.get("reserved", []):
         net = ipaddress.ip_network(cidr)
-        assert any(net.version == p.version and net.subnet_of(p)  # type: ignore[arg-type]
-                   for p in pools), cidr
+        assert any(
+            net.version == p.version and net.subnet_of(p)  # type: ignore[arg-type]
+            for p in pools
+        ), cidr
     assert ipam["datastore_type"] == "file"
     assert ipam["data_dir"] == "/var/lib/tabby/ipam"
     assert ipam["lock_timeout_seconds"] > 0
@@ -118,7 +143,8 @@ def test_tabby_ipam(name: str) -> None:
 def test_chained_example_runs_debian_plugins_after_tabby() -> None:
     conf = load("10-tabby-chained.conflist")
     assert _version_key(conf["cniVersions"][-1]) <= _version_key(
-        MAX_CNI_VERSION_FOR_DEBIAN_RUNTIMES), "libcni >= 1.2 would send Debian's portmap 1.1.0"
+        MAX_CNI_VERSION_FOR_DEBIAN_RUNTIMES
+    ), "libcni >= 1.2 would send Debian's portmap 1.1.0"
     types = [p["type"] for p in conf["plugins"]]
     assert types == ["tabby", "portmap", "tuning"]
     assert set(types[1:]) <= DEBIAN_PLUGINS

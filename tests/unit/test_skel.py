@@ -283,8 +283,9 @@ def test_success_without_result_prints_nothing() -> None:
     assert out is None
 
 
-def test_tracebacks_go_to_the_log_file_not_stderr(tmp_path: Any,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_tracebacks_go_to_the_log_file_not_stderr(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """GEN-5 and the product rule: never a traceback on stdout or stderr."""
     from cni_plugin.cni import log
 

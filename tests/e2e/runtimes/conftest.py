@@ -39,8 +39,11 @@ def flavor() -> Flavor:
     dirs = [str(TABBY_BIN_DIR), str(DEBIAN_CNI_DIR)] if name == "tabby" else [str(DEBIAN_CNI_DIR)]
     fl = Flavor(name, dirs)
     missing = [str(b) for b in fl.binaries() if not os.access(b, os.X_OK)]
-    missing += [str(DEBIAN_CNI_DIR / p) for p in ("portmap", "tuning", "loopback")
-                if not os.access(DEBIAN_CNI_DIR / p, os.X_OK)]
+    missing += [
+        str(DEBIAN_CNI_DIR / p)
+        for p in ("portmap", "tuning", "loopback")
+        if not os.access(DEBIAN_CNI_DIR / p, os.X_OK)
+    ]
     if missing:
         pytest.fail(f"plugin binaries missing for TABBY_E2E_PLUGIN={name}: {missing}")
     return fl
@@ -48,8 +51,14 @@ def flavor() -> Flavor:
 
 @pytest.fixture(scope="session")
 def tools() -> Path:
-    needed = ["cnitool", "cri/cri_v1_pb2.py", "cri/cri_v1_pb2_grpc.py", "rootfs.tar",
-              "pause-oci.tar", "image-ref"]
+    needed = [
+        "cnitool",
+        "cri/cri_v1_pb2.py",
+        "cri/cri_v1_pb2_grpc.py",
+        "rootfs.tar",
+        "pause-oci.tar",
+        "image-ref",
+    ]
     missing = [n for n in needed if not (TOOLS_BIN / n).exists()]
     if missing:
         pytest.fail(f"e2e tools not built ({missing}): run tests/e2e/tools/build.sh")
@@ -101,8 +110,13 @@ def plugin_log(workdir: Path, flavor: Flavor) -> Iterator[Path]:
 
 
 @pytest.fixture
-def cni(node: Node, workdir: Path, flavor: Flavor, plugin_log: Path,
-        pod_netns: Callable[[], tuple[str, str]]) -> Iterator[CniTool]:
+def cni(
+    node: Node,
+    workdir: Path,
+    flavor: Flavor,
+    plugin_log: Path,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> Iterator[CniTool]:
     """The libcni driver on this test's conflist dir and cache; after the test it DELs what
     the test added and did not delete (so a failing test still cleans up), before the pod
     namespaces go."""

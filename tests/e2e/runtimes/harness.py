@@ -57,8 +57,13 @@ NODE_NAME = "e2e-node"
 # Directories the node overlays with its own tmpfs: pod netns mounts, libcni result caches,
 # containerd shim sockets, and tabby-node's socket dir (a tabby-node running on the machine
 # must not serve the node's plugin calls: it would work in the machine's namespaces).
-PRIVATE_DIRS = (Path("/run/netns"), Path("/var/lib/cni"), Path("/run/containerd"),
-                Path("/run/tabby"), Path("/var/lib/containers"))
+PRIVATE_DIRS = (
+    Path("/run/netns"),
+    Path("/var/lib/cni"),
+    Path("/run/containerd"),
+    Path("/run/tabby"),
+    Path("/var/lib/containers"),
+)
 UPLINK_NODE = "198.18.0.1/30"  # on uplink0 in the node
 UPLINK_SINK = "198.18.0.2/30"  # on uplink1 in the sink namespace
 
@@ -67,15 +72,28 @@ def unique(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(4)}"
 
 
-def run(args: Sequence[str], *, check: bool = True, timeout: float = 60,
-        env: dict[str, str] | None = None, input: str | None = None,
-        ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
+def run(
+    args: Sequence[str],
+    *,
+    check: bool = True,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        input=input,
+        stdin=None if input is not None else subprocess.DEVNULL,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(
             f"command failed ({proc.returncode}): {' '.join(args)}\n"
-            f"stdout: {proc.stdout.strip()}\nstderr: {proc.stderr.strip()}")
+            f"stdout: {proc.stdout.strip()}\nstderr: {proc.stderr.strip()}"
+        )
     return proc
 
 
@@ -160,6 +178,7 @@ def unmount_under(path: Path) -> list[str]:
 # The node
 # --------------------------------------------------------------------------------------------
 
+
 class Node:
     """A throwaway node (network + mount namespace) held by one sleeper process."""
 
@@ -180,7 +199,8 @@ class Node:
                 self._made_dirs.append(d)
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--net", "--propagation", "private", "--", "sleep", "infinity"],
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL,
+        )
         own_net = os.readlink("/proc/self/ns/net")
 
         def ready() -> bool:
@@ -205,7 +225,7 @@ class Node:
             ip link set uplink0 up
             ip -n {self.sink} addr add {UPLINK_SINK} dev uplink1
             ip -n {self.sink} link set uplink1 up
-            ip route add default via {UPLINK_SINK.split('/')[0]}
+            ip route add default via {UPLINK_SINK.split("/")[0]}
             sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
             """)
 
@@ -238,8 +258,12 @@ class Node:
         name = netns.rsplit("/", 1)[-1]
         return self.cmd(["ip", "netns", "exec", name, *args])
 
-    def run_in_pod(self, netns: str, args: Sequence[str], **kw: Any,
-                   ) -> subprocess.CompletedProcess[str]:
+    def run_in_pod(
+        self,
+        netns: str,
+        args: Sequence[str],
+        **kw: Any,
+    ) -> subprocess.CompletedProcess[str]:
         return run(self.in_pod(netns, args), **kw)
 
     # ---- pod namespaces (for the libcni driver; runtimes make their own) ----
@@ -307,8 +331,11 @@ class Node:
                     continue
                 for rule in rules:
                     parts = shlex.split(rule)
-                    if (parts[:1] == ["-A"] and parts[1] not in chains
-                            and any(p.startswith("CNI-") for p in parts[2:])):
+                    if (
+                        parts[:1] == ["-A"]
+                        and parts[1] not in chains
+                        and any(p.startswith("CNI-") for p in parts[2:])
+                    ):
                         self.run([tool, "-t", table, "-D", *parts[1:]], check=False)
                 for chain in chains:
                     self.run([tool, "-t", table, "-F", chain], check=False)
@@ -342,8 +369,9 @@ class Node:
         where = f"pod {from_pod}" if from_pod else "the node"
         raise AssertionError(f"no echo reply from {ip} to {where}:\n{last.stdout}{last.stderr}")
 
-    def tcp_get(self, host: str, port: int, payload: bytes = b"",
-                timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
+    def tcp_get(
+        self, host: str, port: int, payload: bytes = b"", timeout: float = 5.0
+    ) -> subprocess.CompletedProcess[str]:
         """Connect from the node to host:port, send payload, return what the server answered."""
         script = (
             "import socket,sys\n"
@@ -367,6 +395,7 @@ PYTHON = os.path.realpath(sys.executable)
 # --------------------------------------------------------------------------------------------
 # Plugin flavours
 # --------------------------------------------------------------------------------------------
+
 
 def load_example(filename: str) -> dict[str, Any]:
     return dict(json.loads((EXAMPLES / filename).read_text()))
@@ -408,8 +437,15 @@ class Flavor:
             return [TABBY_BIN_DIR / "tabby", TABBY_BIN_DIR / "tabby-ipam"]
         return [DEBIAN_CNI_DIR / "ptp", DEBIAN_CNI_DIR / "host-local"]
 
-    def conflist(self, example: str, *, data_dir: Path, log_dir: Path, tiny: bool = False,
-                 name: str | None = None) -> dict[str, Any]:
+    def conflist(
+        self,
+        example: str,
+        *,
+        data_dir: Path,
+        log_dir: Path,
+        tiny: bool = False,
+        name: str | None = None,
+    ) -> dict[str, Any]:
         """The example `example` (ipv4|dualstack|chained), rewritten for one test: private
         IPAM state dir, node name and log file; optionally a pool of a few addresses."""
         conf = load_example(EXAMPLE_FILES[example])
@@ -423,12 +459,14 @@ class Flavor:
             first["log_level"] = "debug"
             first["ipam"]["data_dir"] = str(data_dir)
             if tiny:
-                first["ipam"].update({
-                    "assign_ipv6": False,
-                    "ipv4_pools": [str(TINY_V4)],
-                    "block_size_ipv4": TINY_V4.prefixlen,
-                    "reserved": [],
-                })
+                first["ipam"].update(
+                    {
+                        "assign_ipv6": False,
+                        "ipv4_pools": [str(TINY_V4)],
+                        "block_size_ipv4": TINY_V4.prefixlen,
+                        "reserved": [],
+                    }
+                )
             return conf
         conf["plugins"][0] = self._reference_plugin(first, data_dir, tiny)
         # Debian's reference plugins speak CNI up to 1.0.0.
@@ -445,8 +483,15 @@ class Flavor:
         routes: list[dict[str, str]] = []
         if tiny:
             first = TINY_V4.network_address
-            ranges.append([{"subnet": str(ipaddress.ip_network(f"{first}/29")),
-                            "rangeStart": str(first + 2), "rangeEnd": str(first + 3)}])
+            ranges.append(
+                [
+                    {
+                        "subnet": str(ipaddress.ip_network(f"{first}/29")),
+                        "rangeStart": str(first + 2),
+                        "rangeEnd": str(first + 3),
+                    }
+                ]
+            )
             routes.append({"dst": "0.0.0.0/0"})
         else:
             if _as_bool(ipam.get("assign_ipv4", True)):
@@ -459,8 +504,12 @@ class Flavor:
             "type": "ptp",
             "mtu": tabby.get("mtu", 1500),
             "ipMasq": False,
-            "ipam": {"type": "host-local", "ranges": ranges, "routes": routes,
-                     "dataDir": str(data_dir)},
+            "ipam": {
+                "type": "host-local",
+                "ranges": ranges,
+                "routes": routes,
+                "dataDir": str(data_dir),
+            },
         }
 
     def store_mentions(self, data_dir: Path, needles: Iterable[str]) -> list[str]:
@@ -497,6 +546,7 @@ def in_pools(addr: str) -> bool:
 # --------------------------------------------------------------------------------------------
 # The libcni driver
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass
 class CniReply:
@@ -535,7 +585,8 @@ class CniTool:
     # Attachments added and not yet deleted:
     # (network, container id, ifname) -> (netns, CNI_ARGS/CAP_ARGS env, conflist dir).
     attached: dict[tuple[str, str, str], tuple[str, dict[str, str], Path]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
 
     def install(self, conf: dict[str, Any], filename: str = "10-tabby.conflist") -> Path:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
@@ -543,9 +594,17 @@ class CniTool:
         path.write_text(json.dumps(conf, indent=2) + "\n")
         return path
 
-    def __call__(self, verb: str, network: str, netns: str, *, container_id: str,
-                 ifname: str = "eth0", cni_args: dict[str, str] | None = None,
-                 cap_args: dict[str, Any] | None = None) -> CniReply:
+    def __call__(
+        self,
+        verb: str,
+        network: str,
+        netns: str,
+        *,
+        container_id: str,
+        ifname: str = "eth0",
+        cni_args: dict[str, str] | None = None,
+        cap_args: dict[str, Any] | None = None,
+    ) -> CniReply:
         env = dict(os.environ)
         env.pop("CNI_ARGS", None)
         env.pop("CAP_ARGS", None)
@@ -553,15 +612,31 @@ class CniTool:
             env["CNI_ARGS"] = ";".join(f"{k}={v}" for k, v in cni_args.items())
         if cap_args:
             env["CAP_ARGS"] = json.dumps(cap_args)
-        args = [str(self.binary), "--conf-dir", str(self.conf_dir),
-                "--path", ":".join(self.plugin_dirs), "--cache-dir", str(self.cache_dir),
-                "--ifname", ifname, "--container-id", container_id, verb, network, netns]
+        args = [
+            str(self.binary),
+            "--conf-dir",
+            str(self.conf_dir),
+            "--path",
+            ":".join(self.plugin_dirs),
+            "--cache-dir",
+            str(self.cache_dir),
+            "--ifname",
+            ifname,
+            "--container-id",
+            container_id,
+            verb,
+            network,
+            netns,
+        ]
         proc = self.node.run(args, check=False, env=env, timeout=120)
         key = (network, container_id, ifname)
         if verb == "add":
             # Like a runtime: whatever it tried to add, it deletes (a failed ADD too).
-            self.attached[key] = (netns, {k: env[k] for k in ("CNI_ARGS", "CAP_ARGS") if k in env},
-                                  self.conf_dir)
+            self.attached[key] = (
+                netns,
+                {k: env[k] for k in ("CNI_ARGS", "CAP_ARGS") if k in env},
+                self.conf_dir,
+            )
         elif verb == "del" and proc.returncode == 0:
             self.attached.pop(key, None)
         return CniReply(verb, proc.returncode, proc.stdout, proc.stderr)
@@ -574,9 +649,22 @@ class CniTool:
             env.pop("CNI_ARGS", None)
             env.pop("CAP_ARGS", None)
             env.update(extra)
-            args = [str(self.binary), "--conf-dir", str(conf_dir),
-                    "--path", ":".join(self.plugin_dirs), "--cache-dir", str(self.cache_dir),
-                    "--ifname", ifname, "--container-id", cid, "del", network, netns]
+            args = [
+                str(self.binary),
+                "--conf-dir",
+                str(conf_dir),
+                "--path",
+                ":".join(self.plugin_dirs),
+                "--cache-dir",
+                str(self.cache_dir),
+                "--ifname",
+                ifname,
+                "--container-id",
+                cid,
+                "del",
+                network,
+                netns,
+            ]
             proc = self.node.run(args, check=False, env=env, timeout=120)
             if proc.returncode != 0:
                 failures.append(f"DEL {network}/{cid}/{ifname}: {proc.stderr.strip()}")
@@ -584,8 +672,15 @@ class CniTool:
         return failures
 
     def validate(self, network: str) -> CniReply:
-        args = [str(self.binary), "--conf-dir", str(self.conf_dir),
-                "--path", ":".join(self.plugin_dirs), "validate", network]
+        args = [
+            str(self.binary),
+            "--conf-dir",
+            str(self.conf_dir),
+            "--path",
+            ":".join(self.plugin_dirs),
+            "validate",
+            network,
+        ]
         proc = self.node.run(args, check=False)
         return CniReply("validate", proc.returncode, proc.stdout, proc.stderr)
 
@@ -594,12 +689,18 @@ class CniTool:
 
 
 @contextlib.contextmanager
-def serving(cmd: Sequence[str], *, ready: str = "ready",
-            timeout: float = 10.0) -> Iterator[subprocess.Popen[str]]:
+def serving(
+    cmd: Sequence[str], *, ready: str = "ready", timeout: float = 10.0
+) -> Iterator[subprocess.Popen[str]]:
     """Run a server command (e.g. Node.in_pod(...)) until the block ends; it must print the
     line `ready` once it listens. Stopped by its PID, pipes closed."""
-    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, text=True) as proc:
+    with subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
@@ -615,6 +716,7 @@ def serving(cmd: Sequence[str], *, ready: str = "ready",
 # --------------------------------------------------------------------------------------------
 # podman (CNI backend) with a private configuration, storage and state
 # --------------------------------------------------------------------------------------------
+
 
 class Podman:
     """podman inside the node, configured only by files under base: containers.conf (CNI
@@ -660,29 +762,59 @@ graphroot = {json.dumps(str(self.root))}
 runroot = {json.dumps(str(self.runroot))}
 """)
         self.registries_conf = base / "registries.conf"
-        self.registries_conf.write_text('unqualified-search-registries = []\n')
+        self.registries_conf.write_text("unqualified-search-registries = []\n")
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(CONTAINERS_CONF=str(self.containers_conf),
-                   CONTAINERS_STORAGE_CONF=str(self.storage_conf),
-                   CONTAINERS_REGISTRIES_CONF=str(self.registries_conf))
+        env.update(
+            CONTAINERS_CONF=str(self.containers_conf),
+            CONTAINERS_STORAGE_CONF=str(self.storage_conf),
+            CONTAINERS_REGISTRIES_CONF=str(self.registries_conf),
+        )
         return env
 
     def cmd(self, args: Sequence[str]) -> list[str]:
-        return self.node.cmd([
-            "podman", "--root", str(self.root), "--runroot", str(self.runroot),
-            "--tmpdir", str(self.tmpdir), "--storage-driver", "vfs",
-            "--network-config-dir", str(self.net_dir), "--cgroup-manager", "cgroupfs",
-            "--events-backend", "file", "--runtime", "runc", *args])
+        return self.node.cmd(
+            [
+                "podman",
+                "--root",
+                str(self.root),
+                "--runroot",
+                str(self.runroot),
+                "--tmpdir",
+                str(self.tmpdir),
+                "--storage-driver",
+                "vfs",
+                "--network-config-dir",
+                str(self.net_dir),
+                "--cgroup-manager",
+                "cgroupfs",
+                "--events-backend",
+                "file",
+                "--runtime",
+                "runc",
+                *args,
+            ]
+        )
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 120,
-                 ) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
         return run(self.cmd(args), check=check, timeout=timeout, env=self.env())
 
     def import_image(self, rootfs_tar: Path) -> None:
-        self("import", "--change", "ENTRYPOINT []", "--change", 'CMD ["/pause"]',
-             str(rootfs_tar), self.IMAGE)
+        self(
+            "import",
+            "--change",
+            "ENTRYPOINT []",
+            "--change",
+            'CMD ["/pause"]',
+            str(rootfs_tar),
+            self.IMAGE,
+        )
 
     def install_network(self, conf: dict[str, Any], filename: str = "10-tabby.conflist") -> None:
         (self.net_dir / filename).write_text(json.dumps(conf, indent=2) + "\n")
@@ -712,6 +844,7 @@ runroot = {json.dumps(str(self.runroot))}
 # containerd 1.6 with its CRI plugin, private root/state/sockets, and a CRI client
 # --------------------------------------------------------------------------------------------
 
+
 def cri_modules() -> tuple[Any, Any]:
     """The CRI v1 client generated by tests/e2e/tools/build.sh (pb2, pb2_grpc)."""
     path = str(TOOLS_BIN / "cri")
@@ -719,6 +852,7 @@ def cri_modules() -> tuple[Any, Any]:
         sys.path.insert(0, path)
     import cri_v1_pb2  # type: ignore[import-not-found, unused-ignore]
     import cri_v1_pb2_grpc  # type: ignore[import-not-found, unused-ignore]
+
     return cri_v1_pb2, cri_v1_pb2_grpc
 
 
@@ -757,8 +891,14 @@ class Containerd:
         self._channel: Any = None
         self.pb: Any = None
         self.rt: Any = None
-        for d in (self.conf_dir, self.bin_dir, base / "root", base / "state", base / "opt",
-                  base / "pod-logs"):
+        for d in (
+            self.conf_dir,
+            self.bin_dir,
+            base / "root",
+            base / "state",
+            base / "opt",
+            base / "pod-logs",
+        ):
             d.mkdir(parents=True, exist_ok=True)
         self._make_bin_dir()
         self.config = base / "config.toml"
@@ -770,8 +910,9 @@ class Containerd:
         through a wrapper that logs each call."""
         main, ipam = self.flavor.binaries()
         wrapper = self.bin_dir / main.name
-        wrapper.write_text(WRAPPER.format(log=shlex.quote(str(self.calls_log)),
-                                          real=shlex.quote(str(main))))
+        wrapper.write_text(
+            WRAPPER.format(log=shlex.quote(str(self.calls_log)), real=shlex.quote(str(main)))
+        )
         wrapper.chmod(0o755)
         (self.bin_dir / ipam.name).symlink_to(ipam)
         (self.bin_dir / "loopback").symlink_to(DEBIAN_CNI_DIR / "loopback")
@@ -831,16 +972,25 @@ disabled_plugins = [
         import grpc  # deferred: only this tier needs grpc
 
         self._log = open(self.base / "containerd.log", "wb")  # noqa: SIM115
-        self.proc = self.node.popen(["containerd", "--config", str(self.config)],
-                                    stdout=self._log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+        self.proc = self.node.popen(
+            ["containerd", "--config", str(self.config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         self.pb, pb_grpc = cri_modules()
         wait_for("containerd's socket", lambda: self._alive() and self.socket.exists(), timeout=30)
         self._channel = grpc.insecure_channel(f"unix://{self.socket}")
         self.rt = pb_grpc.RuntimeServiceStub(self._channel)
         wait_for("the CRI service", self._cri_ready, timeout=30)
-        self.ctr("images", "import", "--snapshotter", "native", "--no-unpack=false",
-                 str(TOOLS_BIN / "pause-oci.tar"))
+        self.ctr(
+            "images",
+            "import",
+            "--snapshotter",
+            "native",
+            "--no-unpack=false",
+            str(TOOLS_BIN / "pause-oci.tar"),
+        )
         refs = self.ctr("images", "ls", "-q").stdout.split()
         assert self.image_ref in refs, f"pause image not imported: {refs}"
 
@@ -858,8 +1008,9 @@ disabled_plugins = [
         return bool(v.runtime_name)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.node.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io",
-                              *args], check=check)
+        return self.node.run(
+            ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args], check=check
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         path = self.base / "containerd.log"
@@ -874,10 +1025,12 @@ disabled_plugins = [
             try:
                 for pod in self.list_pods():
                     problems.append(f"pod left running: {pod.metadata.name}")
-                    self.rt.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=pod.id),
-                                           timeout=60)
+                    self.rt.StopPodSandbox(
+                        self.pb.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=60
+                    )
                     self.rt.RemovePodSandbox(
-                        self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
+                        self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=60
+                    )
             except Exception as exc:
                 problems.append(f"pod cleanup failed: {exc}")
         if self._channel is not None:
@@ -921,22 +1074,27 @@ disabled_plugins = [
     def run_pod(self, name: str, uid: str | None = None) -> str:
         pb = self.pb
         config = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, uid=uid or unique("uid-"),
-                                           namespace="e2e", attempt=0),
+            metadata=pb.PodSandboxMetadata(
+                name=name, uid=uid or unique("uid-"), namespace="e2e", attempt=0
+            ),
             hostname=name,
             log_directory=str(self.base / "pod-logs" / name),
             labels={"tabby-e2e": "1"},
             linux=pb.LinuxPodSandboxConfig(
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER,
-                                                         ipc=pb.POD))),
+                    namespace_options=pb.NamespaceOption(
+                        network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD
+                    )
+                )
+            ),
         )
         reply = self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=120)
         return str(reply.pod_sandbox_id)
 
     def pod_status(self, pod_id: str) -> tuple[Any, dict[str, Any]]:
         reply = self.rt.PodSandboxStatus(
-            self.pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=30)
+            self.pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=30
+        )
         info = json.loads(reply.info.get("info", "{}"))
         return reply.status, info
 
@@ -956,8 +1114,7 @@ disabled_plugins = [
         self.rt.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
 
     def remove_pod(self, pod_id: str) -> None:
-        self.rt.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
-                                 timeout=60)
+        self.rt.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
 
     def list_pods(self) -> list[Any]:
         return list(self.rt.ListPodSandbox(self.pb.ListPodSandboxRequest(), timeout=30).items)

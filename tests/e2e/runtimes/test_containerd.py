@@ -30,8 +30,9 @@ NET = "k8s-pod-network"
 
 
 @pytest.fixture(scope="module")
-def containerd(node: Node, flavor: Flavor,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+def containerd(
+    node: Node, flavor: Flavor, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Containerd]:
     base = tmp_path_factory.mktemp("containerd")
     image_ref = (TOOLS_BIN / "image-ref").read_text().strip()
     ctd = Containerd(node, base, flavor, image_ref)
@@ -46,12 +47,14 @@ def containerd(node: Node, flavor: Flavor,
 
 
 @pytest.fixture
-def network(containerd: Containerd, workdir: Path, flavor: Flavor,
-            plugin_log: Path) -> Iterator[Path]:
+def network(
+    containerd: Containerd, workdir: Path, flavor: Flavor, plugin_log: Path
+) -> Iterator[Path]:
     """Install the IPv4 example (private store) as containerd's network; yields the store dir.
     After the test: no pod may remain."""
     containerd.install_network(
-        flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log"))
+        flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log")
+    )
     yield workdir / "ipam"
     left = containerd.list_pods()
     for pod in left:
@@ -61,7 +64,8 @@ def network(containerd: Containerd, workdir: Path, flavor: Flavor,
 
 
 def test_two_pods_reach_each_other_and_teardown_releases(
-        containerd: Containerd, network: Path, node: Node, flavor: Flavor) -> None:
+    containerd: Containerd, network: Path, node: Node, flavor: Flavor
+) -> None:
     names = [unique("e2e-a-"), unique("e2e-b-")]
     pods = [containerd.run_pod(name) for name in names]
     ips = [containerd.pod_ips(pod) for pod in pods]
@@ -87,8 +91,13 @@ def test_two_pods_reach_each_other_and_teardown_releases(
 
 
 def test_failing_add_surfaces_plugin_error(
-        containerd: Containerd, workdir: Path, node: Node, flavor: Flavor, cni: CniTool,
-        pod_netns: Callable[[], tuple[str, str]]) -> None:
+    containerd: Containerd,
+    workdir: Path,
+    node: Node,
+    flavor: Flavor,
+    cni: CniTool,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     import grpc
 
     conf = flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log", tiny=True)
@@ -107,8 +116,11 @@ def test_failing_add_surfaces_plugin_error(
         assert failure is not None, "the tiny pool never ran out"
         assert len(started) >= 2, "the tiny pool should hold at least two pods"
         details = failure.details() or ""
-        failed = [c for c in containerd.cni_calls() if c.container_id not in started
-                  and f"K8S_POD_NAME={name};" in c.args + ";"]
+        failed = [
+            c
+            for c in containerd.cni_calls()
+            if c.container_id not in started and f"K8S_POD_NAME={name};" in c.args + ";"
+        ]
         # containerd DELs the attachment of every failed ADD.
         assert [c.command for c in failed] == ["ADD", "DEL"], failed
         failed_id = failed[0].container_id
@@ -117,9 +129,13 @@ def test_failing_add_surfaces_plugin_error(
         cni.install(conf)
         _, path = pod_netns()
         probe_id = unique("e2e-probe-")
-        reply = cni("add", NET, path, container_id=probe_id,
-                    cni_args={"K8S_POD_NAMESPACE": "e2e", "K8S_POD_NAME": name,
-                              "IgnoreUnknown": "1"})
+        reply = cni(
+            "add",
+            NET,
+            path,
+            container_id=probe_id,
+            cni_args={"K8S_POD_NAMESPACE": "e2e", "K8S_POD_NAME": name, "IgnoreUnknown": "1"},
+        )
         err = reply.error()
         if flavor.name == "tabby":
             assert err["code"] == 100, err
@@ -128,7 +144,8 @@ def test_failing_add_surfaces_plugin_error(
         expected = err["msg"].replace(probe_id, "<id>")
         assert expected in details.replace(failed_id, "<id>"), (
             f"CRI error does not carry the plugin's message:\n  plugin: {err['msg']}\n"
-            f"  CRI:    {details}")
+            f"  CRI:    {details}"
+        )
         assert flavor.store_mentions(workdir / "ipam", [failed_id]) == []
     finally:
         for pod in started:

@@ -64,8 +64,12 @@ def k8s_args(pod: str, container_id: str) -> dict[str, str]:
 
 def pod_addrs(node: Node, netns: str, ifname: str) -> list[str]:
     out = node.run_in_pod(netns, ["ip", "-j", "addr", "show", "dev", ifname]).stdout
-    return [a["local"] for link in json.loads(out) for a in link.get("addr_info", [])
-            if a.get("scope") == "global"]
+    return [
+        a["local"]
+        for link in json.loads(out)
+        for a in link.get("addr_info", [])
+        if a.get("scope") == "global"
+    ]
 
 
 def pod_links(node: Node, netns: str) -> list[str]:
@@ -73,8 +77,9 @@ def pod_links(node: Node, netns: str) -> list[str]:
     return sorted(link["ifname"] for link in json.loads(out))
 
 
-def assert_result_shape(result: dict[str, Any], conf: dict[str, Any], netns: str,
-                        ifname: str, families: set[int]) -> list[str]:
+def assert_result_shape(
+    result: dict[str, Any], conf: dict[str, Any], netns: str, ifname: str, families: set[int]
+) -> list[str]:
     assert result["cniVersion"] == conf["cniVersion"]
     ips = pod_ips(result)
     assert {ipaddress.ip_address(ip).version for ip in ips} == families, result
@@ -87,8 +92,14 @@ def assert_result_shape(result: dict[str, Any], conf: dict[str, Any], netns: str
 
 
 @pytest.mark.parametrize("example", ["ipv4", "dualstack", "chained"])
-def test_add_check_del(example: str, cni: CniTool, flavor: Flavor, workdir: Path, node: Node,
-                       pod_netns: Callable[[], tuple[str, str]]) -> None:
+def test_add_check_del(
+    example: str,
+    cni: CniTool,
+    flavor: Flavor,
+    workdir: Path,
+    node: Node,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     conf = flavor.conflist(example, data_dir=workdir / "ipam", log_dir=workdir / "log")
     cni.install(conf)
     assert cni.validate(NET).expect_ok().json()["name"] == NET
@@ -98,8 +109,9 @@ def test_add_check_del(example: str, cni: CniTool, flavor: Flavor, workdir: Path
     args = k8s_args(pod, cid)
     caps = None
     if example == "chained":
-        caps = {"portMappings": [{"hostPort": HOST_PORT, "containerPort": POD_PORT,
-                                  "protocol": "tcp"}]}
+        caps = {
+            "portMappings": [{"hostPort": HOST_PORT, "containerPort": POD_PORT, "protocol": "tcp"}]
+        }
     families = {4, 6} if example == "dualstack" else {4}
 
     added = cni("add", NET, path, container_id=cid, cni_args=args, cap_args=caps)
@@ -141,30 +153,48 @@ def test_add_check_del(example: str, cni: CniTool, flavor: Flavor, workdir: Path
 
 
 def test_chained_hostport_on_localhost_reaches_pod(
-        cni: CniTool, flavor: Flavor, workdir: Path, node: Node,
-        pod_netns: Callable[[], tuple[str, str]]) -> None:
+    cni: CniTool,
+    flavor: Flavor,
+    workdir: Path,
+    node: Node,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     conf = flavor.conflist("chained", data_dir=workdir / "ipam", log_dir=workdir / "log")
     cni.install(conf)
     name, path = pod_netns()
     cid, pod = unique("e2e-ctr-"), unique("pod-")
-    caps = {"portMappings": [{"hostPort": HOST_PORT, "containerPort": POD_PORT,
-                              "protocol": "tcp", "hostIP": "127.0.0.1"}]}
-    cni("add", NET, path, container_id=cid, cni_args=k8s_args(pod, cid),
-        cap_args=caps).expect_ok()
+    caps = {
+        "portMappings": [
+            {
+                "hostPort": HOST_PORT,
+                "containerPort": POD_PORT,
+                "protocol": "tcp",
+                "hostIP": "127.0.0.1",
+            }
+        ]
+    }
+    cni("add", NET, path, container_id=cid, cni_args=k8s_args(pod, cid), cap_args=caps).expect_ok()
     with serving(node.in_pod(name, [PYTHON, "-S", "-u", "-c", SERVER])):
-        reply = wait_for("an answer through the hostPort",
-                         lambda: node.tcp_get("127.0.0.1", HOST_PORT, b"ping").stdout, timeout=10)
+        reply = wait_for(
+            "an answer through the hostPort",
+            lambda: node.tcp_get("127.0.0.1", HOST_PORT, b"ping").stdout,
+            timeout=10,
+        )
         assert reply.startswith(f"{TOKEN} ping from "), reply
         assert any(c.startswith("CNI-DN-") for c in node.cni_chains())
-    cni("del", NET, path, container_id=cid, cni_args=k8s_args(pod, cid),
-        cap_args=caps).expect_ok()
+    cni("del", NET, path, container_id=cid, cni_args=k8s_args(pod, cid), cap_args=caps).expect_ok()
     assert not any(c.startswith("CNI-DN-") for c in node.cni_chains()), node.cni_chains()
     assert node.tcp_get("127.0.0.1", HOST_PORT, b"ping", timeout=2).returncode != 0
     node.remove_cni_chains()
 
 
-def test_del_after_netns_was_deleted(cni: CniTool, flavor: Flavor, workdir: Path, node: Node,
-                                     pod_netns: Callable[[], tuple[str, str]]) -> None:
+def test_del_after_netns_was_deleted(
+    cni: CniTool,
+    flavor: Flavor,
+    workdir: Path,
+    node: Node,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     conf = flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log")
     cni.install(conf)
     name, path = pod_netns()
@@ -183,8 +213,12 @@ def test_del_after_netns_was_deleted(cni: CniTool, flavor: Flavor, workdir: Path
 
 
 def test_same_attachment_under_two_ifnames(
-        cni: CniTool, flavor: Flavor, workdir: Path, node: Node,
-        pod_netns: Callable[[], tuple[str, str]]) -> None:
+    cni: CniTool,
+    flavor: Flavor,
+    workdir: Path,
+    node: Node,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     """One pod, one network, two interfaces: each ifname is its own attachment (own address,
     own cached result, own IPAM entry) and deleting one leaves the other working."""
     conf = flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log")
@@ -200,15 +234,17 @@ def test_same_attachment_under_two_ifnames(
         cni.install(conf)
         other = json.loads(json.dumps(conf))
         other["plugins"][0]["ipam"].update(ranges=[[{"subnet": str(high)}]], routes=[])
-        second_cni = CniTool(node, workdir / "net.d-eth1", cni.cache_dir, cni.plugin_dirs,
-                             attached=cni.attached)
+        second_cni = CniTool(
+            node, workdir / "net.d-eth1", cni.cache_dir, cni.plugin_dirs, attached=cni.attached
+        )
         second_cni.install(other)
     name, path = pod_netns()
     cid, pod = unique("e2e-ctr-"), unique("pod-")
     args = k8s_args(pod, cid)
     first = cni("add", NET, path, container_id=cid, ifname="eth0", cni_args=args).expect_ok()
-    second = second_cni("add", NET, path, container_id=cid, ifname="eth1",
-                        cni_args=args).expect_ok()
+    second = second_cni(
+        "add", NET, path, container_id=cid, ifname="eth1", cni_args=args
+    ).expect_ok()
     ip0 = assert_result_shape(first.json(), conf, path, "eth0", {4})
     ip1 = assert_result_shape(second.json(), conf, path, "eth1", {4})
     assert set(ip0).isdisjoint(ip1)
@@ -231,8 +267,12 @@ def test_same_attachment_under_two_ifnames(
 
 
 def test_pool_exhausted_fails_add_with_the_plugins_error(
-        cni: CniTool, flavor: Flavor, workdir: Path, node: Node,
-        pod_netns: Callable[[], tuple[str, str]]) -> None:
+    cni: CniTool,
+    flavor: Flavor,
+    workdir: Path,
+    node: Node,
+    pod_netns: Callable[[], tuple[str, str]],
+) -> None:
     conf = flavor.conflist("ipv4", data_dir=workdir / "ipam", log_dir=workdir / "log", tiny=True)
     cni.install(conf)
     added: list[tuple[str, str, dict[str, str]]] = []

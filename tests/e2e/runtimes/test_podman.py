@@ -30,8 +30,9 @@ HOST_PORT = 18081
 
 
 @pytest.fixture(scope="module")
-def podman_env(node: Node, flavor: Flavor,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
+def podman_env(
+    node: Node, flavor: Flavor, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Podman]:
     base = tmp_path_factory.mktemp("podman")
     pm = Podman(node, base, flavor.plugin_dirs)
     conf = flavor.conflist("chained", data_dir=base / "ipam", log_dir=base)
@@ -87,12 +88,24 @@ def test_two_containers_reach_each_other(podman: Podman) -> None:
 
 def test_published_port_on_localhost_reaches_container(podman: Podman, node: Node) -> None:
     web = unique("e2e-web-")
-    run_container(podman, web, "-p", f"127.0.0.1:{HOST_PORT}:8080", podman.IMAGE,
-                  "httpd", "-f", "-p", "8080", "-h", "/www")
+    run_container(
+        podman,
+        web,
+        "-p",
+        f"127.0.0.1:{HOST_PORT}:8080",
+        podman.IMAGE,
+        "httpd",
+        "-f",
+        "-p",
+        "8080",
+        "-h",
+        "/www",
+    )
     reply = wait_for(
         "the published port",
         lambda: node.tcp_get("127.0.0.1", HOST_PORT, b"GET / HTTP/1.0\r\n\r\n").stdout,
-        timeout=10)
+        timeout=10,
+    )
     assert "200 OK" in reply, reply
     assert "tabby-e2e-httpd" in reply, reply
     podman("rm", "--force", "--time", "0", web)

@@ -26,8 +26,15 @@ DEFAULT_REF = "localhost/tabby-e2e/pause:1"
 INDEX_HTML = b"tabby-e2e-httpd\n"
 
 
-def _add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o755,
-         kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
+def _add(
+    tar: tarfile.TarFile,
+    name: str,
+    *,
+    data: bytes | None = None,
+    mode: int = 0o755,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = 0
     info.uid = info.gid = 0
@@ -87,27 +94,31 @@ def oci_tar(layer: bytes, ref: str) -> bytes:
             "digest": config_digest,
             "size": config_size,
         },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": layer_digest,
-            "size": layer_size,
-        }],
+        "layers": [
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": layer_digest,
+                "size": layer_size,
+            }
+        ],
     }
     manifest_digest, manifest_size = _blob(blobs, _canon(manifest))
     tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
     index = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": manifest_size,
-            "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {
-                "io.containerd.image.name": ref,
-                "org.opencontainers.image.ref.name": tag,
-            },
-        }],
+        "manifests": [
+            {
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": manifest_size,
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {
+                    "io.containerd.image.name": ref,
+                    "org.opencontainers.image.ref.name": tag,
+                },
+            }
+        ],
     }
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:

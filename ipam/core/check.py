@@ -1,0 +1,189 @@
+"""Whole-store consistency check (tests, ``tabbyctl ipam check``).
+
+Errors are broken invariants (see ``ipam/DESIGN.md``); leftovers are what a kill between
+two writes may leave, harmless and repaired when next touched (DEL, GC, ADD).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ipam.core.block import Block
+from ipam.core.errors import StoreCorrupt
+from ipam.core.model import Affinity, Handle, Pool, Problem
+
+if TYPE_CHECKING:
+    from ipam.store.base import Store
+
+ERROR = "error"
+LEFTOVER = "leftover"
+
+
+def check_consistency(store: Store, *, lock: bool = True) -> list[Problem]:
+    """Every problem found; an empty list means the store is consistent.
+
+    Takes the store lock (``lock=False`` to run inside one already held) so a concurrent
+    writer's half-done operation is not reported.
+    """
+    if lock:
+        with store.lock():
+            return _Checker(store).run()
+    return _Checker(store).run()
+
+
+class _Checker:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.out: list[Problem] = []
+        self.pools: dict[str, Pool] = {}
+        self.blocks: dict[str, Block] = {}
+        self.owners: dict[str, set[str]] = {}  # handle id -> blocks with an address of it
+        self.handles: dict[str, Handle] = {}
+
+    def problem(self, severity: str, kind: str, subject: str, message: str) -> None:
+        self.out.append(Problem(severity, kind, subject, message))
+
+    def load(self, kind: str, key: str) -> dict[str, Any] | None:
+        try:
+            doc = self.store.get(kind, key)
+        except StoreCorrupt as e:
+            self.problem(ERROR, "corrupt", e.path, e.reason)
+            return None
+        return None if doc is None else doc.data
+
+    def run(self) -> list[Problem]:
+        self.check_pools()
+        self.check_blocks()
+        self.check_handles()
+        self.check_affinities()
+        return self.out
+
+    def check_pools(self) -> None:
+        for key in self.store.list_keys("pool"):
+            where = self.store.location("pool", key)
+            data = self.load("pool", key)
+            if data is None:
+                continue
+            try:
+                pool = Pool.from_data(data, where)
+            except StoreCorrupt as e:
+                self.problem(ERROR, "corrupt", e.path, e.reason)
+                continue
+            if pool.cidr != key:
+                self.problem(ERROR, "misfiled", where, f"holds pool {pool.cidr}")
+            self.pools[pool.cidr] = pool
+        plist = list(self.pools.values())
+        for i, p in enumerate(plist):
+            for q in plist[i + 1 :]:
+                if p.network.overlaps(q.network):
+                    self.problem(ERROR, "pool-overlap", p.cidr, f"overlaps pool {q.cidr}")
+
+    def check_blocks(self) -> None:
+        for key in self.store.list_keys("block"):
+            where = self.store.location("block", key)
+            data = self.load("block", key)
+            if data is None:
+                continue
+            try:
+                blk = Block.from_data(data, where)
+            except StoreCorrupt as e:
+                self.problem(ERROR, "corrupt", e.path, e.reason)
+                continue
+            if blk.cidr != key:
+                self.problem(ERROR, "misfiled", where, f"holds block {blk.cidr}")
+                continue
+            self.blocks[key] = blk
+            self.check_block(key, blk)
+        nets = sorted(
+            (b.network for b in self.blocks.values()),
+            key=lambda n: (n.version, int(n.network_address)),
+        )
+        for prev, cur in itertools.pairwise(nets):
+            if prev.version == cur.version and int(cur.network_address) <= int(
+                prev.broadcast_address
+            ):
+                self.problem(ERROR, "block-overlap", str(cur), f"overlaps block {prev}")
+
+    def check_block(self, key: str, blk: Block) -> None:
+        pool = self.pools.get(blk.pool)
+        if pool is None:
+            self.problem(ERROR, "block-outside-pools", key, f"its pool {blk.pool} does not exist")
+        elif (
+            not blk.network.subnet_of(pool.network)  # type: ignore[arg-type]
+            or blk.network.prefixlen != pool.block_size
+        ):
+            self.problem(
+                ERROR, "block-outside-pool", key, f"not a /{pool.block_size} of {pool.cidr}"
+            )
+        fifo = blk.unallocated
+        if len(set(fifo)) != len(fifo):
+            self.problem(ERROR, "fifo-duplicate", key, "an ordinal is listed free twice")
+        free = set(fifo)
+        for o, a in enumerate(blk.allocations):
+            if a is None:
+                if o not in free:
+                    self.problem(ERROR, "ordinal-lost", key, f"{blk.ip(o)} neither free nor used")
+                continue
+            if o in free:
+                self.problem(ERROR, "double-state", key, f"{blk.ip(o)} is allocated and free")
+            if a["seq"] > blk.seq:
+                self.problem(ERROR, "seq", key, f"{blk.ip(o)} has seq {a['seq']} > block seq")
+            self.owners.setdefault(a["handle"], set()).add(key)
+
+    def check_handles(self) -> None:
+        for key in self.store.list_keys("handle"):
+            where = self.store.location("handle", key)
+            data = self.load("handle", key)
+            if data is None:
+                continue
+            try:
+                handle = Handle.from_data(data, where)
+            except StoreCorrupt as e:
+                self.problem(ERROR, "corrupt", e.path, e.reason)
+                continue
+            if handle.id != key:
+                self.problem(ERROR, "misfiled", where, f"holds handle {handle.id}")
+            self.handles[key] = handle
+            for cidr in handle.blocks:
+                if cidr not in self.owners.get(key, ()):
+                    self.problem(
+                        LEFTOVER, "handle-extra-block", key, f"lists {cidr} without an address"
+                    )
+        for hid, cidrs in self.owners.items():
+            owner = self.handles.get(hid)
+            for cidr in sorted(cidrs):
+                if owner is None:
+                    self.problem(
+                        ERROR, "allocation-without-handle", cidr, f"handle {hid} does not exist"
+                    )
+                elif cidr not in owner.blocks:
+                    self.problem(
+                        ERROR, "handle-missing-block", hid, f"has an address in {cidr}, unlisted"
+                    )
+
+    def check_affinities(self) -> None:
+        listed: dict[str, str] = {}
+        for key in self.store.list_keys("affinity"):
+            where = self.store.location("affinity", key)
+            data = self.load("affinity", key)
+            if data is None:
+                continue
+            try:
+                aff = Affinity.from_data(data, where)
+            except StoreCorrupt as e:
+                self.problem(ERROR, "corrupt", e.path, e.reason)
+                continue
+            for cidr in aff.blocks:
+                blk = self.blocks.get(cidr)
+                if blk is None:
+                    self.problem(LEFTOVER, "affinity-missing-block", key, f"lists gone {cidr}")
+                elif blk.node != key:
+                    self.problem(
+                        LEFTOVER, "affinity-foreign-block", key, f"lists {cidr} ({blk.affinity})"
+                    )
+                else:
+                    listed[cidr] = key
+        for cidr, blk in self.blocks.items():
+            if blk.node and listed.get(cidr) != blk.node:
+                self.problem(LEFTOVER, "unlisted-block", cidr, f"affine to {blk.node}, unlisted")

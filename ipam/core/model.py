@@ -1,0 +1,377 @@
+"""Value types of the public API, and the pool/handle/affinity documents.
+
+Value types are ``NamedTuple``s and the documents plain ``__slots__`` classes: ``dataclasses``
+imports ``inspect`` and costs ~5 ms of start-up per CNI call.
+
+Documents (the block document lives in ``block.py``)::
+
+    pool      {"cidr": "10.244.0.0/16", "block_size": 26, "disabled": false}
+    handle    {"id": "<net>:<cid>:<ifname>", "network", "container_id", "ifname", "node",
+               "created": <epoch float>, "blocks": ["10.244.3.0/26", ...]}
+    affinity  {"node": "node-a", "blocks": [<affine block CIDRs, claim order>],
+               "avail": [<hint: those of them last seen with room>],
+               "cursor": {<pool CIDR>: <next block index to try when claiming>}}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ipam.core.errors import InvalidConfig, StoreCorrupt
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+BLOCK_SIZE_LIMITS = {4: (20, 32), 6: (116, 128)}
+DEFAULT_BLOCK_SIZE = {4: 26, 6: 122}
+AFFINITY_PREFIX = "host:"
+
+
+# -- public value types ------------------------------------------------------------------
+
+
+class PoolSpec(NamedTuple):
+    """A pool as configured; ``block_size`` None = the family's default (26 / 122)."""
+
+    cidr: str
+    block_size: int | None = None
+    disabled: bool = False
+
+
+class AssignRequest(NamedTuple):
+    """One attachment's address request (see ``Ipam.assign``)."""
+
+    handle_id: str
+    attrs: Mapping[str, Any] | None = None
+    want_v4: bool = True
+    want_v6: bool = False
+    v4_pools: Sequence[str] = ()
+    v6_pools: Sequence[str] = ()
+    specific_ips: Sequence[IPAddress | str] = ()
+    strict_affinity: bool = False
+    max_blocks_per_host: int = 0
+    reserved: Sequence[str | IPNetwork | IPAddress] = ()
+
+
+class Allocation(NamedTuple):
+    """One address held by a handle. ``seq`` defeats stale release-by-address."""
+
+    ip: IPAddress
+    block_cidr: IPNetwork
+    pool_cidr: IPNetwork
+    handle_id: str
+    seq: int
+
+
+class GcReport(NamedTuple):
+    released: list[str]  # handle ids released
+    kept: list[str]  # handle ids in the valid list
+    skipped_recent: list[str]  # stale-looking but younger than the grace period
+    errors: list[str]  # "<handle id>: <error>", one per failure; GC went on after each
+
+
+class Problem(NamedTuple):
+    """One finding of ``check_consistency``.
+
+    ``severity`` is "error" (an invariant is broken: fix by hand) or "leftover" (a harmless
+    crash leftover that the next DEL/GC/ADD touching it repairs).
+    """
+
+    severity: str
+    kind: str
+    subject: str
+    message: str
+
+
+class PoolUsage(NamedTuple):
+    cidr: str
+    block_size: int
+    disabled: bool
+    total: int
+    in_use: int
+    reserved: int  # reserved and not in use
+    free: int  # total - in_use - reserved
+    blocks: int  # blocks existing in the store
+
+
+class BlockUsage(NamedTuple):
+    cidr: str
+    pool: str
+    node: str | None  # affinity; None = not affine to any node
+    in_use: int
+    free: int  # excluding reserved addresses
+
+
+class IpOwner(NamedTuple):
+    ip: IPAddress
+    block_cidr: str
+    node: str | None  # the block's affinity
+    handle_id: str
+    seq: int
+    attrs: dict[str, Any]
+
+
+# -- identifiers and parsing ---------------------------------------------------------------
+
+
+def handle_id(network: str, container_id: str, ifname: str) -> str:
+    """The IPAM handle of one attachment: ``"<network>:<container id>:<ifname>"``."""
+    for name, value in (("network", network), ("container id", container_id), ("ifname", ifname)):
+        if not isinstance(value, str) or not value or ":" in value:
+            raise InvalidConfig(f"invalid {name} for a handle id", repr(value))
+    return f"{network}:{container_id}:{ifname}"
+
+
+def split_handle_id(hid: str) -> tuple[str, str, str]:
+    parts = hid.split(":")
+    if len(parts) != 3 or not all(parts):
+        raise InvalidConfig("invalid handle id", repr(hid))
+    return parts[0], parts[1], parts[2]
+
+
+def parse_network(text: object, what: str) -> IPNetwork:
+    if isinstance(text, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return text
+    if not isinstance(text, str):
+        raise InvalidConfig(f"invalid {what}", repr(text))
+    try:
+        return ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as e:
+        raise InvalidConfig(f"invalid {what}", f"{text!r}: {e}") from None
+
+
+def parse_ip(value: object, what: str = "IP address") -> IPAddress:
+    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
+        return value
+    if isinstance(value, str):
+        try:
+            return ipaddress.ip_address(value.strip())
+        except ValueError:
+            pass
+    raise InvalidConfig(f"invalid {what}", repr(value))
+
+
+class Reserved:
+    """Addresses never handed out: merged, sorted ``(lo, hi)`` int ranges per family."""
+
+    __slots__ = ("ranges",)
+
+    def __init__(self, ranges: dict[int, list[tuple[int, int]]]) -> None:
+        self.ranges = ranges
+
+    @classmethod
+    def parse(cls, items: Iterable[object]) -> Reserved:
+        raw: dict[int, list[tuple[int, int]]] = {4: [], 6: []}
+        for item in items:
+            if isinstance(item, ipaddress.IPv4Address | ipaddress.IPv6Address):
+                raw[item.version].append((int(item), int(item)))
+                continue
+            if isinstance(item, ipaddress.IPv4Network | ipaddress.IPv6Network):
+                net = item
+            elif isinstance(item, str):
+                try:
+                    net = ipaddress.ip_network(item.strip(), strict=False)
+                except ValueError:
+                    raise InvalidConfig("invalid reserved address or CIDR", repr(item)) from None
+            else:
+                raise InvalidConfig("invalid reserved address or CIDR", repr(item))
+            raw[net.version].append((int(net.network_address), int(net.broadcast_address)))
+        merged: dict[int, list[tuple[int, int]]] = {}
+        for fam, ranges in raw.items():
+            out: list[tuple[int, int]] = []
+            for lo, hi in sorted(ranges):
+                if out and lo <= out[-1][1] + 1:
+                    out[-1] = (out[-1][0], max(out[-1][1], hi))
+                else:
+                    out.append((lo, hi))
+            merged[fam] = out
+        return cls(merged)
+
+    def within(self, version: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The reserved ranges overlapping ``[lo, hi]``."""
+        return [(a, b) for a, b in self.ranges.get(version, ()) if a <= hi and b >= lo]
+
+    def contains(self, ip: IPAddress) -> bool:
+        n = int(ip)
+        return any(a <= n <= b for a, b in self.ranges.get(ip.version, ()))
+
+    def count(self, version: int, lo: int, hi: int) -> int:
+        return sum(min(b, hi) - max(a, lo) + 1 for a, b in self.within(version, lo, hi))
+
+    def covering(self, version: int, lo: int, hi: int) -> int | None:
+        """The end of a reserved range covering all of ``[lo, hi]``, else None."""
+        for a, b in self.ranges.get(version, ()):
+            if a <= lo and b >= hi:
+                return b
+        return None
+
+
+# -- documents ------------------------------------------------------------------------------
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise StoreCorrupt(where, f"malformed document: {what}")
+
+
+def _str_list(value: object) -> bool:
+    return isinstance(value, list) and set(map(type, value)) <= {str}  # fast on long lists
+
+
+class Pool:
+    __slots__ = ("block_size", "disabled", "network")
+
+    def __init__(self, network: IPNetwork, block_size: int, disabled: bool = False) -> None:
+        self.network = network
+        self.block_size = block_size
+        self.disabled = disabled
+
+    @property
+    def cidr(self) -> str:
+        return str(self.network)
+
+    @property
+    def version(self) -> int:
+        return self.network.version
+
+    @property
+    def block_count(self) -> int:
+        return 1 << (self.block_size - self.network.prefixlen)
+
+    @property
+    def block_addresses(self) -> int:
+        return 1 << (self.network.max_prefixlen - self.block_size)
+
+    def block_network(self, index: int) -> IPNetwork:
+        base = int(self.network.network_address) + index * self.block_addresses
+        return type(self.network)((base, self.block_size))
+
+    def block_index(self, ip: IPAddress) -> int:
+        return (int(ip) - int(self.network.network_address)) // self.block_addresses
+
+    @classmethod
+    def from_spec(cls, cidr: str, block_size: int | None, disabled: bool = False) -> Pool:
+        net = parse_network(cidr, "pool CIDR")
+        size = DEFAULT_BLOCK_SIZE[net.version] if block_size is None else block_size
+        lo, hi = BLOCK_SIZE_LIMITS[net.version]
+        if isinstance(size, bool) or not isinstance(size, int) or not lo <= size <= hi:
+            raise InvalidConfig(
+                f"invalid IPv{net.version} block size", f"{size!r} for pool {net}: expect {lo}-{hi}"
+            )
+        if net.prefixlen > size:
+            raise InvalidConfig(
+                "pool smaller than one block", f"pool {net} cannot hold a /{size} block"
+            )
+        return cls(net, size, bool(disabled))
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], where: str) -> Pool:
+        try:
+            net = ipaddress.ip_network(data.get("cidr"))  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            raise StoreCorrupt(where, "malformed document: cidr") from None
+        size = data.get("block_size")
+        _need(type(size) is int and net.prefixlen <= size <= net.max_prefixlen, where, "block_size")
+        _need(isinstance(data.get("disabled", False), bool), where, "disabled")
+        return cls(net, size, bool(data.get("disabled", False)))  # type: ignore[arg-type]
+
+    def to_data(self) -> dict[str, Any]:
+        return {"cidr": self.cidr, "block_size": self.block_size, "disabled": self.disabled}
+
+
+class Handle:
+    __slots__ = ("blocks", "container_id", "created", "id", "ifname", "network", "node")
+
+    def __init__(
+        self,
+        hid: str,
+        network: str,
+        container_id: str,
+        ifname: str,
+        node: str,
+        created: float,
+        blocks: list[str],
+    ) -> None:
+        self.id = hid
+        self.network = network
+        self.container_id = container_id
+        self.ifname = ifname
+        self.node = node
+        self.created = created
+        self.blocks = blocks
+
+    @classmethod
+    def new(cls, hid: str, node: str, created: float) -> Handle:
+        network, cid, ifname = split_handle_id(hid)
+        return cls(hid, network, cid, ifname, node, created, [])
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], where: str) -> Handle:
+        for field in ("id", "network", "container_id", "ifname", "node"):
+            _need(isinstance(data.get(field), str), where, field)
+        created = data.get("created")
+        _need(isinstance(created, int | float) and not isinstance(created, bool), where, "created")
+        _need(_str_list(data.get("blocks")), where, "blocks")
+        return cls(
+            data["id"],
+            data["network"],
+            data["container_id"],
+            data["ifname"],
+            data["node"],
+            float(created),  # type: ignore[arg-type]
+            list(data["blocks"]),
+        )
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "network": self.network,
+            "container_id": self.container_id,
+            "ifname": self.ifname,
+            "node": self.node,
+            "created": self.created,
+            "blocks": list(self.blocks),
+        }
+
+
+class Affinity:
+    __slots__ = ("avail", "blocks", "cursor", "node")
+
+    def __init__(
+        self, node: str, blocks: list[str], avail: list[str], cursor: dict[str, int]
+    ) -> None:
+        self.node = node
+        self.blocks = blocks
+        self.avail = avail  # hint: blocks with room (the rest were last seen full)
+        self.cursor = cursor
+
+    @classmethod
+    def new(cls, node: str) -> Affinity:
+        return cls(node, [], [], {})
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], where: str) -> Affinity:
+        _need(isinstance(data.get("node"), str), where, "node")
+        _need(_str_list(data.get("blocks")), where, "blocks")
+        avail = data.get("avail", data["blocks"])  # no hint yet: every block may have room
+        _need(_str_list(avail), where, "avail")
+        cursor = data.get("cursor", {})
+        _need(
+            isinstance(cursor, dict) and all(type(v) is int for v in cursor.values()),
+            where,
+            "cursor",
+        )
+        return cls(data["node"], list(data["blocks"]), list(avail), dict(cursor))
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "blocks": list(self.blocks),
+            "avail": list(self.avail),
+            "cursor": dict(self.cursor),
+        }
+
+    def copy(self) -> Affinity:
+        return Affinity(self.node, list(self.blocks), list(self.avail), dict(self.cursor))

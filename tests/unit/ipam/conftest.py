@@ -1,0 +1,57 @@
+"""Fixtures for the IPAM unit tests: one store per implementation, a settable clock."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ipam.store.base import Store
+from ipam.store.file import FileStore
+from ipam.store.memory import MemoryStore
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+STORE_KINDS = ["memory", "file"]
+
+
+def make_store(kind: str, tmp_path: Path, lock_timeout: float = 5.0) -> Store:
+    if kind == "memory":
+        return MemoryStore(lock_timeout=lock_timeout)
+    return FileStore(str(tmp_path / "state" / "ipam"), lock_timeout=lock_timeout)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return make_store(request.param, tmp_path)
+
+
+@pytest.fixture
+def mem_store() -> MemoryStore:
+    return MemoryStore(lock_timeout=2.0)
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> FileStore:
+    return FileStore(str(tmp_path / "state" / "ipam"), lock_timeout=2.0)
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for a Python child that imports this repository's packages."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
