@@ -1,23 +1,26 @@
 """The binaries' side of the tabby-node fast path: forward the call, relay the answer.
 
-Standard library only, imported before anything else in a CNI process: this path must cost
-less than the work it saves.
+Imported first in every CNI process, so it uses only C modules (``_socket``, ``struct``):
+``socket.py`` and ``json`` would pull in enum, selectors and re (~8 ms per call, measured),
+which is a third of what the whole fast path may cost.
 """
 
 from __future__ import annotations
 
-import json
+import _socket
 import os
-import socket
 import struct
-from collections.abc import Mapping
 
-from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, SOCKET_ENV
+from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, SOCKET_ENV, encode_header
+
+TYPE_CHECKING = False  # typing itself costs ~2 ms on the fast path
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _U32x2 = struct.Struct("!II")
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: _socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -28,6 +31,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _died(stdin: bytes) -> bytes:
+    import json
+
     try:
         version = json.loads(stdin).get("cniVersion") or "1.1.0"
     except Exception:
@@ -49,24 +54,25 @@ def try_node(
     if not path or path == "off":
         return None
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     except OSError:
         return None
     accepted = False
     try:
         try:
             sock.connect(path)
-            header = json.dumps({"version": version, "role": role, "env": dict(env)}).encode()
-            msg = _U32x2.pack(len(header), len(stdin)) + header + stdin
+            header = encode_header(version, role, env)
+            msg = MAGIC + _U32x2.pack(len(header), len(stdin)) + header + stdin
             ns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                sent = socket.send_fds(sock, [msg], [ns_fd])
+                rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", ns_fd))]
+                sent = sock.sendmsg([msg], rights)
             finally:
                 os.close(ns_fd)
             if sent < len(msg):
                 sock.sendall(msg[sent:])
             if _recv_exact(sock, 1) != ACCEPT:
-                return None  # rejected (other version): not run there, run it here
+                return None  # rejected (another version): not run there, so run it here
             accepted = True
             rc, n = _U32x2.unpack(_recv_exact(sock, 8))
             return rc, _recv_exact(sock, n)

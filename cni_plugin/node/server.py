@@ -11,7 +11,6 @@ binary would run, so results are identical; any other IPAM type is exec'd as the
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -21,10 +20,9 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from cni_plugin import __version__
-from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, REJECT
+from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, REJECT, decode_header
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
@@ -176,15 +174,18 @@ class NodeServer:
                 log.warning("refused a connection from a non-root peer")
                 return
             first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 1)
-            head = _recv_exact(conn, 8, first[:8]) if len(first) < 8 else first[:8]
-            hlen, slen = _U32x2.unpack(head)
+            head = _recv_exact(conn, 12, first[:12]) if len(first) < 12 else first[:12]
+            if head[:4] != MAGIC:
+                conn.sendall(REJECT + b"not a tabby-node request")
+                return
+            hlen, slen = _U32x2.unpack(head[4:])
             if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 1:
                 conn.sendall(REJECT + b"malformed request")
                 return
-            body = _recv_exact(conn, hlen + slen, first[8:])
-            header: dict[str, Any] = json.loads(body[:hlen])
+            body = _recv_exact(conn, hlen + slen, first[12:])
+            version, role, env = decode_header(body[:hlen])
             stdin = body[hlen:]
-            if header.get("version") != __version__:
+            if version != __version__:
                 conn.sendall(REJECT + f"tabby-node is {__version__}".encode())
                 return
             netns_fd = fds[0]
@@ -192,8 +193,7 @@ class NodeServer:
                 conn.sendall(REJECT + b"not a namespace fd")
                 return
             conn.sendall(ACCEPT)
-            env = {str(k): str(v) for k, v in header.get("env", {}).items()}
-            rc, out = execute(str(header.get("role", "tabby")), env, stdin, netns_fd)
+            rc, out = execute(role, env, stdin, netns_fd)
             conn.sendall(_U32x2.pack(rc, len(out)) + out)
             with self.lock:
                 self.served += 1
