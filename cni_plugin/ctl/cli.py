@@ -6,6 +6,7 @@ exit status 1 (no traceback): no conflist, unreadable store (which file), not ro
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -45,14 +46,19 @@ def operator_errors() -> Iterator[None]:
     """Library failures become one readable line and exit 1."""
     from cni_plugin.cni.errors import CniError
     from cni_plugin.ctl.views import CtlError
-    from ipam.core import IpamError
+    from ipam.core import IpamError, StoreError
 
     try:
         yield
     except CtlError as e:
         raise click.ClickException(str(e)) from None
     except IpamError as e:
-        raise click.ClickException(f"IPAM store: {e}") from None
+        # The file store turns EACCES into a StoreError naming the path: say what to do.
+        denied = (os.strerror(errno.EACCES), os.strerror(errno.EPERM))
+        hint = ""
+        if isinstance(e, StoreError) and os.geteuid() != 0 and any(d in e.reason for d in denied):
+            hint = ": run tabbyctl as root"
+        raise click.ClickException(f"IPAM store: {e}{hint}") from None
     except CniError as e:
         raise click.ClickException(str(e)) from None
     except PermissionError as e:

@@ -72,7 +72,7 @@ def load_settings(
 ) -> Settings:
     source = "built-in defaults"
     entry: dict[str, Any] = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
-    path = conf_path or find_conflist()
+    path = conf_path or find_conflist(DEFAULT_CONF_DIR)
     if path:
         try:
             with open(path, encoding="utf-8") as f:
@@ -87,7 +87,10 @@ def load_settings(
         entry, source = found, path
     elif conf_path is None and not os.path.isdir(DEFAULT_CONF_DIR):
         source = f"built-in defaults (no {DEFAULT_CONF_DIR})"
-    ipam_section = dict(entry.get("ipam") or {})
+    raw_ipam = entry.get("ipam") or {}
+    if not isinstance(raw_ipam, dict):
+        raise CtlError(f"{source}: the tabby plugin's ipam section is not a JSON object")
+    ipam_section = dict(raw_ipam)
     if data_dir:
         ipam_section["data_dir"] = data_dir
     try:

@@ -82,6 +82,27 @@ def setns(fd: int) -> None:
     _setns(fd, CLONE_NEWNET)
 
 
+CLONE_FS = 0x00000200
+CLONE_NEWNS = 0x00020000
+
+
+def enter_mount_namespace(fd: int) -> None:
+    """Move the *calling thread* (and the threads it starts) into the mount namespace ``fd``.
+
+    A thread shares its filesystem attributes with the whole process, and setns(2) refuses
+    a mount namespace while they are shared, so the thread first unshares them
+    (unshare(CLONE_FS)). Meant for a thread that ends after its job (tabby-node's per-call
+    threads): there is no way back short of another setns.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_FS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_FS): {os.strerror(err)}")
+    _setns(fd, CLONE_NEWNS)
+
+
 class NetNS:
     """An open network namespace file descriptor. Use as a context manager or ``close()``."""
 

@@ -3,7 +3,8 @@
 Wire protocol (one call per connection; all integers are unsigned 32-bit big-endian):
 
   client -> node   b"TBY1", u32 header length, u32 stdin length, header, stdin bytes;
-                   one SCM_RIGHTS fd with the first chunk: the caller's network namespace
+                   SCM_RIGHTS with the first chunk: the caller's network and mount
+                   namespaces (the node does the call's work in both)
                    header = NUL-separated: tabby version, role ("tabby" | "tabby-ipam"),
                             then the caller's environment as KEY=VALUE entries
   node -> client   b"A" (accepted: from here on the call runs exactly once, here)

@@ -63,12 +63,16 @@ def try_node(
             sock.connect(path)
             header = encode_header(version, role, env)
             msg = MAGIC + _U32x2.pack(len(header), len(stdin)) + header + stdin
-            ns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            # The node works in our namespaces: network (host-side work lands here) and
+            # mount (CNI_NETNS, data_dir and log paths mean what they mean here).
+            net_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            mnt_fd = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, struct.pack("i", ns_fd))]
-                sent = sock.sendmsg([msg], rights)
+                fds = struct.pack("ii", net_fd, mnt_fd)
+                sent = sock.sendmsg([msg], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
             finally:
-                os.close(ns_fd)
+                os.close(net_fd)
+                os.close(mnt_fd)
             if sent < len(msg):
                 sock.sendall(msg[sent:])
             if _recv_exact(sock, 1) != ACCEPT:

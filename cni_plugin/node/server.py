@@ -53,17 +53,25 @@ def _ipam_in_process(
     return skel.run(HANDLERS, env, stdin)
 
 
-def execute(role: str, env: dict[str, str], stdin: bytes, netns_fd: int) -> tuple[int, bytes]:
-    """Run one CNI call in the calling thread, inside the caller's network namespace."""
+def execute(
+    role: str, env: dict[str, str], stdin: bytes, netns_fd: int, mnt_fd: int | None = None
+) -> tuple[int, bytes]:
+    """Run one CNI call in the calling thread, inside the caller's network namespace (and
+    mount namespace, when it differs from ours: then paths in env and config mean what
+    they mean to the caller). The thread must not be reused after a mount switch."""
     from cni_plugin import plugin
     from cni_plugin.cni import log as cni_log
     from cni_plugin.cni import skel
-    from cni_plugin.dataplane.netns import THREAD_NETNS, setns
+    from cni_plugin.dataplane.netns import THREAD_NETNS, enter_mount_namespace, setns
 
     st = os.fstat(netns_fd)
     caller_ns = (st.st_dev, st.st_ino)
     home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
     try:
+        if mnt_fd is not None:
+            mine, theirs = os.stat("/proc/thread-self/ns/mnt"), os.fstat(mnt_fd)
+            if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+                enter_mount_namespace(mnt_fd)
         setns(netns_fd)
         try:
             if role == "tabby-ipam":
@@ -173,13 +181,13 @@ class NodeServer:
             if not self._peer_ok(conn):
                 log.warning("refused a connection from a non-root peer")
                 return
-            first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 1)
+            first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
             head = _recv_exact(conn, 12, first[:12]) if len(first) < 12 else first[:12]
             if head[:4] != MAGIC:
                 conn.sendall(REJECT + b"not a tabby-node request")
                 return
             hlen, slen = _U32x2.unpack(head[4:])
-            if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 1:
+            if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 2:
                 conn.sendall(REJECT + b"malformed request")
                 return
             body = _recv_exact(conn, hlen + slen, first[12:])
@@ -188,12 +196,12 @@ class NodeServer:
             if version != __version__:
                 conn.sendall(REJECT + f"tabby-node is {__version__}".encode())
                 return
-            netns_fd = fds[0]
-            if not _is_nsfs(netns_fd):
-                conn.sendall(REJECT + b"not a namespace fd")
+            netns_fd, mnt_fd = fds
+            if _ns_kind(netns_fd) != "net" or _ns_kind(mnt_fd) != "mnt":
+                conn.sendall(REJECT + b"not namespace fds")
                 return
             conn.sendall(ACCEPT)
-            rc, out = execute(role, env, stdin, netns_fd)
+            rc, out = execute(role, env, stdin, netns_fd, mnt_fd)
             conn.sendall(_U32x2.pack(rc, len(out)) + out)
             with self.lock:
                 self.served += 1
@@ -207,11 +215,12 @@ class NodeServer:
                 self.inflight.discard(threading.current_thread())
 
 
-def _is_nsfs(fd: int) -> bool:
+def _ns_kind(fd: int) -> str:
+    """ "net" or "mnt" for a namespace fd (its /proc link reads "net:[4026531840]")."""
     try:
-        return os.readlink(f"/proc/self/fd/{fd}").startswith("net:[")
+        return os.readlink(f"/proc/self/fd/{fd}").partition(":")[0]
     except OSError:
-        return False
+        return ""
 
 
 def warm_up() -> None:

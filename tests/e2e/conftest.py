@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 
 CNI_BIN = os.environ.get("TABBY_CNI_BIN", "/opt/cni/bin")
+TABBY_NODE = os.environ.get("TABBY_NODE_BIN", "/usr/local/bin/tabby-node")
+# Not under /run/tabby: the runtime tier gives its node a private /run/tabby.
+NODE_SOCKET_DIR = "/run/tabby-e2e-node"
 TABBY = os.path.join(CNI_BIN, "tabby")
 TABBY_IPAM = os.path.join(CNI_BIN, "tabby-ipam")
 PLUGINS = (TABBY, TABBY_IPAM)
@@ -108,3 +113,63 @@ def run_cmd(*cmd: str, check: bool = True) -> str:
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd}: {proc.stderr}")
     return proc.stdout
+
+
+def start_tabby_node(socket_path: str, log_path: str) -> subprocess.Popen[bytes]:
+    """Start tabby-node on its own socket and wait until it serves."""
+    os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
+    proc = subprocess.Popen(
+        [TABBY_NODE, "--socket", socket_path, "--log-file", log_path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while not os.path.exists(socket_path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"tabby-node did not start: {err}")
+        time.sleep(0.05)
+    return proc
+
+
+def stop_tabby_node(proc: subprocess.Popen[bytes]) -> str:
+    """SIGTERM by PID; returns what it printed on stderr."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    return err
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tabby_node_mode() -> Iterator[None]:
+    """TABBY_E2E_NODE=1: the whole e2e tier runs with tabby-node serving the calls.
+
+    Every runtime here passes its environment to the plugins, so TABBY_NODE_SOCKET
+    reaches them. At the end the node must have served calls, or the run proved nothing.
+    """
+    if os.environ.get("TABBY_E2E_NODE") != "1":
+        yield
+        return
+    sock = os.path.join(NODE_SOCKET_DIR, "node.sock")
+    proc = start_tabby_node(sock, os.path.join(NODE_SOCKET_DIR, "node.log"))
+    old = os.environ.get("TABBY_NODE_SOCKET")
+    os.environ["TABBY_NODE_SOCKET"] = sock
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TABBY_NODE_SOCKET", None)
+        else:
+            os.environ["TABBY_NODE_SOCKET"] = old
+        err = stop_tabby_node(proc)
+    served = [line for line in err.splitlines() if "stopped after" in line]
+    assert served, f"tabby-node did not report: {err[-2000:]}"
+    assert " 0 calls" not in served[-1], "TABBY_E2E_NODE=1 but tabby-node served no call"
