@@ -357,12 +357,20 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
     show_default=True,
     help="where the installed plugins are",
 )
-def demo(pods: int, keep: bool, cni_bin_dir: str) -> None:
-    """Build a node and N pods in throwaway namespaces, network them, prove it, clean up."""
+@click.option(
+    "--no-node",
+    is_flag=True,
+    help="do not start tabby-node: the plugins do all the work in-process",
+)
+def demo(pods: int, keep: bool, cni_bin_dir: str, no_node: bool) -> None:
+    """Build a node and N pods in throwaway namespaces, network them, prove it, clean up.
+
+    A tabby-node of its own serves the calls (as on a real node), unless --no-node.
+    """
     from cni_plugin.ctl import demo as demo_mod
 
     try:
-        rc = demo_mod.run(pods, keep, cni_bin_dir, click.echo)
+        rc = demo_mod.run(pods, keep, cni_bin_dir, click.echo, use_node=not no_node)
     except demo_mod.DemoError as e:
         raise click.ClickException(str(e)) from None
     sys.exit(rc)

@@ -300,7 +300,51 @@ def _ignore_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def run(pods: int, keep: bool, cni_bin: str, echo: Echo, node_socket: str | None = None) -> int:
+def _start_node(workdir: str, echo: Echo) -> subprocess.Popen[bytes] | None:
+    """tabby-node on the demo's own socket, so the demo shows the fast path a node uses."""
+    binary = shutil.which("tabby-node")
+    if binary is None:
+        echo("tabby-node not found: the plugins do the work in-process")
+        return None
+    sock = os.path.join(workdir, "node.sock")
+    log = open(os.path.join(workdir, "node.err"), "wb")  # noqa: SIM115 (the child keeps it)
+    proc = subprocess.Popen(
+        [binary, "--socket", sock, "--log-file", os.path.join(workdir, "node.log")],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    log.close()
+    deadline = time.monotonic() + 15
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_node(proc)
+            echo("tabby-node did not start: the plugins do the work in-process")
+            return None
+        time.sleep(0.05)
+    echo(f"tabby-node (pid {proc.pid}) serves the calls on {sock}")
+    return proc
+
+
+def _stop_node(proc: subprocess.Popen[bytes] | None) -> None:
+    """By PID: SIGTERM, then SIGKILL if it does not finish in time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run(
+    pods: int,
+    keep: bool,
+    cni_bin: str,
+    echo: Echo,
+    node_socket: str | None = None,
+    use_node: bool = True,
+) -> int:
     if os.geteuid() != 0:
         raise DemoError("the demo creates network namespaces: run it as root")
     for binary in ("tabby", "tabby-ipam"):
@@ -315,14 +359,21 @@ def run(pods: int, keep: bool, cni_bin: str, echo: Echo, node_socket: str | None
     os.chmod(demo.workdir, 0o700)
     ok = False
     interrupted = False
+    node: subprocess.Popen[bytes] | None = None
     try:
         with _signals_as_interrupt():
             echo(
                 f"tabby demo {demo.network}: node namespace + {pods} pods, "
                 f"pools {V4_POOL} and {V6_POOL}"
             )
+            if use_node and node_socket is None:
+                node = _start_node(demo.workdir, echo)
+                if node is not None:
+                    demo.node_socket = os.path.join(demo.workdir, "node.sock")
+            elif node_socket is None:
+                demo.node_socket = "off"
             demo.make_node()
-            echo("ADD (the installed /opt/cni/bin/tabby, exec'd as a runtime does):")
+            echo(f"ADD (the installed {cni_bin}/tabby, exec'd as a runtime does):")
             demo.add_pods()
             demo.check_pods()
             echo("reachability (ping):")
@@ -331,6 +382,7 @@ def run(pods: int, keep: bool, cni_bin: str, echo: Echo, node_socket: str | None
             demo.ipam_view()
             ok = reach
             if keep:
+                _stop_node(node)
                 echo(
                     f"--keep: namespaces {', '.join(demo.made_netns)} and {demo.workdir} "
                     "are left in place; remove them with `ip netns del NAME` and `rm -r`."
@@ -347,6 +399,7 @@ def run(pods: int, keep: bool, cni_bin: str, echo: Echo, node_socket: str | None
             _ignore_signals()
             problems = demo.delete_pods()
             left = demo.leftovers()
+            _stop_node(node)
             demo.cleanup()
             for p in problems + left:
                 echo(f"  left behind: {p}")

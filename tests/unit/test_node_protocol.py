@@ -1,0 +1,24 @@
+"""tabby-node's wire header and its install files agree with the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cni_plugin.node import DEFAULT_SOCKET, decode_header, encode_header
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_header_round_trip_keeps_env_exactly() -> None:
+    env = {"CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAME=a=b;X=", "EMPTY": "",
+           "UNICODE": "pöd", "PATH": "/a:/b"}
+    version, role, back = decode_header(encode_header("1.2.3", "tabby-ipam", env))
+    assert (version, role, back) == ("1.2.3", "tabby-ipam", env)
+
+
+def test_systemd_unit_matches_install_paths() -> None:
+    unit = (ROOT / "conf-examples" / "tabby-node.service").read_text()
+    assert "ExecStart=/usr/local/bin/tabby-node " in unit
+    assert f"--socket {DEFAULT_SOCKET}" in unit
+    build = (ROOT / "build.sh").read_text()
+    assert '"$DESTDIR$BIN_DIR/tabby-node"' in build
