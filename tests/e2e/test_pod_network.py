@@ -408,3 +408,98 @@ def test_log_file_records_the_calls(rt: Runtime, pool: NetnsPool) -> None:
     text = (rt.tmp / "cni.log").read_text()
     assert "ADD logged eth0" in text
     assert "DEL logged eth0" in text
+
+
+STUB_IPAM = """#!/bin/sh
+# Delegates to tabby-ipam, then (on ADD) lists its first address twice, so the dataplane
+# fails after IPAM succeeded (adding the second copy of the address: EEXIST).
+out=$({tabby_ipam})
+rc=$?
+if [ "$CNI_COMMAND" = ADD ] && [ $rc -eq 0 ]; then
+  printf '%s' "$out" | {python} -c 'import json,sys; r=json.load(sys.stdin); \
+r["ips"]=[r["ips"][0], r["ips"][0]]; print(json.dumps(r))'
+else
+  printf '%s' "$out"
+fi
+exit $rc
+"""
+
+
+def test_failure_after_ipam_rolls_back_through_the_binaries(
+    rt: Runtime, pool: NetnsPool, tmp_path: Path
+) -> None:
+    """ADD-5, DEL-6: the dataplane fails after IPAM ADD succeeded -> no link, no route, the
+    address is free again (tabby ran IPAM DEL before reporting)."""
+    import sys
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub = bindir / "dup-ipam"
+    stub.write_text(STUB_IPAM.format(tabby_ipam=TABBY_IPAM, python=sys.executable))
+    stub.chmod(0o755)
+    (bindir / "tabby").symlink_to(TABBY)
+    rt.conf["ipam"]["type"] = "dup-ipam"
+    pod = pool.pod()
+    conf = copy.deepcopy(rt.conf)
+    env = {
+        "CNI_CONTAINERID": "dup",
+        "CNI_IFNAME": "eth0",
+        "CNI_NETNS": pod.path,
+        "CNI_PATH": f"{bindir}:{os.path.dirname(TABBY)}",
+    }
+    fd = os.open(rt.node.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        call = exec_plugin(TABBY, "ADD", conf, env=env, netns_fd=fd)
+    finally:
+        os.close(fd)
+    assert (call.rc, call.out["code"]) == (1, 103), call
+    assert pod.links() == ["lo"]
+    assert_clean(rt)
+
+
+def test_del_with_a_locked_store_cleans_locally_and_says_retry(
+    rt: Runtime, pool: NetnsPool
+) -> None:
+    """DEL-7: a store that is temporarily locked never blocks local cleanup; code 11 until
+    IPAM can release; the retried DEL succeeds."""
+    import subprocess
+
+    pod = pool.pod()
+    rt.add("locked", pod)
+    rt.conf["ipam"]["lock_timeout_seconds"] = 1
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl,sys,time;f=open(sys.argv[1],'a');"
+            "fcntl.flock(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(30)",
+            str(rt.data_dir / "lock"),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == b"held"
+        call = rt.call("DEL", "locked", pod.path)
+        assert (call.rc, call.out["code"]) == (1, 11), call
+        assert rt.host_veths() == []
+        assert pod.links() == ["lo"]
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    assert rt.call("DEL", "locked", pod.path).rc == 0
+    assert_clean(rt)
+
+
+def test_missing_nodename_file_never_fails_del(
+    rt: Runtime, pool: NetnsPool, tmp_path: Path
+) -> None:
+    """DEL-7: nodename from a file that has gone away: DEL still cleans everything."""
+    pod = pool.pod()
+    rt.add("nn", pod)
+    del rt.conf["nodename"]
+    rt.conf["nodename_file"] = str(tmp_path / "no-such-file")
+    assert rt.call("DEL", "nn", pod.path).rc == 0
+    assert_clean(rt)
