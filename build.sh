@@ -62,7 +62,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY=$PWD/.venv/bin/python
 say "installing Python dependencies"
-"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev]'
+# (pip's warnings about this machine's extra index locations are noise: filtered out)
+"$VPY" -m pip install -q --disable-pip-version-check -e '.[dev]' 2> >(grep -v "^WARNING: Location" >&2)
 
 if [ "$CHECKS" = 1 ]; then
   say "lint and type gate (ruff, mypy --strict)"
