@@ -91,6 +91,11 @@ class _NoTracebackFormatter(logging.Formatter):
         return super().format(plain)
 
 
+# Until setup() runs, tabby's records go nowhere: without a handler Python's last-resort
+# handler would print them, tracebacks included, on stderr.
+logging.getLogger("tabby").addHandler(logging.NullHandler())
+logging.getLogger("tabby").propagate = False
+
 _context = _ContextFilter()
 _configured: list[logging.Handler] = []
 _current: list[tuple[str, str | None, bool]] = []

@@ -113,8 +113,13 @@ class Demo:
         )
 
     def make_netns(self, name: str) -> None:
-        self._ip("netns", "add", name)
+        # Recorded first: a signal while `ip netns add` runs must not leave it unrecorded.
         self.made_netns.append(name)
+        try:
+            self._ip("netns", "add", name)
+        except DemoError:
+            self.made_netns.remove(name)  # not made (it may be someone else's)
+            raise
         self._ip("link", "set", "lo", "up", ns=name)
 
     def make_node(self) -> None:
@@ -188,7 +193,13 @@ class Demo:
             pod.add_ms = (time.perf_counter() - t0) * 1000
             if rc != 0:
                 raise DemoError(f"ADD {name} failed: {out.decode(errors='replace').strip()}")
-            pod.result = json.loads(out)
+            try:
+                result = json.loads(out)
+                Pod(name, pod.netns, pod.container_id, result).addresses()
+            except (ValueError, TypeError, KeyError, AttributeError):
+                text = out.decode(errors="replace").strip()[:200]
+                raise DemoError(f"ADD {name} printed no CNI result: {text!r}") from None
+            pod.result = result
             self.echo(
                 f"  [{n}/{self.pods_wanted}] {name:<6} {' '.join(pod.addresses()):<40} "
                 f"host veth {pod.host_veth()}  ADD {pod.add_ms:.0f} ms"
@@ -315,12 +326,16 @@ def _start_node(workdir: str, echo: Echo) -> subprocess.Popen[bytes] | None:
     )
     log.close()
     deadline = time.monotonic() + 15
-    while not os.path.exists(sock):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop_node(proc)
-            echo("tabby-node did not start: the plugins do the work in-process")
-            return None
-        time.sleep(0.05)
+    try:
+        while not os.path.exists(sock):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_node(proc)
+                echo("tabby-node did not start: the plugins do the work in-process")
+                return None
+            time.sleep(0.05)
+    except BaseException:  # Ctrl-C / SIGTERM while it starts: the caller never sees it
+        _stop_node(proc)
+        raise
     echo(f"tabby-node (pid {proc.pid}) serves the calls on {sock}")
     return proc
 

@@ -10,8 +10,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_header_round_trip_keeps_env_exactly() -> None:
-    env = {"CNI_COMMAND": "ADD", "CNI_ARGS": "K8S_POD_NAME=a=b;X=", "EMPTY": "",
-           "UNICODE": "pöd", "PATH": "/a:/b"}
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_ARGS": "K8S_POD_NAME=a=b;X=",
+        "EMPTY": "",
+        "UNICODE": "pöd",
+        "PATH": "/a:/b",
+    }
     version, role, back = decode_header(encode_header("1.2.3", "tabby-ipam", env))
     assert (version, role, back) == ("1.2.3", "tabby-ipam", env)
 
