@@ -43,24 +43,61 @@ def delegate_env(env: Mapping[str, str], command: str) -> dict[str, str]:
     return child_env
 
 
-def exec_plugin(
+class Running:
+    """A delegate started with its stdin written; ``result()`` waits for its answer."""
+
+    def __init__(
+        self, plugin_type: str, command: str, binary: str, proc: subprocess.Popen[bytes]
+    ) -> None:
+        self.plugin_type = plugin_type
+        self.command = command
+        self.binary = binary
+        self.proc = proc
+
+    def result(self) -> dict[str, Any] | None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            out = self.proc.stdout.read()
+        returncode = self.proc.wait()
+        return parse_output(self.plugin_type, self.command, returncode, out)
+
+
+def start_plugin(
     plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str], path: Sequence[str]
-) -> dict[str, Any] | None:
-    """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
+) -> Running:
+    """Exec the delegate and hand it its stdin, without waiting for it: the caller can do
+    other work (tabby imports its dataplane) while the delegate runs."""
     binary = find_plugin(plugin_type, path)
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [binary],
-            input=stdin,
-            env=delegate_env(env, command),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            check=False,
+            env=delegate_env(env, command),
         )
     except OSError as e:
         raise CniError(
             Code.DELEGATE_FAILED, f"failed to execute {plugin_type}", f"{binary}: {e}"
         ) from None
-    return parse_output(plugin_type, command, proc.returncode, proc.stdout)
+    assert proc.stdin is not None
+    try:
+        # The delegate reads all of stdin first thing, so this never waits for long.
+        proc.stdin.write(stdin)
+    except BrokenPipeError:
+        pass  # it exited early; its exit status and stdout tell why
+    finally:
+        try:
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+    return Running(plugin_type, command, binary, proc)
+
+
+def exec_plugin(
+    plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str], path: Sequence[str]
+) -> dict[str, Any] | None:
+    """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
+    return start_plugin(plugin_type, command, stdin, env, path).result()
 
 
 def parse_output(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from types import SimpleNamespace
@@ -104,7 +105,7 @@ class FakeIpam:
 def fakes(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeDataplane, FakeIpam]:
     dp, ipam = FakeDataplane(), FakeIpam()
     monkeypatch.setattr(plugin, "dataplane", lambda: dp)
-    monkeypatch.setattr(plugin, "call_ipam", ipam)
+    monkeypatch.setattr(plugin, "start_ipam", lambda a, c, cmd: functools.partial(ipam, a, c, cmd))
     return dp, ipam
 
 
