@@ -141,17 +141,7 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
                 "ADD-8: a result without addresses is an error",
             )
         dp = dataplane()
-        spec = dp.SetupSpec(
-            netns_path=args.netns,
-            ifname=args.ifname,
-            host_ifname=host_ifname(args, conf),
-            addresses=addresses,
-            mtu=conf.mtu,
-            mac=mac,
-            allow_ip_forwarding=conf.allow_ip_forwarding,
-            alias=attachment_alias(args),
-        )
-        done = dp.setup(spec)
+        done = dp.setup(setup_spec(args, conf, addresses, mac))
     except BaseException:
         # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
         # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
@@ -200,6 +190,22 @@ def build_result(
     if dns:
         out["dns"] = dns
     return out
+
+
+def setup_spec(
+    args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], mac: str | None
+) -> Any:
+    """What the dataplane builds (ADD) or verifies (CHECK) for this attachment."""
+    return dataplane().SetupSpec(
+        netns_path=args.netns,
+        ifname=args.ifname,
+        host_ifname=host_ifname(args, conf),
+        addresses=addresses,
+        mtu=conf.mtu,
+        mac=mac,
+        allow_ip_forwarding=conf.allow_ip_forwarding,
+        alias=attachment_alias(args),
+    )
 
 
 def attachment_alias(args: skel.CmdArgs) -> str:
@@ -270,16 +276,7 @@ def cmd_check(args: skel.CmdArgs) -> None:
         if ip.get("interface") == pod_idx
     ]
     dp = dataplane()
-    spec = dp.SetupSpec(
-        netns_path=args.netns,
-        ifname=args.ifname,
-        host_ifname=host_ifname(args, conf),
-        addresses=addresses,
-        mtu=conf.mtu,
-        mac=None,
-        allow_ip_forwarding=conf.allow_ip_forwarding,
-        alias=attachment_alias(args),
-    )
+    spec = setup_spec(args, conf, addresses, None)
     # Compare against prevResult (the final result: a later plugin may have changed the
     # MAC, CHK-4), not against what ADD printed.
     # The pod routes to expect are those prevResult says were programmed: a second

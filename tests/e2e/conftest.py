@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -173,3 +174,27 @@ def tabby_node_mode() -> Iterator[None]:
     served = [line for line in err.splitlines() if "stopped after" in line]
     assert served, f"tabby-node did not report: {err[-2000:]}"
     assert " 0 calls" not in served[-1], "TABBY_E2E_NODE=1 but tabby-node served no call"
+
+
+@contextlib.contextmanager
+def store_lock_held(lock_path: str) -> Iterator[None]:
+    """Another process holds the IPAM store's flock for the duration."""
+    holder = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import fcntl,sys,time;f=open(sys.argv[1],'a');"
+            "fcntl.flock(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(60)",
+            lock_path,
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == b"held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ALL_SPEC_VERSIONS
-from tests.e2e.conftest import TABBY_IPAM, Call, exec_plugin, ipam_conf
+from tests.e2e.conftest import TABBY_IPAM, Call, exec_plugin, ipam_conf, store_lock_held
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("installed")]
 
@@ -151,29 +151,12 @@ def test_status_of_a_full_pool_is_code_50(tmp_path: Path) -> None:
 def test_lock_timeout_is_code_11(conf: dict[str, Any], tmp_path: Path) -> None:
     """GEN-14: a held store lock fails ADD with code 11 within the timeout."""
     assert ipam("ADD", conf, "warm").rc == 0
-    holder = subprocess.Popen(
-        [
-            "python3",
-            "-c",
-            "import fcntl,sys,time;f=open(sys.argv[1],'a');"
-            "fcntl.flock(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(30)",
-            str(tmp_path / "ipam" / "lock"),
-        ],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == b"held"
+    with store_lock_held(str(tmp_path / "ipam" / "lock")):
         t0 = time.monotonic()
         c = {**conf, "ipam": {**conf["ipam"], "lock_timeout_seconds": 1}}
         call = ipam("ADD", c, "blocked")
         assert (call.rc, call.out["code"]) == (1, 11)
         assert time.monotonic() - t0 < 10
-    finally:
-        holder.kill()
-        holder.wait()
-        if holder.stdout is not None:
-            holder.stdout.close()
 
 
 def test_specific_ip_via_cni_args(conf: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import TABBY, TABBY_IPAM, Call, exec_plugin
+from tests.e2e.conftest import TABBY, TABBY_IPAM, Call, exec_plugin, store_lock_held
 from tests.privileged import netns_util
 from tests.privileged.netns_util import Netns, NetnsPool, Node
 
@@ -462,33 +462,14 @@ def test_del_with_a_locked_store_cleans_locally_and_says_retry(
 ) -> None:
     """DEL-7: a store that is temporarily locked never blocks local cleanup; code 11 until
     IPAM can release; the retried DEL succeeds."""
-    import subprocess
-
     pod = pool.pod()
     rt.add("locked", pod)
     rt.conf["ipam"]["lock_timeout_seconds"] = 1
-    holder = subprocess.Popen(
-        [
-            "python3",
-            "-c",
-            "import fcntl,sys,time;f=open(sys.argv[1],'a');"
-            "fcntl.flock(f,fcntl.LOCK_EX);print('held',flush=True);time.sleep(30)",
-            str(rt.data_dir / "lock"),
-        ],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == b"held"
+    with store_lock_held(str(rt.data_dir / "lock")):
         call = rt.call("DEL", "locked", pod.path)
         assert (call.rc, call.out["code"]) == (1, 11), call
         assert rt.host_veths() == []
         assert pod.links() == ["lo"]
-    finally:
-        holder.kill()
-        holder.wait()
-        if holder.stdout is not None:
-            holder.stdout.close()
     assert rt.call("DEL", "locked", pod.path).rc == 0
     assert_clean(rt)
 
