@@ -183,19 +183,15 @@ class Rtnl:
         )
 
     def link_by_name(self, name: str) -> Link | None:
-        try:
-            msgs = self._call(f"get link {name}", self._ipr.link, "get", ifname=name)
-        except NetlinkFailure as exc:
-            if exc.errno == errno_mod.ENODEV:
-                return None
-            raise
-        for msg in msgs:
-            return self._link(msg)
-        return None
+        return self._get_link(f"get link {name}", ifname=name)
 
     def link_by_index(self, index: int) -> Link | None:
+        return self._get_link(f"get link #{index}", index=index)
+
+    def _get_link(self, what: str, **selector: Any) -> Link | None:
+        """The one link the selector names, or None when it does not exist (ENODEV)."""
         try:
-            msgs = self._call(f"get link #{index}", self._ipr.link, "get", index=index)
+            msgs = self._call(what, self._ipr.link, "get", **selector)
         except NetlinkFailure as exc:
             if exc.errno == errno_mod.ENODEV:
                 return None
