@@ -35,6 +35,63 @@ class DemoError(Exception):
     pass
 
 
+class _Interrupts:
+    """Ctrl-C and SIGTERM as KeyboardInterrupt, held back while a child process starts.
+
+    A signal that lands inside ``subprocess`` (after fork, before the Popen object is
+    returned) would lose the child: a tabby-node nobody stops, an ``ip netns add`` that
+    finishes after the cleanup deleted its namespace, an ADD that creates a veth after
+    its DEL ran. So each child runs to its end inside ``deferred()`` and the interrupt is
+    raised as soon as it has (children are short: a CNI call, an ``ip`` command, a ping).
+    """
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending = False
+        self._fired = False
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self._fired:
+            return  # one interrupt is enough: the cleanup is already on its way
+        if self._depth:
+            self._pending = True
+            return
+        self._fired = True
+        raise KeyboardInterrupt
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if not self._depth and self._pending and not self._fired:
+                self._pending = False
+                self._fired = True
+                raise KeyboardInterrupt
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Interrupts raise inside the block; after it they are ignored (cleanup time)."""
+        self._depth, self._pending, self._fired = 0, False, False
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, self.handler)
+        try:
+            yield
+        finally:
+            _ignore_signals()
+
+
+_INTERRUPTS = _Interrupts()
+
+
+def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """subprocess.run that an interrupt never cuts off (see _Interrupts)."""
+    with _INTERRUPTS.deferred():
+        return subprocess.run(cmd, check=False, **kwargs)
+
+
 @dataclass
 class Pod:
     name: str
@@ -68,6 +125,7 @@ class Demo:
     node_ns: str = ""
     pods: list[Pod] = field(default_factory=list)
     made_netns: list[str] = field(default_factory=list)
+    node_proc: subprocess.Popen[bytes] | None = None
 
     @property
     def network(self) -> str:
@@ -100,17 +158,13 @@ class Demo:
 
     def _ip(self, *args: str, ns: str | None = None, check: bool = True) -> str:
         cmd = ["ip", *(["-n", ns] if ns else []), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = _run(cmd, capture_output=True, text=True)
         if check and proc.returncode != 0:
             raise DemoError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
-        return proc.stdout
+        return str(proc.stdout)
 
     def _sysctl(self, ns: str, key: str, value: str) -> None:
-        subprocess.run(
-            ["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"],
-            capture_output=True,
-            check=False,
-        )
+        _run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"{key}={value}"], capture_output=True)
 
     def make_netns(self, name: str) -> None:
         # Recorded first: a signal while `ip netns add` runs must not leave it unrecorded.
@@ -162,12 +216,11 @@ class Demo:
 
         node_fd = os.open(f"/run/netns/{self.node_ns}", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            proc = subprocess.run(
+            proc = _run(
                 [os.path.join(self.cni_bin, "tabby")],
                 input=self.plugin_stdin(pod, with_prev),
                 env=env,
                 capture_output=True,
-                check=False,
                 preexec_fn=lambda: setns(node_fd),
                 pass_fds=(node_fd,),
             )
@@ -213,10 +266,8 @@ class Demo:
         self.echo(f"  CHECK passed for {len(self.pods)} pods")
 
     def ping(self, ns: str, address: str) -> bool:
-        proc = subprocess.run(
-            ["ip", "netns", "exec", ns, "ping", "-c1", "-W2", "-q", address],
-            capture_output=True,
-            check=False,
+        proc = _run(
+            ["ip", "netns", "exec", ns, "ping", "-c1", "-W2", "-q", address], capture_output=True
         )
         return proc.returncode == 0
 
@@ -286,24 +337,10 @@ class Demo:
 
     def cleanup(self) -> None:
         for name in reversed(self.made_netns):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+            _run(["ip", "netns", "del", name], capture_output=True)
         self.made_netns.clear()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-@contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C, so the same cleanup runs."""
-
-    def raise_interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _ignore_signals() -> None:
@@ -311,33 +348,34 @@ def _ignore_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _start_node(workdir: str, echo: Echo) -> subprocess.Popen[bytes] | None:
-    """tabby-node on the demo's own socket, so the demo shows the fast path a node uses."""
+def _start_node(demo: Demo) -> None:
+    """tabby-node on the demo's own socket, so the demo shows the fast path a node uses.
+
+    The process is recorded in ``demo.node_proc`` before any interrupt can be raised, so
+    the cleanup always stops it.
+    """
     binary = shutil.which("tabby-node")
     if binary is None:
-        echo("tabby-node not found: the plugins do the work in-process")
-        return None
-    sock = os.path.join(workdir, "node.sock")
-    log = open(os.path.join(workdir, "node.err"), "wb")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(
-        [binary, "--socket", sock, "--log-file", os.path.join(workdir, "node.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    log.close()
+        demo.echo("tabby-node not found: the plugins do the work in-process")
+        return
+    sock = os.path.join(demo.workdir, "node.sock")
+    with _INTERRUPTS.deferred(), open(os.path.join(demo.workdir, "node.err"), "wb") as log:
+        demo.node_proc = subprocess.Popen(
+            [binary, "--socket", sock, "--log-file", os.path.join(demo.workdir, "node.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    proc = demo.node_proc
     deadline = time.monotonic() + 15
-    try:
-        while not os.path.exists(sock):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                _stop_node(proc)
-                echo("tabby-node did not start: the plugins do the work in-process")
-                return None
-            time.sleep(0.05)
-    except BaseException:  # Ctrl-C / SIGTERM while it starts: the caller never sees it
-        _stop_node(proc)
-        raise
-    echo(f"tabby-node (pid {proc.pid}) serves the calls on {sock}")
-    return proc
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop_node(proc)
+            demo.node_proc = None
+            demo.echo("tabby-node did not start: the plugins do the work in-process")
+            return
+        time.sleep(0.05)
+    demo.node_socket = sock
+    demo.echo(f"tabby-node (pid {proc.pid}) serves the calls on {sock}")
 
 
 def _stop_node(proc: subprocess.Popen[bytes] | None) -> None:
@@ -374,17 +412,15 @@ def run(
     os.chmod(demo.workdir, 0o700)
     ok = False
     interrupted = False
-    node: subprocess.Popen[bytes] | None = None
+    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with _signals_as_interrupt():
+        with _INTERRUPTS.installed():
             echo(
                 f"tabby demo {demo.network}: node namespace + {pods} pods, "
                 f"pools {V4_POOL} and {V6_POOL}"
             )
             if use_node and node_socket is None:
-                node = _start_node(demo.workdir, echo)
-                if node is not None:
-                    demo.node_socket = os.path.join(demo.workdir, "node.sock")
+                _start_node(demo)
             elif node_socket is None:
                 demo.node_socket = "off"
             demo.make_node()
@@ -397,7 +433,7 @@ def run(
             demo.ipam_view()
             ok = reach
             if keep:
-                _stop_node(node)
+                _stop_node(demo.node_proc)
                 echo(
                     f"--keep: namespaces {', '.join(demo.made_netns)} and {demo.workdir} "
                     "are left in place; remove them with `ip netns del NAME` and `rm -r`."
@@ -411,10 +447,9 @@ def run(
         ok = False
     finally:
         if not keep or interrupted or not ok:
-            _ignore_signals()
             problems = demo.delete_pods()
             left = demo.leftovers()
-            _stop_node(node)
+            _stop_node(demo.node_proc)
             demo.cleanup()
             for p in problems + left:
                 echo(f"  left behind: {p}")
@@ -422,8 +457,8 @@ def run(
                 ok = False
             elif not interrupted:
                 echo("DEL: every pod removed; no namespace, veth, route or allocation left")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s, h in old_handlers.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
     if interrupted:
         return 130
     echo("demo passed" if ok else "demo FAILED")
