@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: build + install the binaries, then every tier.
 #
-#   bash tests/run.sh (root)           build, install, run unit + privileged + e2e tiers,
-#                                       then the e2e tier again through tabby-node
-#   bash tests/run.sh --no-build   reuse the installed binaries
-#   bash tests/run.sh --unit            unit tier only (no root needed, no build)
+#   bash tests/run.sh               build, install, run unit + privileged + e2e tiers,
+#                                    then the e2e tier again through tabby-node
+#   bash tests/run.sh --no-build    reuse the installed binaries
+#   bash tests/run.sh --unit        unit tier only (no root needed, no build)
 #   any other arguments go to pytest (e.g. -k dataplane, -x)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
