@@ -12,10 +12,13 @@ import sys
 from cni_plugin.dataplane import rtnl
 assert "pyroute2.ndb.main" not in sys.modules, "package __init__ ran"
 assert "pyroute2.ipdb" not in sys.modules
+assert "asyncio" not in sys.modules, "the message classes alone need no event loop"
 from pyroute2 import config                      # a submodule: no full init
 assert "pyroute2.ndb.main" not in sys.modules
 from pyroute2 import IPRoute, NDB                # names of the real __init__: full init now
-assert IPRoute is rtnl.IPRoute
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+assert ifinfmsg is rtnl.ifinfmsg
+assert IPRoute.__module__.startswith("pyroute2.")
 print("ok")
 """
 
