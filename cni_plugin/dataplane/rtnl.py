@@ -79,18 +79,23 @@ RT_SCOPE_NOWHERE = 255  # "any scope" when deleting an IPv4 route
 RTPROT_BOOT = 3  # what `ip route add` uses
 RTN_UNICAST = 1
 SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
+NLM_F_CAPPED = 0x100  # in an ack: the echoed request is only its header
+NLM_F_ACK_TLVS = 0x200  # in an ack: extended-ack TLVs follow
+NLMSGERR_ATTR_MSG = 1
 
 
 class NetlinkFailure(CniError):
     """A netlink request failed (code 103). ``errno`` is the kernel's error number."""
 
-    def __init__(self, op: str, where: str, err: int) -> None:
+    def __init__(self, op: str, where: str, err: int, kernel_msg: str = "") -> None:
         name = errno_mod.errorcode.get(err, str(err))
+        said = f": the kernel says {kernel_msg!r}" if kernel_msg else ""
         super().__init__(
             Code.DATAPLANE,
             f"netlink: {op} failed",
-            f"{op} (in {where} netns): errno {err} {name} ({os.strerror(err)})",
+            f"{op} (in {where} netns): errno {err} {name} ({os.strerror(err)}){said}",
         )
         self.op = op
         self.where = where
@@ -140,11 +145,35 @@ def _new_socket() -> socket.socket:
     sock = socket.socket(
         socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
     )
-    try:  # extended acks give better kernel messages; harmless if unsupported
-        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
-    except OSError:
-        pass
+    # Extended acks carry the kernel's own words ("Invalid MTU"...); capped acks echo only
+    # the request's header, not the whole request. Both harmless where unsupported.
+    for option in (NETLINK_EXT_ACK, NETLINK_CAP_ACK):
+        try:
+            sock.setsockopt(SOL_NETLINK, option, 1)
+        except OSError:
+            pass
     return sock
+
+
+def _ack_message(data: bytes, offset: int, length: int, flags: int) -> str:
+    """NLMSGERR_ATTR_MSG of an extended ack: after the header, the errno and the echoed
+    request (only its header when the ack is capped) come TLVs."""
+    if not flags & NLM_F_ACK_TLVS:
+        return ""
+    pos = offset + _NLMSGHDR.size + _ERRNO.size
+    if pos + _NLMSGHDR.size > offset + length:
+        return ""
+    echoed = _NLMSGHDR.unpack_from(data, pos)[0]
+    pos += echoed if not flags & NLM_F_CAPPED else _NLMSGHDR.size
+    end = offset + length
+    while pos + 4 <= end:
+        tlv_len, tlv_type = struct.unpack_from("=HH", data, pos)
+        if tlv_len < 4 or pos + tlv_len > end:
+            break
+        if tlv_type & 0x3FFF == NLMSGERR_ATTR_MSG:
+            return data[pos + 4 : pos + tlv_len].split(b"\0", 1)[0].decode(errors="replace")
+        pos += (tlv_len + 3) & ~3
+    return ""
 
 
 class Rtnl:
@@ -223,7 +252,8 @@ class Rtnl:
                         if length >= _NLMSGHDR.size + _ERRNO.size:
                             (err,) = _ERRNO.unpack_from(data, offset + _NLMSGHDR.size)
                         if err < 0:
-                            raise NetlinkFailure(op, self.where, -err)
+                            said = _ack_message(data, offset, length, mflags)
+                            raise NetlinkFailure(op, self.where, -err, said)
                         return out, interrupted
                     interrupted |= bool(mflags & NLM_F_DUMP_INTR)
                     decoder = _DECODERS.get(mtype)

@@ -1,0 +1,140 @@
+"""The rtnetlink transport (cni_plugin.dataplane.rtnl) against the real kernel.
+
+The dataplane tests exercise every request the plugin makes; these pin the transport
+itself: dumps that need several reads, errors (with the kernel's own words) that do not
+desynchronise the socket, "gone" answers, netns ids. All inside throwaway namespaces.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import subprocess
+
+import pytest
+
+from cni_plugin.dataplane.rtnl import NetlinkFailure, Rtnl
+from tests.privileged.netns_util import Netns, Node
+
+pytestmark = pytest.mark.privileged
+
+
+def test_route_dump_larger_than_one_read(node: Node) -> None:
+    """A dump of ~2000 routes comes in many parts (several reads): every one is returned
+    once, and the socket still answers the next request."""
+    node.ip("link", "add", "dum0", "type", "veth", "peer", "name", "dum1")
+    node.ip("link", "set", "dum0", "up")
+    node.ip("link", "set", "dum1", "up")
+    batch = "".join(f"route add 10.77.{i // 250}.{i % 250}/32 dev dum0\n" for i in range(2000))
+    subprocess.run(
+        ["ip", "-n", node.name, "-batch", "-"], input=batch, text=True, check=True, timeout=60
+    )
+
+    def dump() -> tuple[list[str], bool]:
+        with Rtnl.here("node") as r:
+            routes = [str(rt.dst) for rt in r.routes(4) if str(rt.dst).startswith("10.77.")]
+            return routes, r.link_by_name("lo") is not None
+
+    routes, lo_found = node.run(dump)
+    assert len(routes) == 2000
+    assert len(set(routes)) == 2000
+    assert lo_found
+
+
+def test_failure_carries_errno_and_kernel_message_and_socket_stays_usable(node: Node) -> None:
+    def work() -> tuple[NetlinkFailure, int | None]:
+        with Rtnl.here("node") as r:
+            lo = r.link_by_name("lo")
+            assert lo is not None
+            with pytest.raises(NetlinkFailure) as info:
+                r.add_route(
+                    ipaddress.ip_network("10.1.0.0/16"),
+                    lo.index,
+                    gw=ipaddress.ip_address("10.9.9.9"),  # not reachable from here
+                )
+            again = r.link_by_name("lo")  # the error's reply was consumed: in step
+            return info.value, again.index if again else None
+
+    failure, index = node.run(work)
+    assert failure.errno == errno.ENETUNREACH
+    assert failure.code == 103
+    assert "add route 10.1.0.0/16 via 10.9.9.9" in failure.details
+    assert "(in node netns)" in failure.details
+    assert "the kernel says" in failure.details  # extended ack text
+    assert index == 1
+
+
+def test_gone_things_are_answers_not_errors(node: Node) -> None:
+    def work() -> tuple[object, bool, bool, bool]:
+        with Rtnl.here("node") as r:
+            missing = r.link_by_name("nosuch0")
+            gone_link = r.delete_link(4242, "nosuch0")
+            gone_route = r.delete_route(ipaddress.ip_network("10.123.0.1/32"), 1)
+            gone_route6 = r.delete_route(ipaddress.ip_network("fd00:123::1/128"), 1)
+            return missing, gone_link, gone_route, gone_route6
+
+    assert node.run(work) == (None, False, False, False)
+
+
+def test_veth_add_address_route_and_dumps(node: Node, make_pod: object) -> None:
+    pod: Netns = make_pod()  # type: ignore[operator]
+    fd = os.open(pod.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+
+        def work() -> tuple[int | None, list[str], list[str], list[str], str]:
+            with Rtnl.here("node") as host:
+                host.add_veth(
+                    "tbyv0",
+                    mac="ee:ee:ee:ee:ee:ee",
+                    mtu=1400,
+                    peer_name="eth9",
+                    peer_netns_fd=fd,
+                    peer_mac="02:00:00:00:00:09",
+                )
+                link = host.link_by_name("tbyv0")
+                assert link is not None
+                host.set_up(link, alias="tabby:test:alias")
+                host.add_address(link, ipaddress.ip_address("10.55.0.1"))
+                host.add_address(link, ipaddress.ip_address("fd00:55::1"))
+                host.add_route(ipaddress.ip_network("10.55.1.0/24"), link.index)
+                host.add_route(ipaddress.ip_network("10.55.1.0/24"), link.index, replace=True)
+                with pytest.raises(NetlinkFailure) as dup:
+                    host.add_route(ipaddress.ip_network("10.55.1.0/24"), link.index)
+                assert dup.value.errno == errno.EEXIST
+                addrs = [str(a.address) for a in host.addresses(link.index)]
+                names = [x.name for x in host.links()]
+                routes = [str(rt.dst) for rt in host.routes(4) if rt.oif == link.index]
+                nsid = host.netnsid_of(fd)
+                after = host.link_by_name("tbyv0")
+                assert after is not None
+                return nsid, addrs, names, routes, after.alias
+
+        nsid, addrs, names, routes, alias = node.run(work)
+    finally:
+        os.close(fd)
+    assert sorted(addrs) == ["10.55.0.1", "fd00:55::1"]
+    assert "tbyv0" in names
+    assert "lo" in names
+    assert "10.55.1.0/24" in routes
+    assert alias == "tabby:test:alias"
+    # the veth's peer lives in the pod: the kernel gave that namespace an id from the node
+    assert nsid is not None
+    assert nsid >= 0
+    line = pod.link_line("eth9")
+    assert "02:00:00:00:00:09" in line
+    assert "mtu 1400" in line
+
+
+def test_netnsid_of_an_unrelated_namespace_is_none(node: Node, make_pod: object) -> None:
+    pod: Netns = make_pod()  # type: ignore[operator]
+    fd = os.open(pod.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def work() -> int | None:
+        with Rtnl.here("node") as r:
+            return r.netnsid_of(fd)
+
+    try:
+        assert node.run(work) is None
+    finally:
+        os.close(fd)
