@@ -350,6 +350,20 @@ def test_check_ipam_failure_is_passed_on(fakes: tuple[FakeDataplane, FakeIpam]) 
     assert (rc, out["code"]) == (1, 3)
 
 
+def test_check_dataplane_error_wins_and_ipam_is_still_waited_for(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """CHK-3/CHK-6: IPAM's CHECK runs alongside the kernel inspection; when both fail the
+    dataplane's error is the one reported, and the IPAM call started is waited for (no
+    orphaned delegate)."""
+    dp, ipam = fakes
+    dp.fail_check = CniError(103, "host route missing", "10.244.0.5/32")
+    ipam.fail["CHECK"] = CniError(3, "no IPAM allocation for this attachment")
+    rc, out = run("CHECK", conf(prevResult=_added()))
+    assert (rc, out["code"], out["msg"]) == (1, 103, "host route missing")
+    assert ipam.calls == ["CHECK"]
+
+
 def _gc_conf(**extra: Any) -> dict[str, Any]:
     return conf("1.1.0", **extra)
 
