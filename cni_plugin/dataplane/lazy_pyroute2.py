@@ -4,8 +4,8 @@
 ethtool, nftables...) and ``pyroute2/iproute/__init__.py`` a mock IPRoute: ~95 of the
 ~180 ms it costs to import ``IPRoute`` in a fresh process, and a CNI call is always a fresh
 process. :func:`prepare` registers the ``pyroute2``
-package without executing its ``__init__`` so that ``pyroute2.iproute.linux`` loads only
-what it needs. Nothing is lost for other code in the same process: the first access to a
+package without executing its ``__init__`` so that the message classes tabby uses
+(``pyroute2.netlink.rtnl.*msg``) load only what they need. Nothing is lost for other code in the same process: the first access to a
 name the real ``__init__`` would have defined runs that ``__init__`` then, and submodules
 (``from pyroute2 import config``) are imported as submodules as usual.
 """
