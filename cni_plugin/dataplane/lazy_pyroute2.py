@@ -3,11 +3,11 @@
 ``pyroute2/__init__.py`` imports nearly every family pyroute2 has (IPDB, NDB, conntrack,
 ethtool, nftables...) and ``pyroute2/iproute/__init__.py`` a mock IPRoute: ~95 of the
 ~180 ms it costs to import ``IPRoute`` in a fresh process, and a CNI call is always a fresh
-process. :func:`prepare` registers the ``pyroute2``
-package without executing its ``__init__`` so that the message classes tabby uses
-(``pyroute2.netlink.rtnl.*msg``) load only what they need. Nothing is lost for other code in the same process: the first access to a
-name the real ``__init__`` would have defined runs that ``__init__`` then, and submodules
-(``from pyroute2 import config``) are imported as submodules as usual.
+process. :func:`prepare` registers the ``pyroute2`` package without executing its
+``__init__`` so that the message classes tabby uses (``pyroute2.netlink.rtnl.*msg``) load
+only what they need. Nothing is lost for other code in the same process: the first access
+to a name the real ``__init__`` would have defined runs that ``__init__`` then, and
+submodules (``from pyroute2 import config``) are imported as submodules as usual.
 """
 
 from __future__ import annotations
