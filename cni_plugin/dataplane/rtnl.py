@@ -48,7 +48,6 @@ from cni_plugin.dataplane.model import IPAddress, IPNetwork  # noqa: E402
 NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
-NLM_F_MULTI = 0x2
 NLM_F_ACK = 0x4
 NLM_F_DUMP_INTR = 0x10
 NLM_F_DUMP = 0x300
@@ -67,6 +66,8 @@ _DECODERS: dict[int, Any] = {
 }
 _NLMSGHDR = struct.Struct("=IHHII")
 _ERRNO = struct.Struct("=i")
+_SEQ = struct.Struct("=I")
+_SEQ_OFFSET = 8  # nlmsg_seq in struct nlmsghdr
 _RECV_BUFFER = 1 << 18  # a dump part is at most ~32 KiB; several may come in one read
 _DUMP_ATTEMPTS = 5  # a dump the kernel marks interrupted (NLM_F_DUMP_INTR) is redone
 
@@ -219,16 +220,16 @@ class Rtnl:
         NLMSG_DONE; one the kernel marks interrupted (the table changed while it was read)
         is done again, as iproute2 does."""
         dump = flags & NLM_F_DUMP == NLM_F_DUMP
-        attempts = _DUMP_ATTEMPTS if dump else 1
-        for _ in range(attempts):
+        msg["header"]["type"] = msg_type
+        msg["header"]["flags"] = NLM_F_REQUEST | flags | (0 if dump else NLM_F_ACK)
+        msg["header"]["pid"] = 0
+        msg.encode()  # once: pyroute2 appends to msg.data on every encode()
+        request = bytearray(msg.data)
+        for _ in range(_DUMP_ATTEMPTS if dump else 1):
             self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
-            msg["header"]["type"] = msg_type
-            msg["header"]["flags"] = NLM_F_REQUEST | flags | (0 if dump else NLM_F_ACK)
-            msg["header"]["sequence_number"] = self._seq
-            msg["header"]["pid"] = 0
-            msg.encode()
+            _SEQ.pack_into(request, _SEQ_OFFSET, self._seq)
             try:
-                self._sock.send(msg.data)
+                self._sock.send(request)
                 replies, interrupted = self._replies(op, self._seq)
             except OSError as exc:
                 raise NetlinkFailure(op, self.where, exc.errno or errno_mod.EIO) from None
