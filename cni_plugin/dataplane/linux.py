@@ -412,8 +412,7 @@ def _check_pod_routes(pod: Rtnl, pod_link: Link, want: Sequence[PodRoute], spec:
     have = {
         (r.dst, r.gw)
         for version in {w.dst.version for w in want}
-        for r in pod.routes(version)
-        if r.oif == pod_link.index
+        for r in pod.routes(version, oif=pod_link.index)
     }
     for route in want:
         if (route.dst, route.gw) not in have:
@@ -424,7 +423,7 @@ def _check_pod_routes(pod: Rtnl, pod_link: Link, want: Sequence[PodRoute], spec:
 
 def _check_host_routes(host: Rtnl, host_link: Link, spec: SetupSpec) -> None:
     for version in sorted({a.version for a in spec.addresses}):
-        have = {r.dst for r in host.routes(version) if r.oif == host_link.index}
+        have = {r.dst for r in host.routes(version, oif=host_link.index)}
         for address in spec.addresses:
             if address.version == version and host_prefix(address) not in have:
                 raise _mismatch(

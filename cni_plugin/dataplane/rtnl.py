@@ -82,6 +82,7 @@ RTN_UNICAST = 1
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
+NETLINK_GET_STRICT_CHK = 12
 NLM_F_CAPPED = 0x100  # in an ack: the echoed request is only its header
 NLM_F_ACK_TLVS = 0x200  # in an ack: extended-ack TLVs follow
 NLMSGERR_ATTR_MSG = 1
@@ -147,8 +148,9 @@ def _new_socket() -> socket.socket:
         socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
     )
     # Extended acks carry the kernel's own words ("Invalid MTU"...); capped acks echo only
-    # the request's header, not the whole request. Both harmless where unsupported.
-    for option in (NETLINK_EXT_ACK, NETLINK_CAP_ACK):
+    # the request's header, not the whole request; strict checking makes the kernel apply
+    # a dump request's filters (table, interface). All harmless where unsupported.
+    for option in (NETLINK_EXT_ACK, NETLINK_CAP_ACK, NETLINK_GET_STRICT_CHK):
         try:
             sock.setsockopt(SOL_NETLINK, option, 1)
         except OSError:
@@ -475,10 +477,18 @@ class Rtnl:
             raise
         return True
 
-    def routes(self, version: int) -> list[Route]:
-        """Main-table unicast routes of one family."""
+    def routes(self, version: int, oif: int | None = None) -> list[Route]:
+        """Main-table unicast routes of one family (only those out of ``oif``, if given).
+
+        The socket asks for strict checking, so the kernel filters by table and interface
+        and a node with hundreds of pods does not send (and we do not decode) every route;
+        the filters are applied here again for kernels without strict checking (< 4.20).
+        """
         query = rtmsg()
         query["family"] = _family(version)
+        query["table"] = RT_TABLE_MAIN
+        if oif is not None:
+            query["attrs"] = [("RTA_OIF", oif)]
         msgs = self._request(f"dump IPv{version} routes", query, RTM_GETROUTE, NLM_F_DUMP)
         out: list[Route] = []
         for msg in msgs:
@@ -486,17 +496,19 @@ class Rtnl:
             table = int(table) if table is not None else int(msg["table"])
             if table != RT_TABLE_MAIN or int(msg["type"]) != RTN_UNICAST:
                 continue
+            route_oif = msg.get("oif")
+            if oif is not None and route_oif != oif:
+                continue
             dst_raw = msg.get("dst")
             plen = int(msg["dst_len"])
             if dst_raw is None:
                 dst_raw = "0.0.0.0" if version == 4 else "::"
             gw_raw = msg.get("gateway")
-            oif = msg.get("oif")
             out.append(
                 Route(
                     dst=ipaddress.ip_network(f"{dst_raw}/{plen}", strict=False),
                     gw=ipaddress.ip_address(str(gw_raw)) if gw_raw is not None else None,
-                    oif=int(oif) if oif is not None else None,
+                    oif=int(route_oif) if route_oif is not None else None,
                     scope=int(msg["scope"]),
                     table=table,
                     multipath=msg.get("multipath") is not None,

@@ -31,14 +31,23 @@ def test_route_dump_larger_than_one_read(node: Node) -> None:
         ["ip", "-n", node.name, "-batch", "-"], input=batch, text=True, check=True, timeout=60
     )
 
-    def dump() -> tuple[list[str], bool]:
+    node.ip("route", "add", "10.78.0.1/32", "dev", "dum1")
+
+    def dump() -> tuple[list[str], list[str], list[str], bool]:
         with Rtnl.here("node") as r:
             routes = [str(rt.dst) for rt in r.routes(4) if str(rt.dst).startswith("10.77.")]
-            return routes, r.link_by_name("lo") is not None
+            dum0, dum1 = r.link_by_name("dum0"), r.link_by_name("dum1")
+            assert dum0 is not None
+            assert dum1 is not None
+            via0 = [str(rt.dst) for rt in r.routes(4, oif=dum0.index)]
+            via1 = [str(rt.dst) for rt in r.routes(4, oif=dum1.index)]
+            return routes, via0, via1, r.link_by_name("lo") is not None
 
-    routes, lo_found = node.run(dump)
+    routes, via0, via1, lo_found = node.run(dump)
     assert len(routes) == 2000
     assert len(set(routes)) == 2000
+    assert sorted(via0) == sorted(routes)  # the interface filter: dum0's routes only
+    assert via1 == ["10.78.0.1/32"]
     assert lo_found
 
 
