@@ -7,7 +7,8 @@ two writes may leave, harmless and repaired when next touched (DEL, GC, ADD).
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ipam.core.block import Block
 from ipam.core.errors import StoreCorrupt
@@ -16,6 +17,7 @@ from ipam.core.model import Affinity, Handle, Pool, Problem
 if TYPE_CHECKING:
     from ipam.store.base import Store
 
+T = TypeVar("T")
 ERROR = "error"
 LEFTOVER = "leftover"
 
@@ -44,13 +46,22 @@ class _Checker:
     def problem(self, severity: str, kind: str, subject: str, message: str) -> None:
         self.out.append(Problem(severity, kind, subject, message))
 
-    def load(self, kind: str, key: str) -> dict[str, Any] | None:
-        try:
-            doc = self.store.get(kind, key)
-        except StoreCorrupt as e:
-            self.problem(ERROR, "corrupt", e.path, e.reason)
-            return None
-        return None if doc is None else doc.data
+    def documents(
+        self, kind: str, decode: Callable[[dict[str, Any], str], T]
+    ) -> Iterator[tuple[str, str, T]]:
+        """(key, location, decoded object) of every readable document of ``kind``; an
+        unreadable or undecodable one is reported as corrupt and skipped."""
+        for key in self.store.list_keys(kind):
+            where = self.store.location(kind, key)
+            try:
+                doc = self.store.get(kind, key)
+                if doc is None:  # deleted since it was listed
+                    continue
+                decoded = decode(doc.data, where)
+            except StoreCorrupt as e:
+                self.problem(ERROR, "corrupt", e.path, e.reason)
+                continue
+            yield key, where, decoded
 
     def run(self) -> list[Problem]:
         self.check_pools()
@@ -60,16 +71,7 @@ class _Checker:
         return self.out
 
     def check_pools(self) -> None:
-        for key in self.store.list_keys("pool"):
-            where = self.store.location("pool", key)
-            data = self.load("pool", key)
-            if data is None:
-                continue
-            try:
-                pool = Pool.from_data(data, where)
-            except StoreCorrupt as e:
-                self.problem(ERROR, "corrupt", e.path, e.reason)
-                continue
+        for key, where, pool in self.documents("pool", Pool.from_data):
             if pool.cidr != key:
                 self.problem(ERROR, "misfiled", where, f"holds pool {pool.cidr}")
             self.pools[pool.cidr] = pool
@@ -80,16 +82,7 @@ class _Checker:
                     self.problem(ERROR, "pool-overlap", p.cidr, f"overlaps pool {q.cidr}")
 
     def check_blocks(self) -> None:
-        for key in self.store.list_keys("block"):
-            where = self.store.location("block", key)
-            data = self.load("block", key)
-            if data is None:
-                continue
-            try:
-                blk = Block.from_data(data, where)
-            except StoreCorrupt as e:
-                self.problem(ERROR, "corrupt", e.path, e.reason)
-                continue
+        for key, where, blk in self.documents("block", Block.from_data):
             if blk.cidr != key:
                 self.problem(ERROR, "misfiled", where, f"holds block {blk.cidr}")
                 continue
@@ -132,16 +125,7 @@ class _Checker:
             self.owners.setdefault(a["handle"], set()).add(key)
 
     def check_handles(self) -> None:
-        for key in self.store.list_keys("handle"):
-            where = self.store.location("handle", key)
-            data = self.load("handle", key)
-            if data is None:
-                continue
-            try:
-                handle = Handle.from_data(data, where)
-            except StoreCorrupt as e:
-                self.problem(ERROR, "corrupt", e.path, e.reason)
-                continue
+        for key, where, handle in self.documents("handle", Handle.from_data):
             if handle.id != key:
                 self.problem(ERROR, "misfiled", where, f"holds handle {handle.id}")
             self.handles[key] = handle
@@ -164,16 +148,7 @@ class _Checker:
 
     def check_affinities(self) -> None:
         listed: dict[str, str] = {}
-        for key in self.store.list_keys("affinity"):
-            where = self.store.location("affinity", key)
-            data = self.load("affinity", key)
-            if data is None:
-                continue
-            try:
-                aff = Affinity.from_data(data, where)
-            except StoreCorrupt as e:
-                self.problem(ERROR, "corrupt", e.path, e.reason)
-                continue
+        for key, _where, aff in self.documents("affinity", Affinity.from_data):
             for cidr in aff.blocks:
                 blk = self.blocks.get(cidr)
                 if blk is None:
