@@ -20,7 +20,19 @@ from cni_plugin.cni import log, skel, types
 from cni_plugin.cni.args import parse_cni_args
 from cni_plugin.cni.errors import CniError, Code
 from ipam import config as ipam_config
-from ipam.core import AssignRequest, Ipam, IpamError, handle_id
+from ipam.core import (
+    AddressUnavailable,
+    AssignRequest,
+    InvalidConfig,
+    Ipam,
+    IpamError,
+    LockTimeout,
+    NoAddressAvailable,
+    RevisionConflict,
+    StoreCorrupt,
+    StoreUnavailable,
+    handle_id,
+)
 from ipam.store.file import FileStore
 
 T = TypeVar("T")
@@ -40,23 +52,34 @@ def configure_logging(args: skel.CmdArgs) -> None:
     log.configure_for_call(args.config, f"ipam {args.command}", args.container_id, args.ifname)
 
 
+# The IPAM core's errors know nothing of CNI; this table is where they get their codes
+# (PRODUCT.md "Errors"). The most specific class wins (the table is walked along the MRO).
+CODES: dict[type[IpamError], tuple[int, str]] = {
+    InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
+    NoAddressAvailable: (Code.NO_ADDRESS, "no address available"),
+    AddressUnavailable: (Code.ADDRESS_UNAVAILABLE, "requested address not available"),
+    RevisionConflict: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
+    StoreCorrupt: (Code.STORE_CORRUPT, "IPAM datastore unreadable or corrupt"),
+    StoreUnavailable: (Code.TRY_AGAIN_LATER, "IPAM datastore unavailable, try again later"),
+    LockTimeout: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
+}
+
+
+def to_cni_error(e: IpamError) -> CniError:
+    """The CNI error for an IPAM core error (code from ``CODES``; 999 if unlisted)."""
+    for cls in type(e).__mro__:
+        if cls in CODES:
+            code, short = CODES[cls]
+            return CniError(code, short, str(e))
+    return CniError(Code.INTERNAL, "IPAM failure", str(e))
+
+
 @contextmanager
 def _ipam_errors() -> Iterator[None]:
     try:
         yield
     except IpamError as e:
-        raise CniError(e.code, type(e).__name__ if not str(e) else _short(e), str(e)) from None
-
-
-def _short(e: IpamError) -> str:
-    messages: dict[int, str] = {
-        Code.NO_ADDRESS: "no address available",
-        Code.STORE_CORRUPT: "IPAM datastore unreadable or corrupt",
-        Code.ADDRESS_UNAVAILABLE: "requested address not available",
-        Code.TRY_AGAIN_LATER: "IPAM datastore busy, try again later",
-        Code.INVALID_CONFIG: "invalid IPAM configuration",
-    }
-    return messages.get(e.code, "IPAM failure")
+        raise to_cni_error(e) from None
 
 
 def open_ipam(conf: ipam_config.IpamConf, node: str) -> Ipam:

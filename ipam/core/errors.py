@@ -1,30 +1,28 @@
-"""The IPAM core's exceptions; each carries the CNI error code the adapter reports.
+"""The IPAM core's exceptions. They know nothing of CNI: the plugins' adapters map each
+class to a CNI error code at their edge (``ipam/plugin.py: CODES``), so the core and the
+stores stay free of the protocol layer.
 
 ::
 
-    IpamError                      999  base; never raised itself
-     +-- InvalidConfig               7  bad pool, block size, handle id, request
-     +-- NoAddressAvailable        100  pools exhausted, or strict affinity and no block
-     +-- AddressUnavailable        102  requested address in use, reserved, outside every pool
-     +-- RevisionConflict           11  compare-and-swap lost; retried (bounded) by the core
-     +-- StoreError                     the datastore itself failed
-          +-- StoreCorrupt(path)   101  unreadable, truncated or malformed document, symlink
-          +-- StoreUnavailable     11   I/O error writing (read-only fs, disk full, EACCES)
-          +-- LockTimeout           11  the store lock was not had within the timeout
+    IpamError                      base; never raised itself
+     +-- InvalidConfig             bad pool, block size, handle id, request
+     +-- NoAddressAvailable        pools exhausted, or strict affinity and no block
+     +-- AddressUnavailable        requested address in use, reserved, outside every pool
+     +-- RevisionConflict          compare-and-swap lost; retried (bounded) by the core
+     +-- StoreError                the datastore itself failed
+          +-- StoreCorrupt(path)   unreadable, truncated or malformed document, symlink
+          +-- StoreUnavailable     cannot write or reach it (read-only fs, disk full,
+          |                        EACCES, etcd without quorum)
+          +-- LockTimeout          the store lock was not had within the timeout
 
-The adapter maps any of them with ``CniError(e.code, e.msg, e.details)``. ``str(e)`` is
-``"msg: details"``. The core never prints and never exits; it only raises these.
+``str(e)`` is ``"msg: details"``. The core never prints and never exits; it only raises these.
 """
 
 from __future__ import annotations
 
-from cni_plugin.cni.errors import Code
-
 
 class IpamError(Exception):
     """Base of every error the IPAM core raises on purpose."""
-
-    code: int = int(Code.INTERNAL)
 
     def __init__(self, msg: str, details: str = "") -> None:
         super().__init__(msg)
@@ -38,19 +36,13 @@ class IpamError(Exception):
 class InvalidConfig(IpamError):
     """A pool, block size, reserved range, handle id or request that cannot be honoured."""
 
-    code = int(Code.INVALID_CONFIG)
-
 
 class NoAddressAvailable(IpamError):
     """No free address in the usable pools for this node (code 100)."""
 
-    code = int(Code.NO_ADDRESS)
-
 
 class AddressUnavailable(IpamError):
     """A requested address is in use, reserved, or outside every (enabled) pool (code 102)."""
-
-    code = int(Code.ADDRESS_UNAVAILABLE)
 
 
 class RevisionConflict(IpamError):
@@ -59,8 +51,6 @@ class RevisionConflict(IpamError):
     Transient: the core re-reads and retries a bounded number of times; if it still escapes,
     the caller may retry the whole operation later (code 11).
     """
-
-    code = int(Code.TRY_AGAIN_LATER)
 
 
 class StoreError(IpamError):
@@ -77,19 +67,16 @@ class StoreError(IpamError):
 class StoreCorrupt(StoreError):
     """A document cannot be read or parsed, or a path is a symlink (code 101)."""
 
-    code = int(Code.STORE_CORRUPT)
     summary = "IPAM datastore unreadable or corrupt"
 
 
 class StoreUnavailable(StoreError):
     """Writing to the datastore failed (read-only, full, permission denied): code 11."""
 
-    code = int(Code.TRY_AGAIN_LATER)
     summary = "IPAM datastore not writable"
 
 
 class LockTimeout(StoreError):
     """The store lock was not acquired within ``lock_timeout_seconds`` (code 11)."""
 
-    code = int(Code.TRY_AGAIN_LATER)
     summary = "IPAM datastore lock timeout"

@@ -207,9 +207,8 @@ def test_exhaustion_and_recovery(mem_store: MemoryStore) -> None:
     ipam = small(mem_store)
     got = [ipam.assign(sreq(hid(i)))[0] for i in range(8)]
     assert len({a.ip for a in got}) == 8
-    with pytest.raises(NoAddressAvailable) as info:
+    with pytest.raises(NoAddressAvailable):
         ipam.assign(sreq(hid(8)))
-    assert info.value.code == 100
     assert ipam.get_handle(hid(8)) == []
     assert mem_store.get("handle", hid(8)) is None
     ipam.release_handle(hid(3))
@@ -327,9 +326,8 @@ def test_pools_per_request(mem_store: MemoryStore) -> None:
     assert v4.ip in ipaddress.ip_network("10.7.0.0/24")
     assert v6.ip in ipaddress.ip_network("fd07::/120")
     assert v4.block_cidr.prefixlen == 26
-    with pytest.raises(InvalidConfig, match="not found") as info:
+    with pytest.raises(InvalidConfig, match="not found"):
         ipam.assign(req(hid(2), v4_pools=["10.8.0.0/24"]))
-    assert info.value.code == 7
     with pytest.raises(InvalidConfig, match="not an IPv4 pool"):
         ipam.assign(req(hid(2), v4_pools=["fd07::/120"]))
     with pytest.raises(InvalidConfig, match="no IPv4 pool"):
@@ -368,9 +366,8 @@ def test_specific_ip_unavailable_allocates_nothing(
     ipam = setup(mem_store)
     ipam.assign(req(hid(1), specific_ips=["10.0.0.77"]))
     before = check_consistency(mem_store), in_use(ipam)
-    with pytest.raises(AddressUnavailable, match=match) as info:
+    with pytest.raises(AddressUnavailable, match=match):
         ipam.assign(req(hid(2), specific_ips=ips, reserved=["10.0.0.0/30"]))
-    assert info.value.code == 102
     assert ipam.get_handle(hid(2)) == []
     assert mem_store.get("handle", hid(2)) is None
     assert (check_consistency(mem_store), in_use(ipam)) == before
@@ -684,9 +681,8 @@ def test_store_lock_timeout_surfaces(tmp_path: Path, kind: str) -> None:
     # the file store's flock excludes a second store object, like another process
     store = holder if kind == "memory" else make_store(kind, tmp_path, lock_timeout=0.2)
     ipam = setup(store)
-    with holder.lock(), pytest.raises(LockTimeout) as info:
+    with holder.lock(), pytest.raises(LockTimeout):
         ipam.assign(req(hid(1)))
-    assert info.value.code == 11
     assert ipam.assign(req(hid(1)))
 
 

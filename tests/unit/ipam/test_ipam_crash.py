@@ -56,7 +56,7 @@ while True:
             got = ipam.assign(AssignRequest(hid, {"pod_name": hid}, True, rnd.random() < 0.5,
                                             ["10.30.0.0/24"], ["fd30::/120"], specific))
         except IpamError as e:
-            say("x", hid, e.code)
+            say("x", hid, type(e).__name__)
             continue
         say("A", hid, *sorted(str(a.ip) for a in got))
         mine.append(hid)

@@ -196,11 +196,10 @@ def _with_timeout(store: Store, timeout: float) -> Store:
 
 def _assert_times_out(store: Store, timeout: float) -> None:
     t0 = time.monotonic()
-    with pytest.raises(LockTimeout) as info, store.lock():
+    with pytest.raises(LockTimeout), store.lock():
         pytest.fail("lock acquired while held elsewhere")
     elapsed = time.monotonic() - t0
     assert timeout * 0.9 <= elapsed < timeout + 1.5
-    assert info.value.code == 11
 
 
 def test_lock_released_after_exception(store: Store) -> None:
@@ -222,7 +221,6 @@ def test_corrupt_document_names_its_path_and_spares_others(store: Store) -> None
         store.get("block", "10.0.0.64/26")
     assert info.value.path == path
     assert path in str(info.value)
-    assert info.value.code == 101
     with pytest.raises(StoreCorrupt):
         store.put("block", "10.0.0.64/26", {}, 1)
     doc = store.get("block", "10.0.0.0/26")
@@ -359,7 +357,6 @@ def test_file_store_write_failure_is_store_unavailable(
     with pytest.raises(StoreUnavailable) as info:
         file_store.put("pool", "p", {"v": 2}, rev)
     monkeypatch.undo()
-    assert info.value.code == 11
     assert info.value.path == file_store.location("pool", "p")
     doc = file_store.get("pool", "p")
     assert doc is not None
