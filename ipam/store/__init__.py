@@ -1,9 +1,35 @@
-"""IPAM stores: the protocol (``base``), ``memory`` for tests, ``file`` (the default).
+"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd``.
 
-Import the implementation you need (``from ipam.store.file import FileStore``); this package
-only re-exports the contract, so importing it stays cheap.
+``open_store(settings)`` is the one place a store is built. This package re-exports only the
+contract and imports the implementation the settings name when it is called, so importing
+it stays cheap (the CNI binaries import it on every call).
 """
 
-from ipam.store.base import KINDS, Doc, Store
+from __future__ import annotations
 
-__all__ = ["KINDS", "Doc", "Store"]
+from ipam.store.base import KINDS, Doc, Op, Store, StoreSettings, SyncEvent
+
+__all__ = ["KINDS", "Doc", "Op", "Store", "StoreSettings", "SyncEvent", "open_store"]
+
+DATASTORE_TYPES = ("file", "etcdv3")
+
+
+def open_store(settings: StoreSettings) -> Store:
+    """Build the store ``settings.datastore_type`` names (``InvalidConfig`` otherwise).
+
+    An etcd store connects lazily: building it does no I/O. Its node-local lock files live
+    under ``settings.run_dir`` when the object has that attribute, else ``/run/tabby``.
+    """
+    kind = settings.datastore_type
+    if kind == "file":
+        from ipam.store.file import FileStore
+
+        return FileStore(settings.data_dir, lock_timeout=settings.lock_timeout_seconds)
+    from ipam.core.errors import InvalidConfig
+
+    if kind == "etcdv3":  # the etcd store lands in the next commit
+        raise InvalidConfig("datastore_type etcdv3 is not implemented yet")
+
+    raise InvalidConfig(
+        "unknown datastore_type", f"{kind!r} (expected one of {', '.join(DATASTORE_TYPES)})"
+    )

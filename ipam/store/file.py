@@ -7,11 +7,18 @@ Layout (``data_dir`` and every directory 0700, files 0600)::
     <data_dir>/blocks/<key>.json         kind "block"     key: block CIDR
     <data_dir>/handles/<key>.json        kind "handle"    key: "<network>:<container id>:<ifname>"
     <data_dir>/affinities/<key>.json     kind "affinity"  key: node name
+    <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/, pods/,
+        workloadendpoints/               resources (keys: name, or "<namespace>/<name>")
+    <data_dir>/heartbeats/<key>.json     kind "heartbeat" key: node name (written with a ttl)
 
 A key is kept as is except characters outside ``[A-Za-z0-9_.:-]`` (and a leading ``.``),
 which are percent-encoded (UTF-8), so ``10.244.0.64/26`` is ``10.244.0.64%2F26.json``. Names
 starting with ``.`` are temp files only. A file holds
-``{"format": 1, "kind": ..., "key": ..., "revision": N, "data": {...}}``.
+``{"format": 1, "kind": ..., "key": ..., "revision": N, "data": {...}}``, plus
+``"expires": <unix time>`` when written with a ttl. An expired document reads as absent; its
+file stays until the next write of that key. A kind directory in which a ttl was ever used
+holds an empty ``.ttl`` marker: only there does ``list_keys`` read the documents (to leave
+out expired ones); elsewhere it lists names only.
 
 Writes: temp file in the same directory (O_EXCL, O_NOFOLLOW, 0600), write, fsync,
 ``os.replace``, fsync of the directory. Before a locked session's first write, the lock file is
@@ -25,11 +32,20 @@ clock steps back, not reused after a delete and re-create.
 
 One FileStore object is meant for one thread (the lock session lives on the object); separate
 objects, threads and processes are serialised by the flock. Writers hold ``lock()`` (the core
-always does); an unlocked ``put`` works, but may race with the temp-file cleanup.
+always does); an unlocked ``put`` works, but may race with the temp-file cleanup. ``commit``
+takes the lock itself unless the caller holds it, checks every revision, then writes one
+document after the other; if a write fails it puts back what it had written, then raises.
+
+``sync`` polls every 0.2 s: a kind directory is listed again when its mtime changed (or is
+less than two seconds old: the kernel's timestamps are coarse), when one of its documents
+expired, and a document is read again when its inode, mtime or size changed (every write
+is a new inode). ``list`` reads document after document: consistent per document, not across
+them (hold ``lock()`` for that).
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import fcntl
 import json
@@ -37,26 +53,54 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ipam.core.errors import (
     InvalidConfig,
     LockTimeout,
     RevisionConflict,
     StoreCorrupt,
+    StoreError,
     StoreUnavailable,
 )
-from ipam.store.base import Doc, check_key, check_kind
+from ipam.store.base import (
+    Doc,
+    Op,
+    SyncEvent,
+    check_key,
+    check_kind,
+    check_ops,
+    check_ttl,
+    sync_kinds,
+)
 
 FORMAT = 1
-DIRS = {"pool": "pools", "block": "blocks", "handle": "handles", "affinity": "affinities"}
+DIRS = {
+    "pool": "pools",
+    "block": "blocks",
+    "handle": "handles",
+    "affinity": "affinities",
+    "node": "nodes",
+    "bgpconfiguration": "bgpconfigurations",
+    "bgppeer": "bgppeers",
+    "networkpolicy": "networkpolicies",
+    "namespace": "namespaces",
+    "pod": "pods",
+    "workloadendpoint": "workloadendpoints",
+    "heartbeat": "heartbeats",
+}
 LOCK_NAME = "lock"
+TTL_MARKER = ".ttl"
+POLL = 0.2  # sync: seconds between polls
+RECENT_NS = 2_000_000_000  # sync: a directory changed this recently is listed again
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_MARK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_NAME = 255
 
 
@@ -325,11 +369,12 @@ class FileStore:
         if dfd is None:
             return None
         try:
-            return self._read(dfd, kind, key, name)
+            return _live(self._read(dfd, kind, key, name))
         finally:
             os.close(dfd)
 
-    def _read(self, dfd: int, kind: str, key: str, name: str) -> Doc | None:
+    def _read(self, dfd: int, kind: str, key: str, name: str) -> _Raw | None:
+        """The document file as stored (expired or not), or None if there is none."""
         path = os.path.join(self.data_dir, DIRS[kind], name)
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
@@ -367,46 +412,96 @@ class FileStore:
             raise StoreCorrupt(path, "missing revision or data")
         if doc.get("key") != key or doc.get("kind") != kind:
             raise StoreCorrupt(path, f"holds {doc.get('kind')!r} {doc.get('key')!r}")
-        return Doc(data, rev)
+        expires = doc.get("expires")
+        if expires is not None and type(expires) not in (int, float):
+            raise StoreCorrupt(path, "bad expiry stamp")
+        return _Raw(Doc(data, rev), expires, raw)
+
+    def _names(self, dfd: int, kind: str) -> list[str]:
+        try:
+            return os.listdir(dfd)
+        except OSError as e:
+            path = os.path.join(self.data_dir, DIRS[kind])
+            raise StoreCorrupt(path, e.strerror or str(e)) from None
 
     def list_keys(self, kind: str) -> list[str]:
         check_kind(kind)
         dfd = self._kind_fd(kind, create=False)
         if dfd is None:
             return []
+        keys = []
         try:
-            names = os.listdir(dfd)
-        except OSError as e:
-            path = os.path.join(self.data_dir, DIRS[kind])
-            raise StoreCorrupt(path, e.strerror or str(e)) from None
+            names = self._names(dfd, kind)
+            expiring = TTL_MARKER in names
+            for name in names:
+                key = unescape_name(name)
+                if key is None:
+                    continue
+                if expiring:
+                    try:
+                        if _live(self._read(dfd, kind, key, name)) is None:
+                            continue
+                    except StoreCorrupt:
+                        pass  # listed: the caller finds it unreadable when it reads it
+                keys.append(key)
         finally:
             os.close(dfd)
-        keys = []
-        for name in names:
-            key = unescape_name(name)
-            if key is not None:
-                keys.append(key)
         keys.sort()
         return keys
 
-    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
+        check_kind(kind)
+        dfd = self._kind_fd(kind, create=False)
+        if dfd is None:
+            return []
+        out = []
+        try:
+            for name in self._names(dfd, kind):
+                key = unescape_name(name)
+                if key is None or not key.startswith(prefix):
+                    continue
+                doc = _live(self._read(dfd, kind, key, name))
+                if doc is not None:
+                    out.append((key, doc))
+        finally:
+            os.close(dfd)
+        out.sort(key=lambda item: item[0])
+        return out
+
+    def put(
+        self,
+        kind: str,
+        key: str,
+        data: dict[str, Any],
+        expected_revision: int | None,
+        *,
+        ttl: float | None = None,
+    ) -> int:
         check_kind(kind)
         check_key(key)
+        check_ttl(ttl)
         name = escape_key(key)
         dfd = self._kind_fd(kind, create=True)
         if dfd is None:  # pragma: no cover - created just above
             raise StoreUnavailable(os.path.join(self.data_dir, DIRS[kind]), "missing")
         try:
-            current = self._read(dfd, kind, key, name)
+            raw = self._read(dfd, kind, key, name)
             path = os.path.join(self.data_dir, DIRS[kind], name)
-            _check_revision(path, current, expected_revision)
-            rev = max(current.revision + 1 if current else 1, time.time_ns() // 1000)
-            doc = {"format": FORMAT, "kind": kind, "key": key, "revision": rev, "data": data}
-            payload = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+            _check_revision(path, _live(raw), expected_revision)
+            rev, payload = _payload(kind, key, data, raw, ttl)
+            if ttl is not None:
+                self._mark_ttl(dfd, kind)
             self._write(dfd, name, path, payload)
             return rev
         finally:
             os.close(dfd)
+
+    def _mark_ttl(self, dfd: int, kind: str) -> None:
+        try:
+            os.close(os.open(TTL_MARKER, _MARK_FLAGS, 0o600, dir_fd=dfd))
+        except OSError as e:
+            path = os.path.join(self.data_dir, DIRS[kind], TTL_MARKER)
+            raise StoreUnavailable(path, e.strerror or str(e)) from None
 
     def _write(self, dfd: int, name: str, path: str, payload: bytes) -> None:
         tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
@@ -430,6 +525,14 @@ class FileStore:
                 pass
             raise StoreUnavailable(path, e.strerror or str(e)) from None
 
+    def _unlink(self, dfd: int, name: str, path: str) -> None:
+        try:
+            self._mark_dirty()
+            os.unlink(name, dir_fd=dfd)
+            os.fsync(dfd)
+        except OSError as e:
+            raise StoreUnavailable(path, e.strerror or str(e)) from None
+
     def delete(self, kind: str, key: str, expected_revision: int) -> None:
         check_kind(kind)
         check_key(key)
@@ -439,18 +542,108 @@ class FileStore:
         if dfd is None:
             raise RevisionConflict("document vanished", path)
         try:
-            current = self._read(dfd, kind, key, name)
+            current = _live(self._read(dfd, kind, key, name))
             if current is None:
                 raise RevisionConflict("document vanished", path)
             _check_revision(path, current, expected_revision)
-            try:
-                self._mark_dirty()
-                os.unlink(name, dir_fd=dfd)
-                os.fsync(dfd)
-            except OSError as e:
-                raise StoreUnavailable(path, e.strerror or str(e)) from None
+            self._unlink(dfd, name, path)
         finally:
             os.close(dfd)
+
+    def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
+        check_ops(ops)
+        if not ops:
+            return []
+        held = self._lock_fd is not None
+        if not held:
+            self._acquire()
+        try:
+            return self._commit(ops)
+        finally:
+            if not held:
+                self._release()
+
+    def _commit(self, ops: Sequence[Op]) -> builtins.list[int]:
+        fds: dict[str, int | None] = {}
+        try:
+            for op in ops:
+                if op.kind not in fds:
+                    create = any(o.kind == op.kind and o.data is not None for o in ops)
+                    fds[op.kind] = self._kind_fd(op.kind, create=create)
+            plan: list[_Step] = []
+            for op in ops:
+                dfd = fds[op.kind]
+                name = escape_key(op.key)
+                path = os.path.join(self.data_dir, DIRS[op.kind], name)
+                raw = None if dfd is None else self._read(dfd, op.kind, op.key, name)
+                _check_revision(path, _live(raw), op.expected_revision)
+                if op.data is not None:
+                    rev, payload = _payload(op.kind, op.key, op.data, raw, None)
+                    plan.append(_Step(dfd, name, path, raw, payload, rev))
+                elif op.expected_revision is not None:
+                    plan.append(_Step(dfd, name, path, raw, None, 0))
+                else:
+                    plan.append(_Step(None, name, path, raw, None, 0))  # asserts absence only
+            done: list[_Step] = []
+            try:
+                for step in plan:
+                    if step.dfd is None:
+                        continue
+                    if step.payload is not None:
+                        self._write(step.dfd, step.name, step.path, step.payload)
+                    else:
+                        self._unlink(step.dfd, step.name, step.path)
+                    done.append(step)
+            except StoreError:
+                self._undo(done)
+                raise
+            return [step.revision for step in plan]
+        finally:
+            for fd in fds.values():
+                if fd is not None:
+                    os.close(fd)
+
+    def _undo(self, done: builtins.list[_Step]) -> None:
+        """Put back what a failed commit had written (best effort: the disk just failed)."""
+        for step in reversed(done):
+            assert step.dfd is not None
+            try:
+                if step.before is not None:
+                    self._write(step.dfd, step.name, step.path, step.before.payload)
+                else:
+                    self._unlink(step.dfd, step.name, step.path)
+            except StoreError as e:
+                _log_warning("commit failed and could not be undone: %s", e)
+
+    # -- sync -----------------------------------------------------------------------------
+
+    def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
+        wanted = sync_kinds(kinds)
+        return self._sync(wanted, stop)
+
+    def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
+        watch = _Poller(self, kinds)
+        fresh = True
+        failure = ""
+        while not stop.is_set():
+            events: list[SyncEvent] = []
+            try:
+                if fresh:
+                    events.append(SyncEvent("snapshot", "", "", None, watch.snapshot()))
+                    fresh = False
+                    failure = ""
+                else:
+                    events = watch.poll()
+            except (OSError, StoreError) as e:
+                fresh = True
+                if str(e) != failure:
+                    failure = str(e)
+                    _log_warning("sync of %s: %s (polling on)", self.data_dir, e)
+            yield from events
+            stop.wait(POLL)
+
+    def close(self) -> None:
+        """Nothing to release: no connection, and the lock lives only inside ``lock()``."""
 
     # -- health -------------------------------------------------------------------------
 
@@ -498,6 +691,152 @@ def _dir_error(path: str, e: OSError) -> StoreCorrupt:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
         return StoreCorrupt(path, "not a directory (symlinks are refused)")
     return StoreCorrupt(path, e.strerror or str(e))
+
+
+class _Raw(NamedTuple):
+    """A document file as read: the document, its expiry stamp, the bytes (to restore)."""
+
+    doc: Doc
+    expires: float | None
+    payload: bytes
+
+
+class _Step(NamedTuple):
+    """One planned write of a commit (``dfd`` None: nothing to write)."""
+
+    dfd: int | None
+    name: str
+    path: str
+    before: _Raw | None
+    payload: bytes | None
+    revision: int
+
+
+def _live(raw: _Raw | None) -> Doc | None:
+    if raw is None or (raw.expires is not None and raw.expires <= time.time()):
+        return None
+    return raw.doc
+
+
+def _payload(
+    kind: str, key: str, data: dict[str, Any], before: _Raw | None, ttl: float | None
+) -> tuple[int, bytes]:
+    """The next revision and the file content for a write (``before``: the file replaced)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"document data must be a dict, not {type(data).__name__}")
+    rev = max(before.doc.revision + 1 if before else 1, time.time_ns() // 1000)
+    doc: dict[str, Any] = {"format": FORMAT, "kind": kind, "key": key, "revision": rev}
+    if ttl is not None:
+        doc["expires"] = round(time.time() + ttl, 6)
+    doc["data"] = data
+    return rev, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+class _File(NamedTuple):
+    """What the poller knows of one document file."""
+
+    sig: tuple[int, int, int]  # inode, mtime, size: every write is a new inode
+    key: str
+    doc: Doc | None  # None: unreadable (skipped, logged once)
+    expires: float | None
+
+
+class _Poller:
+    """``FileStore.sync``'s state: the files of each kind as last seen, and the documents
+    last reported."""
+
+    def __init__(self, store: FileStore, kinds: tuple[str, ...]) -> None:
+        self.store = store
+        self.kinds = kinds
+        self.files: dict[str, dict[str, _File]] = {}
+        self.dirs: dict[str, tuple[int, int] | None] = {}
+        self.docs: dict[str, dict[str, Doc]] = {}
+
+    def snapshot(self) -> dict[str, dict[str, Doc]]:
+        self.files = {}
+        for kind in self.kinds:
+            self._scan(kind)
+            self.docs[kind] = self._view(kind)
+        return {kind: dict(docs) for kind, docs in self.docs.items()}
+
+    def poll(self) -> list[SyncEvent]:
+        events: list[SyncEvent] = []
+        now = time.time()
+        for kind in self.kinds:
+            if self._changed(kind):
+                self._scan(kind)
+            elif not any(f.expires is not None and f.expires <= now for f in self._live(kind)):
+                continue
+            new = self._view(kind)
+            old = self.docs[kind]
+            for key in sorted(old.keys() - new.keys()):
+                events.append(SyncEvent("delete", kind, key, None, None))
+            for key in sorted(new):
+                before = old.get(key)
+                if before is None or before.revision != new[key].revision:
+                    events.append(SyncEvent("put", kind, key, new[key], None))
+            self.docs[kind] = new
+        return events
+
+    def _live(self, kind: str) -> Iterator[_File]:
+        known = self.docs[kind]
+        return (f for f in self.files[kind].values() if f.key in known)
+
+    def _changed(self, kind: str) -> bool:
+        path = os.path.join(self.store.data_dir, DIRS[kind])
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return self.dirs.get(kind) is not None
+        sig = (st.st_ino, st.st_mtime_ns)
+        if sig != self.dirs.get(kind):
+            return True
+        return time.time_ns() - st.st_mtime_ns < RECENT_NS
+
+    def _scan(self, kind: str) -> None:
+        old = self.files.get(kind, {})
+        new: dict[str, _File] = {}
+        dfd = self.store._kind_fd(kind, create=False)
+        if dfd is None:
+            self.files[kind] = new
+            self.dirs[kind] = None
+            return
+        try:
+            st = os.fstat(dfd)
+            self.dirs[kind] = (st.st_ino, st.st_mtime_ns)
+            with os.scandir(dfd) as entries:
+                for entry in entries:
+                    key = unescape_name(entry.name)
+                    if key is None:
+                        continue
+                    try:
+                        est = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    sig = (est.st_ino, est.st_mtime_ns, est.st_size)
+                    prev = old.get(entry.name)
+                    if prev is not None and prev.sig == sig:
+                        new[entry.name] = prev
+                        continue
+                    try:
+                        raw = self.store._read(dfd, kind, key, entry.name)
+                    except StoreCorrupt as e:
+                        _log_warning("sync: left out %s", e)
+                        new[entry.name] = _File(sig, key, None, None)
+                        continue
+                    if raw is not None:
+                        new[entry.name] = _File(sig, key, raw.doc, raw.expires)
+        finally:
+            os.close(dfd)
+        self.files[kind] = new
+
+    def _view(self, kind: str) -> dict[str, Doc]:
+        now = time.time()
+        return {
+            f.key: f.doc
+            for f in self.files[kind].values()
+            if f.doc is not None and (f.expires is None or f.expires > now)
+        }
 
 
 def _check_revision(path: str, current: Doc | None, expected: int | None) -> None:

@@ -10,12 +10,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ipam.core.errors import LockTimeout, RevisionConflict, StoreCorrupt, StoreUnavailable
-from ipam.store.base import KINDS, Store
+from ipam.core.errors import (
+    InvalidConfig,
+    LockTimeout,
+    RevisionConflict,
+    StoreCorrupt,
+    StoreUnavailable,
+)
+from ipam.store import open_store
+from ipam.store.base import KINDS, Doc, Op, Store, SyncEvent
 from ipam.store.file import FileStore, escape_key, unescape_name
 from ipam.store.memory import MemoryStore
 
@@ -447,4 +456,545 @@ def test_unescape_ignores_non_documents() -> None:
 
 
 def test_kinds_are_the_documented_ones() -> None:
-    assert KINDS == ("pool", "block", "handle", "affinity")
+    assert KINDS == (
+        "pool",
+        "block",
+        "handle",
+        "affinity",
+        "node",
+        "bgpconfiguration",
+        "bgppeer",
+        "networkpolicy",
+        "namespace",
+        "pod",
+        "workloadendpoint",
+        "heartbeat",
+    )
+
+
+# == the extended contract (cluster mode) ==================================================
+
+KEY_OF = {
+    "pool": "10.244.0.0/16",
+    "block": "10.244.0.64/26",
+    "handle": "net:0123abcd:eth0",
+    "affinity": "node-a",
+    "node": "node-a",
+    "bgpconfiguration": "default",
+    "bgppeer": "rr-1",
+    "networkpolicy": "default/deny-all",
+    "namespace": "kube-system",
+    "pod": "default/web-0",
+    "workloadendpoint": "default/web-0",
+    "heartbeat": "node-a",
+}
+
+
+def test_every_kind_is_separate_and_roundtrips(store: Store) -> None:
+    assert set(KEY_OF) == set(KINDS)
+    revs = {}
+    for kind in KINDS:
+        revs[kind] = store.put(kind, KEY_OF[kind], {"kind": kind}, None)
+    for kind in KINDS:
+        assert store.get(kind, KEY_OF[kind]) == Doc({"kind": kind}, revs[kind])
+        assert store.list_keys(kind) == [KEY_OF[kind]]
+        assert store.list(kind) == [(KEY_OF[kind], Doc({"kind": kind}, revs[kind]))]
+
+
+# -- list ---------------------------------------------------------------------------------
+
+
+def test_list_is_sorted_filtered_by_prefix_and_carries_revisions(store: Store) -> None:
+    assert store.list("pod") == []
+    revs = {}
+    for key in ["ns-b/x", "ns-a/z", "ns-a/y", "ns-ab/w"]:
+        revs[key] = store.put("pod", key, {"k": key}, None)
+    store.put("namespace", "ns-a", {}, None)
+    items = store.list("pod")
+    assert [k for k, _ in items] == ["ns-a/y", "ns-a/z", "ns-ab/w", "ns-b/x"]
+    for key, doc in items:
+        assert doc == Doc({"k": key}, revs[key])
+    assert [k for k, _ in store.list("pod", "ns-a/")] == ["ns-a/y", "ns-a/z"]
+    assert store.list("pod", "zz") == []
+    # the revision from list is good for a compare-and-swap
+    key, doc = items[0]
+    assert store.put("pod", key, {"k": 2}, doc.revision) > doc.revision
+
+
+def test_list_returns_copies(store: Store) -> None:
+    store.put("node", "n1", {"labels": {"a": "1"}}, None)
+    ((_key, doc),) = store.list("node")
+    doc.data["labels"]["b"] = "2"
+    assert store.list("node")[0][1].data == {"labels": {"a": "1"}}
+
+
+def test_list_raises_store_corrupt_naming_the_document(store: Store) -> None:
+    store.put("block", "10.0.0.0/26", {"ok": True}, None)
+    store.put("block", "10.0.0.64/26", {"ok": True}, None)
+    path = corrupt(store, "block", "10.0.0.64/26")
+    with pytest.raises(StoreCorrupt) as info:
+        store.list("block")
+    assert info.value.path == path
+    assert [k for k, _ in store.list("block", "10.0.0.0")] == ["10.0.0.0/26"]
+
+
+# -- commit -------------------------------------------------------------------------------
+
+
+def test_commit_writes_everything_and_returns_revisions(store: Store) -> None:
+    r_pool = store.put("pool", "p", {"v": 1}, None)
+    r_gone = store.put("handle", "gone", {}, None)
+    revs = store.commit(
+        [
+            Op("pool", "p", {"v": 2}, r_pool),
+            Op("block", "10.0.0.0/26", {"b": 1}, None),
+            Op("handle", "gone", None, r_gone),
+            Op("handle", "never", None, None),  # asserts absence, writes nothing
+        ]
+    )
+    assert len(revs) == 4
+    assert revs[0] > r_pool
+    assert revs[1] > 0
+    assert revs[2:] == [0, 0]
+    assert store.get("pool", "p") == Doc({"v": 2}, revs[0])
+    assert store.get("block", "10.0.0.0/26") == Doc({"b": 1}, revs[1])
+    assert store.get("handle", "gone") is None
+    assert store.get("handle", "never") is None
+    assert store.commit([]) == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["stale", "exists", "missing", "delete-stale", "delete-missing", "absent-exists"],
+)
+def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
+    r_a = store.put("pool", "a", {"v": 1}, None)
+    r_b = store.put("pool", "b", {"v": 1}, None)
+    store.put("pool", "b", {"v": 2}, r_b)  # r_b is stale now
+    failing = {
+        "stale": Op("pool", "b", {"v": 3}, r_b),
+        "exists": Op("pool", "b", {"v": 3}, None),
+        "missing": Op("pool", "c", {"v": 3}, r_a),
+        "delete-stale": Op("pool", "b", None, r_b),
+        "delete-missing": Op("pool", "c", None, r_a),
+        "absent-exists": Op("pool", "b", None, None),
+    }[bad]
+    before = store.list("pool")
+    with pytest.raises(RevisionConflict):
+        store.commit(
+            [
+                Op("pool", "a", {"v": 9}, r_a),
+                Op("block", "10.0.0.0/26", {}, None),
+                failing,
+                Op("handle", "h", {}, None),
+            ]
+        )
+    assert store.list("pool") == before
+    assert store.get("block", "10.0.0.0/26") is None
+    assert store.get("handle", "h") is None
+
+
+def test_commit_rejects_bad_ops_before_writing(store: Store) -> None:
+    with pytest.raises(ValueError, match="twice"):
+        store.commit([Op("pool", "a", {}, None), Op("pool", "a", {}, None)])
+    with pytest.raises(ValueError, match="kind"):
+        store.commit([Op("pool", "a", {}, None), Op("pools", "b", {}, None)])
+    with pytest.raises((TypeError, ValueError)):
+        store.commit([Op("pool", "a", {}, None), Op("pool", "b", {"x": {1}}, None)])
+    assert store.list("pool") == []
+
+
+def test_commit_revisions_are_new_and_never_reused(store: Store) -> None:
+    r1 = store.put("affinity", "n", {"v": 1}, None)
+    (r2,) = store.commit([Op("affinity", "n", {"v": 2}, r1)])
+    store.commit([Op("affinity", "n", None, r2)])
+    (r3,) = store.commit([Op("affinity", "n", {"v": 3}, None)])
+    assert len({r1, r2, r3}) == 3
+    assert r2 > r1
+    with pytest.raises(RevisionConflict):
+        store.commit([Op("affinity", "n", {"v": 4}, r2)])
+
+
+def test_commit_with_a_corrupt_document_writes_nothing(store: Store) -> None:
+    store.put("block", "10.0.0.0/26", {}, None)
+    path = corrupt(store, "block", "10.0.0.0/26")
+    with pytest.raises(StoreCorrupt) as info:
+        store.commit([Op("pool", "p", {}, None), Op("block", "10.0.0.0/26", {}, 1)])
+    assert info.value.path == path
+    assert store.get("pool", "p") is None
+
+
+# -- ttl ----------------------------------------------------------------------------------
+
+
+def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_ttl_document_expires_and_reads_as_absent_everywhere(store: Store) -> None:
+    rev = store.put("heartbeat", "node-a", {"at": 1}, None, ttl=1)
+    store.put("heartbeat", "node-b", {"at": 1}, None)
+    assert store.get("heartbeat", "node-a") == Doc({"at": 1}, rev)
+    assert store.list_keys("heartbeat") == ["node-a", "node-b"]
+    _wait_until(lambda: store.get("heartbeat", "node-a") is None, 6, "expiry")
+    assert store.list_keys("heartbeat") == ["node-b"]
+    assert [k for k, _ in store.list("heartbeat")] == ["node-b"]
+    with pytest.raises(RevisionConflict):
+        store.put("heartbeat", "node-a", {"at": 2}, rev)
+    with pytest.raises(RevisionConflict):
+        store.delete("heartbeat", "node-a", rev)
+    with pytest.raises(RevisionConflict):
+        store.commit([Op("heartbeat", "node-a", {"at": 2}, rev)])
+    rev2 = store.put("heartbeat", "node-a", {"at": 3}, None)  # created again, permanent
+    assert rev2 != rev
+    assert store.get("heartbeat", "node-a") == Doc({"at": 3}, rev2)
+
+
+def test_ttl_is_renewed_by_a_write_and_dropped_by_a_write_without_ttl(store: Store) -> None:
+    r1 = store.put("heartbeat", "a", {"n": 1}, None, ttl=1)
+    r2 = store.put("heartbeat", "b", {"n": 1}, None, ttl=1)
+    store.put("heartbeat", "b", {"n": 2}, r2)  # now permanent
+    time.sleep(0.6)
+    store.put("heartbeat", "a", {"n": 2}, r1, ttl=30)  # renewed for long
+    time.sleep(2.2)  # past both first deadlines (etcd rounds ttls up to whole seconds)
+    a = store.get("heartbeat", "a")
+    b = store.get("heartbeat", "b")
+    assert a is not None
+    assert a.data == {"n": 2}
+    assert b is not None
+    assert b.data == {"n": 2}
+
+
+def test_ttl_must_be_positive(store: Store) -> None:
+    for ttl in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ttl"):
+            store.put("heartbeat", "a", {}, None, ttl=ttl)
+    assert store.get("heartbeat", "a") is None
+
+
+# -- sync ---------------------------------------------------------------------------------
+
+
+class Mirror:
+    """Consumes ``store.sync`` in a thread and keeps the state a consumer would."""
+
+    def __init__(self, store: Store, kinds: Sequence[str]) -> None:
+        self.stop = threading.Event()
+        self.events: list[SyncEvent] = []
+        self.state: dict[str, dict[str, Doc]] = {}
+        self.snapshots = 0
+        self.error: BaseException | None = None
+        self.ended = threading.Event()
+        self._cond = threading.Condition()
+        self._iter = store.sync(kinds, self.stop)  # argument errors surface here
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for ev in self._iter:
+                with self._cond:
+                    self.events.append(ev)
+                    if ev.type == "snapshot":
+                        assert ev.snapshot is not None
+                        assert (ev.kind, ev.key, ev.doc) == ("", "", None)
+                        self.state = {k: dict(v) for k, v in ev.snapshot.items()}
+                        self.snapshots += 1
+                    elif ev.type == "put":
+                        assert ev.doc is not None
+                        assert ev.snapshot is None
+                        self.state[ev.kind][ev.key] = ev.doc
+                    else:
+                        assert ev.type == "delete"
+                        assert ev.doc is None
+                        assert ev.snapshot is None
+                        self.state[ev.kind].pop(ev.key)  # a delete of something known
+                    self._cond.notify_all()
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.ended.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def wait(self, cond: Callable[[], bool], timeout: float = 8.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not cond():
+                if self.error is not None:
+                    raise AssertionError("sync failed") from self.error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"sync never reached {what or 'the state'}: {self.state}")
+                self._cond.wait(min(left, 0.1))
+
+    def wait_matches(self, store: Store, timeout: float = 8.0) -> None:
+        """Until the mirror equals what the store lists now."""
+
+        def same() -> bool:
+            want = {k: dict(store.list(k)) for k in self.state}
+            return self.state == want
+
+        self.wait(same, timeout, "the store's state")
+
+    def close(self) -> float:
+        """Set stop; the seconds until the iterator ended."""
+        t0 = time.monotonic()
+        self.stop.set()
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "sync did not end after stop"
+        if self.error is not None:
+            raise AssertionError("sync failed") from self.error
+        return time.monotonic() - t0
+
+
+@pytest.fixture
+def mirrors() -> Iterator[list[Mirror]]:
+    made: list[Mirror] = []
+    yield made
+    for m in made:
+        m.stop.set()
+    for m in made:
+        m.close()
+
+
+def test_sync_snapshot_then_changes_in_order(store: Store, mirrors: list[Mirror]) -> None:
+    r_a = store.put("node", "a", {"v": 1}, None)
+    store.put("node", "b", {"v": 1}, None)
+    store.put("pod", "ns/p", {"v": 1}, None)
+    store.put("block", "10.0.0.0/26", {}, None)  # a kind not watched
+    m = Mirror(store, ["node", "pod"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    first = m.events[0]
+    assert first.type == "snapshot"
+    assert first.snapshot == {
+        "node": {"a": Doc({"v": 1}, r_a), "b": store.get("node", "b")},
+        "pod": {"ns/p": store.get("pod", "ns/p")},
+    }
+    r_a2 = store.put("node", "a", {"v": 2}, r_a)
+    m.wait(lambda: m.state["node"]["a"].revision == r_a2)
+    b = store.get("node", "b")
+    assert b is not None
+    store.delete("node", "b", b.revision)
+    m.wait(lambda: "b" not in m.state["node"])
+    store.commit([Op("pod", "ns/q", {"v": 1}, None), Op("node", "c", {"v": 1}, None)])
+    store.put("block", "10.0.0.64/26", {}, None)
+    m.wait_matches(store)
+    assert [(e.type, e.kind, e.key) for e in m.events[1:3]] == [
+        ("put", "node", "a"),
+        ("delete", "node", "b"),
+    ]
+    assert {(e.type, e.kind, e.key) for e in m.events[3:]} == {
+        ("put", "pod", "ns/q"),
+        ("put", "node", "c"),
+    }
+    assert all(e.kind != "block" for e in m.events)
+    assert m.snapshots == 1
+    assert m.close() < 2.0
+
+
+def test_sync_reports_ttl_expiry_as_delete(store: Store, mirrors: list[Mirror]) -> None:
+    store.put("heartbeat", "node-a", {}, None, ttl=1)
+    m = Mirror(store, ["heartbeat"])
+    mirrors.append(m)
+    m.wait(lambda: "node-a" in m.state.get("heartbeat", {}))
+    m.wait(lambda: "node-a" not in m.state["heartbeat"], 8, "the expiry")
+    last = m.events[-1]
+    assert (last.type, last.kind, last.key) == ("delete", "heartbeat", "node-a")
+    assert m.snapshots == 1
+
+
+def test_sync_leaves_out_corrupt_documents(store: Store, mirrors: list[Mirror]) -> None:
+    store.put("pod", "ns/good", {}, None)
+    store.put("pod", "ns/bad", {}, None)
+    corrupt(store, "pod", "ns/bad")
+    m = Mirror(store, ["pod"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    assert set(m.state["pod"]) == {"ns/good"}
+    store.put("pod", "ns/new", {}, None)
+    m.wait(lambda: "ns/new" in m.state["pod"])
+
+
+def test_sync_ends_soon_after_stop_and_checks_its_arguments(store: Store) -> None:
+    with pytest.raises(ValueError, match="kind"):
+        store.sync(["pods"], threading.Event())
+    with pytest.raises(ValueError):
+        store.sync([], threading.Event())
+    m = Mirror(store, ["pod"])
+    m.wait(lambda: m.snapshots == 1)
+    time.sleep(0.3)  # idle: nothing to report
+    assert m.close() < 2.0
+    stopped = threading.Event()
+    stopped.set()
+    assert [e.type for e in store.sync(["pod"], stopped)] in ([], ["snapshot"])
+
+
+def test_close_is_idempotent(store: Store) -> None:
+    store.put("pool", "p", {}, None)
+    store.close()
+    store.close()
+
+
+# -- memory / file specifics of the extension ---------------------------------------------
+
+
+def test_memory_resync_starts_over_with_a_snapshot(mirrors: list[Mirror]) -> None:
+    store = MemoryStore()
+    m = Mirror(store, ["pod"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    store.put("pod", "ns/a", {}, None)
+    store.resync()
+    m.wait(lambda: m.snapshots == 2)
+    assert m.state == {"pod": {"ns/a": store.get("pod", "ns/a")}}
+
+
+def test_file_store_sync_failed_poll_gives_a_fresh_snapshot(
+    file_store: FileStore, tmp_path: Path, mirrors: list[Mirror]
+) -> None:
+    file_store.put("pod", "ns/a", {}, None)
+    m = Mirror(file_store, ["pod"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    pods = Path(file_store.data_dir) / "pods"
+    aside = tmp_path / "pods-aside"
+    pods.rename(aside)
+    pods.symlink_to(aside)  # refused: the poll fails
+    time.sleep(0.6)
+    pods.unlink()
+    aside.rename(pods)
+    file_store.put("pod", "ns/b", {}, None)
+    m.wait(lambda: m.snapshots == 2)
+    m.wait_matches(file_store)
+
+
+def test_file_store_sync_sees_many_quick_writes(
+    file_store: FileStore, mirrors: list[Mirror]
+) -> None:
+    m = Mirror(file_store, ["block"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    rev = None
+    for i in range(30):  # many writes within one mtime tick and one poll
+        rev = file_store.put("block", "10.0.0.0/26", {"i": i}, rev)
+    m.wait_matches(file_store)
+    assert m.state["block"]["10.0.0.0/26"].data == {"i": 29}
+
+
+def test_file_store_commit_takes_the_lock_unless_held(file_store: FileStore) -> None:
+    file_store.commit([Op("pool", "a", {}, None)])
+    with file_store.lock():
+        file_store.commit([Op("pool", "b", {}, None)])
+    assert file_store.list_keys("pool") == ["a", "b"]
+    assert os.path.getsize(Path(file_store.data_dir) / "lock") == 0
+
+
+def test_file_store_commit_undoes_a_half_done_write(
+    file_store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r_a = file_store.put("pool", "a", {"v": 1}, None)
+    r_d = file_store.put("pool", "d", {"v": 1}, None)
+    real_replace = os.replace
+    calls = []
+
+    def replace_then_fail(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_replace(*args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace_then_fail)
+    with pytest.raises(StoreUnavailable) as info:
+        file_store.commit(
+            [
+                Op("pool", "a", {"v": 2}, r_a),  # written, then put back
+                Op("pool", "b", {"v": 2}, None),  # created, then removed
+                Op("pool", "d", None, r_d),  # deleted, then put back
+                Op("pool", "c", {"v": 2}, None),  # this write fails
+            ]
+        )
+    monkeypatch.undo()
+    assert info.value.path == file_store.location("pool", "c")
+    assert file_store.get("pool", "a") == Doc({"v": 1}, r_a)
+    assert file_store.get("pool", "d") == Doc({"v": 1}, r_d)
+    assert file_store.list_keys("pool") == ["a", "d"]
+    pools = Path(file_store.location("pool", "a")).parent
+    assert not [n for n in os.listdir(pools) if n.endswith(".tmp")]
+
+
+def test_file_store_ttl_marker_and_expired_file_left_until_rewritten(
+    file_store: FileStore,
+) -> None:
+    file_store.put("heartbeat", "n", {}, None, ttl=0.2)
+    file_store.put("pool", "p", {}, None)
+    hb = Path(file_store.data_dir) / "heartbeats"
+    assert sorted(os.listdir(hb)) == [".ttl", "n.json"]
+    assert not (Path(file_store.data_dir) / "pools" / ".ttl").exists()
+    time.sleep(0.3)
+    assert file_store.list_keys("heartbeat") == []
+    assert (hb / "n.json").exists()  # reads never write
+    file_store.put("heartbeat", "n", {}, None)
+    assert file_store.list_keys("heartbeat") == ["n"]
+
+
+# -- the factory ----------------------------------------------------------------------------
+
+
+class Settings:
+    def __init__(self, **kw: Any) -> None:
+        self.datastore_type = "file"
+        self.data_dir = "/nonexistent"
+        self.lock_timeout_seconds = 3.0
+        self.etcd_endpoints = ["http://127.0.0.1:2379"]
+        self.etcd_prefix = "/tabby"
+        self.etcd_ca_cert_file: str | None = None
+        self.etcd_cert_file: str | None = None
+        self.etcd_key_file: str | None = None
+        self.__dict__.update(kw)
+
+
+def test_open_store_file(tmp_path: Path) -> None:
+    store = open_store(Settings(data_dir=str(tmp_path / "d"), lock_timeout_seconds=4))
+    assert isinstance(store, FileStore)
+    assert store.data_dir == str(tmp_path / "d")
+    assert store.lock_timeout == 4.0
+
+
+def test_open_store_unknown_type() -> None:
+    with pytest.raises(InvalidConfig, match="datastore_type"):
+        open_store(Settings(datastore_type="etcdv2"))
+
+
+def test_importing_ipam_store_is_cheap(subprocess_env: dict[str, str]) -> None:
+    """The package loads no implementation and no network, TLS or logging module."""
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import ipam.store\n"
+        "print(' '.join(sorted(set(sys.modules) - before)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "ipam.store.base" in out
+    heavy = {
+        "ipam.store.file",
+        "ipam.store.memory",
+        "ipam.store.etcd",
+        "ipam.core",
+        "ipam.core.errors",
+        "json",
+        "http.client",
+        "ssl",
+        "socket",
+        "logging",
+        "threading",
+    }
+    assert heavy.isdisjoint(out), sorted(heavy.intersection(out))
