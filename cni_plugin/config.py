@@ -1,63 +1,312 @@
-"""The ``tabby`` plugin's configuration fields (PRODUCT.md "Network configuration")."""
+"""The network configuration of a tabby conflist entry, as declarative pydantic models.
+
+One model per section, and every reader uses them: both binaries, tabbyctl's ``--conf`` and
+tabby-node (the IPAM section and the datastore settings are in ``ipam/config.py``)::
+
+    CommonConf        the top-level fields both binaries read: identity (nodename,
+                      nodename_file), logging (log_level, log_file_path), GC's
+                      cni.dev/valid-attachments, runtimeConfig, args
+    PluginConf        + tabby's own fields (mtu, veth_prefix, container_settings, ipam.type)
+
+Strict types (no coercion: ``"5"`` is not an int, ``1`` is not a bool), field paths in errors
+(``ipam.ipv4_pools[0]``), mapped to CNI codes at the edge by :func:`config_error`: a value that
+cannot be honoured is code 2 naming the field and the value; a structural problem (a section
+that is not an object, a required field missing) is code 7. Unknown fields are ignored.
+
+pydantic costs ~30 ms to import and a few ms to build these models, so only the code paths
+that parse a configuration import this module (never VERSION, never the tabby-node client).
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+import socket
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from cni_plugin.cni import conf as c
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+)
+
 from cni_plugin.cni.errors import CniError, Code
+from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX, veth_prefix_problem
 
+DEFAULT_MTU = 1500
 DEFAULT_MTU_FILE = "/var/lib/tabby/mtu"
-_PREFIX_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,3}$")
+DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
+DEFAULT_LOG_FILE = "/var/log/tabby/cni.log"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+M = TypeVar("M", bound=BaseModel)
+
+# -- shared field types ----------------------------------------------------------------------
 
 
-class PluginConf:
-    __slots__ = ("allow_ip_forwarding", "ipam_type", "mtu", "network", "veth_prefix")
+def _calico_bool(value: object) -> object:
+    """Calico accepts the strings "true"/"false" for booleans; so do we (only those)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
 
-    def __init__(self, config: dict[str, Any], *, for_teardown: bool = False) -> None:
-        self.network = str(config.get("name", ""))
-        ipam = c.get_section(config, "ipam")
-        ipam_type = ipam.get("type")
-        if not isinstance(ipam_type, str) or not ipam_type:
-            raise CniError(
-                Code.INVALID_CONFIG,
-                "ipam.type is required",
-                "tabby delegates addressing to the plugin named in ipam.type",
-            )
-        if "/" in ipam_type or ipam_type in (".", ".."):
-            raise CniError(
-                Code.INVALID_CONFIG,
-                "invalid ipam.type",
-                f"ipam.type {ipam_type!r} must be a plain binary name (CFG-4)",
-            )
-        self.ipam_type = ipam_type
-        self.veth_prefix = c.get_str(config, "veth_prefix", "cali")
-        if not _PREFIX_RE.match(self.veth_prefix):
-            raise c.unsupported(
-                "veth_prefix",
-                self.veth_prefix,
-                "1-4 characters (letter first, then letters, digits, '_' or "
-                "'-'), so that prefix + 11 hex chars fits 15 bytes",
-            )
-        settings = c.get_section(config, "container_settings")
-        self.allow_ip_forwarding = c.get_bool(
-            settings, "allow_ip_forwarding", False, prefix="container_settings."
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value:
+        raise ValueError("must be an absolute path")
+    return value
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+# Node names: what Kubernetes allows for a node (a DNS subdomain, upper case tolerated as
+# hostnames have it), so that a node name is also a safe datastore key (no '/' or ':').
+_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a node name, or None. The one rule for node names."""
+    if not _NODE_NAME_RE.match(name):
+        return (
+            "a node name is 1-253 characters: letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit"
         )
-        # Teardown needs neither the MTU nor a readable mtu file.
-        self.mtu = 1500 if for_teardown else _mtu(config)
+    return None
 
 
-def _mtu(config: dict[str, Any]) -> int:
-    mtu = config.get("mtu", 1500)
-    if mtu == 0:
+def _node_name(value: str) -> str:
+    problem = node_name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _veth_prefix(value: str) -> str:
+    problem = veth_prefix_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _mtu(value: int) -> int:
+    if value != 0 and not 68 <= value <= 65535:
+        raise ValueError("expected 0 (auto) or an integer from 68 to 65535")
+    return value
+
+
+def _plain_name(value: str) -> str:
+    if not value or "/" in value or value in (".", "..") or "\0" in value:
+        raise ValueError("must be a plain binary name (no '/'), found in CNI_PATH")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_calico_bool)]
+AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+NodeName = Annotated[str, AfterValidator(_node_name)]
+PluginType = Annotated[str, AfterValidator(_plain_name)]
+
+
+class Section(BaseModel):
+    """Base of every configuration section: strict, unknown fields ignored, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+class Attachment(Section):
+    """One entry of GC's ``cni.dev/valid-attachments``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+    container_id: str = Field(alias="containerID", min_length=1)
+    ifname: str = Field(min_length=1)
+
+
+class ContainerSettings(Section):
+    allow_ip_forwarding: Flag = False
+
+
+class IpamRef(Section):
+    """What ``tabby`` itself needs of the ``ipam`` section: which plugin to delegate to.
+
+    The rest of the section belongs to that plugin (``ipam/config.py`` for tabby-ipam)."""
+
+    type: PluginType
+
+
+class CommonConf(Section):
+    """Top-level fields both binaries read."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+    nodename: NodeName | None = None
+    nodename_file: AbsPath = DEFAULT_NODENAME_FILE
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        "info"
+    )
+    log_file_path: AbsPath = DEFAULT_LOG_FILE
+    valid_attachments: list[Attachment] | None = Field(
+        default=None, alias="cni.dev/valid-attachments"
+    )
+    attachments: list[Attachment] | None = Field(default=None, alias="cni.dev/attachments")
+    # Reserved keys the runtime owns (GEN-10, CFG-3, CFG-5): free-form, never a reason to
+    # fail a call; the conventions tabby consumes are validated where they are read.
+    runtime_config: Any = Field(default=None, alias="runtimeConfig")
+    capabilities: Any = None
+    args: Any = None
+
+    def node_name(self) -> str:
+        """``nodename`` > contents of ``nodename_file`` > hostname (PRODUCT.md).
+
+        A file that holds something that is not a node name is an error (code 2 naming the
+        file): silently using it would put the pod's block on a node that does not exist."""
+        if self.nodename is not None:
+            return self.nodename
         try:
-            with open(DEFAULT_MTU_FILE, encoding="utf-8") as f:
-                mtu = int(f.read().strip())
+            with open(self.nodename_file, encoding="utf-8") as f:
+                text = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if text:
+            problem = node_name_problem(text)
+            if problem:
+                raise CniError(
+                    Code.UNSUPPORTED_FIELD,
+                    f"unsupported value in nodename_file {self.nodename_file!r}: {text[:100]!r}",
+                    problem,
+                )
+            return text
+        return socket.gethostname()
+
+    def valid_attachment_set(self) -> set[tuple[str, str]] | None:
+        """GC's valid (containerID, ifname) set, or None when the key is absent.
+
+        Absent means "no information": delete nothing. Only an explicit empty list means
+        everything of this network is stale. ``valid-attachments`` first, the 1.1.0 tag's
+        ``attachments`` as the fallback (libcni sends both)."""
+        for given in (self.valid_attachments, self.attachments):
+            if given is not None:
+                return {(a.container_id, a.ifname) for a in given}
+        return None
+
+    def runtime_value(self, capability: str) -> Any:
+        """A capability's value from runtimeConfig, only if declared (CAP-3, ADD-10).
+
+        Keys are matched case-insensitively (containerd capitalises Go-style). Runtimes at
+        1.0+ strip ``capabilities`` before calling; then whatever runtimeConfig holds was
+        declared."""
+        rc = self.runtime_config
+        if not isinstance(rc, dict) or not rc:
+            return None
+        want = capability.lower()
+        caps = self.capabilities
+        if isinstance(caps, dict) and not any(
+            isinstance(k, str) and k.lower() == want and v for k, v in caps.items()
+        ):
+            return None
+        for k, v in rc.items():
+            if k.lower() == want:
+                return v
+        return None
+
+    def args_ips(self) -> list[object] | None:
+        """``args.cni.ips`` (the convention for specific IPs), or None."""
+        cni = self.args.get("cni") if isinstance(self.args, dict) else None
+        ips = cni.get("ips") if isinstance(cni, dict) else None
+        if not ips:
+            return None
+        if not isinstance(ips, list):
+            raise CniError(Code.INVALID_CONFIG, "args.cni.ips must be a list", repr(ips)[:200])
+        return ips
+
+
+class PluginConf(CommonConf):
+    """The ``tabby`` plugin's section."""
+
+    mtu: Annotated[int, AfterValidator(_mtu)] = DEFAULT_MTU
+    veth_prefix: Annotated[str, AfterValidator(_veth_prefix)] = DEFAULT_VETH_PREFIX
+    container_settings: ContainerSettings = ContainerSettings()
+    ipam: IpamRef
+
+    @property
+    def ipam_type(self) -> str:
+        return self.ipam.type
+
+    @property
+    def allow_ip_forwarding(self) -> bool:
+        return self.container_settings.allow_ip_forwarding
+
+    def effective_mtu(self, mtu_file: str = DEFAULT_MTU_FILE) -> int:
+        """``mtu``, or for 0 the MTU tabby-node wrote for this node (else 1500)."""
+        if self.mtu:
+            return self.mtu
+        try:
+            with open(mtu_file, encoding="utf-8") as f:
+                value = int(f.read().strip())
         except (OSError, ValueError):
-            mtu = 1500
-        if not 68 <= mtu <= 65535:
-            mtu = 1500
-    if isinstance(mtu, bool) or not isinstance(mtu, int) or not 68 <= mtu <= 65535:
-        raise c.unsupported("mtu", mtu, "expected 0 (auto) or an integer from 68 to 65535")
-    return mtu
+            return DEFAULT_MTU
+        return value if 68 <= value <= 65535 else DEFAULT_MTU
+
+
+# -- parsing at the edge ------------------------------------------------------------------------
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "function_")) or part in (
+            "json-or-python[json=...]",
+            "list[str]",
+        ):
+            continue  # pydantic's names for validators and union members, not fields
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+_STRUCTURAL = frozenset({"missing", "model_type", "model_attributes_type", "dict_type"})
+#: Fields whose bad value makes the configuration structurally invalid (CFG-4: a plugin
+#: type with path characters is code 7, not 2).
+_STRUCTURAL_FIELDS = frozenset({"ipam.type"})
+
+
+def config_error(exc: ValidationError, prefix: str = "") -> CniError:
+    """The CNI error for the first problem pydantic found (field path and value named)."""
+    first = exc.errors(include_url=False)[0]
+    path = prefix + _path(first["loc"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if path in _STRUCTURAL_FIELDS:
+        return CniError(Code.INVALID_CONFIG, f"invalid {path}", f"{path}: {msg}")
+    if first["type"] in _STRUCTURAL:
+        what = "is required" if first["type"] == "missing" else "must be an object"
+        return CniError(Code.INVALID_CONFIG, f"{path} {what}", msg)
+    value = first.get("input")
+    if first["type"] == "value_error" and isinstance(value, dict):
+        # A rule over several fields of one section (a model validator): name the section.
+        where = path or "the network configuration"
+        return CniError(Code.UNSUPPORTED_FIELD, f"unsupported configuration in {where}: {msg}", msg)
+    shown = repr(value)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return CniError(Code.UNSUPPORTED_FIELD, f"unsupported value for field {path!r}: {shown}", msg)
+
+
+def parse(model: type[M], config: Mapping[str, Any], *, prefix: str = "") -> M:
+    """Validate ``config`` with ``model``; any problem becomes one CniError (code 2 or 7)."""
+    try:
+        return model.model_validate(config)
+    except ValidationError as e:
+        raise config_error(e, prefix) from None
+
+
+def parse_plugin(config: Mapping[str, Any]) -> PluginConf:
+    return parse(PluginConf, config)

@@ -15,25 +15,27 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from cni_plugin.cni import conf as c
 from cni_plugin.cni import log, skel, types
 from cni_plugin.cni.args import parse_cni_args
 from cni_plugin.cni.errors import CniError, Code
+from cni_plugin.config import DEFAULT_LOG_FILE, CommonConf
 from ipam import config as ipam_config
 from ipam.core import (
     AddressUnavailable,
+    Allocation,
     AssignRequest,
     InvalidConfig,
     Ipam,
     IpamError,
     LockTimeout,
     NoAddressAvailable,
+    PoolSpec,
     RevisionConflict,
     StoreCorrupt,
     StoreUnavailable,
     handle_id,
 )
-from ipam.store.file import FileStore
+from ipam.store import open_store
 
 T = TypeVar("T")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -48,8 +50,22 @@ ANNOTATION_KEYS = {
 }
 
 
+def configuration(args: skel.CmdArgs) -> ipam_config.IpamPluginConf:
+    """The call's validated configuration (parsed once per call, then cached on ``args``)."""
+    if not isinstance(args.parsed, ipam_config.IpamPluginConf):
+        args.parsed = ipam_config.parse_plugin(args.config)
+    return args.parsed
+
+
 def configure_logging(args: skel.CmdArgs) -> None:
-    log.configure_for_call(args.config, f"ipam {args.command}", args.container_id, args.ifname)
+    """Logging as the configuration says; with an invalid configuration the defaults, and
+    the verb then reports the problem (STATUS as code 50, the others as 2 or 7)."""
+    try:
+        conf = configuration(args)
+        level, path = conf.log_level, conf.log_file_path
+    except CniError:
+        level, path = "info", DEFAULT_LOG_FILE
+    log.configure_for_call(level, path, f"ipam {args.command}", args.container_id, args.ifname)
 
 
 # The IPAM core's errors know nothing of CNI; this table is where they get their codes
@@ -82,9 +98,8 @@ def _ipam_errors() -> Iterator[None]:
         raise to_cni_error(e) from None
 
 
-def open_ipam(conf: ipam_config.IpamConf, node: str) -> Ipam:
-    store = FileStore(conf.data_dir, lock_timeout=conf.lock_timeout_seconds)
-    return Ipam(store, node)
+def open_ipam(conf: ipam_config.DatastoreSettings, node: str) -> Ipam:
+    return Ipam(open_store(conf), node)
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -104,19 +119,15 @@ def _ip(text: object, source: str) -> Address:
         raise CniError(Code.INVALID_CONFIG, f"invalid IP in {source}", repr(text)) from None
 
 
-def requested_ips(config: dict[str, Any], cni_args: dict[str, str]) -> list[Address]:
+def requested_ips(conf: CommonConf, cni_args: dict[str, str]) -> list[Address]:
     """Specific IPs, highest first: runtimeConfig.ips, args.cni.ips, CNI_ARGS IP= (IPM-12)."""
-    rc_ips = c.runtime_value(config, "ips")
+    rc_ips = conf.runtime_value("ips")
     if rc_ips:
         if not isinstance(rc_ips, list):
             raise CniError(Code.INVALID_CONFIG, "runtimeConfig.ips must be a list", repr(rc_ips))
         return [_ip(v, "runtimeConfig.ips") for v in rc_ips]
-    args = config.get("args")
-    cni = args.get("cni") if isinstance(args, dict) else None
-    if isinstance(cni, dict) and cni.get("ips"):
-        ips = cni["ips"]
-        if not isinstance(ips, list):
-            raise CniError(Code.INVALID_CONFIG, "args.cni.ips must be a list", repr(ips))
+    ips = conf.args_ips()
+    if ips:
         return [_ip(v, "args.cni.ips") for v in ips]
     if cni_args.get("IP"):
         return [_ip(v, "CNI_ARGS IP") for v in cni_args["IP"].split(",") if v.strip()]
@@ -141,31 +152,34 @@ def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
     return None
 
 
-def pod_annotations(config: dict[str, Any]) -> dict[str, Any]:
-    value = c.runtime_value(config, ANNOTATIONS_CAP)
+def pod_annotations(conf: CommonConf) -> dict[str, Any]:
+    value = conf.runtime_value(ANNOTATIONS_CAP)
     return value if isinstance(value, dict) else {}
 
 
-def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> AssignRequest:
+def _annotation_pools(annotations: dict[str, Any], which: str, family: int) -> list[str] | None:
+    pools = _annotation(annotations, which)
+    for p in pools or []:
+        try:
+            net = ipaddress.ip_network(p)
+        except ValueError:
+            raise CniError(Code.INVALID_CONFIG, "invalid pool in pod annotation", repr(p)) from None
+        if net.version != family:
+            raise CniError(Code.INVALID_CONFIG, f"pod annotation pool is not IPv{family}", repr(p))
+    return pools
+
+
+def build_request(args: skel.CmdArgs, conf: ipam_config.IpamPluginConf, node: str) -> AssignRequest:
     cni_args = parse_cni_args(args.args)
-    annotations = pod_annotations(args.config)
-    specific = requested_ips(args.config, cni_args)
+    annotations = pod_annotations(conf)
+    specific = requested_ips(conf, cni_args)
     if not specific:
         specific = [
             _ip(v, "pod annotation ipAddrs") for v in (_annotation(annotations, "ipAddrs") or [])
         ]
-    v4_pools = _annotation(annotations, "ipv4pools")
-    v6_pools = _annotation(annotations, "ipv6pools")
-    for pools, fam in ((v4_pools, 4), (v6_pools, 6)):
-        for p in pools or []:
-            try:
-                net = ipaddress.ip_network(p)
-            except ValueError:
-                raise CniError(
-                    Code.INVALID_CONFIG, "invalid pool in pod annotation", repr(p)
-                ) from None
-            if net.version != fam:
-                raise CniError(Code.INVALID_CONFIG, f"pod annotation pool is not IPv{fam}", repr(p))
+    v4_pools = _annotation_pools(annotations, "ipv4pools", 4)
+    v6_pools = _annotation_pools(annotations, "ipv6pools", 6)
+    ipam = conf.ipam
     attrs = {
         "node": node,
         "network": args.network,
@@ -180,20 +194,18 @@ def build_request(args: skel.CmdArgs, conf: ipam_config.IpamConf, node: str) -> 
     return AssignRequest(
         handle_id=handle_id(args.network, args.container_id, args.ifname),
         attrs=attrs,
-        want_v4=conf.assign_ipv4,
-        want_v6=conf.assign_ipv6,
-        v4_pools=[str(p) for p in v4_pools] if v4_pools is not None else conf.ipv4_pools,
-        v6_pools=[str(p) for p in v6_pools] if v6_pools is not None else conf.ipv6_pools,
+        want_v4=ipam.assign_ipv4,
+        want_v6=ipam.assign_ipv6,
+        v4_pools=v4_pools if v4_pools is not None else ipam.ipv4_pools,
+        v6_pools=v6_pools if v6_pools is not None else ipam.ipv6_pools,
         specific_ips=specific,
-        strict_affinity=conf.strict_affinity,
-        max_blocks_per_host=conf.max_blocks_per_host,
-        reserved=conf.reserved,
+        strict_affinity=ipam.strict_affinity,
+        max_blocks_per_host=ipam.max_blocks_per_host,
+        reserved=ipam.reserved_networks,
     )
 
 
-def _pool_specs(conf: ipam_config.IpamConf) -> list[Any]:
-    from ipam.core import PoolSpec
-
+def _pool_specs(conf: ipam_config.IpamConf) -> list[PoolSpec]:
     specs = [PoolSpec(p, conf.block_size_ipv4) for p in conf.ipv4_pools if conf.assign_ipv4]
     specs += [PoolSpec(p, conf.block_size_ipv6) for p in conf.ipv6_pools if conf.assign_ipv6]
     return specs
@@ -203,13 +215,13 @@ def _pool_specs(conf: ipam_config.IpamConf) -> list[Any]:
 
 
 def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
-    conf = ipam_config.parse(args.config)
-    node = c.node_name(args.config)
+    conf = configuration(args)
+    node = conf.node_name()
     req = build_request(args, conf, node)
 
-    def work() -> list[Any]:
-        ipam = open_ipam(conf, node)
-        ipam.ensure_pools(_pool_specs(conf))
+    def work() -> list[Allocation]:
+        ipam = open_ipam(conf.ipam, node)
+        ipam.ensure_pools(_pool_specs(conf.ipam))
         return ipam.assign(req)
 
     allocations = _guard(work)
@@ -226,10 +238,10 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
 
 
 def cmd_del(args: skel.CmdArgs) -> None:
-    # DEL needs neither the node name nor valid pools (CFG-7, DEL-7): release by handle.
-    conf = ipam_config.parse(args.config)
+    # DEL needs no node name (CFG-7, DEL-7): release by handle.
+    conf = configuration(args)
     hid = handle_id(args.network, args.container_id, args.ifname)
-    released = _guard(lambda: open_ipam(conf, "").release_handle(hid))
+    released = _guard(lambda: open_ipam(conf.ipam, "").release_handle(hid))
     if released:
         logger.info("released %s of %s", ", ".join(str(a.ip) for a in released), hid)
     else:
@@ -238,7 +250,7 @@ def cmd_del(args: skel.CmdArgs) -> None:
 
 
 def cmd_check(args: skel.CmdArgs) -> None:
-    conf = ipam_config.parse(args.config)
+    conf = configuration(args)
     prev = types.prev_result(args.config, args.cni_version)
     if prev is None:
         raise CniError(
@@ -247,7 +259,7 @@ def cmd_check(args: skel.CmdArgs) -> None:
             "the runtime must send the cached ADD result (CHK-2)",
         )
     hid = handle_id(args.network, args.container_id, args.ifname)
-    held = _guard(lambda: open_ipam(conf, "").get_handle(hid))
+    held = _guard(lambda: open_ipam(conf.ipam, "").get_handle(hid))
     if not held:
         raise CniError(
             Code.UNKNOWN_CONTAINER,
@@ -267,16 +279,15 @@ def cmd_check(args: skel.CmdArgs) -> None:
 
 
 def cmd_gc(args: skel.CmdArgs) -> None:
-    conf = ipam_config.parse(args.config)
-    valid = c.valid_attachments(args.config)
+    conf = configuration(args)
+    valid = conf.valid_attachment_set()
     if valid is None:
         return None
     # Only this node's handles: the valid list is this runtime's, and a shared store holds
     # other nodes' attachments too.
-    node = c.node_name(args.config)
-    report = _guard(
-        lambda: open_ipam(conf, node).gc(args.network, valid, grace_seconds=conf.gc_grace_seconds)
-    )
+    node = conf.node_name()
+    grace = conf.ipam.gc_grace_seconds
+    report = _guard(lambda: open_ipam(conf.ipam, node).gc(args.network, valid, grace_seconds=grace))
     if report.errors:
         raise CniError(
             Code.TRY_AGAIN_LATER,
@@ -288,23 +299,24 @@ def cmd_gc(args: skel.CmdArgs) -> None:
 
 def cmd_status(args: skel.CmdArgs) -> None:
     try:
-        conf = ipam_config.parse(args.config)
+        conf = configuration(args)
+        node = conf.node_name()
     except CniError as e:
         raise CniError(Code.NOT_READY, "IPAM configuration unusable", str(e)) from None
-    node = c.node_name(args.config)
+    ipam_conf = conf.ipam
     try:
-        ipam = open_ipam(conf, node)
+        ipam = open_ipam(ipam_conf, node)
         ipam.store.check_usable()
         reason = ipam.can_allocate(
-            conf.ipv4_pools,
-            conf.ipv6_pools,
-            need_v4=conf.assign_ipv4,
-            need_v6=conf.assign_ipv6,
-            strict_affinity=conf.strict_affinity,
-            max_blocks_per_host=conf.max_blocks_per_host,
-            reserved=conf.reserved,
-            block_size_v4=conf.block_size_ipv4,
-            block_size_v6=conf.block_size_ipv6,
+            ipam_conf.ipv4_pools,
+            ipam_conf.ipv6_pools,
+            need_v4=ipam_conf.assign_ipv4,
+            need_v6=ipam_conf.assign_ipv6,
+            strict_affinity=ipam_conf.strict_affinity,
+            max_blocks_per_host=ipam_conf.max_blocks_per_host,
+            reserved=ipam_conf.reserved_networks,
+            block_size_v4=ipam_conf.block_size_ipv4,
+            block_size_v6=ipam_conf.block_size_ipv6,
         )
     except IpamError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None

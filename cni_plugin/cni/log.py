@@ -44,7 +44,9 @@ class _ContextFilter(logging.Filter):
 
 
 class SharedRotatingFileHandler(logging.Handler):
-    def __init__(self, path: str, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
+    def __init__(
+        self, path: str, max_bytes: int = MAX_BYTES, backups: int = BACKUPS
+    ) -> None:
         super().__init__()
         self.path = path
         self.max_bytes = max_bytes
@@ -53,7 +55,9 @@ class SharedRotatingFileHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             data = (self.format(record) + "\n").encode("utf-8", "replace")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
             try:
                 os.write(fd, data)
                 if os.fstat(fd).st_size > self.max_bytes:
@@ -102,7 +106,9 @@ _current: list[tuple[str, str | None, bool]] = []
 _setup_lock = threading.Lock()
 
 
-def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *, stderr: bool = True) -> None:
+def setup(
+    level: str = "info", path: str | None = DEFAULT_LOG_FILE, *, stderr: bool = True
+) -> None:
     """(Re)configure the ``tabby`` logger. Safe to call more than once, from any thread."""
     with _setup_lock:
         if _current == [(level, path, stderr)]:
@@ -143,13 +149,11 @@ def set_context(text: str) -> None:
 
 
 def configure_for_call(
-    config: dict[str, object], command: str, container_id: str, ifname: str
+    level: str, path: str, command: str, container_id: str, ifname: str
 ) -> None:
-    """Apply the config's ``log_level``/``log_file_path`` and tag records with the call."""
-    level = config.get("log_level")
-    path = config.get("log_file_path")
-    level_s = level if isinstance(level, str) else "info"
-    path_s = path if isinstance(path, str) and path else DEFAULT_LOG_FILE
+    """Apply a call's validated ``log_level``/``log_file_path``; tag records with the call."""
+    level_s = level
+    path_s = path or DEFAULT_LOG_FILE
     set_context(f"{command} {container_id[:12] or '-'} {ifname or '-'}")
     if _resident:
         # tabby-node: this thread's records go to this call's file at this call's level;
@@ -179,7 +183,9 @@ class _PerCallFileHandler(logging.Handler):
             handler = self.files.get(target[1])
             if handler is None:
                 try:
-                    os.makedirs(os.path.dirname(target[1]) or ".", mode=0o700, exist_ok=True)
+                    os.makedirs(
+                        os.path.dirname(target[1]) or ".", mode=0o700, exist_ok=True
+                    )
                 except OSError:
                     return
                 handler = SharedRotatingFileHandler(target[1])

@@ -51,6 +51,7 @@ class CmdArgs:
         "env",
         "ifname",
         "netns",
+        "parsed",
         "path",
         "stdin",
     )
@@ -79,6 +80,9 @@ class CmdArgs:
         self.config = config
         self.cni_version = cni_version
         self.env = env
+        #: The plugin's validated configuration model, once a plugin has parsed it (cached
+        #: here so that logging set-up and the verb share one validation).
+        self.parsed: object = None
 
     @property
     def network(self) -> str:

@@ -68,15 +68,39 @@ def operator_errors() -> Iterator[None]:
 
 
 class Ctx:
-    def __init__(self, conf: str | None, data_dir: str | None, node: str | None) -> None:
+    def __init__(
+        self,
+        conf: str | None,
+        data_dir: str | None,
+        node: str | None,
+        datastore: dict[str, str | None] | None = None,
+    ) -> None:
         self.conf = conf
         self.data_dir = data_dir
         self.node = node
+        self.datastore = datastore or {}
+        self._settings: Any = None
 
     def settings(self) -> Any:
-        from cni_plugin.ctl.views import load_settings
+        if self._settings is None:
+            from cni_plugin.ctl.views import load_settings
 
-        return load_settings(self.conf, data_dir=self.data_dir, node=self.node)
+            self._settings = load_settings(
+                self.conf, data_dir=self.data_dir, node=self.node, datastore_flags=self.datastore
+            )
+        return self._settings
+
+
+def datastore_options(fn: F) -> F:
+    """The datastore flags (PRODUCT.md "Datastore settings"); a flag wins over the
+    environment (TABBY_*), which wins over ``--conf``."""
+    from ipam.config import SOURCES
+
+    for name, (flag, var) in reversed(SOURCES.items()):
+        if name == "data_dir":
+            continue  # --data-dir predates the table and is declared with the group
+        fn = click.option(flag, name, default=None, help=f"datastore setting (env {var})")(fn)
+    return fn
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -86,12 +110,20 @@ class Ctx:
     help="conflist to read the store settings from (default: the first conflist in "
     "/etc/cni/net.d with a tabby plugin, else built-in defaults)",
 )
-@click.option("--data-dir", help="override the IPAM file store directory")
+@click.option("--data-dir", help="the file store directory (env TABBY_DATA_DIR)")
 @click.option("--node", help="override this node's name")
+@datastore_options
 @click.pass_context
-def cli(ctx: click.Context, conf: str | None, data_dir: str | None, node: str | None) -> None:
-    """Operate a tabby pod network: IPAM inspection and repair, pools, demo."""
-    ctx.obj = Ctx(conf, data_dir, node)
+def cli(
+    ctx: click.Context,
+    /,
+    conf: str | None,
+    data_dir: str | None,
+    node: str | None,
+    **datastore: str | None,
+) -> None:
+    """Operate a tabby pod network: IPAM inspection and repair, pools, resources, demo."""
+    ctx.obj = Ctx(conf, data_dir, node, datastore)
 
 
 @cli.command()
@@ -148,12 +180,12 @@ def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, output: str) -> None:
                 ),
             )
             return
-        report = views.ipam_report(ipam_, s.ipam.reserved, show_blocks=show_blocks)
-        report["store"] = s.ipam.data_dir
+        report = views.ipam_report(ipam_, s.ipam.reserved_networks, show_blocks=show_blocks)
+        report["store"] = s.describe_store()
         emit(
             output,
             report,
-            [f"store {s.ipam.data_dir} ({s.source})", "", *views.ipam_tables(report)],
+            [f"{s.describe_store()} ({s.source})", "", *views.ipam_tables(report)],
         )
 
 
@@ -176,7 +208,7 @@ def ipam_check(obj: Ctx, output: str) -> None:
     lines = (
         views.table(["SEVERITY", "KIND", "SUBJECT", "PROBLEM"], rows)
         if rows
-        else [f"no problems found (store {s.ipam.data_dir}, node {s.node})"]
+        else [f"no problems found ({s.describe_store()}, node {s.node})"]
     )
     emit(output, data, lines)
     if problems:
@@ -284,7 +316,7 @@ def pool_list(obj: Ctx, output: str) -> None:
 
     with operator_errors():
         s = obj.settings()
-        usage = [p._asdict() for p in s.open().pool_usage(s.ipam.reserved)]
+        usage = [p._asdict() for p in s.open().pool_usage(s.ipam.reserved_networks)]
     emit(
         output,
         usage,

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ipam.store import Store, open_store
+
 Echo = Callable[[str], None]
 
 NODE_V4 = "192.168.255.1"  # the node's own address (on its lo), a source for node->pod
@@ -298,7 +300,7 @@ class Demo:
         from cni_plugin.ctl import views
 
         data_dir = self.conflist()["plugins"][0]["ipam"]["data_dir"]
-        for line in views.render_ipam_summary(data_dir, show_blocks=True):
+        for line in views.render_ipam_summary(_store(data_dir), show_blocks=True):
             self.echo("  " + line)
 
     def delete_pods(self) -> list[str]:
@@ -332,7 +334,7 @@ class Demo:
 
         data_dir = self.conflist()["plugins"][0]["ipam"]["data_dir"]
         if os.path.isdir(data_dir):
-            found += [f"allocation {a}" for a in views.allocated_addresses(data_dir)]
+            found += [f"allocation {a}" for a in views.allocated_addresses(_store(data_dir))]
         return found
 
     def cleanup(self) -> None:
@@ -463,3 +465,10 @@ def run(
         return 130
     echo("demo passed" if ok else "demo FAILED")
     return 0 if ok else 1
+
+
+def _store(data_dir: str) -> Store:
+    """The demo's own file store (never a real node's)."""
+    from ipam.config import DatastoreSettings
+
+    return open_store(DatastoreSettings(data_dir=data_dir, lock_timeout_seconds=5))

@@ -10,15 +10,16 @@ import datetime
 import glob
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_plugin.cni import conf as c
 from cni_plugin.cni.errors import CniError
+from cni_plugin.config import PluginConf, parse
+from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX
 from ipam import config as ipam_config
 from ipam.core import Ipam, IpOwner, split_handle_id
-from ipam.store.file import FileStore
+from ipam.store import Store, open_store
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 
@@ -29,18 +30,27 @@ class CtlError(Exception):
 
 @dataclass
 class Settings:
-    """Where the store is and who this node is, as the plugins would see it."""
+    """Where the datastore is and who this node is, as the plugins would see it."""
 
     source: str  # the conflist read, or "built-in defaults"
     network: str
     node: str
     ipam: ipam_config.IpamConf
-    veth_prefix: str = "cali"
+    datastore: ipam_config.DatastoreSettings
+    veth_prefix: str = DEFAULT_VETH_PREFIX
     plugin_conf: dict[str, Any] = field(default_factory=dict)
 
+    def open_store(self, *, lock_timeout: float | None = None) -> Store:
+        settings = self.datastore
+        if lock_timeout is not None:
+            settings = settings.model_copy(update={"lock_timeout_seconds": lock_timeout})
+        return open_store(settings)
+
     def open(self, *, lock_timeout: float | None = None) -> Ipam:
-        timeout = lock_timeout if lock_timeout is not None else self.ipam.lock_timeout_seconds
-        return Ipam(FileStore(self.ipam.data_dir, lock_timeout=timeout), self.node)
+        return Ipam(self.open_store(lock_timeout=lock_timeout), self.node)
+
+    def describe_store(self) -> str:
+        return self.datastore.describe()
 
 
 def _tabby_entry(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -68,8 +78,16 @@ def find_conflist(conf_dir: str = DEFAULT_CONF_DIR) -> str | None:
 
 
 def load_settings(
-    conf_path: str | None, *, data_dir: str | None = None, node: str | None = None
+    conf_path: str | None,
+    *,
+    data_dir: str | None = None,
+    node: str | None = None,
+    datastore_flags: Mapping[str, str | None] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Settings:
+    """tabbyctl's view: the tabby entry of ``--conf`` (or the first tabby conflist, else
+    defaults), validated by the same models the plugins use; the datastore from flags >
+    environment > the conflist's ``ipam`` section > defaults."""
     source = "built-in defaults"
     entry: dict[str, Any] = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
     path = conf_path or find_conflist(DEFAULT_CONF_DIR)
@@ -90,21 +108,27 @@ def load_settings(
     raw_ipam = entry.get("ipam") or {}
     if not isinstance(raw_ipam, dict):
         raise CtlError(f"{source}: the tabby plugin's ipam section is not a JSON object")
-    ipam_section = dict(raw_ipam)
-    if data_dir:
-        ipam_section["data_dir"] = data_dir
-    try:
-        ipam = ipam_config.IpamConf(ipam_section)
-    except CniError as e:
-        raise CtlError(f"{source}: {e}") from None
     if node:
         entry["nodename"] = node
+    try:
+        ipam = parse(ipam_config.IpamConf, raw_ipam, prefix="ipam.")
+        # tabbyctl reads the datastore and identity settings; which IPAM binary the plugin
+        # would exec is not its business, so a missing ipam.type is not an error here.
+        plugin = parse(PluginConf, {**entry, "ipam": {"type": ipam.type, **raw_ipam}})
+        flags = {**(datastore_flags or {}), "data_dir": data_dir}
+        datastore = ipam_config.resolve_datastore(
+            raw_ipam, flags, os.environ if env is None else env
+        )
+        node_name = plugin.node_name()
+    except CniError as e:
+        raise CtlError(f"{source}: {e}") from None
     return Settings(
         source=source,
         network=str(entry.get("name", "")),
-        node=c.node_name(entry),
+        node=node_name,
         ipam=ipam,
-        veth_prefix=str(entry.get("veth_prefix", "cali")),
+        datastore=datastore,
+        veth_prefix=plugin.veth_prefix,
         plugin_conf=entry,
     )
 
@@ -211,14 +235,12 @@ def ipam_tables(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_ipam_summary(data_dir: str, *, show_blocks: bool) -> list[str]:
-    ipam = Ipam(FileStore(data_dir, lock_timeout=5), "")
-    return ipam_tables(ipam_report(ipam, [], show_blocks=show_blocks))
+def render_ipam_summary(store: Store, *, show_blocks: bool) -> list[str]:
+    return ipam_tables(ipam_report(Ipam(store, ""), [], show_blocks=show_blocks))
 
 
-def allocated_addresses(data_dir: str) -> list[str]:
-    ipam = Ipam(FileStore(data_dir, lock_timeout=5), "")
-    return [str(o.ip) for o in ipam.allocations()]
+def allocated_addresses(store: Store) -> list[str]:
+    return [str(o.ip) for o in Ipam(store, "").allocations()]
 
 
 # -- this node: allocations vs namespaces, host veths and routes ----------------------------

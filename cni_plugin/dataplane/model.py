@@ -11,6 +11,8 @@ import ipaddress
 from collections.abc import Sequence
 from typing import Protocol, TypeAlias
 
+from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX as DEFAULT_VETH_PREFIX
+
 IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -25,9 +27,6 @@ IPV6_GATEWAY = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
 #: Route scopes (``rtm_scope``), as the CNI 1.1.0 ``routes[].scope`` field carries them.
 SCOPE_UNIVERSE = 0
 SCOPE_LINK = 253
-
-#: Default ``veth_prefix`` (PRODUCT.md).
-DEFAULT_VETH_PREFIX = "cali"
 
 
 @dataclasses.dataclass(frozen=True)

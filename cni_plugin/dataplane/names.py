@@ -15,29 +15,32 @@ HASH_CHARS = 11
 #: Longest prefix that still leaves room for the hash within IFNAMSIZ - 1 bytes.
 PREFIX_MAX = IFNAME_MAX - HASH_CHARS
 
-_FORBIDDEN = frozenset("/:%")
+#: Default ``veth_prefix`` (PRODUCT.md), as Calico names its host veths.
+DEFAULT_VETH_PREFIX = "cali"
+
+_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def veth_prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot start host veth names, or None. The one rule for veth_prefix
+    (the configuration models, the dataplane and tabbyctl all use it): 1 to 4 characters, a
+    letter first, then letters, digits, ``_`` or ``-``, so that prefix + 11 hex characters is
+    an interface name the kernel and every tool accept."""
+    if not isinstance(prefix, str) or not 1 <= len(prefix) <= PREFIX_MAX:
+        return f"must be 1 to {PREFIX_MAX} characters (the name must fit {IFNAME_MAX} bytes)"
+    if not (prefix[0].isascii() and prefix[0].isalpha()) or not _PREFIX_CHARS.issuperset(prefix):
+        return "must be a letter followed by letters, digits, '_' or '-'"
+    return None
 
 
 def validate_veth_prefix(prefix: str) -> None:
-    """Raise ``CniError`` (code 7) unless ``prefix`` + the hash is a usable interface name.
-
-    The prefix must be 1 to 4 bytes, printable ASCII, and contain no ``/``, ``:``, ``%`` or
-    whitespace (the kernel rejects ``/``, ``:`` and whitespace; ``%`` means "pick a number").
-    """
-    problem = ""
-    if not prefix:
-        problem = "is empty"
-    elif len(prefix.encode()) > PREFIX_MAX:
-        problem = f"is longer than {PREFIX_MAX} bytes (the name must fit {IFNAME_MAX} bytes)"
-    elif not prefix.isascii() or not prefix.isprintable() or any(c.isspace() for c in prefix):
-        problem = "must be printable ASCII without whitespace"
-    elif _FORBIDDEN.intersection(prefix):
-        problem = "must not contain '/', ':' or '%'"
+    """Raise ``CniError`` (code 2) unless ``prefix`` can start host veth names."""
+    problem = veth_prefix_problem(prefix)
     if problem:
         raise CniError(
-            Code.INVALID_CONFIG,
-            f"invalid veth_prefix {prefix!r}",
-            f"veth_prefix {prefix!r} {problem}",
+            Code.UNSUPPORTED_FIELD,
+            f"unsupported value for field 'veth_prefix': {prefix!r}",
+            problem,
         )
 
 

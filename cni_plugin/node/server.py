@@ -19,9 +19,9 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping
 
-from cni_plugin import __version__
+from cni_plugin import __version__, plugin
+from cni_plugin.cni import skel
 from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, REJECT, decode_header
 
 log = logging.getLogger("tabby.node")
@@ -41,27 +41,42 @@ def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
     return bytes(buf)
 
 
-def _ipam_in_process(
-    plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str]
-) -> tuple[int, bytes] | None:
-    """Run tabby-ipam's handlers in this thread; None for any other IPAM type (exec it)."""
-    if plugin_type != "tabby-ipam":
-        return None
-    from cni_plugin.cni import skel
-    from ipam.plugin import HANDLERS
+class InProcessIpam:
+    """tabby-node's IPAM invoker: tabby-ipam runs in this thread through the very same
+    handlers the binary would run (same stdin, same env with CNI_COMMAND changed), so the
+    results are identical; any other IPAM type is exec'd as the spec says."""
 
-    return skel.run(HANDLERS, env, stdin)
+    def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
+        if ipam_type != "tabby-ipam":
+            return plugin.ExecIpam().start(ipam_type, command, args)
+        from cni_plugin.cni.invoke import delegate_env, parse_output
+        from ipam.plugin import HANDLERS
+
+        rc, out = skel.run(HANDLERS, delegate_env(args.env, command), args.stdin)
+        return lambda: parse_output(ipam_type, command, rc, out)
+
+
+_NODE_HANDLERS: list[skel.Handlers] = []
+
+
+def node_handlers() -> skel.Handlers:
+    """tabby's handlers as tabby-node runs them (built once)."""
+    if not _NODE_HANDLERS:
+        _NODE_HANDLERS.append(plugin.Plugin(ipam=InProcessIpam()).handlers())
+    return _NODE_HANDLERS[0]
 
 
 def execute(
-    role: str, env: dict[str, str], stdin: bytes, netns_fd: int, mnt_fd: int | None = None
+    role: str,
+    env: dict[str, str],
+    stdin: bytes,
+    netns_fd: int,
+    mnt_fd: int | None = None,
 ) -> tuple[int, bytes]:
     """Run one CNI call in the calling thread, inside the caller's network namespace (and
     mount namespace, when it differs from ours: then paths in env and config mean what
     they mean to the caller). The thread must not be reused after a mount switch."""
-    from cni_plugin import plugin
     from cni_plugin.cni import log as cni_log
-    from cni_plugin.cni import skel
     from cni_plugin.dataplane.netns import THREAD_NETNS, enter_mount_namespace, setns
 
     st = os.fstat(netns_fd)
@@ -84,14 +99,13 @@ def execute(
                     own_netns=caller_ns,
                     before_dispatch=ipam_plugin.configure_logging,
                 )
-            with plugin.ipam_runner(_ipam_in_process):
-                return skel.run(
-                    plugin.HANDLERS,
-                    env,
-                    stdin,
-                    own_netns=caller_ns,
-                    before_dispatch=plugin.configure_logging,
-                )
+            return skel.run(
+                node_handlers(),
+                env,
+                stdin,
+                own_netns=caller_ns,
+                before_dispatch=plugin.configure_logging,
+            )
         finally:
             setns(home)
             cni_log.end_call()

@@ -158,14 +158,14 @@ def test_chained_example_runs_debian_plugins_after_tabby() -> None:
 def test_tabby_parsers_accept_the_example(name: str) -> None:
     """What the plugins themselves make of the example (libcni hands each plugin its own
     object with the list's name and cniVersion)."""
-    from cni_plugin.config import PluginConf
+    from cni_plugin.config import parse_plugin
     from ipam import config as ipam_config
 
     conf = load(name)
     plugin = dict(conf["plugins"][0], name=conf["name"], cniVersion=conf["cniVersion"])
-    parsed = PluginConf(plugin)
+    parsed = parse_plugin(plugin)
     assert parsed.ipam_type == "tabby-ipam"
     assert parsed.mtu == plugin["mtu"]
-    ipam = ipam_config.parse(plugin)
+    ipam = ipam_config.parse_plugin(plugin).ipam
     assert [str(p) for p in ipam.ipv4_pools] == plugin["ipam"]["ipv4_pools"]
     assert ipam.assign_ipv6 == as_bool(plugin["ipam"].get("assign_ipv6", False))

@@ -280,7 +280,7 @@ def test_show_table_lists_pools_usage_and_every_allocation(ctl: Ctl) -> None:
     a = ctl.add("pod-a")
     b = ctl.add("pod-b")
     lines = ok(ctl.run("ipam", "show"))
-    assert lines[0] == f"store {ctl.data_dir} ({ctl.conf})"
+    assert lines[0] == f"file store {ctl.data_dir} ({ctl.conf})"
     header = row(lines, "POOL")
     assert " ".join(header) == "POOL BLOCK SIZE TOTAL IN USE RESERVED FREE BLOCKS STATE"
     # 65536 addresses, 2 in use, the 4 of the reserved /30, the rest free; one block.
@@ -298,7 +298,7 @@ def test_show_json_lists_both_pods_with_their_addresses(ctl: Ctl) -> None:
     a = ctl.add("pod-a")
     b = ctl.add("pod-b")
     data = ctl.json("ipam", "show")
-    assert data["store"] == str(ctl.data_dir)
+    assert data["store"] == f"file store {ctl.data_dir}"
     assert "blocks" not in data
     by_pod: dict[str, list[str]] = {}
     for alloc in data["allocations"]:
@@ -408,7 +408,7 @@ def test_show_ip_invalid_is_one_line(ctl: Ctl) -> None:
 
 def test_show_on_an_empty_store_creates_nothing(ctl: Ctl) -> None:
     lines = ok(ctl.run("ipam", "show"))
-    assert lines[0] == f"store {ctl.data_dir} ({ctl.conf})"
+    assert lines[0] == f"file store {ctl.data_dir} ({ctl.conf})"
     assert ctl.json("ipam", "show")["pools"] == []
     assert ctl.json("ipam", "show")["allocations"] == []
     assert not ctl.data_dir.exists()
@@ -427,7 +427,7 @@ def test_check_clean_store_and_node(ctl: Ctl) -> None:
     ctl.add("pod-a")
     ctl.add("pod-b", v6=False)
     result = ctl.run("ipam", "check")
-    assert ok(result) == [f"no problems found (store {ctl.data_dir}, node {NODE})"]
+    assert ok(result) == [f"no problems found (file store {ctl.data_dir}, node {NODE})"]
     assert ctl.json("ipam", "check") == {"store": [], "node": [], "node_name": NODE, "ok": True}
 
 
@@ -915,8 +915,8 @@ def test_conf_without_tabby(ctl: Ctl) -> None:
             "block_size_ipv4",
         ),
         (
-            '{"name": "n", "plugins": [{"type": "tabby", "ipam": {"datastore_type": "etcdv3"}}]}',
-            "etcd",
+            '{"name": "n", "plugins": [{"type": "tabby", "ipam": {"datastore_type": "zk"}}]}',
+            "datastore_type",
         ),
         (
             '{"name": "n", "plugins": [{"type": "tabby", "ipam": {"data_dir": "rel/dir"}}]}',
@@ -1013,7 +1013,7 @@ def test_no_conflist_means_built_in_defaults(
     monkeypatch.setattr(views, "DEFAULT_CONF_DIR", str(conf_dir))
     data_dir = tmp_path / "store"
     result = CliRunner().invoke(cli, ["--data-dir", str(data_dir), "ipam", "show"])
-    assert ok(result)[0] == f"store {data_dir} (built-in defaults)"
+    assert ok(result)[0] == f"file store {data_dir} (built-in defaults)"
     s = views.load_settings(None)
     assert (s.source, s.network, s.ipam.data_dir) == (
         "built-in defaults",
@@ -1045,11 +1045,11 @@ def test_default_conflist_is_the_first_with_tabby(
         )
     monkeypatch.setattr(views, "DEFAULT_CONF_DIR", str(conf_dir))
     result = CliRunner().invoke(cli, ["--data-dir", str(tmp_path / "s"), "ipam", "show"])
-    assert ok(result)[0] == f"store {tmp_path / 's'} ({conf_dir / '10-tabby.conflist'})"
+    assert ok(result)[0] == f"file store {tmp_path / 's'} ({conf_dir / '10-tabby.conflist'})"
     s = views.load_settings(None)
-    assert (s.network, s.node, s.ipam.data_dir) == ("net-10", "first", "/x/10")
+    assert (s.network, s.node, s.datastore.data_dir) == ("net-10", "first", "/x/10")
     s = views.load_settings(None, data_dir="/y", node="other")
-    assert (s.node, s.ipam.data_dir) == ("other", "/y")
+    assert (s.node, s.datastore.data_dir) == ("other", "/y")
 
 
 def test_data_dir_and_node_overrides(ctl: Ctl) -> None:
@@ -1057,7 +1057,7 @@ def test_data_dir_and_node_overrides(ctl: Ctl) -> None:
     elsewhere = ctl.tmp / "elsewhere"
     result = ctl.run("--data-dir", str(elsewhere), "ipam", "show", "-o", "json")
     data = json.loads(result.stdout)
-    assert (data["store"], data["allocations"]) == (str(elsewhere), [])
+    assert (data["store"], data["allocations"]) == (f"file store {elsewhere}", [])
     assert (
         json.loads(ctl.run("--node", "n9", "ipam", "check", "-o", "json").stdout)["node_name"]
         == "n9"

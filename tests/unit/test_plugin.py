@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,13 +13,14 @@ import pytest
 from cni_plugin import plugin
 from cni_plugin.cni import skel
 from cni_plugin.cni.errors import CniError
+from cni_plugin.dataplane.names import host_veth_name
 from tests.conftest import ALL_SPEC_VERSIONS
 
 V6GW = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
 
 
 class FakeDataplane:
-    IPV6_GATEWAY = V6GW
+    """Implements the ``Dataplane`` protocol the plugin is given (no kernel)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
@@ -27,22 +28,6 @@ class FakeDataplane:
         self.fail_teardown: CniError | None = None
         self.fail_check: CniError | None = None
         self.veths: list[Any] = []
-
-    @staticmethod
-    def SetupSpec(**kw: Any) -> SimpleNamespace:
-        return SimpleNamespace(**kw)
-
-    @staticmethod
-    def ExpectedState(**kw: Any) -> SimpleNamespace:
-        return SimpleNamespace(**kw)
-
-    @staticmethod
-    def host_veth_name(prefix: str, network: str, cid: str, ifname: str) -> str:
-        return f"{prefix}{abs(hash((network, cid, ifname))) % 10**11:011d}"[:15]
-
-    @staticmethod
-    def default_pod_routes(addresses: Any) -> list[Any]:
-        return []
 
     def setup(self, spec: Any) -> Any:
         self.calls.append(("setup", spec))
@@ -87,6 +72,8 @@ class FakeDataplane:
 
 
 class FakeIpam:
+    """Implements the ``IpamInvoker`` protocol the plugin is given (no process)."""
+
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.result: dict[str, Any] = {
@@ -94,19 +81,26 @@ class FakeIpam:
         }
         self.fail: dict[str, CniError] = {}
 
-    def __call__(self, args: skel.CmdArgs, conf: Any, command: str) -> dict[str, Any] | None:
+    def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
         self.calls.append(command)
-        if command in self.fail:
-            raise self.fail[command]
-        return {"cniVersion": args.cni_version, **self.result} if command == "ADD" else None
+
+        def wait() -> dict[str, Any] | None:
+            if command in self.fail:
+                raise self.fail[command]
+            return {"cniVersion": args.cni_version, **self.result} if command == "ADD" else None
+
+        return wait
+
+
+HANDLERS: list[skel.Handlers] = []
 
 
 @pytest.fixture
-def fakes(monkeypatch: pytest.MonkeyPatch) -> tuple[FakeDataplane, FakeIpam]:
+def fakes() -> Iterator[tuple[FakeDataplane, FakeIpam]]:
     dp, ipam = FakeDataplane(), FakeIpam()
-    monkeypatch.setattr(plugin, "dataplane", lambda: dp)
-    monkeypatch.setattr(plugin, "start_ipam", lambda a, c, cmd: functools.partial(ipam, a, c, cmd))
-    return dp, ipam
+    HANDLERS.append(plugin.Plugin(dataplane=lambda: dp, ipam=ipam).handlers())
+    yield dp, ipam
+    HANDLERS.clear()
 
 
 def conf(version: str = "1.1.0", **extra: Any) -> dict[str, Any]:
@@ -129,7 +123,7 @@ def run(command: str, config: dict[str, Any], **env: str) -> tuple[int, Any]:
         **env,
     }
     base = {k: v for k, v in base.items() if v != "<unset>"}
-    rc, out = skel.run(plugin.HANDLERS, base, json.dumps(config).encode())
+    rc, out = skel.run(HANDLERS[-1], base, json.dumps(config).encode())
     return rc, (json.loads(out) if out.strip() else None)
 
 
@@ -371,7 +365,7 @@ def _gc_conf(**extra: Any) -> dict[str, Any]:
 def test_gc_removes_only_this_networks_stale_veths(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """GC-3, GC-6: stale veths of this network go; valid ones and other networks' stay."""
     dp, ipam = fakes
-    keep = dp.host_veth_name("cali", "net1", "c1", "eth0")
+    keep = host_veth_name("cali", "net1", "c1", "eth0")
     dp.veths = [
         SimpleNamespace(name=keep, alias="tabby:net1:c1:eth0"),
         SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0"),
