@@ -32,6 +32,7 @@ from ipam.core import (
     PoolSpec,
     RevisionConflict,
     StoreCorrupt,
+    StoreError,
     StoreUnavailable,
     handle_id,
 )
@@ -78,6 +79,7 @@ CODES: dict[type[IpamError], tuple[int, str]] = {
     StoreCorrupt: (Code.STORE_CORRUPT, "IPAM datastore unreadable or corrupt"),
     StoreUnavailable: (Code.TRY_AGAIN_LATER, "IPAM datastore unavailable, try again later"),
     LockTimeout: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
+    StoreError: (Code.TRY_AGAIN_LATER, "IPAM datastore failure, try again later"),
 }
 
 
