@@ -420,3 +420,97 @@ def test_invalid_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="family"):
         IPBlock("10.0.0.0/8", ("fd00::/64",))
     assert Rule().peers == ()
+
+
+# --- adapter: resource models -> engine inputs -------------------------------------------------
+
+
+def test_adapter_from_resource_models() -> None:
+    k8s = pytest.importorskip("ipam.resources.k8s")
+    adapter = pytest.importorskip("cni_plugin.node.policy.adapter")
+
+    np = k8s.NetworkPolicy.model_validate(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "web", "namespace": "x"},
+            "spec": {
+                "podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [
+                    {
+                        "from": [
+                            {
+                                "namespaceSelector": {
+                                    "matchExpressions": [
+                                        {"key": "ns", "operator": "NotIn", "values": ["x"]}
+                                    ]
+                                },
+                                "podSelector": {"matchLabels": {"pod": "b"}},
+                            },
+                            {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}},
+                        ],
+                        "ports": [{"port": "serve-80-tcp"}, {"port": 81, "endPort": 90}],
+                    }
+                ],
+                "egress": [{}],
+            },
+        }
+    )
+    got = adapter.policy(np)
+    assert got.types == {"ingress", "egress"}  # the model's defaulting
+    assert got.pod_selector == tt.sel(pod="a")
+    (r,) = got.ingress
+    assert r.peers[0] == Peer(sel(pod="b"), tt.expr("ns", "NotIn", "x"))
+    assert r.peers[1] == Peer(ip_block=IPBlock("10.0.0.0/8", ("10.1.0.0/16",)))
+    assert r.ports == (PortSpec("TCP", "serve-80-tcp"), PortSpec("TCP", 81, 90))
+    assert got.egress == (Rule(),)
+    ns = adapter.namespace(
+        k8s.Namespace.model_validate(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "y"}}
+        )
+    )
+    assert ns.effective_labels == {"kubernetes.io/metadata.name": "y"}
+    pod = adapter.pod(
+        k8s.Pod.model_validate(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "a", "namespace": "x", "labels": {"pod": "a"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "ports": [{"name": "dns", "containerPort": 53, "protocol": "UDP"}],
+                        }
+                    ]
+                },
+            }
+        )
+    )
+    assert pod.ports == (ContainerPort("dns", 53, "UDP"),)
+    ep = adapter.endpoint(
+        {
+            "metadata": {"name": "n1-k8s-a-eth0", "namespace": "x", "labels": {"pod": "a"}},
+            "spec": {
+                "node": "n1",
+                "pod": "a",
+                "containerID": "c1",
+                "interface": "eth0",
+                "hostInterface": "cali0123456789a",
+                "ipNetworks": ["10.244.0.5/32"],
+            },
+        }
+    )
+    assert ep == Endpoint(
+        "x", "a", "n1", "cali0123456789a", ("10.244.0.5",), "n1-k8s-a-eth0", (("pod", "a"),)
+    )
+    state = adapter.cluster_state([np], [], [], [])
+    assert state.policies == (got,)
+
+
+def test_an_endpoint_without_host_interface_counts_for_sets_but_gets_no_chains() -> None:
+    p = pol("p", tt.A, ingress=(rule(Peer(sel(pod="b"))),))
+    ep = Endpoint("x", "b9", "node1", "", ("10.244.1.99",), labels=(("pod", "b"),))
+    ir = engine.compute(_state(p).with_endpoint(ep), "node1", (4,))
+    assert "" not in ir.endpoints
+    assert any("10.244.1.99" in e for e in ir.elements.values())

@@ -699,7 +699,8 @@ def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6))
     """The desired policy state of ``node``'s endpoints (see the module docstring)."""
     view = _View(state)
     b = _Builder(view, frozenset(families))
-    local = [m for m in view.members if m.ep.node == node]
+    # An endpoint without a host interface (not written by tabby) cannot be dispatched to.
+    local = [m for m in view.members if m.ep.node == node and m.ep.interface]
     policies = sorted(state.policies, key=lambda p: (p.namespace, p.name))
     chains: dict[str, PolicyChain] = {}
     selecting: dict[str, dict[Direction, list[str]]] = {m.ep.interface: {} for m in local}
