@@ -1,7 +1,8 @@
 """Exec a delegated plugin the way the spec says (section 4; checklist 10a).
 
 Same environment with only CNI_COMMAND changed (and IgnoreUnknown=1 added to CNI_ARGS,
-IPM-6), the same stdin bytes, the delegate's stderr passed through to ours (IPM-3); its
+IPM-6), the same stdin bytes, the delegate's stderr passed through to ours (IPM-3; in
+tabby-node, to the call's captured stderr, which the node relays to its caller); its
 error is passed on with its own code, never re-wrapped (IPM-4).
 """
 
@@ -13,6 +14,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import log
 from .args import with_ignore_unknown
 from .errors import CniError, Code
 
@@ -73,6 +75,7 @@ def start_plugin(
             [binary],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=log.stderr_capture_fd(),  # None: ours, inherited
             env=delegate_env(env, command),
         )
     except OSError as e:

@@ -44,9 +44,7 @@ class _ContextFilter(logging.Filter):
 
 
 class SharedRotatingFileHandler(logging.Handler):
-    def __init__(
-        self, path: str, max_bytes: int = MAX_BYTES, backups: int = BACKUPS
-    ) -> None:
+    def __init__(self, path: str, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
         super().__init__()
         self.path = path
         self.max_bytes = max_bytes
@@ -55,9 +53,7 @@ class SharedRotatingFileHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             data = (self.format(record) + "\n").encode("utf-8", "replace")
-            fd = os.open(
-                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, data)
                 if os.fstat(fd).st_size > self.max_bytes:
@@ -106,9 +102,7 @@ _current: list[tuple[str, str | None, bool]] = []
 _setup_lock = threading.Lock()
 
 
-def setup(
-    level: str = "info", path: str | None = DEFAULT_LOG_FILE, *, stderr: bool = True
-) -> None:
+def setup(level: str = "info", path: str | None = DEFAULT_LOG_FILE, *, stderr: bool = True) -> None:
     """(Re)configure the ``tabby`` logger. Safe to call more than once, from any thread."""
     with _setup_lock:
         if _current == [(level, path, stderr)]:
@@ -148,9 +142,7 @@ def set_context(text: str) -> None:
     _context.local.context = text
 
 
-def configure_for_call(
-    level: str, path: str, command: str, container_id: str, ifname: str
-) -> None:
+def configure_for_call(level: str, path: str, command: str, container_id: str, ifname: str) -> None:
     """Apply a call's validated ``log_level``/``log_file_path``; tag records with the call."""
     level_s = level
     path_s = path or DEFAULT_LOG_FILE
@@ -183,9 +175,7 @@ class _PerCallFileHandler(logging.Handler):
             handler = self.files.get(target[1])
             if handler is None:
                 try:
-                    os.makedirs(
-                        os.path.dirname(target[1]) or ".", mode=0o700, exist_ok=True
-                    )
+                    os.makedirs(os.path.dirname(target[1]) or ".", mode=0o700, exist_ok=True)
                 except OSError:
                     return
                 handler = SharedRotatingFileHandler(target[1])
@@ -202,6 +192,7 @@ def setup_resident(level: str, path: str | None) -> None:
     handler.addFilter(_context)
     root = logging.getLogger("tabby")
     root.addHandler(handler)
+    root.addHandler(call_stderr_handler())
     root.setLevel(logging.DEBUG)
     for h in _configured:
         if h.level == logging.NOTSET:
@@ -211,3 +202,66 @@ def setup_resident(level: str, path: str | None) -> None:
 def end_call() -> None:
     _call.target = None
     set_context("-")
+
+
+# -- a call's stderr, captured (tabby-node) -------------------------------------------------
+# Standalone, a call's stderr is the caller's: a delegated plugin inherits it and the stderr
+# handler above writes tabby's warnings and errors there. tabby-node serves the call in one
+# of its threads; it captures the same output in a memory file per call and sends it back
+# with the answer, for the client to write to its caller's stderr.
+
+
+def begin_stderr_capture() -> None:
+    """From here on, what this thread's call writes to stderr goes to a per-call buffer."""
+    end_stderr_capture()
+    _call.stderr_fd = os.memfd_create("tabby-call-stderr", os.MFD_CLOEXEC)
+
+
+def stderr_capture_fd() -> int | None:
+    """The fd a delegated plugin gets as its stderr, when this thread captures stderr."""
+    fd: int | None = getattr(_call, "stderr_fd", None)
+    return fd
+
+
+def end_stderr_capture(limit: int = 1 << 20) -> bytes:
+    """Stop capturing; what was captured (at most ``limit`` bytes, then a note of the rest)."""
+    fd = stderr_capture_fd()
+    if fd is None:
+        return b""
+    _call.stderr_fd = None
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, limit), 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    if size > len(data):
+        data += f"\n[{size - len(data)} more bytes of stderr not relayed]\n".encode()
+    return data
+
+
+class _CallStderrHandler(logging.Handler):
+    """In tabby-node, each call's warnings and errors go to that call's captured stderr,
+    formatted as the stderr handler formats them standalone."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fd = stderr_capture_fd()
+        target = getattr(_call, "target", None)
+        if fd is None or (target is not None and record.levelno < target[0]):
+            return
+        try:
+            os.write(fd, (self.format(record) + "\n").encode("utf-8", "replace"))
+        except Exception:
+            self.handleError(record)
+
+
+def call_stderr_handler() -> logging.Handler:
+    """The handler that copies a call's warnings and errors to its captured stderr."""
+    relay = _CallStderrHandler()
+    relay.setFormatter(_NoTracebackFormatter(_FORMAT))
+    relay.addFilter(_context)
+    return relay

@@ -2,17 +2,28 @@
 
 Wire protocol (one call per connection; all integers are unsigned 32-bit big-endian):
 
-  client -> node   b"TBY1", u32 header length, u32 stdin length, header, stdin bytes;
+  client -> node   b"TBY2", u32 header length, u32 stdin length, header, stdin bytes;
                    SCM_RIGHTS with the first chunk: the caller's network and mount
                    namespaces (the node does the call's work in both)
                    header = NUL-separated: tabby version, role ("tabby" | "tabby-ipam"),
                             then the caller's environment as KEY=VALUE entries
   node -> client   b"A" (accepted: from here on the call runs exactly once, here)
                    or b"R" + reason (rejected, e.g. another version: the client runs the
-                   call in-process), then for "A": u32 exit status, u32 length, stdout bytes.
+                   call in-process), then for "A": u32 exit status, u32 stdout length,
+                   u32 stderr length, stdout bytes, stderr bytes. stderr is what the call
+                   wrote there (a delegated plugin's stderr, tabby's warnings and errors):
+                   the client writes it to its own stderr, as the call would standalone.
 
-A client that gets EOF or an error before "A" falls back to in-process; after "A" it never
-does (the node may have done part of the work), and answers code 11 instead.
+The magic names the protocol: a node and a client of different protocols never talk (an
+older node refuses "TBY2" as "not a tabby-node request"; this node refuses "TBY1"), so the
+client runs the call in-process. The version in the header must match too.
+
+Bounds, so that a wedged node never hangs a runtime: a client that has not read "A" within
+ACCEPT_WITHIN seconds of connecting treats the node as absent and runs the call in-process
+(it shuts its socket down first, so a node that accepts later can no longer start the
+call); after "A" it waits at most the call's lock_timeout_seconds + ANSWER_GRACE seconds
+for the answer. A client that gets EOF, an error or no answer in time after "A" never
+falls back (the node may have done part of the work): it answers code 11 instead.
 """
 
 from __future__ import annotations
@@ -25,7 +36,15 @@ DEFAULT_SOCKET = "/run/tabby/node.sock"
 SOCKET_ENV = "TABBY_NODE_SOCKET"
 ACCEPT = b"A"
 REJECT = b"R"
-MAGIC = b"TBY1"
+MAGIC = b"TBY2"
+#: Seconds a node has to accept a call (read it and answer "A") before it counts as absent.
+ACCEPT_WITHIN = 2.0
+#: Seconds beyond the call's lock_timeout_seconds that a client waits for an accepted answer.
+ANSWER_GRACE = 5.0
+#: lock_timeout_seconds when the call's config does not say.
+DEFAULT_LOCK_TIMEOUT = 30.0
+#: The node relays at most this much of a call's stderr (the rest is counted, not sent).
+MAX_STDERR = 1 << 20
 
 
 def encode_header(version: str, role: str, env: Mapping[str, str]) -> bytes:

@@ -6,6 +6,9 @@ host-side work lands where the binary was run, never in the node process's own n
 setns(2) is per thread, so concurrent calls do not disturb each other. When a ``tabby`` ADD
 delegates to ``tabby-ipam`` the IPAM runs in-process through the very same handlers the
 binary would run, so results are identical; any other IPAM type is exec'd as the spec says.
+What a call writes to stderr (a delegate's stderr, tabby's warnings) is captured per call
+and relayed to the caller with the answer. One tabby-node per run directory (the socket's
+directory): a second one exits with one line instead of racing the first for the socket.
 """
 
 from __future__ import annotations
@@ -20,15 +23,22 @@ import sys
 import threading
 import time
 
+from filelock import FileLock, Timeout
+
 from cni_plugin import __version__, plugin
 from cni_plugin.cni import skel
-from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, REJECT, decode_header
+from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, MAX_STDERR, REJECT, decode_header
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
+_U32x3 = struct.Struct("!III")
 _PEERCRED = struct.Struct("3i")
 MAX_HEADER = 1 << 20
 MAX_STDIN = 16 << 20
+#: Seconds a client has to send its whole request (its own limit to be accepted is 2 s).
+REQUEST_WITHIN = 10.0
+#: In the run directory: held (flock) by the tabby-node that serves it, while it runs.
+LOCK_NAME = "tabby-node.lock"
 
 
 def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
@@ -121,12 +131,14 @@ class NodeServer:
         self.inflight: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.served = 0
+        self.run_dir_lock: FileLock | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def bind(self) -> None:
         directory = os.path.dirname(self.path)
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._claim_run_dir(directory)
         if os.path.lexists(self.path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -146,6 +158,20 @@ class NodeServer:
         os.chmod(self.path, 0o600)
         sock.listen(128)
         self.sock = sock
+
+    def _claim_run_dir(self, directory: str) -> None:
+        """Hold the run directory's lock for as long as this node runs. Probing the socket
+        alone races: two nodes starting together both find no live socket, both bind, and
+        the first one ends up serving a path the second one unlinked."""
+        lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise SystemExit(
+                f"tabby-node: another tabby-node is running in {directory} "
+                f"(it holds {lock.lock_file})"
+            ) from None
+        self.run_dir_lock = lock
 
     def serve_forever(self) -> None:
         assert self.sock is not None
@@ -181,6 +207,9 @@ class NodeServer:
             if not alive or time.monotonic() > deadline:
                 break
             alive[0].join(timeout=0.1)
+        if self.run_dir_lock is not None:
+            self.run_dir_lock.release()
+            self.run_dir_lock = None
 
     # -- one call ------------------------------------------------------------------------
 
@@ -190,12 +219,19 @@ class NodeServer:
         return uid in (0, os.geteuid())
 
     def _handle(self, conn: socket.socket) -> None:
+        from cni_plugin.cni import log as cni_log
+
         fds: list[int] = []
+        call = ""
         try:
             if not self._peer_ok(conn):
                 log.warning("refused a connection from a non-root peer")
                 return
+            conn.settimeout(REQUEST_WITHIN)
             first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
+            if not first:
+                log.debug("a client connected and left without a request")
+                return
             head = _recv_exact(conn, 12, first[:12]) if len(first) < 12 else first[:12]
             if head[:4] != MAGIC:
                 conn.sendall(REJECT + b"not a tabby-node request")
@@ -214,11 +250,25 @@ class NodeServer:
             if _ns_kind(netns_fd) != "net" or _ns_kind(mnt_fd) != "mnt":
                 conn.sendall(REJECT + b"not namespace fds")
                 return
+            # A client that gave up waiting has shut its side down: this send fails, and the
+            # call, which the client now runs itself, is not started here.
             conn.sendall(ACCEPT)
-            rc, out = execute(role, env, stdin, netns_fd, mnt_fd)
-            conn.sendall(_U32x2.pack(rc, len(out)) + out)
+            call = f"{role} {env.get('CNI_COMMAND', '')} {env.get('CNI_CONTAINERID', '')[:12]}"
+            conn.settimeout(None)
+            cni_log.begin_stderr_capture()
+            try:
+                rc, out = execute(role, env, stdin, netns_fd, mnt_fd)
+            finally:
+                err = cni_log.end_stderr_capture(MAX_STDERR)
+            conn.sendall(_U32x3.pack(rc, len(out), len(err)) + out + err)
             with self.lock:
                 self.served += 1
+        except (EOFError, ConnectionError, TimeoutError) as e:
+            # Probes, a caller killed or timed out mid-call: normal life for a daemon.
+            if call:
+                log.info("the caller of %s left before its answer (%s)", call, _why(e))
+            else:
+                log.debug("a client left before its call was accepted (%s)", _why(e))
         except Exception:
             log.exception("tabby-node: a call failed outside the CNI error path")
         finally:
@@ -227,6 +277,10 @@ class NodeServer:
             conn.close()
             with self.lock:
                 self.inflight.discard(threading.current_thread())
+
+
+def _why(e: BaseException) -> str:
+    return str(e) or type(e).__name__
 
 
 def _ns_kind(fd: int) -> str:
