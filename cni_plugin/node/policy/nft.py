@@ -310,6 +310,8 @@ class Renderer:
                 out.append(self.add_set(d))
                 out.extend(self.elements("add", name, nel[name]))
                 continue
+            if oel[name] is nel[name]:
+                continue
             gone, came = oel[name] - nel[name], nel[name] - oel[name]
             if gone:
                 out.extend(self.elements("delete", name, gone))
@@ -324,13 +326,13 @@ class Renderer:
         for name, pc in sorted(nchains.items()):
             if name not in ochains:
                 out.extend(self.policy_chain_rules(pc))
-            elif ochains[name] != pc:
+            elif ochains[name] is not pc and ochains[name] != pc:
                 out.append(f"flush chain {t} {name}")
                 out.extend(self.policy_chain_rules(pc))
         for iface, p in sorted(neps.items()):
             if iface not in oeps:
                 out.extend(self.endpoint_rules(p))
-            elif oeps[iface] != p:
+            elif oeps[iface] is not p and oeps[iface] != p:
                 if (oeps[iface].ingress, oeps[iface].egress, oeps[iface].endpoint) == (
                     p.ingress,
                     p.egress,
@@ -517,15 +519,22 @@ class PolicyDataplane:
 
     def add_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ApplyResult:
         with self._lock:
-            if self._state is None:
+            if self._state is None or self._programmed is None:
                 raise RuntimeError("add_endpoint before the first sync: policies unknown")
-            return self._apply(self._state.with_endpoint(ep, pod), self._nat, False)
+            start = time.monotonic()
+            ir = engine.add_endpoint(self._programmed.ir, self._state, ep, pod, self.node)
+            state = self._state.with_endpoint(ep, pod)
+            return self._apply(state, self._nat, False, ir, start)
 
     def remove_endpoint(self, namespace: str, name: str) -> ApplyResult:
+        """``name`` is the endpoint's (WorkloadEndpoint) name."""
         with self._lock:
-            if self._state is None:
+            if self._state is None or self._programmed is None:
                 raise RuntimeError("remove_endpoint before the first sync")
-            return self._apply(self._state.without_endpoint(namespace, name), self._nat, False)
+            start = time.monotonic()
+            ir = engine.remove_endpoint(self._programmed.ir, self._state, namespace, name)
+            state = self._state.without_endpoint(namespace, name)
+            return self._apply(state, self._nat, False, ir, start)
 
     def explain(
         self, src: Target, dst: Target, protocol: str = "TCP", port: int | None = None
@@ -548,9 +557,19 @@ class PolicyDataplane:
             self._programmed = None
 
     # internals
-    def _apply(self, state: ClusterState, nat: NatConfig, full: bool) -> ApplyResult:
-        start = time.monotonic()
-        desired = engine.compute(state, self.node, self.families)
+    def _apply(
+        self,
+        state: ClusterState,
+        nat: NatConfig,
+        full: bool,
+        desired: DesiredState | None = None,
+        start: float | None = None,
+    ) -> ApplyResult:
+        """Program ``state``; ``desired`` is its IR when the caller derived it already."""
+        if start is None:
+            start = time.monotonic()
+        if desired is None:
+            desired = engine.compute(state, self.node, self.families)
         snap = Snapshot(desired, nat)
         lines: list[str] | None = None
         if not full and self._programmed is not None:
