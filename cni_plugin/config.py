@@ -34,12 +34,12 @@ from pydantic import (
 )
 
 from cni_plugin.cni.errors import CniError, Code
+from cni_plugin.cni.log import DEFAULT_LOG_FILE
 from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX, veth_prefix_problem
 
 DEFAULT_MTU = 1500
 DEFAULT_MTU_FILE = "/var/lib/tabby/mtu"
 DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
-DEFAULT_LOG_FILE = "/var/log/tabby/cni.log"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 M = TypeVar("M", bound=BaseModel)

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from cni_plugin.cni import log, skel, types
 from cni_plugin.cni.args import parse_cni_args
 from cni_plugin.cni.errors import CniError, Code
-from cni_plugin.config import DEFAULT_LOG_FILE, CommonConf
+from cni_plugin.cni.log import DEFAULT_LOG_FILE
+from cni_plugin.config import CommonConf
 from ipam import config as ipam_config
 from ipam.core import (
     AddressUnavailable,

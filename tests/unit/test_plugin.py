@@ -196,14 +196,16 @@ def test_add_ipam_error_passes_through(fakes: tuple[FakeDataplane, FakeIpam]) ->
 
 
 @pytest.mark.parametrize("mac", ["zz:00:00:00:00:00", "01:00:00:00:00:01", 5])
-def test_bad_mac_capability_is_rejected_before_ipam(
+def test_bad_mac_capability_is_rejected_and_nothing_is_left(
     fakes: tuple[FakeDataplane, FakeIpam], mac: Any
 ) -> None:
-    """ADD-10."""
-    _, ipam = fakes
+    """ADD-10. The IPAM call starts before validation (they overlap); a refused ADD gives
+    the address back and never touches the kernel."""
+    dp, ipam = fakes
     rc, out = run("ADD", conf(runtimeConfig={"mac": mac}))
     assert (rc, out["code"]) == (1, 7)
-    assert ipam.calls == []
+    assert ipam.calls == ["ADD", "DEL"]
+    assert dp.calls == []
 
 
 def test_mac_capability_is_used(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
