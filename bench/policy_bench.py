@@ -221,7 +221,7 @@ def measure(backend_name: str, state: ClusterState, runs: int) -> None:
         relabel.append(_timed(lambda nss=nss: dp.sync(dataclasses.replace(state, namespaces=nss))))  # type: ignore[misc]
     _line("one namespace relabelled (sync)", relabel)
     same = [_timed(lambda: dp.sync(state)) for _ in range(runs)]
-    _line("unchanged state (sync, nothing sent)", same)
+    _line("unchanged state (sync: equal inputs, no-op)", same)
     c = dp.counters
     print(f"  applies {c.applies}, full {c.full_applies}, failed differences {c.apply_errors}")
     if isinstance(backend, nft.LibNftables):

@@ -515,7 +515,14 @@ class PolicyDataplane:
         self, state: ClusterState, nat: NatConfig | None = None, *, full: bool = False
     ) -> ApplyResult:
         with self._lock:
-            return self._apply(state, nat if nat is not None else self._nat, full)
+            nat = nat if nat is not None else self._nat
+            if (
+                not full
+                and self._programmed is not None
+                and (state, nat) == (self._state, self._nat)
+            ):
+                return ApplyResult(False, False, 0, 0.0)  # the same inputs: the same table
+            return self._apply(state, nat, full)
 
     def add_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ApplyResult:
         with self._lock:
