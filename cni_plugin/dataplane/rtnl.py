@@ -183,6 +183,9 @@ class Rtnl:
     """One rtnetlink socket bound to one network namespace. Not thread-safe: use it from
     one thread at a time."""
 
+    #: Reply decoders by message type; a subclass may extend it (e.g. with neighbours).
+    _decoders: dict[int, Any] = _DECODERS
+
     def __init__(self, sock: socket.socket, where: str) -> None:
         self.where = where
         self._sock = sock
@@ -259,7 +262,7 @@ class Rtnl:
                             raise NetlinkFailure(op, self.where, -err, said)
                         return out, interrupted
                     interrupted |= bool(mflags & NLM_F_DUMP_INTR)
-                    decoder = _DECODERS.get(mtype)
+                    decoder = self._decoders.get(mtype)
                     if decoder is not None:
                         reply = decoder(data, offset=offset)
                         reply.decode()
