@@ -45,14 +45,16 @@ SERVER = r"""
 import selectors, socket
 sel = selectors.DefaultSelector()
 for port in (80, 81):
-    t = socket.socket()
+    t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    t.bind(("0.0.0.0", port))
+    t.bind(("::", port))
     t.listen(512)
     t.setblocking(False)
     sel.register(t, selectors.EVENT_READ, "tcp")
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.bind(("0.0.0.0", port))
+    u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    u.bind(("::", port))
     u.setblocking(False)
     sel.register(u, selectors.EVENT_READ, "udp")
 print("ready", flush=True)
@@ -80,13 +82,14 @@ def probe_many(jobs: list[Job], timeout: float) -> dict[Job, bool]:
     results: dict[Job, bool] = {}
     for job in jobs:
         dst, proto, port = job
+        family = socket.AF_INET6 if ":" in dst else socket.AF_INET
         if proto == "TCP":
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(family, socket.SOCK_STREAM)
             s.setblocking(False)
             s.connect_ex((dst, port))
             sel.register(s, selectors.EVENT_WRITE, job)
         else:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = socket.socket(family, socket.SOCK_DGRAM)
             s.setblocking(False)
             s.connect((dst, port))
             s.send(b"probe")
@@ -476,3 +479,56 @@ def test_restart_under_default_deny_opens_no_window(cluster: Cluster) -> None:
         assert all(got.values()), got
     finally:
         cluster.apply(cluster.state(tt.Step((), tt.everything)))
+
+
+def test_ipv6_policy_and_neighbour_discovery(netns_pool: NetnsPool) -> None:
+    """Dual-stack pods on their own node: IPv6 rules use the a6-/ip6 sets, and the
+    neighbour discovery of an egress-isolated pod towards its node passes the input chain
+    (else that pod's IPv6 breaks entirely)."""
+    node = netns_pool.node()
+    v6 = {p: f"fd00:10:244::{i + 10:x}" for i, p in enumerate(("x/a", "x/b", "x/c"))}
+    endpoints, pods, servers = [], {}, []
+    try:
+        for name, addr6 in v6.items():
+            pod = netns_pool.pod()
+            host = dataplane.host_veth_name("cali", "k8s-pod-network", pod.name, "eth0")
+            addrs: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [
+                ipaddress.IPv4Address(tt.address(name)),
+                ipaddress.IPv6Address(addr6),
+            ]
+            spec = dataplane.SetupSpec(
+                netns_path=pod.path, ifname="eth0", host_ifname=host, addresses=addrs
+            )
+            node.run(dataplane.setup, spec)
+            ns, pod_name = name.split("/")
+            endpoints.append(
+                Endpoint(ns, pod_name, "node1", host, (tt.address(name), addr6), f"{pod_name}-eth0")
+            )
+            pods[name] = pod
+            servers.append(_start_server(pod))
+        base = tt.build_state(tt.Step((), tt.everything))
+        policy = tt.pol("x-a-from-b", tt.A, ingress=(tt.rule(tt.peer(tt.sel(pod="b"))),))
+        # x/b may only send to x/a: its neighbour discovery towards the node must still pass
+        b_out = tt.pol(
+            "x-b-to-a", tt.sel(pod="b"), egress=(tt.rule(tt.peer(tt.A)),), types=("Egress",)
+        )
+        state = dataclasses.replace(base, policies=(policy, b_out), endpoints=tuple(endpoints))
+        dp = nft.PolicyDataplane("node1")
+        node.run(dp.sync, state)
+
+        def probe(src: str, jobs: list[Job], timeout: float) -> dict[Job, bool]:
+            return run_in_thread_netns(pods[src].path, lambda: probe_many(jobs, timeout))
+
+        to_a = [(v6["x/a"], "TCP", 80), (v6["x/a"], "UDP", 81)]
+        assert all(probe("x/b", to_a, 3.0).values())
+        assert not any(probe("x/c", to_a, 0.5).values())
+        assert all(probe("x/c", [(v6["x/b"], "TCP", 81)], 3.0).values())
+        assert not any(probe("x/b", [(v6["x/c"], "TCP", 81)], 0.5).values())
+        assert "ip6 saddr @a6-" in node.run(dp.ruleset)
+    finally:
+        for proc in servers:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
