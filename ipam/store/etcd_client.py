@@ -1,0 +1,831 @@
+"""A small etcd v3 client over etcd's gRPC-JSON gateway (``/v3/kv/*``, ``/v3/lease/*``,
+``/v3/watch``), standard library only.
+
+Why not a library: see ``ipam/DESIGN.md`` ("etcd datastore"). In short: importing this costs
+~3 ms (sockets, json, base64; ``ssl`` only for https), where etcd3gw costs ~100 ms and 22 MB
+(requests) and grpc ~50 ms and 20 MB; and none of them rotates over several endpoints within
+one deadline.
+
+- HTTP/1.1 over plain sockets, written here (``http.client`` alone costs ~19 ms to import),
+  keep-alive: one connection per thread, to the endpoint that last answered.
+- Every call has a total deadline. Connection errors, and the gateway's answers meaning
+  "not now" (HTTP 408/502/503/504, gRPC codes 1 Canceled, 4 DeadlineExceeded, 14
+  Unavailable), move the thread to the next endpoint and retry until the deadline; then
+  ``EtcdUnavailable`` names every endpoint and the last error.
+- A write retried after its outcome became unknown (sent, then the connection broke or the
+  answer was "not now") is flagged ``ambiguous`` in its result: it may have been applied
+  already. The store resolves that (see ``EtcdStore``).
+- The gateway's JSON: keys and values are base64; int64 fields are strings; fields that are
+  zero, false or empty are omitted (a txn whose compare failed has no ``succeeded``).
+- Watch: a streaming ``POST /v3/watch`` answered with newline-delimited JSON results in HTTP
+  chunks; read with short timeouts so a stop request is seen within ~0.25 s. The request
+  carries the ``hasleader`` metadata, so a member that loses its leader ends the stream
+  instead of going quiet.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
+
+RETRY_HTTP = frozenset({408, 429, 502, 503, 504})
+RETRY_GRPC = frozenset({1, 4, 14})  # Canceled, DeadlineExceeded, Unavailable
+COMPACTED = 11  # OutOfRange: "required revision has been compacted"
+MAX_HEAD = 64 * 1024
+HASLEADER = "Grpc-Metadata-Hasleader: true\r\n"  # clientv3's WithRequireLeader
+WATCH_POLL = 0.25  # seconds between looks at the stop event while a watch is idle
+DEFAULT_PORT = 2379
+
+
+# == errors ==============================================================================
+
+
+class EtcdError(Exception):
+    """Base of the client's errors."""
+
+
+class EtcdConfigError(EtcdError):
+    """Bad endpoint URL, or TLS files that cannot be loaded."""
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint gave an answer within the deadline."""
+
+    def __init__(self, endpoints: Sequence[str], reason: str) -> None:
+        self.endpoints = list(endpoints)
+        self.reason = reason
+        super().__init__(f"{', '.join(endpoints)}: {reason}")
+
+
+class EtcdRequestError(EtcdError):
+    """etcd refused the request (an error that another endpoint would give too)."""
+
+    def __init__(self, endpoint: str, http_status: int, code: int, message: str) -> None:
+        self.endpoint = endpoint
+        self.http_status = http_status
+        self.code = code
+        self.message = message
+        super().__init__(f"{endpoint}: {message} (HTTP {http_status}, gRPC code {code})")
+
+
+class EtcdCompacted(EtcdRequestError):
+    """The revision asked for has been compacted away."""
+
+
+class _Transient(Exception):
+    """One attempt failed in a way another endpoint (or a later try) may not."""
+
+    def __init__(self, reason: str, *, sent: bool) -> None:
+        super().__init__(reason)
+        self.sent = sent  # the request may have reached etcd
+
+
+# == data ================================================================================
+
+
+# Plain slotted classes, not NamedTuples: defining six NamedTuples costs ~1.2 ms of import.
+
+
+class KeyValue:
+    __slots__ = ("create_revision", "key", "lease", "mod_revision", "value", "version")
+
+    def __init__(
+        self,
+        key: bytes,
+        value: bytes,
+        create_revision: int,
+        mod_revision: int,
+        version: int,
+        lease: int,
+    ) -> None:
+        self.key = key
+        self.value = value
+        self.create_revision = create_revision
+        self.mod_revision = mod_revision
+        self.version = version
+        self.lease = lease
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyValue(key={self.key!r}, value={self.value!r}, create_revision="
+            f"{self.create_revision}, mod_revision={self.mod_revision}, version={self.version}, "
+            f"lease={self.lease})"
+        )
+
+
+class RangeResult:
+    __slots__ = ("kvs", "more", "revision", "total")
+
+    def __init__(self, kvs: list[KeyValue], revision: int, total: int, more: bool) -> None:
+        self.kvs = kvs
+        self.revision = revision
+        self.total = total  # keys in the range (more than ``kvs`` when limited)
+        self.more = more
+
+
+class TxnResult:
+    __slots__ = ("ambiguous", "responses", "revision", "succeeded")
+
+    def __init__(
+        self, succeeded: bool, revision: int, responses: list[dict[str, Any]], ambiguous: bool
+    ) -> None:
+        self.succeeded = succeeded
+        self.revision = revision
+        self.responses = responses
+        self.ambiguous = ambiguous  # an earlier attempt of this txn may have been applied
+
+    def __repr__(self) -> str:
+        return (
+            f"TxnResult(succeeded={self.succeeded}, revision={self.revision}, "
+            f"ambiguous={self.ambiguous})"
+        )
+
+
+class WatchEvent:
+    __slots__ = ("kv", "type")
+
+    def __init__(self, type: str, kv: KeyValue) -> None:
+        self.type = type  # "PUT" or "DELETE"
+        self.kv = kv
+
+
+class WatchResponse:
+    __slots__ = ("canceled", "compact_revision", "events", "reason", "revision")
+
+    def __init__(
+        self,
+        revision: int,
+        events: list[WatchEvent],
+        compact_revision: int,
+        canceled: bool,
+        reason: str,
+    ) -> None:
+        self.revision = revision
+        self.events = events
+        self.compact_revision = compact_revision  # > 0: history gone; the watch was cancelled
+        self.canceled = canceled
+        self.reason = reason
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def _int(value: Any) -> int:
+    """An int64 field: a string in the gateway's JSON, absent when 0."""
+    return int(value) if value else 0
+
+
+def kv_from_json(obj: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        unb64(obj.get("key")),
+        unb64(obj.get("value")),
+        _int(obj.get("create_revision")),
+        _int(obj.get("mod_revision")),
+        _int(obj.get("version")),
+        _int(obj.get("lease")),
+    )
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key
+
+
+# txn building blocks (the gateway's JSON names) -----------------------------------------
+
+
+def cmp_mod(key: bytes, revision: int) -> dict[str, Any]:
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
+def cmp_absent(key: bytes) -> dict[str, Any]:
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def op_put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+    req: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+    if lease:
+        req["lease"] = str(lease)
+    return {"request_put": req}
+
+
+def op_delete(key: bytes) -> dict[str, Any]:
+    return {"request_delete_range": {"key": b64(key)}}
+
+
+def op_get(key: bytes) -> dict[str, Any]:
+    return {"request_range": {"key": b64(key)}}
+
+
+# == endpoints and HTTP ==================================================================
+
+
+class Endpoint:
+    __slots__ = ("host", "port", "tls", "url")
+
+    def __init__(self, url: str, tls: bool, host: str, port: int) -> None:
+        self.url = url  # as configured (for messages)
+        self.tls = tls
+        self.host = host
+        self.port = port
+
+
+def parse_endpoint(text: str, *, tls_default: bool = False) -> Endpoint:
+    """``http(s)://host:port``, ``host:port`` or ``[v6]:port`` (a path is ignored)."""
+    raw = text.strip()
+    rest = raw
+    tls = tls_default
+    if "://" in rest:
+        scheme, rest = rest.split("://", 1)
+        if scheme.lower() not in ("http", "https"):
+            raise EtcdConfigError(f"etcd endpoint {text!r}: scheme must be http or https")
+        tls = scheme.lower() == "https"
+    hostport = rest.split("/", 1)[0]
+    if "@" in hostport:
+        raise EtcdConfigError(f"etcd endpoint {text!r}: credentials in URLs are not supported")
+    if hostport.startswith("["):
+        host, sep, tail = hostport[1:].partition("]")
+        if not sep or (tail and not tail.startswith(":")):
+            raise EtcdConfigError(f"etcd endpoint {text!r}: bad IPv6 address")
+        port_text = tail[1:]
+    else:
+        host, _, port_text = hostport.partition(":")
+    if not host:
+        raise EtcdConfigError(f"etcd endpoint {text!r}: no host")
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        raise EtcdConfigError(f"etcd endpoint {text!r}: bad port") from None
+    if not 0 < port < 65536:
+        raise EtcdConfigError(f"etcd endpoint {text!r}: bad port")
+    return Endpoint(raw, tls, host, port)
+
+
+class _Conn:
+    """One HTTP/1.1 connection to one endpoint. Reads are buffered, so a read timeout
+    loses nothing (the watch relies on that)."""
+
+    def __init__(self, ep: Endpoint, ctx: ssl.SSLContext | None, deadline: float) -> None:
+        self.ep = ep
+        self.buf = bytearray()
+        timeout = max(0.001, deadline - time.monotonic())
+        try:
+            sock = socket.create_connection((ep.host, ep.port), timeout=timeout)
+        except OSError as e:
+            raise _Transient(f"{ep.url}: connect: {_reason(e)}", sent=False) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ctx is not None:
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                sock = ctx.wrap_socket(sock, server_hostname=ep.host)
+        except OSError as e:  # includes ssl.SSLError
+            sock.close()
+            raise _Transient(f"{ep.url}: TLS: {_reason(e)}", sent=False) from None
+        self.sock: socket.socket | None = sock
+        self.host_header = f"[{ep.host}]:{ep.port}" if ":" in ep.host else f"{ep.host}:{ep.port}"
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def send(self, path: str, body: bytes, deadline: float, extra: str = "") -> None:
+        if self.sock is None:
+            raise _Transient(f"{self.ep.url}: connection closed", sent=False)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+        )
+        try:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            self.sock.sendall(head.encode("ascii") + body)
+        except OSError as e:
+            self.close()
+            # on a fresh connection nothing reached etcd; on a reused one a partial
+            # request cannot have been acted on either (etcd needs the whole body)
+            raise _Transient(f"{self.ep.url}: send: {_reason(e)}", sent=False) from None
+
+    def _fill(self, deadline: float | None, timeout: float | None = None) -> None:
+        """Read more bytes into the buffer (socket.timeout propagates; EOF = _Transient)."""
+        assert self.sock is not None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("deadline")
+            self.sock.settimeout(left if timeout is None else min(left, timeout))
+        else:
+            self.sock.settimeout(timeout)
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise _Transient(f"{self.ep.url}: connection closed by etcd", sent=True)
+        self.buf += chunk
+
+    def _line(self, deadline: float | None, timeout: float | None = None) -> bytes:
+        while True:
+            i = self.buf.find(b"\r\n")
+            if i >= 0:
+                line = bytes(self.buf[:i])
+                del self.buf[: i + 2]
+                return line
+            if len(self.buf) > MAX_HEAD:
+                raise _Transient(f"{self.ep.url}: response line too long", sent=True)
+            self._fill(deadline, timeout)
+
+    def _exact(self, n: int, deadline: float | None, timeout: float | None = None) -> bytes:
+        while len(self.buf) < n:
+            self._fill(deadline, timeout)
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def read_head(self, deadline: float) -> tuple[int, dict[str, str]]:
+        status_line = self._line(deadline)
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise _Transient(f"{self.ep.url}: not an HTTP answer: {status_line[:60]!r}", sent=True)
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = self._line(deadline)
+            if not line:
+                return status, headers
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+
+    def read_body(self, headers: dict[str, str], deadline: float) -> bytes:
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = self._chunk_size(deadline)
+                if size == 0:
+                    while self._line(deadline):  # trailers
+                        pass
+                    break
+                parts.append(self._exact(size, deadline))
+                self._exact(2, deadline)
+            body = b"".join(parts)
+        elif "content-length" in headers:
+            body = self._exact(int(headers["content-length"]), deadline)
+        else:  # read to EOF
+            chunks = [bytes(self.buf)]
+            self.buf.clear()
+            try:
+                while True:
+                    self._fill(deadline)
+                    chunks.append(bytes(self.buf))
+                    self.buf.clear()
+            except _Transient:
+                pass
+            self.close()
+            body = b"".join(chunks)
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return body
+
+    def _chunk_size(self, deadline: float | None, timeout: float | None = None) -> int:
+        line = self._line(deadline, timeout)
+        try:
+            return int(line.split(b";", 1)[0], 16)
+        except ValueError:
+            raise _Transient(f"{self.ep.url}: bad chunk header {line[:40]!r}", sent=True) from None
+
+    def request(self, path: str, body: bytes, deadline: float) -> tuple[int, dict[str, str], bytes]:
+        self.send(path, body, deadline)
+        try:
+            status, headers = self.read_head(deadline)
+            return status, headers, self.read_body(headers, deadline)
+        except _Transient:
+            self.close()
+            raise
+        except TimeoutError:
+            self.close()
+            raise _Transient(f"{self.ep.url}: no answer in time", sent=True) from None
+        except OSError as e:
+            self.close()
+            raise _Transient(f"{self.ep.url}: {_reason(e)}", sent=True) from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, TimeoutError | socket.timeout):
+        return "timed out"
+    text = getattr(e, "strerror", None) or getattr(e, "reason", None) or str(e) or repr(e)
+    return str(text)
+
+
+# == the client ==========================================================================
+
+
+class EtcdClient:
+    """Thread-safe; see the module docstring. ``timeout``: default total deadline of a call."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise EtcdConfigError("no etcd endpoints")
+        if bool(cert_file) != bool(key_file):
+            raise EtcdConfigError("etcd client certificate and key must be given together")
+        tls_default = bool(ca_file or cert_file)
+        self.endpoints = tuple(parse_endpoint(e, tls_default=tls_default) for e in endpoints)
+        self.urls = [ep.url for ep in self.endpoints]
+        self.timeout = float(timeout)
+        self.ca_file = ca_file
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self._ctx: ssl.SSLContext | None = None
+        self._ctx_lock = threading.Lock()
+        self._local = threading.local()
+        self._conns: set[_Conn] = set()
+        self._conns_lock = threading.Lock()
+        self._preferred = 0  # the endpoint that answered last (threads start there)
+        self._closed = False
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def _context(self) -> ssl.SSLContext:
+        with self._ctx_lock:
+            if self._ctx is None:
+                import ssl  # only for https endpoints: ~5 ms and 4 MB
+
+                try:
+                    ctx = ssl.create_default_context(cafile=self.ca_file)
+                    if self.cert_file and self.key_file:
+                        ctx.load_cert_chain(self.cert_file, self.key_file)
+                except (OSError, ssl.SSLError) as e:
+                    files = ", ".join(f for f in (self.ca_file, self.cert_file, self.key_file) if f)
+                    raise EtcdConfigError(f"etcd TLS files ({files}): {_reason(e)}") from None
+                self._ctx = ctx
+            return self._ctx
+
+    def _connect(self, index: int, deadline: float) -> _Conn:
+        ep = self.endpoints[index]
+        ctx = self._context() if ep.tls else None
+        conn = _Conn(ep, ctx, deadline)
+        with self._conns_lock:
+            self._conns.add(conn)
+        return conn
+
+    def _drop(self, conn: _Conn) -> None:
+        conn.close()
+        with self._conns_lock:
+            self._conns.discard(conn)
+
+    def call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        deadline: float | None = None,
+        idempotent: bool = True,
+    ) -> tuple[dict[str, Any], bool]:
+        """POST ``body`` to ``path``; the decoded answer, and whether a non-idempotent
+        request had an attempt with an unknown outcome before the one that answered."""
+        if self._closed:
+            raise EtcdError("client closed")
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        local = self._local
+        n = len(self.endpoints)
+        index: int = getattr(local, "index", self._preferred)
+        failures = 0
+        ambiguous = False
+        last = "no attempt"
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise EtcdUnavailable(self.urls, f"no answer within the deadline ({last})")
+            # a member that hangs must not eat the whole deadline when others may answer
+            left = deadline - now
+            attempt_deadline = now + (left if n == 1 else max(left / n, min(left, 1.0)))
+            conn: _Conn | None = getattr(local, "conn", None)
+            try:
+                if conn is None or conn.sock is None or conn.ep is not self.endpoints[index]:
+                    if conn is not None:
+                        self._drop(conn)
+                    local.conn = None
+                    conn = self._connect(index, attempt_deadline)
+                    local.conn = conn
+                    local.index = index
+                status, _headers, data = conn.request(path, payload, attempt_deadline)
+                if status == 200:
+                    self._preferred = index
+                    try:
+                        answer = json.loads(data)
+                    except ValueError:
+                        raise _Transient(f"{conn.ep.url}: answer is not JSON", sent=True) from None
+                    if not isinstance(answer, dict):
+                        raise _Transient(f"{conn.ep.url}: answer is not an object", sent=True)
+                    return answer, ambiguous
+                code, message = _error_of(data)
+                if status in RETRY_HTTP or code in RETRY_GRPC or (status == 500 and code == 2):
+                    raise _Transient(f"{conn.ep.url}: {message} (HTTP {status})", sent=True)
+                cls = EtcdCompacted if code == COMPACTED else EtcdRequestError
+                raise cls(conn.ep.url, status, code, message)
+            except _Transient as e:
+                last = str(e)
+                if e.sent and not idempotent:
+                    ambiguous = True
+                stale = getattr(local, "conn", None)
+                if stale is not None and stale.sock is None:
+                    self._drop(stale)
+                    local.conn = None
+                failures += 1
+                index = (index + 1) % n
+                if failures % n == 0:  # every endpoint failed once: back off a little
+                    pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
+                    if pause > 0:
+                        time.sleep(pause)
+
+    def close(self) -> None:
+        """Close every connection (a running watch ends with ``EtcdUnavailable``)."""
+        self._closed = True
+        with self._conns_lock:
+            conns = list(self._conns)
+            self._conns.clear()
+        for conn in conns:
+            conn.close()
+
+    # -- KV -----------------------------------------------------------------------------
+
+    def range(
+        self,
+        key: bytes,
+        range_end: bytes | None = None,
+        *,
+        revision: int = 0,
+        limit: int = 0,
+        keys_only: bool = False,
+        count_only: bool = False,
+        serializable: bool = False,
+        deadline: float | None = None,
+    ) -> RangeResult:
+        body: dict[str, Any] = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        if revision:
+            body["revision"] = str(revision)
+        if limit:
+            body["limit"] = str(limit)
+        if keys_only:
+            body["keys_only"] = True
+        if count_only:
+            body["count_only"] = True
+        if serializable:
+            body["serializable"] = True
+        answer, _ = self.call("/v3/kv/range", body, deadline=deadline)
+        return RangeResult(
+            [kv_from_json(kv) for kv in answer.get("kvs", ())],
+            _int(answer.get("header", {}).get("revision")),
+            _int(answer.get("count")),
+            bool(answer.get("more")),
+        )
+
+    def put(
+        self, key: bytes, value: bytes, *, lease: int = 0, deadline: float | None = None
+    ) -> int:
+        body = op_put(key, value, lease)["request_put"]
+        answer, _ = self.call("/v3/kv/put", body, deadline=deadline)
+        return _int(answer.get("header", {}).get("revision"))
+
+    def delete_range(
+        self, key: bytes, range_end: bytes | None = None, *, deadline: float | None = None
+    ) -> int:
+        body: dict[str, Any] = {"key": b64(key)}
+        if range_end is not None:
+            body["range_end"] = b64(range_end)
+        answer, _ = self.call("/v3/kv/deleterange", body, deadline=deadline)
+        return _int(answer.get("deleted"))
+
+    def txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+        *,
+        deadline: float | None = None,
+    ) -> TxnResult:
+        body: dict[str, Any] = {"compare": compare, "success": success}
+        if failure:
+            body["failure"] = failure
+        answer, ambiguous = self.call("/v3/kv/txn", body, deadline=deadline, idempotent=False)
+        return TxnResult(
+            bool(answer.get("succeeded")),
+            _int(answer.get("header", {}).get("revision")),
+            list(answer.get("responses", ())),
+            ambiguous,
+        )
+
+    # -- leases -------------------------------------------------------------------------
+
+    def lease_grant(self, ttl: int, *, deadline: float | None = None) -> tuple[int, int]:
+        """A new lease of ``ttl`` seconds: (id, granted ttl). A retried grant may leave an
+        unused lease behind; it expires by itself."""
+        answer, _ = self.call("/v3/lease/grant", {"TTL": str(ttl)}, deadline=deadline)
+        if answer.get("error"):
+            raise EtcdRequestError(self.urls[self._preferred], 200, 0, str(answer["error"]))
+        return _int(answer.get("ID")), _int(answer.get("TTL"))
+
+    def lease_revoke(self, lease: int, *, deadline: float | None = None) -> None:
+        self.call("/v3/lease/revoke", {"ID": str(lease)}, deadline=deadline)
+
+    def lease_keepalive(self, lease: int, *, deadline: float | None = None) -> int:
+        """Renew a lease once; its new ttl (0: the lease is gone)."""
+        answer, _ = self.call("/v3/lease/keepalive", {"ID": str(lease)}, deadline=deadline)
+        result = answer.get("result", answer)
+        return _int(result.get("TTL")) if isinstance(result, dict) else 0
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def status(self, *, deadline: float | None = None) -> dict[str, Any]:
+        answer, _ = self.call("/v3/maintenance/status", {}, deadline=deadline)
+        return answer
+
+    # -- watch --------------------------------------------------------------------------
+
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes | None,
+        start_revision: int,
+        stop: threading.Event,
+        *,
+        deadline: float | None = None,
+    ) -> Iterator[WatchResponse]:
+        """Stream the changes of ``[key, range_end)`` from ``start_revision`` until ``stop``.
+
+        Connecting (and the "created" answer) must happen before ``deadline`` (default: the
+        client timeout), trying every endpoint; then the stream lasts as long as etcd keeps
+        it. A response with ``canceled`` (``compact_revision`` > 0 after a compaction) ends
+        the iteration; a broken stream raises ``EtcdUnavailable``. Ends quietly (within
+        ~0.25 s) once ``stop`` is set.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        create: dict[str, Any] = {"key": b64(key), "start_revision": str(start_revision)}
+        if range_end is not None:
+            create["range_end"] = b64(range_end)
+        payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
+        conn = self._open_watch(payload, deadline)
+        try:
+            yield from self._read_watch(conn, stop)
+        finally:
+            self._drop(conn)
+
+    def _open_watch(self, payload: bytes, deadline: float) -> _Conn:
+        n = len(self.endpoints)
+        index = self._preferred
+        last = "no attempt"
+        failures = 0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise EtcdUnavailable(self.urls, f"watch not started ({last})")
+            left = deadline - now
+            attempt_deadline = now + (left if n == 1 else max(left / n, min(left, 1.0)))
+            conn: _Conn | None = None
+            try:
+                conn = self._connect(index, attempt_deadline)
+                conn.send(
+                    "/v3/watch", payload, attempt_deadline, "Grpc-Metadata-Hasleader: true\r\n"
+                )
+                try:
+                    status, headers = conn.read_head(attempt_deadline)
+                    if status != 200:
+                        data = conn.read_body(headers, attempt_deadline)
+                        _code, message = _error_of(data)
+                        raise _Transient(
+                            f"{conn.ep.url}: watch: {message} (HTTP {status})", sent=True
+                        )
+                    if headers.get("transfer-encoding", "").lower() != "chunked":
+                        raise _Transient(f"{conn.ep.url}: watch answer is not a stream", sent=True)
+                except (TimeoutError, OSError) as e:
+                    raise _Transient(f"{conn.ep.url}: watch: {_reason(e)}", sent=True) from None
+                self._preferred = index
+                return conn
+            except _Transient as e:
+                last = str(e)
+                if conn is not None:
+                    self._drop(conn)
+                failures += 1
+                index = (index + 1) % n
+                if failures % n == 0:
+                    pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
+                    if pause > 0:
+                        time.sleep(pause)
+
+    def _read_watch(self, conn: _Conn, stop: threading.Event) -> Iterator[WatchResponse]:
+        stream = bytearray()  # de-chunked bytes not yet split into lines
+        size = -1  # bytes left in the current chunk; -1: expecting a chunk header
+        url = conn.ep.url
+        created = False
+        while not stop.is_set():
+            try:
+                if size < 0:
+                    size = conn._chunk_size(None, WATCH_POLL)
+                    if size == 0:
+                        raise EtcdUnavailable([url], "watch stream ended")
+                take = min(size, max(len(conn.buf), 1))
+                data = conn._exact(take, None, WATCH_POLL)
+                size -= len(data)
+                stream += data
+                if size == 0:
+                    conn._exact(2, None, WATCH_POLL)
+                    size = -1
+            except TimeoutError:
+                continue
+            except _Transient as e:
+                raise EtcdUnavailable([url], f"watch broken: {e}") from None
+            except OSError as e:
+                raise EtcdUnavailable([url], f"watch broken: {_reason(e)}") from None
+            while True:
+                i = stream.find(b"\n")
+                if i < 0:
+                    break
+                line = bytes(stream[:i])
+                del stream[: i + 1]
+                if not line.strip():
+                    continue
+                resp = _watch_response(url, line)
+                if resp is None:
+                    continue
+                if not created:
+                    created = True
+                    if not resp.events and not resp.canceled:
+                        continue  # the "created" answer
+                yield resp
+                if resp.canceled:
+                    return
+
+
+def _watch_response(url: str, line: bytes) -> WatchResponse | None:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        raise EtcdUnavailable([url], f"watch: not JSON: {line[:80]!r}") from None
+    if not isinstance(msg, dict):
+        raise EtcdUnavailable([url], "watch: not a JSON object")
+    if "error" in msg and "result" not in msg:
+        err = msg["error"]
+        message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        raise EtcdUnavailable([url], f"watch: {message}")
+    result = msg.get("result")
+    if not isinstance(result, dict):
+        return None
+    events = [
+        WatchEvent(ev.get("type") or "PUT", kv_from_json(ev.get("kv") or {}))
+        for ev in result.get("events", ())
+    ]
+    return WatchResponse(
+        _int(result.get("header", {}).get("revision")),
+        events,
+        _int(result.get("compact_revision")),
+        bool(result.get("canceled")),
+        str(result.get("cancel_reason", "")),
+    )
+
+
+def _error_of(data: bytes) -> tuple[int, str]:
+    """The gRPC code and message of a gateway error body."""
+    try:
+        err = json.loads(data)
+    except ValueError:
+        return 0, data[:200].decode("utf-8", "replace") or "empty answer"
+    if not isinstance(err, dict):
+        return 0, str(err)[:200]
+    message = err.get("message") or err.get("error") or "unknown error"
+    try:
+        code = int(err.get("code", 0))
+    except (TypeError, ValueError):
+        code = 0
+    return code, str(message)
