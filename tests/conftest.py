@@ -6,6 +6,7 @@ In CI the flags are given explicitly, so a missing capability fails instead of s
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -37,8 +38,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_e2e = config.getoption("--run-e2e")
     skip_priv = pytest.mark.skip(reason="needs --run-privileged (root, netns)")
     skip_e2e = pytest.mark.skip(reason="needs --run-e2e (installed binaries, root)")
+    # etcd tests run wherever the etcd binary is; without it they skip, except under
+    # --run-privileged (CI), where the fixture fails and says what is missing.
+    skip_etcd = pytest.mark.skip(reason="needs the etcd binary (apt-get install etcd-server)")
+    have_etcd = shutil.which("etcd") is not None
     for item in items:
         if "e2e" in item.keywords and not run_e2e:
             item.add_marker(skip_e2e)
         elif "privileged" in item.keywords and not run_priv:
             item.add_marker(skip_priv)
+        elif "etcd" in item.keywords and not have_etcd and not run_priv:
+            item.add_marker(skip_etcd)

@@ -25,10 +25,11 @@ def open_store(settings: StoreSettings) -> Store:
         from ipam.store.file import FileStore
 
         return FileStore(settings.data_dir, lock_timeout=settings.lock_timeout_seconds)
-    from ipam.core.errors import InvalidConfig
+    if kind == "etcdv3":
+        from ipam.store.etcd import EtcdStore
 
-    if kind == "etcdv3":  # the etcd store lands in the next commit
-        raise InvalidConfig("datastore_type etcdv3 is not implemented yet")
+        return EtcdStore.from_settings(settings)
+    from ipam.core.errors import InvalidConfig
 
     raise InvalidConfig(
         "unknown datastore_type", f"{kind!r} (expected one of {', '.join(DATASTORE_TYPES)})"

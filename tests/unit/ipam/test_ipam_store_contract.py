@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,55 @@ from ipam.core.errors import (
 )
 from ipam.store import open_store
 from ipam.store.base import KINDS, Doc, Op, Store, SyncEvent
+from ipam.store.etcd import EtcdStore
 from ipam.store.file import FileStore, escape_key, unescape_name
 from ipam.store.memory import MemoryStore
+from tests.etcd_cluster import EtcdCluster, EtcdMissing
+
+from .conftest import make_store
+
+# -- the stores under test: memory, file, and etcd (one member for the module) ------------
+
+
+@pytest.fixture(scope="module")
+def etcd1() -> Iterator[EtcdCluster]:
+    try:
+        cluster = EtcdCluster(1)
+    except EtcdMissing as e:
+        pytest.fail(str(e))
+    with cluster:
+        yield cluster
+
+
+def make_etcd_store(
+    cluster: EtcdCluster, tmp_path: Path, lock_timeout: float = 5.0, prefix: str = ""
+) -> EtcdStore:
+    """A store on its own prefix (tests share one etcd), its lock files under tmp_path."""
+    return EtcdStore(
+        cluster.endpoints,
+        prefix=prefix or f"/test-{uuid.uuid4().hex[:12]}",
+        lock_timeout=lock_timeout,
+        lock_dir=str(tmp_path / "locks"),
+    )
+
+
+@pytest.fixture(params=["memory", "file", pytest.param("etcd", marks=pytest.mark.etcd)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "etcd":
+        made: Store = make_etcd_store(request.getfixturevalue("etcd1"), tmp_path)
+    else:
+        made = make_store(request.param, tmp_path)
+    yield made
+    made.close()
 
 
 def corrupt(store: Store, kind: str, key: str, content: bytes = b'{"format": 1, "rev') -> str:
     """Make one document unreadable the way a torn write or bad disk would."""
     if isinstance(store, MemoryStore):
         store.corrupt(kind, key)
+    elif isinstance(store, EtcdStore):
+        assert store.get(kind, key) is not None
+        store.client.put(store.raw_key(kind, key), content)
     else:
         assert store.get(kind, key) is not None
         Path(store.location(kind, key)).write_bytes(content)
@@ -167,20 +209,24 @@ def test_lock_is_exclusive_and_times_out(
             done.set()
             t.join()
     else:
-        assert isinstance(store, FileStore)
+        if isinstance(store, EtcdStore):  # another process on this node
+            make = (
+                f"EtcdStore({store.endpoints!r}, prefix={store.prefix!r}, "
+                f"lock_dir={store.lock_dir!r})"
+            )
+            imp = "from ipam.store.etcd import EtcdStore\n"
+        else:
+            assert isinstance(store, FileStore)
+            make = f"FileStore({store.data_dir!r})"
+            imp = "from ipam.store.file import FileStore\n"
         code = (
-            "import sys, time\n"
-            "from ipam.store.file import FileStore\n"
-            "s = FileStore(sys.argv[1])\n"
+            f"import sys, time\n{imp}s = {make}\n"
             "with s.lock():\n"
             "    print('held', flush=True)\n"
             "    time.sleep(30)\n"
         )
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, store.data_dir],
-            stdout=subprocess.PIPE,
-            env=subprocess_env,
-            text=True,
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, env=subprocess_env, text=True
         )
         try:
             assert proc.stdout is not None
@@ -199,6 +245,10 @@ def _with_timeout(store: Store, timeout: float) -> Store:
     if isinstance(store, MemoryStore):
         store.lock_timeout = timeout
         return store
+    if isinstance(store, EtcdStore):
+        return EtcdStore(
+            store.endpoints, prefix=store.prefix, lock_timeout=timeout, lock_dir=store.lock_dir
+        )
     assert isinstance(store, FileStore)
     return FileStore(store.data_dir, lock_timeout=timeout)
 
@@ -998,3 +1048,57 @@ def test_importing_ipam_store_is_cheap(subprocess_env: dict[str, str]) -> None:
         "threading",
     }
     assert heavy.isdisjoint(out), sorted(heavy.intersection(out))
+
+
+def test_open_store_etcd_builds_without_io(tmp_path: Path) -> None:
+    store = open_store(
+        Settings(
+            datastore_type="etcdv3",
+            etcd_endpoints=["https://10.0.0.1:2379", "10.0.0.2"],
+            etcd_prefix="/cluster-a/",
+            etcd_ca_cert_file="/nonexistent/ca.crt",
+            etcd_cert_file="/nonexistent/c.crt",
+            etcd_key_file="/nonexistent/c.key",
+            lock_timeout_seconds=7,
+            run_dir=str(tmp_path / "run"),
+        )
+    )
+    assert isinstance(store, EtcdStore)
+    assert store.endpoints == ["https://10.0.0.1:2379", "10.0.0.2"]
+    assert [ep.tls for ep in store.client.endpoints] == [True, True]  # TLS files: https
+    assert store.prefix == "/cluster-a"
+    assert store.lock_timeout == 7.0
+    assert store.location("block", "10.0.0.0/26") == "etcd:/cluster-a/ipam/v1/blocks/10.0.0.0/26"
+    assert store.lock_path.startswith(str(tmp_path / "run" / "locks") + "/etcd-")
+    assert not (tmp_path / "run").exists()  # nothing done yet
+    default = open_store(Settings(datastore_type="etcdv3"))
+    assert isinstance(default, EtcdStore)
+    assert default.lock_path.startswith("/run/tabby/locks/etcd-")
+    assert default.raw_key("pod", "ns/a") == b"/tabby/resources/v1/pods/ns/a"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"etcd_endpoints": []},
+        {"etcd_endpoints": ["ftp://x:1"]},
+        {"etcd_endpoints": ["http://x:99999"]},
+        {"etcd_cert_file": "/c.crt"},
+    ],
+    ids=["no-endpoints", "scheme", "port", "cert-without-key"],
+)
+def test_open_store_etcd_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(InvalidConfig, match="etcd"):
+        open_store(Settings(datastore_type="etcdv3", **kw))
+
+
+def test_etcd_lock_file_names_node_and_cluster(tmp_path: Path) -> None:
+    """Same endpoints (any order) and prefix: one lock; another prefix: another one."""
+    a = EtcdStore(["http://a:1", "http://b:2"], prefix="/p", lock_dir=str(tmp_path))
+    b = EtcdStore(["http://b:2", "http://a:1"], prefix="/p/", lock_dir=str(tmp_path))
+    c = EtcdStore(["http://a:1", "http://b:2"], prefix="/q", lock_dir=str(tmp_path))
+    assert a.lock_path == b.lock_path != c.lock_path
+    with a.lock(), c.lock():  # different clusters do not exclude each other
+        pass
+    with a.lock(), pytest.raises(RuntimeError, match="re-entrant"), a.lock():
+        pass
