@@ -1,17 +1,21 @@
-"""Pure parts of bench/cni_bench.py: statistics, stdin building, CNI_ARGS/env (no root)."""
+"""Pure parts of bench/cni_bench.py (bench/cni_bench_pure.py): statistics, stdin building,
+CNI_ARGS/env (no root)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "cni_bench.py"
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+BENCH = BENCH_DIR / "cni_bench_pure.py"
 
 
 def _load() -> ModuleType:
@@ -29,7 +33,7 @@ def _load() -> ModuleType:
 
 cb = _load()
 
-PTP_LIST = {
+PTP_LIST: dict[str, Any] = {
     "cniVersion": "0.4.0",
     "cniVersions": ["1.0.0", "0.3.1"],
     "name": "net1",
@@ -201,6 +205,7 @@ def test_chain_from_doc_and_single_conf() -> None:
     single = cb.Chain.from_doc({"cniVersion": "0.3.1", "name": "n", "type": "bridge"})
     assert single.types == ["bridge"]
     assert single.cni_version == "0.3.1"
+    bad: object
     for bad in ({"name": "n", "cniVersion": "1.0.0", "plugins": []}, {"plugins": [{}]}, []):
         with pytest.raises(ValueError):
             cb.Chain.from_doc(bad)
@@ -395,3 +400,17 @@ def test_format_report_smoke() -> None:
     assert "compare B / A" in text
     assert "verification: OK" in text
     json.dumps(cb.rounded(report))
+
+
+def test_the_benchmark_script_wires_its_modules_together() -> None:
+    """cni_bench.py imports its siblings (exec, run, pure) from its own directory when run as
+    a script; --help needs all of them and no root."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "cni_bench.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: cni_bench.py")
