@@ -74,7 +74,7 @@ IFA_F_NODAD = 0x02
 #: :meth:`RoutingRtnl.link_kind_supported` so that probing a kind creates nothing.
 _INVALID_DATA: dict[str, list[tuple[str, Any]]] = {
     "vxlan": [("IFLA_VXLAN_ID", 1 << 24)],
-    "ipip": [("IFLA_IPTUN_PROTO", 253)],
+    "ipip": [("IFLA_IPIP_PROTO", 253)],
 }
 
 

@@ -743,17 +743,19 @@ HDR = struct.Struct("=IHHII")
 
 
 class AckingSocket:
-    """Acknowledges every request (or answers a dump with DONE) and keeps what was sent."""
+    """Acknowledges every request (or answers a dump with DONE) and keeps what was sent;
+    with ``err``, refuses every request with that errno instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, err: int = 0) -> None:
+        self.err = err
         self.sent: list[bytes] = []
         self.queue: list[bytes] = []
 
     def send(self, data: bytes) -> int:
         self.sent.append(bytes(data))
         _len, _type, flags, seq, _pid = HDR.unpack_from(data)
-        kind = 3 if flags & 0x300 == 0x300 else 2  # NLMSG_DONE or NLMSG_ERROR(0)
-        self.queue.append(HDR.pack(20, kind, 0, seq, 0) + struct.pack("=i", 0))
+        kind = 3 if flags & 0x300 == 0x300 and not self.err else 2  # NLMSG_DONE / _ERROR
+        self.queue.append(HDR.pack(20, kind, 0, seq, 0) + struct.pack("=i", -self.err))
         return len(data)
 
     def recv(self, size: int) -> bytes:
@@ -771,8 +773,8 @@ def sent(sock: AckingSocket, cls: Any) -> tuple[int, int, Any]:
     return mtype, flags, msg
 
 
-def fake_rtnl() -> tuple[RoutingRtnl, AckingSocket]:
-    sock = AckingSocket()
+def fake_rtnl(err: int = 0) -> tuple[RoutingRtnl, AckingSocket]:
+    sock = AckingSocket(err)
     return RoutingRtnl(sock, "test"), sock  # type: ignore[arg-type]
 
 
@@ -839,6 +841,34 @@ def test_ipip_link_request() -> None:
     assert (mtype, flags & 0x600) == (16, 0x600)
     assert (msg.get("ifname"), msg.get("mtu"), msg["flags"] & 1) == ("tunl0", 1480, 1)
     assert msg.get(("linkinfo", "kind")) == "ipip"
+
+
+@pytest.mark.parametrize(
+    ("err", "supported"), [(errno.EOPNOTSUPP, False), (errno.EINVAL, True), (errno.ERANGE, True)]
+)
+def test_kind_probe_sends_data_the_kind_rejects_and_reads_the_answer(
+    err: int, supported: bool
+) -> None:
+    nl, sock = fake_rtnl(err)
+    answer = nl.link_kind_supported("ipip", "tbyprobe1")
+    assert answer[0] is supported
+    assert len(sock.sent) == 1  # refused: nothing was created, nothing to clean up
+    mtype, flags, msg = sent(sock, ifinfmsg)
+    assert (mtype, flags & 0x600) == (16, 0x600)
+    assert msg.get("ifname") == "tbyprobe1"
+    data = msg.get(("linkinfo", "data"))
+    assert msg.get(("linkinfo", "kind")) == "ipip"
+    assert data.get("ipip_proto") == 253  # IFLA_IPTUN_PROTO: ipip_tunnel_validate says EINVAL
+
+
+def test_kind_probe_that_creates_a_link_removes_it() -> None:
+    nl, sock = fake_rtnl()  # acks everything: as if the kind had no validation
+    supported, how = nl.link_kind_supported("bridge", "tbyprobe2")
+    assert supported
+    assert how == "created and removed a probe link"
+    # The create, then the lookup of what it made (this fake answers it with nothing, so
+    # there is nothing to delete; the kernel tests see a real probe leave nothing behind).
+    assert len(sock.sent) == 2
 
 
 # --- node facts (pure parts) --------------------------------------------------------------
