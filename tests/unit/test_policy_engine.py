@@ -561,3 +561,25 @@ def test_add_endpoint_falls_back_when_labels_of_a_known_pod_change() -> None:
     assert engine.add_endpoint(ir, state, ep, same, "node1") is not None
     existing = state.endpoints[0]
     assert engine.add_endpoint(ir, state, existing, None, "node1") is None
+
+
+def test_explain_node_traffic_cidrs_and_pods_without_endpoints() -> None:
+    st = _state(tt.DENY_INGRESS)
+    ex = engine.explain(
+        st, "10.99.0.1", ("x", "a"), "TCP", 80, node="node1", host_addresses=["10.99.0.1"]
+    )
+    assert ex.allowed
+    assert ex.ingress is not None
+    assert "not policed" in ex.ingress.reason
+    # another node's address is policed like any outside address
+    assert not engine.explain(
+        st, "10.99.0.2", ("x", "a"), "TCP", 80, node="node1", host_addresses=["10.99.0.1"]
+    ).allowed
+    ex = engine.explain(st, f"{address('y/a')}/32", ("x", "a"))
+    assert ex.src.startswith("y/a")
+    st = dataclasses.replace(st, pods=(*st.pods, Pod("x", "lonely", (("pod", "a"),))))
+    assert engine.selecting_policies(st, "x", "lonely") == {
+        "ingress": ["x/default-deny-ingress"],
+        "egress": [],
+    }
+    assert engine.selecting_policies(st, "x", "nobody") == {"ingress": [], "egress": []}

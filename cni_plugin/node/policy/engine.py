@@ -991,7 +991,7 @@ def _resolve(view: _View, t: Target, family: int | None) -> tuple[_Member | None
                 if addrs:
                     return m, addrs[0], m.ident
         raise LookupError(f"no endpoint with an address for pod {ns}/{name}")
-    addr = ipaddress.ip_address(t)
+    addr = ipaddress.ip_interface(t).network.network_address
     owner = view.by_addr.get(addr)
     return owner, addr, (f"{owner.ident} ({addr})" if owner is not None else str(addr))
 
@@ -1002,23 +1002,33 @@ def explain(
     dst: Target,
     protocol: str = "TCP",
     port: int | None = None,
+    *,
+    node: str | None = None,
+    host_addresses: Iterable[str] = (),
 ) -> Explanation:
     """Why a new connection ``src -> dst`` (``protocol``/``port``) is allowed or not:
     the source pod's egress (when the source is a pod) and the destination pod's ingress
-    (when it is one). Addresses that belong to a pod are that pod. ``protocol`` is TCP,
-    UDP, SCTP, or another name (e.g. ICMP: only rules without ports match it)."""
+    (when it is one). Addresses that belong to a pod are that pod; a CIDR stands for its
+    first address. ``protocol`` is TCP, UDP, SCTP, or another name (e.g. ICMP: only rules
+    without ports match it). With ``node`` and its ``host_addresses``, traffic from those
+    addresses to a pod on that node is allowed unpoliced, as the dataplane does (kubelet
+    probes)."""
     view = _View(state)
     protocol = protocol.upper()
     fam = None
     for t in (src, dst):
         if isinstance(t, str):
-            fam = ipaddress.ip_address(t).version
+            fam = ipaddress.ip_interface(t).version
     s_m, s_addr, s_name = _resolve(view, src, fam)
     d_m, d_addr, d_name = _resolve(view, dst, s_addr.version)
     egress = ingress = None
     if s_m is not None:
         egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port)
-    if d_m is not None:
+    hosts = {ipaddress.ip_address(a) for a in host_addresses}
+    if d_m is not None and s_m is None and d_m.ep.node == node and s_addr in hosts:
+        why = f"traffic from node {node} to its own pods is not policed"
+        ingress = DirectionVerdict(d_m.ident, "ingress", (), True, (), why)
+    elif d_m is not None:
         ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port)
     return Explanation(s_name, d_name, protocol, port, egress, ingress)
 
@@ -1030,15 +1040,17 @@ def allowed(
 
 
 def selecting_policies(state: ClusterState, namespace: str, pod: str) -> dict[Direction, list[str]]:
-    """Which policies select a pod, per direction (``tabbyctl policy explain POD``)."""
-    view = _View(state)
+    """Which policies select a pod, per direction (``tabbyctl policy explain POD``): by the
+    labels of its Pod resource, else of its endpoints."""
+    known = next((p for p in state.pods if (p.namespace, p.name) == (namespace, pod)), None)
+    label_sets = [known.labels] if known is not None else []
+    label_sets += [e.labels for e in state.endpoints if (e.namespace, e.pod) == (namespace, pod)]
     out: dict[Direction, list[str]] = {"ingress": [], "egress": []}
-    for m in view.by_ns.get(namespace, ()):
-        if m.ep.pod != pod:
-            continue
+    for raw in label_sets[:1]:
+        labels, items = dict(raw), frozenset(raw)
         for p in sorted(state.policies, key=lambda p: (p.namespace, p.name)):
-            if _selects(p, m):
+            if p.namespace == namespace and p.pod_selector.matches(labels, items):
                 for d in ("ingress", "egress"):
-                    if d in p.types and p.key not in out[d]:
+                    if d in p.types:
                         out[d].append(p.key)
     return out

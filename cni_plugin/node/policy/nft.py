@@ -544,12 +544,27 @@ class PolicyDataplane:
             return self._apply(state, self._nat, False, ir, start)
 
     def explain(
-        self, src: Target, dst: Target, protocol: str = "TCP", port: int | None = None
+        self,
+        src: Target,
+        dst: Target,
+        protocol: str = "TCP",
+        port: int | None = None,
+        host_addresses: Iterable[str] = (),
     ) -> Explanation:
+        """``engine.explain`` on the last synced state, as seen from this node (its
+        ``host_addresses`` reach its pods unpoliced)."""
         with self._lock:
             if self._state is None:
                 raise RuntimeError("no state synced yet")
-            return engine.explain(self._state, src, dst, protocol, port)
+            return engine.explain(
+                self._state,
+                src,
+                dst,
+                protocol,
+                port,
+                node=self.node,
+                host_addresses=host_addresses,
+            )
 
     def ruleset(self) -> str:
         """``nft list table inet tabby`` as nft prints it (tests, debugging)."""
