@@ -583,3 +583,36 @@ def test_explain_node_traffic_cidrs_and_pods_without_endpoints() -> None:
         "egress": [],
     }
     assert engine.selecting_policies(st, "x", "nobody") == {"ingress": [], "egress": []}
+
+
+def test_adapter_from_endpoint_and_pool_models() -> None:
+    models = pytest.importorskip("ipam.resources.tabby")
+    adapter = pytest.importorskip("cni_plugin.node.policy.adapter")
+    wep = models.WorkloadEndpoint.model_validate(
+        {
+            "apiVersion": "tabby.io/v1",
+            "kind": "WorkloadEndpoint",
+            "metadata": {"name": "n1-k8s-a-eth0", "namespace": "x", "labels": {"pod": "a"}},
+            "spec": {
+                "node": "n1",
+                "pod": "a",
+                "containerID": "c1",
+                "interface": "eth0",
+                "ipNetworks": ["10.244.0.5/32"],
+            },
+        }
+    )
+    ep = adapter.endpoint(wep)
+    assert (ep.node, ep.interface, ep.addresses) == ("n1", "", ("10.244.0.5",))
+    pools = [
+        models.IPPool.model_validate(
+            {
+                "apiVersion": "tabby.io/v1",
+                "kind": "IPPool",
+                "metadata": {"name": n},
+                "spec": {"cidr": c, "natOutgoing": nat},
+            }
+        )
+        for n, c, nat in (("p1", "10.244.0.0/16", True), ("p2", "10.250.0.0/16", False))
+    ]
+    assert adapter.nat(pools).pools == (("10.244.0.0/16", True), ("10.250.0.0/16", False))
