@@ -1,0 +1,294 @@
+"""BIRD's control protocol (cni_plugin.node.bird.control): framing, parsing, node status
+and readiness. The canned replies are BIRD 2.0.12's own output (captured from a running
+daemon with the rendered ``timeformat``); the client is driven against a fake server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cni_plugin.node.bird import (
+    BirdCommandError,
+    BirdControl,
+    BirdUnavailable,
+    PeerType,
+    SinceMemo,
+    peer_statuses,
+    readiness,
+)
+from cni_plugin.node.bird.control import (
+    BirdError,
+    BirdStatus,
+    PeerStatus,
+    parse_protocols,
+    parse_reply,
+    parse_status,
+)
+
+SHOW_PROTOCOLS_ALL = """\
+2002-Name       Proto      Table      State  Since         Info
+1002-tabby_device Device     ---        up     2026-11-23T11:08:21.354211+0000  
+1006-
+1002-tabby_blocks4 Static     master4    up     2026-11-23T11:08:21.354211+0000  
+1006-  Channel ipv4
+     State:          UP
+     Table:          master4
+     Preference:     200
+     Input filter:   ACCEPT
+     Output filter:  REJECT
+     Routes:         1 imported, 0 exported, 1 preferred
+ 
+1002-Mesh_10_77_0_2 BGP        ---        up     2026-11-23T13:08:23.076745+0200  Established   
+1006-  Description:    node-b
+     BGP state:          Established
+       Neighbor address: 10.77.0.2
+       Neighbor AS:      64512
+       Local AS:         64512
+       Neighbor ID:      10.77.0.2
+       Local capabilities
+         Multiprotocol
+           AF announced: ipv4
+       Session:          internal AS4
+       Source address:   10.77.0.1
+       Hold timer:       224.019/240
+     Channel ipv4
+       State:          UP
+       Table:          master4
+       Input filter:   tabby_import4
+       Output filter:  tabby_export4
+       Routes:         1 imported, 1 exported, 1 preferred
+ 
+1002-Rr_fd77__3 BGP        ---        start  2026-11-23T11:08:37.212030+0000  \
+Active        Socket: Connection refused
+1006-  BGP state:          Active
+       Neighbor address: fd77::3
+       Neighbor AS:      64512
+       Local AS:         64512
+       Connect delay:    3.162/5
+       Last error:       Socket: Connection refused
+     Channel ipv6
+       State:          DOWN
+ 
+1002-bgp1       BGP        ---        up     2026-11-23T11:08:23.076745+0000  Established   
+1006-  BGP state:          Established
+ 
+0000 
+"""
+
+SHOW_STATUS = """\
+1000-BIRD 2.0.12
+1011-Router ID is 10.77.0.1
+ Hostname is vm
+ Current server time is 2026-11-23T11:09:51.946000+0000
+ Last reboot on 2026-11-23T11:09:21.354000+0000
+ Last reconfiguration on 2026-11-23T11:09:40.000000+0000
+0024-Graceful restart recovery in progress
+   Waiting for 1 channels to recover
+   Wait timer is 3.412/20
+0013 Daemon is up and running
+"""
+
+
+def reply(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def test_reply_framing_continuations_and_spontaneous_lines() -> None:
+    lines = parse_reply(["1000-BIRD 2.0.12", "1011-a", " b", "+spontaneous", "0013 done"])
+    assert [(r.code, r.text) for r in lines] == [
+        (1000, "BIRD 2.0.12"),
+        (1011, "a"),
+        (1011, "b"),
+        (13, "done"),
+    ]
+    with pytest.raises(BirdError, match="unexpected line"):
+        parse_reply(["garbage"])
+
+
+def test_show_protocols_all_is_parsed() -> None:
+    protocols = parse_protocols(parse_reply(reply(SHOW_PROTOCOLS_ALL)))
+    assert [p.name for p in protocols] == [
+        "tabby_device",
+        "tabby_blocks4",
+        "Mesh_10_77_0_2",
+        "Rr_fd77__3",
+        "bgp1",
+    ]
+    device, static, mesh, rr, _ = protocols
+    assert (device.kind, device.table, device.state, device.info) == ("Device", "---", "up", "")
+    assert static.channels["ipv4"]["Routes"] == "1 imported, 0 exported, 1 preferred"
+    assert static.bgp_state == ""
+    assert mesh.since == dt.datetime(2026, 11, 23, 11, 8, 23, 76745, tzinfo=dt.UTC)  # +0200
+    assert mesh.details["Neighbor address"] == "10.77.0.2"
+    assert mesh.details["Description"] == "node-b"
+    assert mesh.channels["ipv4"]["Input filter"] == "tabby_import4"
+    assert "Input filter" not in mesh.details
+    assert (rr.state, rr.bgp_state, rr.info) == (
+        "start",
+        "Active",
+        "Active        Socket: Connection refused",
+    )
+    assert rr.details["Neighbor address"] == "fd77::3"
+
+
+def test_peer_statuses_for_node_status() -> None:
+    peers = peer_statuses(parse_protocols(parse_reply(reply(SHOW_PROTOCOLS_ALL))))
+    assert [(p.type, p.address, p.state) for p in peers] == [
+        (PeerType.MESH, ipaddress.ip_address("10.77.0.2"), "Established"),
+        (PeerType.RR, ipaddress.ip_address("fd77::3"), "Active"),
+    ]  # bgp1 is not tabby's; the order is mesh, rr, global, node
+    mesh, rr = peers
+    assert mesh.established
+    assert not rr.established
+    assert mesh.since == "2026-11-23T11:08:23Z"
+    assert mesh.as_dict() == {
+        "address": "10.77.0.2",
+        "type": "mesh",
+        "state": "Established",
+        "since": "2026-11-23T11:08:23Z",
+        "info": "Established",
+        "protocol": "Mesh_10_77_0_2",
+        "peer_as": 64512,
+        "description": "node-b",
+        "last_error": "",
+    }
+    assert rr.last_error == "Socket: Connection refused"
+    assert rr.protocol_state == "start"
+
+
+def test_since_memo_keeps_a_session_start_stable() -> None:
+    memo = SinceMemo()
+    t0 = dt.datetime(2026, 1, 1, 10, 0, 0, 999_990, tzinfo=dt.UTC)
+    first = memo.stable("Mesh_x", "Established", t0)
+    assert first == "2026-01-01T10:00:00Z"
+    # BIRD's value jitters by microseconds across the second boundary: same session.
+    assert memo.stable("Mesh_x", "Established", t0 + dt.timedelta(microseconds=20)) == first
+    assert memo.stable("Mesh_x", "Established", t0 + dt.timedelta(microseconds=5)) == first
+    # A state change, or a real new start, is new.
+    assert memo.stable("Mesh_x", "Active", t0 + dt.timedelta(seconds=3)) == "2026-01-01T10:00:03Z"
+    memo.forget_others([])
+    assert memo.stable("Mesh_x", "Active", t0 + dt.timedelta(microseconds=20)) == (
+        "2026-01-01T10:00:01Z"
+    )
+
+
+def test_show_status() -> None:
+    status = parse_status(parse_reply(reply(SHOW_STATUS)))
+    assert status.version == "2.0.12"
+    assert status.router_id == "10.77.0.1"
+    assert status.graceful_restart_recovery
+    assert status.uptime_seconds == pytest.approx(30.592)
+    assert status.message == "Daemon is up and running"
+
+
+def _status(uptime: float, graceful: bool = False) -> BirdStatus:
+    boot = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    return BirdStatus(
+        "2.0.12", "10.0.0.1", boot + dt.timedelta(seconds=uptime), boot, boot, graceful, ""
+    )
+
+
+def _peer(addr: str, state: str) -> PeerStatus:
+    return PeerStatus("Mesh_x", ipaddress.ip_address(addr), PeerType.MESH, state, "", state, "up")
+
+
+def test_readiness_counts_as_calico_does() -> None:
+    up, down = _peer("10.0.0.2", "Established"), _peer("10.0.0.3", "Active")
+    assert readiness(None, []) == ["BIRD is not running"]
+    assert readiness(_status(5), []) == []  # no peers: nothing to wait for
+    # Shortly after start every peer must be Established ...
+    assert readiness(_status(5), [up, down]) == ["BGP not established with 10.0.0.3 (mesh: Active)"]
+    assert readiness(_status(5), [up]) == []
+    # ... later one is enough (other nodes may be down), none is not.
+    assert readiness(_status(300), [up, down]) == []
+    assert readiness(_status(300), [down]) == ["BGP not established with any of 1 peers"]
+    assert readiness(_status(300, graceful=True), [up]) == [
+        "BIRD: graceful restart recovery in progress"
+    ]
+    assert readiness(_status(5), [up, down], settle_seconds=1) == []
+
+
+class FakeBird:
+    """A unix-socket server that greets like BIRD and answers from a table."""
+
+    def __init__(self, path: str, answers: dict[str, str]) -> None:
+        self.path = path
+        self.answers = answers
+        self.received: list[str] = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rwb") as f:
+                f.write(b"0001 BIRD 2.0.12 ready.\n")
+                f.flush()
+                for raw in f:
+                    cmd = raw.decode().rstrip("\n")
+                    self.received.append(cmd)
+                    f.write(self.answers.get(cmd, "9001 syntax error\n").encode())
+                    f.flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def fake_bird(tmp_path: Path) -> Iterator[FakeBird]:
+    server = FakeBird(
+        str(tmp_path / "bird.ctl"),
+        {
+            "show protocols all": SHOW_PROTOCOLS_ALL,
+            "show status": SHOW_STATUS,
+            'configure "/run/x/bird.conf"': "0002-Reading configuration\n0003 Reconfigured\n",
+            "configure": "0002-Reading configuration from x\n8002 x, line 3: syntax error\n",
+        },
+    )
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_client_speaks_the_control_protocol(fake_bird: FakeBird) -> None:
+    with BirdControl(fake_bird.path) as bird:
+        assert bird.version == "2.0.12"
+        assert bird.server_pid() == os.getpid()  # the listener's credentials
+        protocols = bird.show_protocols()
+        assert len(protocols) == 5
+        assert bird.show_status().router_id == "10.77.0.1"
+        assert bird.configure("/run/x/bird.conf") == "Reconfigured"
+        with pytest.raises(BirdCommandError) as info:
+            bird.configure()
+        assert info.value.code == 8002
+        assert "syntax error" in info.value.message
+        with pytest.raises(BirdCommandError, match="9001"):
+            bird.command("show nonsense")
+        with pytest.raises(ValueError, match="one line"):
+            bird.command("show status\nshow status")
+        with pytest.raises(ValueError, match="unusable"):
+            bird.configure('/tmp/a"b')
+    assert fake_bird.received[:3] == [
+        "show protocols all",
+        "show status",
+        'configure "/run/x/bird.conf"',
+    ]
+
+
+def test_client_reports_an_absent_bird(tmp_path: Path) -> None:
+    with pytest.raises(BirdUnavailable, match=r"bird\.ctl"):
+        BirdControl(str(tmp_path / "bird.ctl")).open()
