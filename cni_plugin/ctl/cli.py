@@ -410,3 +410,11 @@ def demo(pods: int, keep: bool, cni_bin_dir: str, no_node: bool) -> None:
 
 def main() -> None:
     cli(prog_name="tabbyctl")
+
+
+from cni_plugin.ctl import resources as _resources  # noqa: E402  (apply, get, delete, datastore)
+
+cli.add_command(_resources.apply_cmd)
+cli.add_command(_resources.get_cmd)
+cli.add_command(_resources.delete_cmd)
+cli.add_command(_resources.datastore)
