@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 import select
@@ -132,9 +133,9 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def _is_our_bird(pid: int, ctl: str) -> bool:
-    """Is ``pid`` a BIRD serving control socket ``ctl`` (not a recycled PID)?"""
+    """Is ``pid`` a BIRD started with ``-s ctl`` (not a recycled PID)?"""
     args = _cmdline(pid)
-    return bool(args) and os.path.basename(args[0]).startswith("bird") and ctl in args
+    return any(a == "-s" and b == ctl for a, b in itertools.pairwise(args))
 
 
 def _reap(pid: int) -> int | None:
