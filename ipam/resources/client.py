@@ -188,7 +188,7 @@ class ResourceClient:
         out = []
         for key, doc in self.store.list(info.store_kind, prefix):
             data = doc.data
-            if pods or info.store_kind == wep.KIND:
+            if info.store_kind == wep.KIND:
                 data = _with_effective_labels(data, pods.get(_pod_key(key, data)))
             out.append(to_resource(info, key, doc._replace(data=data), self._where(info, key)))
         return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +423,43 @@ def test_migrate_to_a_file_store(ctl: Ctl) -> None:
     )
     assert ctl.run("datastore", "migrate", "--to", "file").exit_code == 2
     assert ctl.run("datastore", "migrate", "--to", "consul").exit_code == 2
+
+
+@pytest.fixture(scope="module")
+def etcd1() -> Iterator[Any]:
+    from tests.etcd_cluster import EtcdCluster, EtcdMissing
+
+    try:
+        cluster = EtcdCluster(1)
+    except EtcdMissing as e:
+        pytest.fail(str(e))
+    with cluster:
+        yield cluster
+
+
+@pytest.mark.etcd
+def test_migrate_to_etcd(ctl: Ctl, etcd1: Any) -> None:
+    from ipam.store.etcd import EtcdStore
+
+    ctl.ok("apply", "-f", ctl.file("all.yaml", [VALID[k] for k in VALID]))
+    hid = handle_id("net1", "c1", "eth0")
+    [held] = Ipam(ctl.store(), "node-a").assign(AssignRequest(hid, v4_pools=["10.50.0.0/16"]))
+    prefix = f"/test-{uuid.uuid4().hex[:12]}"
+    endpoints = ",".join(etcd1.endpoints)
+    target = ["--to", "etcdv3", "--etcd-endpoints", endpoints, "--etcd-prefix", prefix]
+    out = ctl.ok("datastore", "migrate", *target).splitlines()
+    assert (
+        out[-1] == f"copied {len(ctl.everything())} documents to etcd {endpoints} prefix {prefix}"
+    )
+    store = EtcdStore(etcd1.endpoints, prefix=prefix, lock_timeout=5, lock_dir=str(ctl.tmp))
+    try:
+        copied = {(k, key): d.data for k in KINDS for key, d in store.list(k)}
+        assert copied == ctl.everything()
+        assert [a.ip for a in Ipam(store, "node-a").get_handle(hid)] == [held.ip]
+    finally:
+        store.close()
+    # tabbyctl reads it back from etcd through the datastore flags
+    flags = ["--datastore-type", "etcdv3", "--etcd-endpoints", endpoints, "--etcd-prefix", prefix]
+    shown = json.loads(ctl.ok(*flags, "get", "netpol", "-o", "json"))
+    assert [i["metadata"]["name"] for i in shown["items"]] == ["allow-web"]
+    assert "already holds tabby data" in ctl.fails("datastore", "migrate", *target)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,15 +46,42 @@ class Recording:
         return self.inner.commit(ops)
 
 
-def make_store(kind: str, tmp_path: Path) -> Store:
+@pytest.fixture(scope="module")
+def etcd1() -> Iterator[Any]:
+    from tests.etcd_cluster import EtcdCluster, EtcdMissing
+
+    try:
+        cluster = EtcdCluster(1)
+    except EtcdMissing as e:
+        pytest.fail(str(e))
+    with cluster:
+        yield cluster
+
+
+def make_store(kind: str, tmp_path: Path, etcd: Any = None) -> Store:
     if kind == "memory":
         return MemoryStore(lock_timeout=5)
+    if kind == "etcd":
+        from ipam.store.etcd import EtcdStore
+
+        return EtcdStore(
+            etcd.endpoints,
+            prefix=f"/test-{uuid.uuid4().hex[:12]}",  # tests share one etcd
+            lock_timeout=5,
+            lock_dir=str(tmp_path / "locks"),
+        )
     return FileStore(str(tmp_path / "store"), lock_timeout=5)
 
 
-@pytest.fixture(params=["memory", "file"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Recording:
-    return Recording(make_store(request.param, tmp_path))
+STORES = ["memory", "file", pytest.param("etcd", marks=pytest.mark.etcd)]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Recording]:
+    etcd = request.getfixturevalue("etcd1") if request.param == "etcd" else None
+    made = make_store(request.param, tmp_path, etcd)
+    yield Recording(made)
+    made.close()
 
 
 @pytest.fixture
@@ -404,6 +432,14 @@ def test_ippool_is_the_pool_document_the_allocator_reads(
         ]
     )
     assert [p.disabled for p in ipam.list_pools()] == [True]
+    ipam.set_pool_disabled("10.50.0.0/16", False)  # the core keeps the resource's fields
+    pool = client.get("ippool", "pool-a")
+    assert isinstance(pool, IPPool)
+    assert (pool.spec.disabled, pool.spec.vxlanMode, pool.metadata.uid) == (
+        False,
+        "Always",
+        "uid-1",
+    )
 
 
 def test_a_pool_the_plugin_created_is_shown_under_a_derived_name(
@@ -657,23 +693,27 @@ def populate(store: Store) -> dict[tuple[str, str], Any]:
     return {(k, key): d.data for k in MIGRATED_KINDS for key, d in store.list(k)}
 
 
-@pytest.mark.parametrize("target_kind", ["memory", "file"])
-def test_copy_store(tmp_path: Path, target_kind: str) -> None:
+@pytest.mark.parametrize("target_kind", STORES)
+def test_copy_store(request: pytest.FixtureRequest, tmp_path: Path, target_kind: str) -> None:
     source = FileStore(str(tmp_path / "source"), lock_timeout=5)
     want = populate(source)
     assert {k for k, _ in want} == set(MIGRATED_KINDS)  # every kind has a document
-    target = make_store(target_kind, tmp_path / "target")
-    counts = copy_store(source, target)
-    assert sum(counts.values()) == len(want)
-    assert {(k, key): d.data for k in MIGRATED_KINDS for key, d in target.list(k)} == want
-    assert target.list("heartbeat") == []
-    # the copy works: the allocator and the resource client read it
-    names = [p.name for p in ResourceClient(target).list("ippools")]
-    assert names == ["ippool-10-244-0-0-16", "pool-a"]
-    [owner] = Ipam(target, "node-a").allocations()
-    assert owner.handle_id == handle_id("net", "c1", "eth0")
-    with pytest.raises(TargetNotEmpty, match="already holds tabby data"):
-        copy_store(source, target)
+    etcd = request.getfixturevalue("etcd1") if target_kind == "etcd" else None
+    target = make_store(target_kind, tmp_path / "target", etcd)
+    try:
+        counts = copy_store(source, target)
+        assert sum(counts.values()) == len(want)
+        assert {(k, key): d.data for k in MIGRATED_KINDS for key, d in target.list(k)} == want
+        assert target.list("heartbeat") == []
+        # the copy works: the allocator and the resource client read it
+        names = [p.name for p in ResourceClient(target).list("ippools")]
+        assert names == ["ippool-10-244-0-0-16", "pool-a"]
+        [owner] = Ipam(target, "node-a").allocations()
+        assert owner.handle_id == handle_id("net", "c1", "eth0")
+        with pytest.raises(TargetNotEmpty, match="already holds tabby data"):
+            copy_store(source, target)
+    finally:
+        target.close()
 
 
 def test_copy_store_refuses_any_data_and_undoes_a_failed_copy(tmp_path: Path) -> None:
