@@ -358,7 +358,8 @@ class BirdControl:
         self.timeout = timeout
         self.version = ""
         self._sock: socket.socket | None = None
-        self._buf = b""
+        self._buf = bytearray()
+        self._pos = 0
 
     def open(self) -> BirdControl:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -387,7 +388,8 @@ class BirdControl:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._buf = b""
+        self._buf = bytearray()
+        self._pos = 0
 
     def __enter__(self) -> BirdControl:
         return self.open() if self._sock is None else self
@@ -410,16 +412,23 @@ class BirdControl:
         return self._sock
 
     def _readline(self) -> str:
+        """One line of the reply (a position in a buffer: a long reply is not re-copied
+        per line)."""
         sock = self._connected()
-        while b"\n" not in self._buf:
+        while True:
+            end = self._buf.find(b"\n", self._pos)
+            if end >= 0:
+                line = self._buf[self._pos : end].decode("utf-8", "replace")
+                self._pos = end + 1
+                return line
+            del self._buf[: self._pos]
+            self._pos = 0
             if len(self._buf) > _MAX_LINE:
                 raise BirdError("BIRD sent an over-long line")
             chunk = sock.recv(1 << 16)
             if not chunk:
                 raise BirdUnavailable("BIRD closed the control connection")
             self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode("utf-8", "replace")
 
     def _read_reply(self) -> list[ReplyLine]:
         raw: list[str] = []
