@@ -14,6 +14,7 @@ re-sync, and a restart-style full replacement under default deny probed continuo
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import ipaddress
 import json
@@ -181,12 +182,19 @@ class Cluster:
         ]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, even if it aborts."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _start_server(pod: Netns) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         ["ip", "netns", "exec", pod.name, sys.executable, "-c", SERVER],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_die_with_parent,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -532,3 +540,25 @@ def test_ipv6_policy_and_neighbour_discovery(netns_pool: NetnsPool) -> None:
             for f in (proc.stdout, proc.stderr):
                 if f is not None:
                     f.close()
+
+
+def test_libnftables_survives_many_open_descriptors(node: Node) -> None:
+    """With every descriptor below 1024 taken, a new context would get a socket libnftables
+    cannot select() on (glibc aborts the process): the backend uses the CLI instead."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip("RLIMIT_NOFILE too low to fill the select() range")
+    fds: list[int] = []
+    try:
+        while len(fds) < 1100:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        lib = nft.LibNftables()
+        node.run(lib.run, "add table inet tabby_fdtest\n")
+        assert "tabby_fdtest" in node.exec("nft", "list", "tables").stdout
+        assert list(lib._ctx.values()) == [None]
+        lib.close()
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -142,3 +142,23 @@ def test_nat_switch_replaces_and_pool_changes_are_elements() -> None:
     assert "masquerade" in rec.sent[-1]
     dp.sync(st, nft.NatConfig((("10.244.0.0/16", True), ("10.9.0.0/16", False))))
     assert rec.sent[-1].strip() == "add element inet tabby pools4 { 10.9.0.0/16 }"
+
+
+def test_libnftables_hands_over_to_the_cli_when_descriptors_run_high() -> None:
+    """libnftables select()s on its socket: a descriptor >= 1024 would abort the process,
+    so no context is made then and the namespace is served by the CLI."""
+    try:
+        lib = nft.LibNftables()
+    except OSError:
+        pytest.skip("libnftables.so.1 not installed")
+    rec = Recorder()
+    lib.FD_LIMIT = 0
+    lib._cli = rec  # type: ignore[assignment]
+    assert lib.run("list tables\n") == ""
+    assert rec.sent == ["list tables\n"]
+    assert list(lib._ctx.values()) == [None]
+    lib.close()
+
+
+def test_default_backend_is_one_per_process() -> None:
+    assert nft.default_backend() is nft.default_backend()

@@ -382,10 +382,17 @@ class NftCli:
 
 class LibNftables:
     """libnftables (the library ``nft`` itself is built on) through ctypes, one context per
-    network namespace (its netlink socket belongs to the namespace it was opened in)."""
+    network namespace (its netlink socket belongs to the namespace it was opened in).
+
+    libnftables waits on its socket with ``select()``, which aborts the whole process
+    (glibc's fd_set check) when the socket's descriptor is >= FD_SETSIZE (1024). A context
+    is therefore only made while the lowest free descriptor is well below that (the socket
+    takes it and keeps it for the context's life); otherwise that namespace is served by
+    the ``nft`` CLI. Contexts live as long as this object: use one per process
+    (``default_backend()``)."""
 
     name = "libnftables"
-    _CTX_OUTPUT_JSON = 1 << 4
+    FD_LIMIT = 1024 - 64
 
     def __init__(self, library: str = "libnftables.so.1") -> None:
         lib = ctypes.CDLL(library, use_errno=True)
@@ -402,28 +409,42 @@ class LibNftables:
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
         self._lib = lib
-        self._ctx: dict[str, int] = {}
+        self._ctx: dict[str, int | None] = {}  # None: this namespace uses the CLI
+        self._cli = NftCli()
         self._lock = threading.Lock()
 
-    def _context(self) -> int:
+    @staticmethod
+    def _lowest_free_fd() -> int:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.close(fd)
+        return fd
+
+    def _context(self) -> int | None:
         ns = os.readlink("/proc/thread-self/ns/net")
-        ctx = self._ctx.get(ns)
-        if ctx is None:
+        if ns in self._ctx:
+            return self._ctx[ns]
+        ctx: int | None = None
+        if self._lowest_free_fd() < self.FD_LIMIT:
             raw = self._lib.nft_ctx_new(0)
             if not raw:
                 raise NftError("nft_ctx_new failed")
             ctx = int(raw)
             self._lib.nft_ctx_buffer_output(ctx)
             self._lib.nft_ctx_buffer_error(ctx)
-            self._ctx[ns] = ctx
+        else:
+            log.warning("too many open files for libnftables (select); using the nft CLI")
+        self._ctx[ns] = ctx
         return ctx
 
     def run(self, text: str) -> str:
         with self._lock:
             ctx = self._context()
-            rc = self._lib.nft_run_cmd_from_buffer(ctx, text.encode())
-            out = (self._lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-            err = (self._lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+            if ctx is not None:
+                rc = self._lib.nft_run_cmd_from_buffer(ctx, text.encode())
+                out = (self._lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+                err = (self._lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+        if ctx is None:
+            return self._cli.run(text)
         if rc != 0:
             raise NftError(err.strip()[:4000] or f"libnftables returned {rc}")
         return out
@@ -431,16 +452,32 @@ class LibNftables:
     def close(self) -> None:
         with self._lock:
             for ctx in self._ctx.values():
-                self._lib.nft_ctx_free(ctx)
+                if ctx is not None:
+                    self._lib.nft_ctx_free(ctx)
             self._ctx.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown: nothing left to do
+            pass
+
+
+_default: NftBackend | None = None
+_default_lock = threading.Lock()
 
 
 def default_backend() -> NftBackend:
-    """libnftables when the library loads (it is what ``nft`` links against), else the CLI."""
-    try:
-        return LibNftables()
-    except OSError:
-        return NftCli()
+    """The process-wide backend: libnftables when the library loads (it is what ``nft``
+    links against), else the CLI."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            try:
+                _default = LibNftables()
+            except OSError:
+                _default = NftCli()
+        return _default
 
 
 # --- the API tabby-node calls ----------------------------------------------------------------
