@@ -1,12 +1,17 @@
 """The network configuration of a tabby conflist entry, as declarative pydantic models.
 
 One model per section, and every reader uses them: both binaries, tabbyctl's ``--conf`` and
-tabby-node (the IPAM section and the datastore settings are in ``ipam/config.py``)::
+tabby-node (tabby-ipam's own section is in ``ipam/config.py``)::
 
     CommonConf        the top-level fields both binaries read: identity (nodename,
                       nodename_file), logging (log_level, log_file_path), GC's
                       cni.dev/valid-attachments, runtimeConfig, args
-    PluginConf        + tabby's own fields (mtu, veth_prefix, container_settings, ipam.type)
+    PluginConf        + tabby's own fields (mtu, veth_prefix, container_settings) and what
+                      it reads of ``ipam``: IpamRef (type + DatastoreSettings)
+    DatastoreSettings where the datastore is (file store dir, or etcd endpoints, prefix,
+                      TLS) and the lock timeout: part of the ``ipam`` section, read by both
+                      binaries; tabbyctl and tabby-node resolve it from flags, environment
+                      and a conflist (``ipam.config.resolve_datastore``)
 
 Strict types (no coercion: ``"5"`` is not an int, ``1`` is not a bool), field paths in errors
 (``ipam.ipv4_pools[0]``), mapped to CNI codes at the edge by :func:`config_error`: a value that
@@ -19,7 +24,6 @@ that parse a configuration import this module (never VERSION, never the tabby-no
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
@@ -31,15 +35,21 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    model_validator,
 )
 
 from cni_plugin.cni.errors import CniError, Code
 from cni_plugin.cni.log import DEFAULT_LOG_FILE
 from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX, veth_prefix_problem
+from ipam.resources.names import dns1123_subdomain
 
 DEFAULT_MTU = 1500
 DEFAULT_MTU_FILE = "/var/lib/tabby/mtu"
 DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
+DEFAULT_DATA_DIR = "/var/lib/tabby/ipam"
+DEFAULT_ETCD_ENDPOINT = "http://127.0.0.1:2379"
+DEFAULT_ETCD_PREFIX = "/tabby"
+DEFAULT_LOCK_TIMEOUT = 30.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 M = TypeVar("M", bound=BaseModel)
@@ -64,19 +74,11 @@ def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
-# Node names: what Kubernetes allows for a node (a DNS subdomain, upper case tolerated as
-# hostnames have it), so that a node name is also a safe datastore key (no '/' or ':').
-_NODE_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
-
-
 def node_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a node name, or None. The one rule for node names."""
-    if not _NODE_NAME_RE.match(name):
-        return (
-            "a node name is 1-253 characters: letters, digits, '.', '_' or '-', "
-            "starting and ending with a letter or digit"
-        )
-    return None
+    """Why ``name`` cannot be a node name, or None: a node is a Kubernetes Node, named by a
+    DNS-1123 subdomain (the one rule, ``ipam.resources.names``), which also makes it a safe
+    datastore key (no ``/`` or ``:``)."""
+    return dns1123_subdomain(name)
 
 
 def _node_name(value: str) -> str:
@@ -105,10 +107,55 @@ def _plain_name(value: str) -> str:
     return value
 
 
+def _split_endpoints(value: object) -> object:
+    """``etcd_endpoints`` is a list, or one comma-separated string (PRODUCT.md)."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def _endpoint(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"not a URL: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected http://HOST:PORT or https://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError("an endpoint is scheme, host and port only")
+    if port is None:
+        raise ValueError("the port is required (etcd's client port, usually 2379)")
+    return value.rstrip("/")
+
+
+def _prefix(value: str) -> str:
+    if not value.startswith("/") or value != value.strip() or "//" in value or "\0" in value:
+        raise ValueError("expected an absolute key prefix such as /tabby")
+    stripped = value.rstrip("/")
+    if not stripped:
+        raise ValueError("the prefix must not be '/' alone")
+    return stripped
+
+
+def _nonempty(value: list[str]) -> list[str]:
+    if not value:
+        raise ValueError("at least one endpoint is required")
+    return value
+
+
 Flag = Annotated[bool, BeforeValidator(_calico_bool)]
 AbsPath = Annotated[str, AfterValidator(_absolute_path)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
 PluginType = Annotated[str, AfterValidator(_plain_name)]
+Endpoints = Annotated[
+    list[Annotated[str, AfterValidator(_endpoint)]],
+    BeforeValidator(_split_endpoints),
+    AfterValidator(_nonempty),
+]
+KeyPrefix = Annotated[str, AfterValidator(_prefix)]
 
 
 class Section(BaseModel):
@@ -133,10 +180,36 @@ class ContainerSettings(Section):
     allow_ip_forwarding: Flag = False
 
 
-class IpamRef(Section):
-    """What ``tabby`` itself needs of the ``ipam`` section: which plugin to delegate to.
+class DatastoreSettings(Section):
+    """Where tabby keeps its state (PRODUCT.md "Datastore settings")."""
 
-    The rest of the section belongs to that plugin (``ipam/config.py`` for tabby-ipam)."""
+    datastore_type: Literal["file", "etcdv3"] = "file"
+    data_dir: AbsPath = DEFAULT_DATA_DIR
+    etcd_endpoints: Endpoints = [DEFAULT_ETCD_ENDPOINT]
+    etcd_prefix: KeyPrefix = DEFAULT_ETCD_PREFIX
+    etcd_ca_cert_file: AbsPath | None = None
+    etcd_cert_file: AbsPath | None = None
+    etcd_key_file: AbsPath | None = None
+    lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> DatastoreSettings:
+        if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
+            raise ValueError("etcd_cert_file and etcd_key_file go together (client TLS)")
+        return self
+
+    def describe(self) -> str:
+        """One line for operators: where the store is."""
+        if self.datastore_type == "file":
+            return f"file store {self.data_dir}"
+        return f"etcd {','.join(self.etcd_endpoints)} prefix {self.etcd_prefix}"
+
+
+class IpamRef(DatastoreSettings):
+    """What ``tabby`` itself reads of the ``ipam`` section: which plugin to delegate to, and
+    the datastore it records the pod's WorkloadEndpoint in (the one tabby-ipam uses).
+
+    The rest of the section belongs to the IPAM plugin (``ipam/config.py`` for tabby-ipam)."""
 
     type: PluginType
 
@@ -183,7 +256,8 @@ class CommonConf(Section):
                     problem,
                 )
             return text
-        return socket.gethostname()
+        # As the kubelet does: a Node is named by the lower-cased hostname.
+        return socket.gethostname().lower()
 
     def valid_attachment_set(self) -> set[tuple[str, str]] | None:
         """GC's valid (containerID, ifname) set, or None when the key is absent.

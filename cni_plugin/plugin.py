@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cni_plugin.cni import invoke, log, skel, types
@@ -47,6 +48,98 @@ class ExecIpam:
 
     def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> Pending:
         return invoke.start_plugin(ipam_type, command, args.stdin, args.env, args.path).result
+
+
+class EndpointRecorder(Protocol):
+    """Where tabby records each attachment (a WorkloadEndpoint: node, pod, interfaces,
+    addresses), for policy and operators."""
+
+    def added(
+        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+    ) -> None:
+        """The attachment is up; raises CniError when it cannot be recorded (ADD fails and
+        is rolled back)."""
+        ...
+
+    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+        """The attachment is gone; raises CniError when the record could not be removed."""
+        ...
+
+
+def pod_identity(args: skel.CmdArgs) -> tuple[str, str]:
+    """(namespace, pod name) of the attachment, from CNI_ARGS (Kubernetes runtimes send
+    them); without them the container id names the pod, in namespace ``default``."""
+    from cni_plugin.cni.args import parse_cni_args
+
+    cni_args = parse_cni_args(args.args)
+    namespace = cni_args.get("K8S_POD_NAMESPACE") or "default"
+    return namespace, cni_args.get("K8S_POD_NAME") or args.container_id
+
+
+class DatastoreEndpoints:
+    """Records each attachment as a WorkloadEndpoint in the datastore the ``ipam`` section
+    names (the one tabby-ipam allocates from), with its Pod's labels."""
+
+    def added(
+        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+    ) -> None:
+        self.record(args, conf, addresses, host_ifname)
+
+    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+        self.erase(args, conf)
+
+    def record(
+        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+    ) -> tuple[str, Any]:
+        """Write the endpoint; returns its key and the document as stored (None if it
+        vanished at once)."""
+        from ipam.resources.wep import KIND, write_endpoint
+
+        namespace, pod = pod_identity(args)
+        with _store_errors(), _open_store(conf) as store, store.lock():
+            key = write_endpoint(
+                store,
+                namespace=namespace,
+                node=conf.node_name(),
+                pod=pod,
+                container_id=args.container_id,
+                interface=args.ifname,
+                host_interface=host_ifname,
+                ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
+            )
+            return key, store.get(KIND, key)
+
+    def erase(self, args: skel.CmdArgs, conf: PluginConf) -> str | None:
+        """Remove this container's endpoint; its key if one was removed."""
+        from ipam.resources.wep import endpoint_key, remove_endpoint
+
+        namespace, pod = pod_identity(args)
+        key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
+        with _store_errors(), _open_store(conf) as store, store.lock():
+            return key if remove_endpoint(store, key, args.container_id) else None
+
+
+@contextmanager
+def _open_store(conf: PluginConf) -> Iterator[Any]:
+    from ipam.store import open_store
+
+    store = open_store(conf.ipam)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    from ipam.core.errors import IpamError
+
+    try:
+        yield
+    except IpamError as e:
+        from ipam.cni_codes import to_cni_error
+
+        raise to_cni_error(e) from None
 
 
 def linux_dataplane() -> Dataplane:
@@ -197,9 +290,13 @@ class Plugin:
         self,
         dataplane: Callable[[], Dataplane] = linux_dataplane,
         ipam: IpamInvoker | None = None,
+        endpoints: EndpointRecorder | None = None,
     ) -> None:
         self._load_dataplane = dataplane
         self.ipam: IpamInvoker = ipam if ipam is not None else ExecIpam()
+        self.endpoints: EndpointRecorder = (
+            endpoints if endpoints is not None else DatastoreEndpoints()
+        )
 
     def handlers(self) -> skel.Handlers:
         return skel.Handlers(
@@ -212,6 +309,14 @@ class Plugin:
 
     def _ipam(self, args: skel.CmdArgs, conf: PluginConf, command: str) -> Pending:
         return self.ipam.start(conf.ipam_type, command, args)
+
+    def _teardown_quietly(
+        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address]
+    ) -> None:
+        try:
+            self.dataplane.teardown(args.netns, args.ifname, host_ifname(args, conf), addresses)
+        except CniError as e:
+            logger.error("rollback: teardown failed: %s", e)
 
     def _ipam_del_quietly(self, args: skel.CmdArgs, ipam_type: str) -> None:
         try:
@@ -254,10 +359,17 @@ class Plugin:
                     f"{conf.ipam_type} returned no IP addresses",
                     "ADD-8: a result without addresses is an error",
                 )
-            done = dp.setup(setup_spec(args, conf, addresses, mac))
+            spec = setup_spec(args, conf, addresses, mac)
+            done = dp.setup(spec)
         except BaseException:
             # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
             # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
+            self._ipam_del_quietly(args, ipam_type)
+            raise
+        try:
+            self.endpoints.added(args, conf, addresses, done.host_ifname)
+        except BaseException:
+            self._teardown_quietly(args, conf, addresses)
             self._ipam_del_quietly(args, ipam_type)
             raise
         logger.info(
@@ -288,6 +400,11 @@ class Plugin:
         except CniError as e:
             logger.error("local teardown failed: %s", e)
             local_error = e
+        try:
+            self.endpoints.removed(args, conf)
+        except CniError as e:
+            logger.error("cannot remove the workload endpoint: %s", e)
+            local_error = local_error or e
         # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
         self._ipam(args, conf, "DEL")()
         logger.info("deleted (netns %s)", args.netns or "-")

@@ -20,69 +20,25 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from cni_plugin.cni.errors import CniError, Code
 from cni_plugin.config import (
-    AbsPath,
     CommonConf,
+    DatastoreSettings,
     Flag,
     PluginType,
-    Section,
     config_error,
     parse,
 )
 from ipam.core.model import BLOCK_SIZE_LIMITS, DEFAULT_BLOCK_SIZE
 
-DEFAULT_DATA_DIR = "/var/lib/tabby/ipam"
-DEFAULT_ETCD_ENDPOINT = "http://127.0.0.1:2379"
-DEFAULT_ETCD_PREFIX = "/tabby"
 DEFAULT_V4_POOLS = ("10.244.0.0/16",)
 DEFAULT_V6_POOLS = ("fd00:10:244::/48",)
-DEFAULT_LOCK_TIMEOUT = 30.0
 
 # -- field types ------------------------------------------------------------------------------
-
-
-def _split_endpoints(value: object) -> object:
-    """``etcd_endpoints`` is a list, or one comma-separated string (PRODUCT.md)."""
-    if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
-
-
-def _endpoint(value: str) -> str:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError as e:
-        raise ValueError(f"not a URL: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("expected http://HOST:PORT or https://HOST:PORT")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise ValueError("an endpoint is scheme, host and port only")
-    if port is None:
-        raise ValueError("the port is required (etcd's client port, usually 2379)")
-    return value.rstrip("/")
-
-
-def _prefix(value: str) -> str:
-    if not value.startswith("/") or value != value.strip() or "//" in value or "\0" in value:
-        raise ValueError("expected an absolute key prefix such as /tabby")
-    stripped = value.rstrip("/")
-    if not stripped:
-        raise ValueError("the prefix must not be '/' alone")
-    return stripped
-
-
-def _nonempty(value: list[str]) -> list[str]:
-    if not value:
-        raise ValueError("at least one endpoint is required")
-    return value
 
 
 def _pool_list(family: int) -> AfterValidator:
@@ -115,39 +71,7 @@ def _block_size(family: int) -> Any:
     return Field(default=DEFAULT_BLOCK_SIZE[family], ge=lo, le=hi)
 
 
-Endpoints = Annotated[
-    list[Annotated[str, AfterValidator(_endpoint)]],
-    BeforeValidator(_split_endpoints),
-    AfterValidator(_nonempty),
-]
-KeyPrefix = Annotated[str, AfterValidator(_prefix)]
-
 # -- models -------------------------------------------------------------------------------------
-
-
-class DatastoreSettings(Section):
-    """Where tabby keeps its state (PRODUCT.md "Datastore settings")."""
-
-    datastore_type: Literal["file", "etcdv3"] = "file"
-    data_dir: AbsPath = DEFAULT_DATA_DIR
-    etcd_endpoints: Endpoints = [DEFAULT_ETCD_ENDPOINT]
-    etcd_prefix: KeyPrefix = DEFAULT_ETCD_PREFIX
-    etcd_ca_cert_file: AbsPath | None = None
-    etcd_cert_file: AbsPath | None = None
-    etcd_key_file: AbsPath | None = None
-    lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT, gt=0, le=3600)
-
-    @model_validator(mode="after")
-    def _cert_and_key(self) -> DatastoreSettings:
-        if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
-            raise ValueError("etcd_cert_file and etcd_key_file go together (client TLS)")
-        return self
-
-    def describe(self) -> str:
-        """One line for operators: where the store is."""
-        if self.datastore_type == "file":
-            return f"file store {self.data_dir}"
-        return f"etcd {','.join(self.etcd_endpoints)} prefix {self.etcd_prefix}"
 
 
 class IpamConf(DatastoreSettings):

@@ -19,24 +19,11 @@ from cni_plugin.cni import log, skel, types
 from cni_plugin.cni.args import parse_cni_args
 from cni_plugin.cni.errors import CniError, Code
 from cni_plugin.cni.log import DEFAULT_LOG_FILE
-from cni_plugin.config import CommonConf
+from cni_plugin.config import CommonConf, DatastoreSettings
 from ipam import config as ipam_config
-from ipam.core import (
-    AddressUnavailable,
-    Allocation,
-    AssignRequest,
-    InvalidConfig,
-    Ipam,
-    IpamError,
-    LockTimeout,
-    NoAddressAvailable,
-    PoolSpec,
-    RevisionConflict,
-    StoreCorrupt,
-    StoreError,
-    StoreUnavailable,
-    handle_id,
-)
+from ipam.cni_codes import CODES as CODES
+from ipam.cni_codes import to_cni_error
+from ipam.core import Allocation, AssignRequest, GcReport, Ipam, IpamError, PoolSpec, handle_id
 from ipam.store import open_store
 
 T = TypeVar("T")
@@ -70,29 +57,6 @@ def configure_logging(args: skel.CmdArgs) -> None:
     log.configure_for_call(level, path, f"ipam {args.command}", args.container_id, args.ifname)
 
 
-# The IPAM core's errors know nothing of CNI; this table is where they get their codes
-# (PRODUCT.md "Errors"). The most specific class wins (the table is walked along the MRO).
-CODES: dict[type[IpamError], tuple[int, str]] = {
-    InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
-    NoAddressAvailable: (Code.NO_ADDRESS, "no address available"),
-    AddressUnavailable: (Code.ADDRESS_UNAVAILABLE, "requested address not available"),
-    RevisionConflict: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
-    StoreCorrupt: (Code.STORE_CORRUPT, "IPAM datastore unreadable or corrupt"),
-    StoreUnavailable: (Code.TRY_AGAIN_LATER, "IPAM datastore unavailable, try again later"),
-    LockTimeout: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
-    StoreError: (Code.TRY_AGAIN_LATER, "IPAM datastore failure, try again later"),
-}
-
-
-def to_cni_error(e: IpamError) -> CniError:
-    """The CNI error for an IPAM core error (code from ``CODES``; 999 if unlisted)."""
-    for cls in type(e).__mro__:
-        if cls in CODES:
-            code, short = CODES[cls]
-            return CniError(code, short, str(e))
-    return CniError(Code.INTERNAL, "IPAM failure", str(e))
-
-
 @contextmanager
 def _ipam_errors() -> Iterator[None]:
     try:
@@ -101,8 +65,15 @@ def _ipam_errors() -> Iterator[None]:
         raise to_cni_error(e) from None
 
 
-def open_ipam(conf: ipam_config.DatastoreSettings, node: str) -> Ipam:
-    return Ipam(open_store(conf), node)
+@contextmanager
+def open_ipam(conf: DatastoreSettings, node: str) -> Iterator[Ipam]:
+    """The IPAM over the configured store, closed after the call (tabby-node serves many
+    calls: an etcd store's connections must not outlive its call)."""
+    store = open_store(conf)
+    try:
+        yield Ipam(store, node)
+    finally:
+        store.close()
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -223,9 +194,9 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     req = build_request(args, conf, node)
 
     def work() -> list[Allocation]:
-        ipam = open_ipam(conf.ipam, node)
-        ipam.ensure_pools(_pool_specs(conf.ipam))
-        return ipam.assign(req)
+        with open_ipam(conf.ipam, node) as ipam:
+            ipam.ensure_pools(_pool_specs(conf.ipam))
+            return ipam.assign(req)
 
     allocations = _guard(work)
     if not allocations:
@@ -244,7 +215,12 @@ def cmd_del(args: skel.CmdArgs) -> None:
     # DEL needs no node name (CFG-7, DEL-7): release by handle.
     conf = configuration(args)
     hid = handle_id(args.network, args.container_id, args.ifname)
-    released = _guard(lambda: open_ipam(conf.ipam, "").release_handle(hid))
+
+    def release() -> list[Allocation]:
+        with open_ipam(conf.ipam, "") as ipam:
+            return ipam.release_handle(hid)
+
+    released = _guard(release)
     if released:
         logger.info("released %s of %s", ", ".join(str(a.ip) for a in released), hid)
     else:
@@ -262,7 +238,12 @@ def cmd_check(args: skel.CmdArgs) -> None:
             "the runtime must send the cached ADD result (CHK-2)",
         )
     hid = handle_id(args.network, args.container_id, args.ifname)
-    held = _guard(lambda: open_ipam(conf.ipam, "").get_handle(hid))
+
+    def lookup() -> list[Allocation]:
+        with open_ipam(conf.ipam, "") as ipam:
+            return ipam.get_handle(hid)
+
+    held = _guard(lookup)
     if not held:
         raise CniError(
             Code.UNKNOWN_CONTAINER,
@@ -290,7 +271,12 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     # other nodes' attachments too.
     node = conf.node_name()
     grace = conf.ipam.gc_grace_seconds
-    report = _guard(lambda: open_ipam(conf.ipam, node).gc(args.network, valid, grace_seconds=grace))
+
+    def gc() -> GcReport:
+        with open_ipam(conf.ipam, node) as ipam:
+            return ipam.gc(args.network, valid, grace_seconds=grace)
+
+    report = _guard(gc)
     if report.errors:
         raise CniError(
             Code.TRY_AGAIN_LATER,
@@ -308,19 +294,19 @@ def cmd_status(args: skel.CmdArgs) -> None:
         raise CniError(Code.NOT_READY, "IPAM configuration unusable", str(e)) from None
     ipam_conf = conf.ipam
     try:
-        ipam = open_ipam(ipam_conf, node)
-        ipam.store.check_usable()
-        reason = ipam.can_allocate(
-            ipam_conf.ipv4_pools,
-            ipam_conf.ipv6_pools,
-            need_v4=ipam_conf.assign_ipv4,
-            need_v6=ipam_conf.assign_ipv6,
-            strict_affinity=ipam_conf.strict_affinity,
-            max_blocks_per_host=ipam_conf.max_blocks_per_host,
-            reserved=ipam_conf.reserved_networks,
-            block_size_v4=ipam_conf.block_size_ipv4,
-            block_size_v6=ipam_conf.block_size_ipv6,
-        )
+        with open_ipam(ipam_conf, node) as ipam:
+            ipam.store.check_usable()
+            reason = ipam.can_allocate(
+                ipam_conf.ipv4_pools,
+                ipam_conf.ipv6_pools,
+                need_v4=ipam_conf.assign_ipv4,
+                need_v6=ipam_conf.assign_ipv6,
+                strict_affinity=ipam_conf.strict_affinity,
+                max_blocks_per_host=ipam_conf.max_blocks_per_host,
+                reserved=ipam_conf.reserved_networks,
+                block_size_v4=ipam_conf.block_size_ipv4,
+                block_size_v6=ipam_conf.block_size_ipv6,
+            )
     except IpamError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:

@@ -469,6 +469,6 @@ def run(
 
 def _store(data_dir: str) -> Store:
     """The demo's own file store (never a real node's)."""
-    from ipam.config import DatastoreSettings
+    from cni_plugin.config import DatastoreSettings
 
     return open_store(DatastoreSettings(data_dir=data_dir, lock_timeout_seconds=5))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cni_plugin.cni.errors import CniError
-from cni_plugin.config import PluginConf, parse
+from cni_plugin.config import DatastoreSettings, PluginConf, parse
 from cni_plugin.dataplane.names import DEFAULT_VETH_PREFIX
 from ipam import config as ipam_config
 from ipam.core import Ipam, IpOwner, split_handle_id
@@ -36,7 +36,7 @@ class Settings:
     network: str
     node: str
     ipam: ipam_config.IpamConf
-    datastore: ipam_config.DatastoreSettings
+    datastore: DatastoreSettings
     veth_prefix: str = DEFAULT_VETH_PREFIX
     plugin_conf: dict[str, Any] = field(default_factory=dict)
 

@@ -113,6 +113,20 @@ IPAM_CASES: dict[str, list[tuple[Any, int]]] = {
     "etcd_key_file": [(5, 2), ("relative.pem", 2), ("/etc/tabby/key.pem", 2)],  # no cert
 }
 
+#: The datastore settings: part of the ipam section, read by both binaries (tabby records
+#: each attachment's WorkloadEndpoint in that datastore).
+DATASTORE = (
+    "datastore_type",
+    "data_dir",
+    "etcd_endpoints",
+    "etcd_prefix",
+    "etcd_ca_cert_file",
+    "etcd_cert_file",
+    "etcd_key_file",
+    "lock_timeout_seconds",
+)
+PLUGIN_CASES.update({f"ipam.{k}": IPAM_CASES[k] for k in DATASTORE})
+
 GC_CASES: list[tuple[Any, int]] = [
     ([{"containerID": 5, "ifname": "eth0"}], 2),
     ([{"containerID": "c1", "ifname": 5}], 2),
@@ -191,6 +205,9 @@ class Recorder:
             spec.host_ifname, "ee:ee:ee:ee:ee:ee", 2, spec.ifname, "02:00:00:00:00:01", 3, ()
         )
 
+    def added(self, *a: Any) -> None:
+        self.calls.append("endpoint added")
+
     def __getattr__(self, name: str) -> Any:
         def call(*a: Any, **k: Any) -> None:
             self.calls.append(name)
@@ -233,7 +250,7 @@ def _base(tmp_path: Path) -> dict[str, Any]:
 
 def _run_tabby(config: dict[str, Any], command: str = "ADD") -> tuple[int, Any, list[str]]:
     rec = Recorder()
-    handlers = plugin.Plugin(dataplane=lambda: rec, ipam=rec).handlers()  # type: ignore[arg-type,return-value]
+    handlers = plugin.Plugin(dataplane=lambda: rec, ipam=rec, endpoints=rec).handlers()  # type: ignore[arg-type,return-value]
     rc, out = skel.run(
         handlers,
         _env(command),

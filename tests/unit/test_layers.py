@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "cni_plugin.dataplane": (3, "adapters and dataplane"),
     "ipam.config": (3, "adapters and dataplane"),
     "ipam.plugin": (3, "adapters and dataplane"),
+    "ipam.cni_codes": (3, "adapters and dataplane"),
     "cni_plugin.entry": (4, "programs"),
     "cni_plugin.__main__": (4, "programs"),
     "cni_plugin.node": (4, "programs"),

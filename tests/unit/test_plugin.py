@@ -92,15 +92,36 @@ class FakeIpam:
         return wait
 
 
+class FakeEndpoints:
+    """Implements the ``EndpointRecorder`` protocol (no datastore)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: dict[str, CniError] = {}
+
+    def added(self, args: skel.CmdArgs, conf: Any, addresses: Any, host_ifname: str) -> None:
+        self.calls.append(("added", ([str(a) for a in addresses], host_ifname)))
+        if "added" in self.fail:
+            raise self.fail["added"]
+
+    def removed(self, args: skel.CmdArgs, conf: Any) -> None:
+        self.calls.append(("removed", args.container_id))
+        if "removed" in self.fail:
+            raise self.fail["removed"]
+
+
 HANDLERS: list[skel.Handlers] = []
+ENDPOINTS: list[FakeEndpoints] = []
 
 
 @pytest.fixture
 def fakes() -> Iterator[tuple[FakeDataplane, FakeIpam]]:
-    dp, ipam = FakeDataplane(), FakeIpam()
-    HANDLERS.append(plugin.Plugin(dataplane=lambda: dp, ipam=ipam).handlers())
+    dp, ipam, eps = FakeDataplane(), FakeIpam(), FakeEndpoints()
+    HANDLERS.append(plugin.Plugin(dataplane=lambda: dp, ipam=ipam, endpoints=eps).handlers())
+    ENDPOINTS.append(eps)
     yield dp, ipam
     HANDLERS.clear()
+    ENDPOINTS.clear()
 
 
 def conf(version: str = "1.1.0", **extra: Any) -> dict[str, Any]:
@@ -412,3 +433,39 @@ def test_status_forwards_to_ipam(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     ipam.fail["STATUS"] = CniError(50, "no address can be allocated for this node")
     rc, out = run("STATUS", conf())
     assert (rc, out["code"]) == (1, 50)
+
+
+def test_add_records_the_endpoint_after_the_dataplane(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    dp, _ = fakes
+    rc, out = run("ADD", conf())
+    assert rc == 0, out
+    (call,) = ENDPOINTS[0].calls
+    assert call == ("added", (["10.244.0.5", "fd00:10:244::5"], dp.calls[0][1].host_ifname))
+
+
+def test_add_that_cannot_record_its_endpoint_is_rolled_back(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """The datastore refused the endpoint: the pod's interfaces go, the addresses go back,
+    and the store's code is reported (11: try again later)."""
+    dp, ipam = fakes
+    ENDPOINTS[0].fail["added"] = CniError(11, "datastore unavailable, try again later")
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"]) == (1, 11)
+    assert [c[0] for c in dp.calls] == ["setup", "teardown"]
+    assert ipam.calls == ["ADD", "DEL"]
+
+
+def test_del_removes_the_endpoint_and_still_releases_when_it_cannot(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    dp, ipam = fakes
+    assert run("DEL", conf()) == (0, None)
+    assert ENDPOINTS[0].calls == [("removed", "c1")]
+    ENDPOINTS[0].fail["removed"] = CniError(11, "datastore unavailable, try again later")
+    rc, out = run("DEL", conf())
+    assert (rc, out["code"]) == (1, 11)
+    assert ipam.calls == ["DEL", "DEL"], "IPAM DEL runs although the record could not go"
+    assert [c[0] for c in dp.calls] == ["teardown", "teardown"]

@@ -1,0 +1,40 @@
+"""The IPAM core's errors as CNI errors: the one table both plugins' adapters use at their
+edge (the core and the stores know nothing of CNI codes; PRODUCT codes in the README).
+Standard library and the protocol layer only: cheap for the CNI binaries to import."""
+
+from __future__ import annotations
+
+from cni_plugin.cni.errors import CniError, Code
+from ipam.core.errors import (
+    AddressUnavailable,
+    InvalidConfig,
+    IpamError,
+    LockTimeout,
+    NoAddressAvailable,
+    RevisionConflict,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+)
+
+# The IPAM core's errors know nothing of CNI; this table is where they get their codes
+# (PRODUCT.md "Errors"). The most specific class wins (the table is walked along the MRO).
+CODES: dict[type[IpamError], tuple[int, str]] = {
+    InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
+    NoAddressAvailable: (Code.NO_ADDRESS, "no address available"),
+    AddressUnavailable: (Code.ADDRESS_UNAVAILABLE, "requested address not available"),
+    RevisionConflict: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
+    StoreCorrupt: (Code.STORE_CORRUPT, "IPAM datastore unreadable or corrupt"),
+    StoreUnavailable: (Code.TRY_AGAIN_LATER, "IPAM datastore unavailable, try again later"),
+    LockTimeout: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
+    StoreError: (Code.TRY_AGAIN_LATER, "IPAM datastore failure, try again later"),
+}
+
+
+def to_cni_error(e: IpamError) -> CniError:
+    """The CNI error for an IPAM core error (code from ``CODES``; 999 if unlisted)."""
+    for cls in type(e).__mro__:
+        if cls in CODES:
+            code, short = CODES[cls]
+            return CniError(code, short, str(e))
+    return CniError(Code.INTERNAL, "IPAM failure", str(e))
