@@ -35,7 +35,8 @@ A value is the document's JSON (UTF-8), nothing else; its revision is the key's
 - A write retried after an attempt with an unknown outcome (connection lost after sending,
   "request timed out"), whose compare then fails, is checked against the current values: if
   every put key holds exactly the value written and every deleted key is gone, it succeeded
-  (counted in ``stats["resolved"]``).
+  (``stats["resolved"]``); otherwise the outcome stays unknown and it raises
+  ``StoreUnavailable``, never ``RevisionConflict`` (``stats["unknown"]``).
 - Unreachable endpoints or no quorum: ``StoreUnavailable`` naming the endpoints, after at
   most ``lock_timeout`` seconds per operation.
 """
@@ -234,7 +235,9 @@ class EtcdStore:
         self.lock_path = os.path.join(self.lock_dir, f"etcd-{digest}.lock")
         self._held = threading.local()
         self._stats_lock = threading.Lock()
-        self.stats = {"txns": 0, "conflicts": 0, "ambiguous": 0, "resolved": 0}
+        # txns sent; conflicts (RevisionConflict raised: a CAS the caller retries); writes
+        # retried after an unknown outcome, then found applied (resolved) or not (unknown)
+        self.stats = {"txns": 0, "conflicts": 0, "resolved": 0, "unknown": 0}
 
     @classmethod
     def from_settings(cls, settings: StoreSettings) -> EtcdStore:
@@ -376,10 +379,10 @@ class EtcdStore:
             return result.revision
         current = _current(result.responses)[0]
         if result.ambiguous:
-            self._count("ambiguous")
             if current is not None and current.value == value and current.lease == lease:
                 self._count("resolved")
                 return current.mod_revision
+            raise self._unknown(kind, key)
         raise self._conflict(kind, key, current, expected_revision)
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None:
@@ -398,10 +401,10 @@ class EtcdStore:
             return
         current = _current(result.responses)[0]
         if result.ambiguous:
-            self._count("ambiguous")
             if current is None:
                 self._count("resolved")
                 return
+            raise self._unknown(kind, key)
         raise self._conflict(kind, key, current, expected_revision)
 
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
@@ -436,11 +439,11 @@ class EtcdStore:
             return [0 if v is None else result.revision for v in values]
         current = _current(result.responses)
         if result.ambiguous:
-            self._count("ambiguous")
             revs = _applied(values, current)
             if revs is not None:
                 self._count("resolved")
                 return revs
+            raise self._unknown(ops[0].kind, ops[0].key)
         for op, kv in zip(ops, current, strict=True):
             if kv is not None:
                 self._decode(op.kind, op.key, kv.value)  # StoreCorrupt for a bad value
@@ -449,6 +452,18 @@ class EtcdStore:
             if actual != op.expected_revision:
                 raise self._conflict(op.kind, op.key, kv, op.expected_revision)
         raise self._conflict(ops[0].kind, ops[0].key, current[0], ops[0].expected_revision)
+
+    def _unknown(self, kind: str, key: str) -> StoreUnavailable:
+        """A retried write whose compare failed, and etcd does not hold what it wrote: the
+        first attempt may have been applied and then overwritten, or never applied. Not a
+        RevisionConflict (that promises nothing was written): the caller gives up and its
+        caller retries the whole operation (the allocator's operations are idempotent)."""
+        self._count("unknown")
+        return StoreUnavailable(
+            ", ".join(self.endpoints),
+            f"outcome of the write of {self.location(kind, key)} unknown "
+            "(etcd failed while it was in flight)",
+        )
 
     def _conflict(
         self, kind: str, key: str, current: KeyValue | None, expected: int | None
