@@ -150,6 +150,6 @@ def main_ctl() -> None:
 
 
 def main_node() -> None:
-    from cni_plugin.node.server import main as node
+    from cni_plugin.node.agent import main as node
 
     sys.exit(node())

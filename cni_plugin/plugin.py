@@ -221,7 +221,7 @@ def attachment_alias(args: skel.CmdArgs) -> str:
 
 
 def setup_spec(
-    args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], mac: str | None
+    args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], mac: str | None, mtu: int
 ) -> SetupSpec:
     """What the dataplane builds (ADD) or verifies (CHECK) for this attachment."""
     from cni_plugin.dataplane.model import SetupSpec
@@ -231,7 +231,7 @@ def setup_spec(
         ifname=args.ifname,
         host_ifname=host_ifname(args, conf),
         addresses=addresses,
-        mtu=conf.effective_mtu(),
+        mtu=mtu,
         mac=mac,
         allow_ip_forwarding=conf.allow_ip_forwarding,
         alias=attachment_alias(args),
@@ -291,8 +291,10 @@ class Plugin:
         dataplane: Callable[[], Dataplane] = linux_dataplane,
         ipam: IpamInvoker | None = None,
         endpoints: EndpointRecorder | None = None,
+        mtu_file: str | None = None,
     ) -> None:
         self._load_dataplane = dataplane
+        self.mtu_file = mtu_file
         self.ipam: IpamInvoker = ipam if ipam is not None else ExecIpam()
         self.endpoints: EndpointRecorder = (
             endpoints if endpoints is not None else DatastoreEndpoints()
@@ -309,6 +311,11 @@ class Plugin:
 
     def _ipam(self, args: skel.CmdArgs, conf: PluginConf, command: str) -> Pending:
         return self.ipam.start(conf.ipam_type, command, args)
+
+    def _mtu(self, conf: PluginConf) -> int:
+        """The pods' MTU: ``mtu``, or for 0 the file tabby-node writes (the serving node's
+        own state directory when tabby-node runs the call)."""
+        return conf.effective_mtu(self.mtu_file) if self.mtu_file else conf.effective_mtu()
 
     def _teardown_quietly(
         self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address]
@@ -359,7 +366,7 @@ class Plugin:
                     f"{conf.ipam_type} returned no IP addresses",
                     "ADD-8: a result without addresses is an error",
                 )
-            spec = setup_spec(args, conf, addresses, mac)
+            spec = setup_spec(args, conf, addresses, mac, mtu)
             done = dp.setup(spec)
         except BaseException:
             # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
@@ -471,7 +478,7 @@ class Plugin:
             for ip in prev.get("ips", [])
             if ip.get("interface") == pod_idx
         ]
-        spec = setup_spec(args, conf, addresses, None)
+        spec = setup_spec(args, conf, addresses, None, self._mtu(conf))
         # Compare against prevResult (the final result: a later plugin may have changed the
         # MAC, CHK-4), not against what ADD printed. The pod routes to expect are those
         # prevResult says were programmed: a second attachment of the same pod skips the

@@ -360,13 +360,20 @@ def _start_node(demo: Demo) -> None:
     if binary is None:
         demo.echo("tabby-node not found: the plugins do the work in-process")
         return
-    sock = os.path.join(demo.workdir, "node.sock")
+    run_dir = os.path.join(demo.workdir, "run")
+    sock = os.path.join(run_dir, "node.sock")
+    # In the demo's node namespace, on the demo's own store: its nftables table (policy),
+    # state files and datastore are the demo's, never the machine's.
+    argv = [
+        *("ip", "netns", "exec", demo.node_ns, binary),
+        *("--nodename", "demo-node", "--backend", "none", "--socket", sock),
+        *("--run-dir", run_dir, "--state-dir", os.path.join(demo.workdir, "state")),
+        *("--data-dir", os.path.join(demo.workdir, "ipam")),
+        *("--metrics-port", "0", "--health-port", "0"),
+        *("--log-file", os.path.join(demo.workdir, "node.log")),
+    ]
     with _INTERRUPTS.deferred(), open(os.path.join(demo.workdir, "node.err"), "wb") as log:
-        demo.node_proc = subprocess.Popen(
-            [binary, "--socket", sock, "--log-file", os.path.join(demo.workdir, "node.log")],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
+        demo.node_proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
     proc = demo.node_proc
     deadline = time.monotonic() + 15
     while not os.path.exists(sock):
@@ -421,11 +428,11 @@ def run(
                 f"tabby demo {demo.network}: node namespace + {pods} pods, "
                 f"pools {V4_POOL} and {V6_POOL}"
             )
+            demo.make_node()
             if use_node and node_socket is None:
                 _start_node(demo)
             elif node_socket is None:
                 demo.node_socket = "off"
-            demo.make_node()
             echo(f"ADD (the installed {cni_bin}/tabby, exec'd as a runtime does):")
             demo.add_pods()
             demo.check_pods()

@@ -13,13 +13,10 @@ directory): a second one exits with one line instead of racing the first for the
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import signal
 import socket
 import struct
-import sys
 import threading
 import time
 
@@ -27,7 +24,7 @@ from filelock import FileLock, Timeout
 
 from cni_plugin import __version__, plugin
 from cni_plugin.cni import skel
-from cni_plugin.node import ACCEPT, DEFAULT_SOCKET, MAGIC, MAX_STDERR, REJECT, decode_header
+from cni_plugin.node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
@@ -66,14 +63,13 @@ class InProcessIpam:
         return lambda: parse_output(ipam_type, command, rc, out)
 
 
-_NODE_HANDLERS: list[skel.Handlers] = []
-
-
-def node_handlers() -> skel.Handlers:
-    """tabby's handlers as tabby-node runs them (built once)."""
-    if not _NODE_HANDLERS:
-        _NODE_HANDLERS.append(plugin.Plugin(ipam=InProcessIpam()).handlers())
-    return _NODE_HANDLERS[0]
+def node_handlers(
+    endpoints: plugin.EndpointRecorder | None = None, mtu_file: str | None = None
+) -> skel.Handlers:
+    """tabby's handlers as tabby-node runs them: tabby-ipam in-process, the endpoint
+    recorder the agent gives (it programs a new pod's policy before the ADD answers), and
+    the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
+    return plugin.Plugin(ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file).handlers()
 
 
 def execute(
@@ -82,6 +78,7 @@ def execute(
     stdin: bytes,
     netns_fd: int,
     mnt_fd: int | None = None,
+    handlers: skel.Handlers | None = None,
 ) -> tuple[int, bytes]:
     """Run one CNI call in the calling thread, inside the caller's network namespace (and
     mount namespace, when it differs from ours: then paths in env and config mean what
@@ -110,7 +107,7 @@ def execute(
                     before_dispatch=ipam_plugin.configure_logging,
                 )
             return skel.run(
-                node_handlers(),
+                handlers if handlers is not None else node_handlers(),
                 env,
                 stdin,
                 own_netns=caller_ns,
@@ -124,8 +121,14 @@ def execute(
 
 
 class NodeServer:
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        endpoints: plugin.EndpointRecorder | None = None,
+        mtu_file: str | None = None,
+    ) -> None:
         self.path = path
+        self.handlers = node_handlers(endpoints, mtu_file)
         self.sock: socket.socket | None = None
         self.stopping = threading.Event()
         self.inflight: set[threading.Thread] = set()
@@ -135,10 +138,16 @@ class NodeServer:
 
     # -- lifecycle ---------------------------------------------------------------------
 
+    def claim(self) -> None:
+        """Own the socket's directory (one tabby-node per run directory); SystemExit with
+        one line when another tabby-node holds it."""
+        if self.run_dir_lock is None:
+            directory = os.path.dirname(self.path)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self._claim_run_dir(directory)
+
     def bind(self) -> None:
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        self._claim_run_dir(directory)
+        self.claim()
         if os.path.lexists(self.path):
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -257,7 +266,7 @@ class NodeServer:
             conn.settimeout(None)
             cni_log.begin_stderr_capture()
             try:
-                rc, out = execute(role, env, stdin, netns_fd, mnt_fd)
+                rc, out = execute(role, env, stdin, netns_fd, mnt_fd, self.handlers)
             finally:
                 err = cni_log.end_stderr_capture(MAX_STDERR)
             conn.sendall(_U32x3.pack(rc, len(out), len(err)) + out + err)
@@ -296,47 +305,3 @@ def warm_up() -> None:
     from cni_plugin import dataplane, plugin  # noqa: F401
     from cni_plugin.dataplane import linux  # noqa: F401  (pyroute2)
     from ipam import plugin as ipam_plugin  # noqa: F401
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="tabby-node", description="serve tabby CNI calls on a unix socket"
-    )
-    parser.add_argument(
-        "--socket",
-        default=os.environ.get("TABBY_NODE_SOCKET", DEFAULT_SOCKET),
-        help=f"socket path (default {DEFAULT_SOCKET})",
-    )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    parser.add_argument("--log-file", default="/var/log/tabby/node.log")
-    opts = parser.parse_args(argv)
-    from cni_plugin.cni import log as cni_log
-
-    cni_log.setup_resident(opts.log_level, opts.log_file or None)
-    if os.geteuid() != 0:
-        print("tabby-node: must run as root", file=sys.stderr)
-        return 1
-    t0 = time.perf_counter()
-    warm_up()
-    server = NodeServer(opts.socket)
-    server.bind()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        server.stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    log.warning(
-        "tabby-node %s serving %s (warm in %.0f ms)",
-        __version__,
-        opts.socket,
-        (time.perf_counter() - t0) * 1000,
-    )
-    try:
-        server.serve_forever()
-    finally:
-        server.stop()
-        log.warning("tabby-node stopped after %d calls", server.served)
-    return 0

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+
+from tests.node_agent import IsolatedNode
 
 CNI_BIN = os.environ.get("TABBY_CNI_BIN", "/opt/cni/bin")
 TABBY_NODE = os.environ.get("TABBY_NODE_BIN", "/usr/local/bin/tabby-node")
@@ -116,37 +116,23 @@ def run_cmd(*cmd: str, check: bool = True) -> str:
     return proc.stdout
 
 
+_ISOLATED: dict[int, IsolatedNode] = {}
+
+
 def start_tabby_node(socket_path: str, log_path: str) -> subprocess.Popen[bytes]:
-    """Start tabby-node on its own socket and wait until it serves."""
-    os.makedirs(os.path.dirname(socket_path), mode=0o700, exist_ok=True)
-    proc = subprocess.Popen(
-        [TABBY_NODE, "--socket", socket_path, "--log-file", log_path],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 20
-    while not os.path.exists(socket_path):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise AssertionError(f"tabby-node did not start: {err}")
-        time.sleep(0.05)
-    return proc
+    """Start tabby-node (in a namespace of its own, tests/node_agent.py) on its own socket
+    and wait until it serves."""
+    node = IsolatedNode([TABBY_NODE], os.path.dirname(log_path), socket_path, log_path)
+    _ISOLATED[node.pid] = node
+    return node.proc
 
 
 def stop_tabby_node(proc: subprocess.Popen[bytes]) -> str:
-    """SIGTERM by PID; returns what it printed on stderr."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    return err
+    """SIGTERM by PID (then SIGKILL); its namespace deleted; returns what it printed on
+    stderr."""
+    node = _ISOLATED.pop(proc.pid, None)
+    assert node is not None, "not started by start_tabby_node"
+    return node.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,7 +9,6 @@ import random
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ from tests.e2e.conftest import (
     stop_tabby_node,
 )
 from tests.e2e.test_ipam_binary import allocated, store_handles
+from tests.node_agent import IsolatedNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged, pytest.mark.usefixtures("installed")]
 
@@ -356,16 +356,16 @@ def test_second_node_on_the_same_socket_exits_with_one_line(
     node: tuple[Any, str], tmp_path: Path
 ) -> None:
     proc, sock = node
-    second = subprocess.run(
-        [TABBY_NODE, "--socket", sock, "--log-file", str(tmp_path / "second.log")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    second = IsolatedNode(
+        [TABBY_NODE], str(tmp_path / "second"), sock, str(tmp_path / "second.log"), wait=False
     )
-    assert second.returncode == 1
-    lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1, second.stderr
+    try:
+        rc = second.proc.wait(timeout=60)
+    finally:
+        err = second.stop()
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert "another tabby-node is running in" in lines[0]
     assert proc.poll() is None
     assert (

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.node_agent import IsolatedNode
 from tests.privileged.netns_util import NetnsPool, Node, netns_pool
 
 pytestmark = pytest.mark.privileged
@@ -57,37 +56,12 @@ def cni_path(tmp_path: Path) -> str:
     return str(bindir)
 
 
-class NodeProcess:
-    def __init__(self, sock: str, log: str) -> None:
-        self.sock = sock
-        self.stderr: str | None = None
-        self.proc = subprocess.Popen(
-            [*NODE, "--socket", sock, "--log-file", log],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 30
-        while not os.path.exists(sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"tabby-node did not start: {self.stop()}")
-            time.sleep(0.05)
+class NodeProcess(IsolatedNode):
+    """tabby-node from this checkout, in a namespace of its own (tests/node_agent.py)."""
 
-    def stop(self) -> str:
-        """SIGTERM by pid; what it printed on stderr."""
-        if self.stderr is not None:
-            return self.stderr
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        assert self.proc.stderr is not None
-        with self.proc.stderr:
-            self.stderr = self.proc.stderr.read().decode(errors="replace")
-        return self.stderr
+    def __init__(self, sock: str, log: str, *, wait: bool = True) -> None:
+        super().__init__(NODE, os.path.dirname(log), sock, log, cwd=ROOT, wait=wait)
+        self.sock = sock
 
 
 @pytest.fixture
@@ -197,17 +171,14 @@ def test_tabby_errors_reach_the_caller_standalone_and_through_the_node(
 def test_second_node_on_the_same_socket_exits_with_one_line(
     tmp_path: Path, tabby_node: NodeProcess
 ) -> None:
-    second = subprocess.run(
-        [*NODE, "--socket", tabby_node.sock, "--log-file", str(tmp_path / "second.log")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert second.returncode == 1
-    lines = second.stderr.strip().splitlines()
-    assert len(lines) == 1, second.stderr
+    second = NodeProcess(tabby_node.sock, str(tmp_path / "second" / "node.log"), wait=False)
+    try:
+        rc = second.proc.wait(timeout=60)
+    finally:
+        err = second.stop()
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert "another tabby-node is running in" in lines[0]
     assert tabby_node.proc.poll() is None  # the first one serves on
     assert os.path.exists(tabby_node.sock)

@@ -1,0 +1,295 @@
+"""tabby-node's routing backends: what reaches other nodes' pods (``--backend``).
+
+* ``bird``: BIRD 2 speaks BGP (full mesh, route reflectors, explicit BGPPeers); the agent
+  renders its configuration from the cluster view and reloads it on change (confd's role,
+  :mod:`cni_plugin.node.bird`). Pools with VXLAN get the vxlan state too.
+* ``vxlan``: no BGP; the agent programs VXLAN devices, neighbours, FDB entries and routes
+  itself (felix's role, :mod:`cni_plugin.dataplane.overlay`).
+* ``none``: one node; tabby's own routes, if an earlier backend left some, are removed.
+
+Each backend reconciles: it computes the whole desired state and changes only the
+difference, so running it twice, or after a restart, changes nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import TYPE_CHECKING, Any
+
+from cni_plugin.node.cluster import Cluster, NodeInfo, PeerSpec
+
+if TYPE_CHECKING:
+    from cni_plugin.node.agent import Agent
+    from cni_plugin.node.bird import BirdConfig, Peer
+
+log = logging.getLogger("tabby.node")
+
+_SEVERITY = {"Debug": "debug", "Info": "info", "Warning": "warning", "Error": "error"}
+
+
+class _Overlay:
+    """The kernel side of VXLAN (and of nothing, when no pool wants it)."""
+
+    def __init__(self, agent: Agent) -> None:
+        from cni_plugin.dataplane.overlay import Reconciler
+
+        self.agent = agent
+        self.reconciler = Reconciler()
+        self.last: Any = None
+        self.programmed: dict[str, int] = {}
+        self.problems: list[str] = []
+
+    def reconcile(self, cluster: Cluster) -> None:
+        desired = self.agent.vxlan_state(cluster)
+        changes = self.reconciler.reconcile(desired)
+        if changes:
+            log.info("routing: %s", changes.summary())
+        self.last = desired
+        self.programmed = {
+            "block": sum(1 for r in desired.routes if r.type == "unicast" and not _host(r.dst)),
+            "borrowed": sum(1 for r in desired.routes if r.type == "unicast" and _host(r.dst)),
+            "blackhole": sum(1 for r in desired.routes if r.type == "blackhole"),
+            "tunnel": len(desired.neighbours),
+            "fdb": len(desired.fdb),
+        }
+        self.problems = [str(p) for p in (*changes.conflicts, *changes.failures)]
+        if self.agent.metrics is not None:
+            self.agent.metrics.routes(self.programmed, changes)
+
+    def vxlan_peers(self, cluster: Cluster) -> list[dict[str, Any]]:
+        if self.last is None:
+            return []
+        macs = {(n.device, n.mac): n.address for n in self.last.neighbours}
+        by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
+        by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
+        out = []
+        for f in sorted(self.last.fdb, key=lambda f: (f.device, str(f.dst))):
+            out.append(
+                {
+                    "node": by_mac.get(f.mac, ""),
+                    "address": str(f.dst),
+                    "tunnel_address": str(macs.get((f.device, f.mac), "")),
+                    "mac": f.mac,
+                    "device": f.device,
+                }
+            )
+        return out
+
+
+def _host(net: Any) -> bool:
+    return bool(net.prefixlen == net.max_prefixlen)
+
+
+class NoRouting:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.overlay = _Overlay(agent)
+
+    def start(self) -> None:
+        pass
+
+    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None:
+        self.overlay.reconcile(cluster)  # empty under --backend none: removes leftovers
+
+    def status(self, cluster: Cluster) -> dict[str, Any]:
+        return {"peers": [], "vxlan": [], "routing_problems": self.overlay.problems}
+
+    def readiness(self) -> list[str]:
+        return []
+
+    def stop(self, *, stop_bird: bool = True) -> None:
+        pass
+
+
+class VxlanRouting(NoRouting):
+    def status(self, cluster: Cluster) -> dict[str, Any]:
+        return {
+            "peers": [],
+            "vxlan": self.overlay.vxlan_peers(cluster),
+            "routing_problems": self.overlay.problems,
+        }
+
+    def readiness(self) -> list[str]:
+        if self.overlay.last is None:
+            return ["vxlan: not programmed yet"]
+        return [f"vxlan: {p}" for p in self.overlay.problems[:3]]
+
+
+class BirdRouting(NoRouting):
+    """BIRD for BGP; the vxlan state for pools that ask for VXLAN."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent)
+        from cni_plugin.node.bird import BirdSupervisor
+
+        self.bird = BirdSupervisor(agent.options.run_dir)
+        self.started = False
+        self.config: BirdConfig | None = None
+
+    def start(self) -> None:
+        pass  # BIRD starts (or is adopted) with the first configuration
+
+    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None:
+        self.overlay.reconcile(cluster)
+        facts = self.agent.facts
+        assert facts is not None
+        config = bird_config(cluster, facts.name, ipip=facts.ipip_available)
+        if config is None:
+            raise RuntimeError("BIRD needs the node's IPv4 address (--node-ip)")
+        if not self.started:
+            self.bird.start(config)
+            self.started = True
+            if self.bird.adopted:
+                log.warning("adopted the running BIRD (pid %s)", self.bird.pid)
+        elif config != self.config:
+            self.bird.apply(config)
+        self.config = config
+        if self.agent.metrics is not None:
+            self.agent.metrics.bird(self.bird)
+
+    def status(self, cluster: Cluster) -> dict[str, Any]:
+        try:
+            peers = [p.as_dict() for p in self.bird.peers()]
+        except Exception as e:
+            peers = []
+            self.overlay.problems = [*self.overlay.problems, f"bird: {e}"]
+        return {
+            "peers": peers,
+            "vxlan": self.overlay.vxlan_peers(cluster),
+            "bird": {"pid": self.bird.pid, "restarts": self.bird.restarts},
+            "routing_problems": self.overlay.problems,
+        }
+
+    def readiness(self) -> list[str]:
+        if not self.started:
+            return ["bird: not started yet"]
+        return [f"bird: {r}" for r in self.bird.readiness()]
+
+    def stop(self, *, stop_bird: bool = True) -> None:
+        if stop_bird:
+            self.bird.stop()
+        else:
+            self.bird.detach()
+
+
+# -- the BIRD configuration from the cluster view (confd's role) --------------------------------
+
+
+def _matches(selector: str | None, labels: dict[str, str] | Any) -> bool:
+    from ipam.resources.selector import parse_selector
+
+    if not selector:
+        return True
+    try:
+        return parse_selector(selector).matches(labels)
+    except ValueError:
+        log.warning("ignoring an invalid selector %r", selector)
+        return False
+
+
+def _applies_to(peer: PeerSpec, me: NodeInfo) -> bool:
+    if peer.node is not None:
+        return peer.node == me.name
+    return _matches(peer.node_selector, me.labels)
+
+
+def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdConfig | None:
+    """The BirdConfig of node ``me_name`` (None when it has no IPv4 underlay address).
+
+    Sessions, as Calico's confd decides them: the node-to-node mesh (unless disabled or this
+    node is a route reflector) towards every other live node that is not a reflector;
+    BGPPeers that apply to this node (``node`` or ``nodeSelector``; neither: every node)
+    towards ``peerIP`` or towards the live nodes ``peerSelector`` selects. A reflector has
+    the nodes it peers with as clients unless they share its cluster id. One session per
+    address: an explicit BGPPeer wins over the mesh. Blocks and borrowed addresses of pools
+    that use VXLAN are left to the vxlan state."""
+    from cni_plugin.node.bird import DEFAULT_AS, BirdConfig, BirdNode, Peer, PeerType, Pool
+
+    me = cluster.nodes.get(me_name)
+    if me is None or me.ipv4 is None:
+        return None
+    my_as = me.as_number or cluster.as_number or DEFAULT_AS
+    rr = ipaddress.IPv4Address(me.rr_cluster_id) if me.rr_cluster_id else None
+    node = BirdNode(
+        me_name,
+        me.ipv4.ip,
+        me.ipv6.ip if me.ipv6 else None,
+        as_number=my_as,
+        rr_cluster_id=rr,
+    )
+    peers: dict[Any, Peer] = {}
+
+    def add(
+        other: NodeInfo | None, address: Any, kind: PeerType, as_number: int, name: str
+    ) -> None:
+        if address is None or address in (node.ipv4, node.ipv6):
+            return
+        if address.version == 6 and node.ipv6 is None:
+            return
+        client = False
+        if other is not None and rr is not None and as_number == my_as:
+            client = other.rr_cluster_id != me.rr_cluster_id
+        if other is not None and (rr is not None or other.rr_cluster_id):
+            kind = PeerType.RR
+        if address in peers and peers[address].type != PeerType.MESH:
+            return  # an explicit peer is already there
+        peers[address] = Peer(address, kind, as_number, client, name)
+
+    # explicit BGPPeers first: they win over the mesh for the same address
+    for spec in cluster.peers:
+        if not _applies_to(spec, me):
+            continue
+        kind = PeerType.NODE if (spec.node or spec.node_selector) else PeerType.GLOBAL
+        if spec.peer_ip:
+            try:
+                addr = ipaddress.ip_address(spec.peer_ip)
+            except ValueError:
+                continue
+            add(None, addr, kind, spec.as_number or my_as, spec.name)
+        elif spec.peer_selector is not None:
+            for other in cluster.alive():
+                if other.name == me_name or not _matches(spec.peer_selector, other.labels):
+                    continue
+                other_as = other.as_number or cluster.as_number or DEFAULT_AS
+                for ip in (other.ipv4, other.ipv6):
+                    add(other, ip.ip if ip else None, kind, other_as, other.name)
+    if cluster.mesh and rr is None:
+        for other in cluster.alive():
+            if other.name == me_name or other.rr_cluster_id:
+                continue
+            other_as = other.as_number or cluster.as_number or DEFAULT_AS
+            for ip in (other.ipv4, other.ipv6):
+                address = ip.ip if ip else None
+                if address is not None and address not in peers:
+                    add(other, address, PeerType.MESH, other_as, other.name)
+
+    def routed_by_bird(net: Any) -> bool:
+        pool = cluster.pool_of(net)
+        return pool is None or pool.encap("bird")[0] != "vxlan"
+
+    pools = tuple(
+        Pool(p.cidr, ipip=ipip and p.encap("bird")[0] == "ipip" and p.cidr.version == 4)
+        for p in cluster.pools
+        if p.encap("bird")[0] != "vxlan" and (p.cidr.version == 4 or node.ipv6 is not None)
+    )
+    blocks = tuple(
+        b.cidr
+        for b in cluster.blocks_of(me_name)
+        if routed_by_bird(b.cidr) and (b.cidr.version == 4 or node.ipv6 is not None)
+    )
+    borrowed = tuple(
+        b.address
+        for b in cluster.borrowed
+        if b.holder == me_name
+        and routed_by_bird(b.block)
+        and (b.address.version == 4 or node.ipv6 is not None)
+    )
+    return BirdConfig(
+        node=node,
+        peers=tuple(peers.values()),
+        pools=pools,
+        blocks=blocks,
+        borrowed=borrowed,
+        log_severity=_SEVERITY.get(cluster.log_severity, "info"),  # type: ignore[arg-type]
+    )
