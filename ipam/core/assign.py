@@ -1,0 +1,324 @@
+"""Assigning addresses to one attachment: plan (pick every block, claiming as needed), list
+the blocks in the handle, write each allocation (CAS). See ipam/DESIGN.md "Assign"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ipam.core import affinity, handles
+from ipam.core.block import Block
+from ipam.core.candidates import (
+    BORROW,
+    CLAIM,
+    FULL,
+    GONE,
+    ORPHAN,
+    OWN,
+    RECHECK,
+    Candidate,
+    Candidates,
+)
+from ipam.core.cas import cas
+from ipam.core.docs import WARNING, Docs, Op, log
+from ipam.core.errors import (
+    AddressUnavailable,
+    InvalidConfig,
+    NoAddressAvailable,
+    RevisionConflict,
+    StoreCorrupt,
+)
+from ipam.core.model import (
+    Allocation,
+    AssignRequest,
+    IPAddress,
+    Pool,
+    Reserved,
+    parse_ip,
+    parse_network,
+    split_handle_id,
+)
+
+_ATTR_TYPES = (str, int, float, bool, type(None))
+
+
+class Pick:
+    """A block with room and the ordinal to take, as read (not yet written)."""
+
+    __slots__ = ("block", "family", "ordinal", "revision", "specific")
+
+    def __init__(
+        self, block: Block, revision: int, ordinal: int, family: int, specific: IPAddress | None
+    ) -> None:
+        self.block = block
+        self.revision = revision
+        self.ordinal = ordinal
+        self.family = family
+        self.specific = specific
+
+
+def assign(docs: Docs, req: AssignRequest) -> list[Allocation]:
+    if not docs.node:
+        raise InvalidConfig("the node name is required to assign addresses")
+    hid = req.handle_id
+    split_handle_id(hid)
+    attrs = _attrs(docs, req.attrs)
+    reserved = Reserved.parse(req.reserved)
+    specific: list[IPAddress] = []
+    for value in req.specific_ips:
+        ip = parse_ip(value, "requested IP")
+        if ip in specific:
+            raise InvalidConfig("requested IP listed twice", str(ip))
+        specific.append(ip)
+    families = [f for f, want in ((4, req.want_v4), (6, req.want_v6)) if want]
+    if not specific and not families:
+        raise InvalidConfig("nothing to assign", "neither IPv4 nor IPv6 requested")
+    mb = req.max_blocks_per_host
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
+        raise InvalidConfig("invalid max_blocks_per_host", repr(mb))
+    with docs.store.lock():
+        op = Op(reserved, bool(req.strict_affinity), mb)
+        return _assign_locked(docs, op, req, hid, attrs, specific, families)
+
+
+def _assign_locked(
+    docs: Docs,
+    op: Op,
+    req: AssignRequest,
+    hid: str,
+    attrs: dict[str, Any],
+    specific: list[IPAddress],
+    families: list[int],
+) -> list[Allocation]:
+    stale: list[str] = []
+    got = docs.handle(hid)
+    if got is not None:
+        held, stale = handles.held(docs, got[0])
+        if held:
+            # ADD-7: a repeated ADD gets what it has; no second address.
+            if stale:
+                handles.extend(docs, hid, add=(), remove=stale)
+            return held
+    if specific:
+        picks = [pick_specific(docs, op, ip) for ip in specific]
+    else:
+        for fam in families:
+            cidrs = req.v4_pools if fam == 4 else req.v6_pools
+            op.pools[fam] = _request_pools(docs, cidrs, fam)
+        picks = [pick_auto(docs, op, fam) for fam in families]
+    # The handle lists every block first: a kill after this leaves only leftovers.
+    handles.extend(docs, hid, add=[p.block.cidr for p in picks], remove=stale)
+    done: list[Allocation] = []
+    try:
+        for pick in picks:
+            done.append(_commit(docs, op, hid, attrs, pick))
+    except BaseException:
+        from ipam.core import release  # rare: imported only when needed (start-up cost)
+
+        release.rollback(docs, op, hid, done)
+        raise
+    return done
+
+
+def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
+    if not cidrs:
+        raise InvalidConfig(f"no IPv{fam} pool given")
+    out: list[Pool] = []
+    disabled: list[str] = []
+    for text in cidrs:
+        net = parse_network(text, "pool CIDR")
+        if net.version != fam:
+            raise InvalidConfig(f"not an IPv{fam} pool", str(net))
+        pool = docs.pool(str(net))
+        if pool is None:
+            raise InvalidConfig(
+                "pool not found in the IPAM datastore",
+                f"{net} (pools come from the configuration or `tabbyctl pool add`)",
+            )
+        if pool.disabled:
+            disabled.append(pool.cidr)
+        elif all(p.cidr != pool.cidr for p in out):
+            out.append(pool)
+    if not out:
+        raise NoAddressAvailable(f"every IPv{fam} pool is disabled", ", ".join(disabled))
+    return out
+
+
+def _attrs(docs: Docs, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    attrs = dict(given or {})
+    for k, v in attrs.items():
+        if not isinstance(k, str) or not isinstance(v, _ATTR_TYPES):
+            raise InvalidConfig("allocation attributes must be JSON scalars", repr(k))
+        if isinstance(v, float) and v != v:  # NaN
+            raise InvalidConfig("allocation attributes must be JSON scalars", repr(k))
+    attrs.setdefault("node", docs.node)
+    attrs.setdefault("time", docs.clock())
+    return attrs
+
+
+# -- picking a block ----------------------------------------------------------------------
+
+
+def pick_auto(docs: Docs, op: Op, fam: int) -> Pick:
+    """The first usable candidate (``candidates.Candidates``), acting on each on the way."""
+    pools = op.pools[fam]
+    cands = Candidates(
+        docs,
+        fam,
+        pools,
+        op.reserved,
+        strict=op.strict,
+        max_blocks=op.max_blocks,
+        aff=lambda: docs.my_affinity(op),
+    )
+    gone: list[str] = []
+    for c in cands:
+        if c.kind == GONE:
+            gone.append(c.cidr)
+            continue
+        if c.kind == FULL:
+            assert c.block is not None
+            affinity.mark_full(docs, op, c.block, c.revision)
+            continue
+        if gone:  # leaving the hinted blocks: forget those that are not ours any more
+            affinity.forget(docs, op, docs.node, gone)
+            gone = []
+        pick = _take(docs, op, fam, c)
+        if pick is not None:
+            return pick
+    if gone:
+        affinity.forget(docs, op, docs.node, gone)
+    why = []
+    if cands.limited:
+        why.append(f"max_blocks_per_host {op.max_blocks} reached")
+    if op.strict:
+        why.append("strict_affinity: no borrowing")
+    raise NoAddressAvailable(
+        f"no free IPv{fam} address",
+        f"pools {', '.join(sorted(p.cidr for p in pools))} for node {docs.node}"
+        + (f" ({'; '.join(why)})" if why else ""),
+    )
+
+
+def _take(docs: Docs, op: Op, fam: int, c: Candidate) -> Pick | None:
+    """Act on one candidate: a Pick, or None to go on."""
+    if c.kind == CLAIM:
+        got = _claim(docs, op, c)
+        if got is None:
+            return None
+        o = got[0].first_usable(op.reserved)
+        return None if o is None else Pick(got[0], got[1], o, fam, None)
+    blk = c.block
+    assert blk is not None
+    if c.kind == ORPHAN:
+        affinity.adopt(docs, op, blk, c.cursor())
+        if c.ordinal is None:
+            return None
+    elif c.kind == RECHECK:
+        affinity.room_found(docs, op, c.cidr)
+    else:
+        assert c.kind in (OWN, BORROW)
+    assert c.ordinal is not None
+    return Pick(blk, c.revision, c.ordinal, fam, None)
+
+
+def _claim(docs: Docs, op: Op, c: Candidate) -> tuple[Block, int] | None:
+    """CAS-create block ``c`` affine to this node and list it; None when another node was
+    first."""
+    pool = c.pool
+    assert pool is not None
+    blk = Block.new(pool.block_network(c.index), pool.cidr, docs.node)
+    try:
+        rev = docs.store.put("block", c.cidr, blk.to_data(), None)
+    except StoreCorrupt as e:
+        log(WARNING, "skipping unreadable block while claiming: %s", e)
+        return None
+    except RevisionConflict:
+        # Created since the walk looked: another node's, or ours from a killed claim.
+        got = docs.try_block(c.cidr)
+        if got is not None and got[0].node == docs.node and got[0].pool == pool.cidr:
+            affinity.adopt(docs, op, got[0], c.cursor())
+            return got
+        return None
+    affinity.claimed(docs, op, blk, c.cursor())
+    return blk, rev
+
+
+def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
+    pool = docs.pool_containing(ip)
+    if pool is None:
+        raise AddressUnavailable("requested IP is outside every pool", str(ip))
+    if pool.disabled:
+        raise AddressUnavailable("requested IP is in a disabled pool", f"{ip} in {pool.cidr}")
+    if op.reserved.contains(ip):
+        raise AddressUnavailable("requested IP is reserved", str(ip))
+    net = pool.block_network(pool.block_index(ip))
+    cidr = str(net)
+
+    def read() -> tuple[Block, int] | None:
+        return docs.block(cidr)
+
+    def write(got: tuple[Block, int] | None) -> tuple[Block, int, bool]:
+        if got is not None:
+            return got[0], got[1], False
+        fam = pool.version
+        limited = bool(op.max_blocks) and affinity.count_blocks(docs, op, fam) >= op.max_blocks
+        if limited and op.strict:
+            raise AddressUnavailable(
+                "requested IP needs a new block",
+                f"{ip}: max_blocks_per_host {op.max_blocks} reached, strict_affinity",
+            )
+        # Over the limit (not strict): a block without affinity, i.e. borrowed.
+        blk = Block.new(net, pool.cidr, None if limited else docs.node)
+        return blk, docs.store.put("block", cidr, blk.to_data(), None), True
+
+    blk, rev, created = cas(read, write, "block", cidr)
+    if created:
+        if blk.node:
+            affinity.add(docs, op, cidr)
+    elif blk.node == docs.node:
+        if cidr not in docs.my_affinity(op).blocks:
+            affinity.adopt(docs, op, blk)
+    elif op.strict:
+        raise AddressUnavailable(
+            "requested IP is in another node's block (strict_affinity)",
+            f"{ip} in {cidr} ({blk.affinity})",
+        )
+    o = blk.ordinal(ip)
+    if blk.allocations[o] is not None:
+        raise AddressUnavailable("requested IP is in use", str(ip))
+    return Pick(blk, rev, o, pool.version, ip)
+
+
+# -- writing an allocation ------------------------------------------------------------------
+
+
+def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> Allocation:
+    """Write the allocation at the revision the pick was read at; a lost CAS picks again
+    from fresh reads (listing a new block in the handle first)."""
+    tried: list[Pick] = []
+
+    def read() -> Pick:
+        if not tried:  # first attempt: the pick as planned
+            tried.append(pick)
+            return pick
+        old = tried[-1]
+        if old.specific is not None:
+            new = pick_specific(docs, op, old.specific)
+        else:
+            new = pick_auto(docs, op, old.family)
+        if new.block.cidr != old.block.cidr:
+            handles.extend(docs, hid, add=[new.block.cidr], remove=())
+        tried.append(new)
+        return new
+
+    def write(p: Pick) -> tuple[Block, Pick]:
+        new = p.block.copy()
+        new.assign(p.ordinal, hid, attrs, op.reserved)
+        docs.store.put("block", p.block.cidr, new.to_data(), p.revision)
+        return new, p
+
+    new, p = cas(read, write, "block", pick.block.cidr)
+    if new.full and not p.block.full:
+        affinity.hint_full(docs, op, new)
+    return docs.allocation(new, p.ordinal)

@@ -1,0 +1,192 @@
+"""Typed reads of the store for one node, and per-operation state.
+
+Every module of the core works through one ``Docs`` (the store, this node's name, the clock)
+and, inside one operation, one ``Op`` (the request's settings and the cached affinity
+document of this node). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ipam.core.block import Block
+from ipam.core.errors import StoreCorrupt
+from ipam.core.model import (
+    Affinity,
+    Allocation,
+    Handle,
+    IPAddress,
+    IPNetwork,
+    Pool,
+    Reserved,
+)
+
+if TYPE_CHECKING:
+    from ipam.store.base import Store
+
+WARNING = 30
+INFO = 20
+
+
+def log(level: int, msg: str, *args: object) -> None:
+    import logging  # lazily: logging costs ~4 ms of start-up and is needed only here
+
+    logging.getLogger("tabby.ipam").log(level, msg, *args)
+
+
+def family(cidr: str) -> int:
+    return 6 if ":" in cidr else 4
+
+
+def inside(cidr: str, pools: list[Pool]) -> bool:
+    """Whether block ``cidr`` lies in one of ``pools`` (cheaper than reading the block)."""
+    try:
+        net = ipaddress.ip_network(cidr)
+    except ValueError:
+        return False
+    return any(net.version == p.version and net.network_address in p.network for p in pools)
+
+
+class Op:
+    """One operation's state: request settings and this node's affinity document as last
+    read or written (``aff`` None = not read yet)."""
+
+    __slots__ = ("aff", "aff_rev", "max_blocks", "pools", "reserved", "strict")
+
+    def __init__(
+        self,
+        reserved: Reserved | None = None,
+        strict: bool = False,
+        max_blocks: int = 0,
+    ) -> None:
+        self.reserved = reserved if reserved is not None else Reserved.parse(())
+        self.strict = strict
+        self.max_blocks = max_blocks
+        self.pools: dict[int, list[Pool]] = {4: [], 6: []}
+        self.aff: Affinity | None = None
+        self.aff_rev: int | None = None
+
+
+class Docs:
+    """The store, read as typed documents, for node ``node`` ("" = no node)."""
+
+    __slots__ = ("_pool_nets", "clock", "node", "store")
+
+    def __init__(self, store: Store, node: str, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.node = node
+        self.clock = clock
+        self._pool_nets: dict[str, IPNetwork] = {}
+
+    # -- blocks -------------------------------------------------------------------------
+
+    def block(self, cidr: str) -> tuple[Block, int] | None:
+        doc = self.store.get("block", cidr)
+        if doc is None:
+            return None
+        blk = Block.from_data(doc.data, self.store.location("block", cidr))
+        if blk.cidr != cidr:
+            raise StoreCorrupt(self.store.location("block", cidr), f"holds block {blk.cidr}")
+        return blk, doc.revision
+
+    def try_block(self, cidr: str) -> tuple[Block, int] | None:
+        """Like ``block``, but a corrupt block is logged and skipped (None): for scans that
+        must not stop on another block's damage."""
+        try:
+            return self.block(cidr)
+        except StoreCorrupt as e:
+            log(WARNING, "skipping unreadable block: %s", e)
+            return None
+
+    def all_blocks(self) -> list[tuple[Block, int]]:
+        out = []
+        for cidr in self.store.list_keys("block"):
+            got = self.try_block(cidr)
+            if got is not None:
+                out.append(got)
+        return out
+
+    def block_cidr_for(self, ip: IPAddress) -> str | None:
+        pool = self.pool_containing(ip)
+        if pool is not None:
+            return str(pool.block_network(pool.block_index(ip)))
+        for key in self.store.list_keys("block"):  # its pool was deleted
+            try:
+                if ip in ipaddress.ip_network(key):
+                    return key
+            except (ValueError, TypeError):
+                continue
+        return None
+
+    # -- pools --------------------------------------------------------------------------
+
+    def pool_doc(self, cidr: str) -> tuple[Pool, int] | None:
+        doc = self.store.get("pool", cidr)
+        if doc is None:
+            return None
+        return Pool.from_data(doc.data, self.store.location("pool", cidr)), doc.revision
+
+    def pool(self, cidr: str) -> Pool | None:
+        got = self.pool_doc(cidr)
+        return None if got is None else got[0]
+
+    def all_pools(self) -> dict[str, Pool]:
+        out = {}
+        for key in self.store.list_keys("pool"):
+            pool = self.pool(key)
+            if pool is not None:
+                out[pool.cidr] = pool
+        return out
+
+    def pool_containing(self, ip: IPAddress) -> Pool | None:
+        corrupt: StoreCorrupt | None = None
+        for key in self.store.list_keys("pool"):
+            try:
+                net = ipaddress.ip_network(key)
+            except ValueError:
+                continue
+            if net.version == ip.version and ip in net:
+                try:
+                    return self.pool(key)
+                except StoreCorrupt as e:
+                    corrupt = e
+        if corrupt is not None:
+            raise corrupt
+        return None
+
+    # -- handles and affinities ---------------------------------------------------------
+
+    def handle(self, hid: str) -> tuple[Handle, int] | None:
+        doc = self.store.get("handle", hid)
+        if doc is None:
+            return None
+        return Handle.from_data(doc.data, self.store.location("handle", hid)), doc.revision
+
+    def affinity(self, node: str) -> tuple[Affinity, int | None]:
+        """``node``'s affinity document and its revision; a new empty one (revision None)
+        when it does not exist."""
+        doc = self.store.get("affinity", node)
+        if doc is None:
+            return Affinity.new(node), None
+        return Affinity.from_data(doc.data, self.store.location("affinity", node)), doc.revision
+
+    def my_affinity(self, op: Op) -> Affinity:
+        """This node's affinity document, read once per operation."""
+        if op.aff is None:
+            op.aff, op.aff_rev = self.affinity(self.node)
+        return op.aff
+
+    # -- values -------------------------------------------------------------------------
+
+    def pool_net(self, cidr: str) -> IPNetwork:
+        net = self._pool_nets.get(cidr)
+        if net is None:
+            net = self._pool_nets[cidr] = ipaddress.ip_network(cidr)
+        return net
+
+    def allocation(self, blk: Block, o: int) -> Allocation:
+        a = blk.allocations[o]
+        assert a is not None
+        return Allocation(blk.ip(o), blk.network, self.pool_net(blk.pool), a["handle"], a["seq"])

@@ -1,0 +1,250 @@
+"""Releasing addresses: by handle (DEL), by address (with the ABA guard), and GC of a
+network's stale handles (with the repair of this node's hints).
+
+Order (see ipam/DESIGN.md): allocations first, then the handle, so the handle stays a
+superset index (I2) at every instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ipam.core import affinity
+from ipam.core.block import Block
+from ipam.core.cas import DELETE, Delete, cas, update
+from ipam.core.docs import WARNING, Docs, Op, log
+from ipam.core.errors import InvalidConfig, IpamError, LockTimeout, StoreCorrupt
+from ipam.core.model import (
+    Allocation,
+    GcReport,
+    Handle,
+    IPAddress,
+    parse_ip,
+    split_handle_id,
+)
+
+if TYPE_CHECKING:
+    from ipam.store.base import Doc
+
+
+def release_in_block(
+    docs: Docs, op: Op, cidr: str, select: Callable[[Block], list[int]]
+) -> list[Allocation]:
+    """Free the ordinals ``select(block)`` picks (CAS on the block); give the block back
+    to its owner's ``avail`` hint if it was full."""
+
+    def read() -> tuple[Block, int] | None:
+        return docs.block(cidr)
+
+    def write(got: tuple[Block, int] | None) -> tuple[Block | None, list[int]]:
+        if got is None:
+            return None, []
+        blk, rev = got
+        ordinals = select(blk)
+        if ordinals:
+            new = blk.copy()
+            for o in ordinals:
+                new.release(o)
+            docs.store.put("block", cidr, new.to_data(), rev)
+        return blk, ordinals
+
+    blk, ordinals = cas(read, write, "block", cidr)
+    if blk is None or not ordinals:
+        return []
+    if blk.full and blk.node:
+        affinity.hint_unfull(docs, op, blk.node, cidr)
+    return [docs.allocation(blk, o) for o in ordinals]
+
+
+def ordinal_if(blk: Block, *, ip: IPAddress, hid: str, seq: int) -> list[int]:
+    """[ordinal of ip] if it is still the allocation (hid, seq), else []."""
+    try:
+        o = blk.ordinal(ip)
+    except ValueError:
+        return []
+    a = blk.allocations[o]
+    return [o] if a is not None and a["handle"] == hid and a["seq"] == seq else []
+
+
+def prune(docs: Docs, op: Op, hid: str, cidrs: list[str] | None) -> None:
+    """Unlist blocks (``cidrs``, or all when None) that hold nothing of the handle; delete
+    the handle when it lists no block any more."""
+
+    def change(doc: Doc | None) -> dict[str, Any] | Delete | None:
+        if doc is None:
+            return None
+        h = Handle.from_data(doc.data, docs.store.location("handle", hid))
+        keep = []
+        for cidr in h.blocks:
+            if cidrs is None or cidr in cidrs:
+                try:
+                    got = docs.block(cidr)
+                except StoreCorrupt:
+                    keep.append(cidr)  # cannot prove it empty: keep indexing it
+                    continue
+                if got is None or not got[0].ordinals_of(hid):
+                    continue
+            keep.append(cidr)
+        if not keep:
+            return DELETE
+        if keep != h.blocks:
+            h.blocks = keep
+            return h.to_data()
+        return None
+
+    update(docs.store, "handle", hid, change)
+
+
+def release_handle(docs: Docs, handle_id: str) -> list[Allocation]:
+    split_handle_id(handle_id)
+    with docs.store.lock():
+        return release_handle_locked(docs, Op(), handle_id)
+
+
+def release_handle_locked(docs: Docs, op: Op, hid: str) -> list[Allocation]:
+    """Release every allocation of the handle, then delete it (or, when a listed block
+    cannot be read, rewrite it listing only those and raise the error)."""
+    released: dict[tuple[str, int], Allocation] = {}  # over attempts: (ip, seq) -> allocation
+
+    def read() -> tuple[Handle, int, list[str], IpamError | None] | None:
+        got = docs.handle(hid)
+        if got is None:
+            return None
+        handle, rev = got
+        failed: list[str] = []
+        error: IpamError | None = None
+        for cidr in handle.blocks:
+            try:
+                for a in release_in_block(docs, op, cidr, lambda b: b.ordinals_of(hid)):
+                    released[(str(a.ip), a.seq)] = a
+            except IpamError as e:
+                failed.append(cidr)
+                error = error or e
+        return handle, rev, failed, error
+
+    def write(state: tuple[Handle, int, list[str], IpamError | None] | None) -> IpamError | None:
+        if state is None:
+            return None
+        handle, rev, failed, error = state
+        if failed:
+            handle.blocks = failed
+            docs.store.put("handle", hid, handle.to_data(), rev)
+        else:
+            docs.store.delete("handle", hid, rev)
+        return error
+
+    error = cas(read, write, "handle", hid)
+    if error is not None:
+        raise error
+    return list(released.values())
+
+
+def release_ip(docs: Docs, ip: IPAddress | str, expected_seq: int | None) -> bool:
+    addr = parse_ip(ip)
+    with docs.store.lock():
+        op = Op()
+        cidr = docs.block_cidr_for(addr)
+        if cidr is None:
+            return False
+        got = docs.block(cidr)
+        if got is None:
+            return False
+        blk = got[0]
+        alloc = blk.allocations[blk.ordinal(addr)]
+        if alloc is None or (expected_seq is not None and alloc["seq"] != expected_seq):
+            return False
+        hid: str = alloc["handle"]
+        seq: int = alloc["seq"]
+        done = release_in_block(docs, op, cidr, partial(ordinal_if, ip=addr, hid=hid, seq=seq))
+        if not done:
+            return False
+        prune(docs, op, hid, [cidr])
+        return True
+
+
+def rollback(docs: Docs, op: Op, hid: str, done: list[Allocation]) -> None:
+    """Undo one assign's allocations (dual-stack all or nothing); never raises."""
+    try:
+        for a in reversed(done):
+            release_in_block(
+                docs, op, str(a.block_cidr), partial(ordinal_if, ip=a.ip, hid=hid, seq=a.seq)
+            )
+        prune(docs, op, hid, None)
+    except IpamError as e:
+        log(WARNING, "rollback of %s incomplete (DEL or GC will finish it): %s", hid, e)
+
+
+# == GC ============================================================================================
+
+
+def gc(
+    docs: Docs, network: str, valid: Collection[tuple[str, str]], grace_seconds: float
+) -> GcReport:
+    if not network or ":" in network:
+        raise InvalidConfig("invalid network name", repr(network))
+    report = GcReport([], [], [], [])
+    prefix = network + ":"
+    now = docs.clock()
+    keys = [k for k in docs.store.list_keys("handle") if k.startswith(prefix)]
+    for n, key in enumerate(keys):
+        parts = key.split(":")
+        if len(parts) != 3:
+            report.errors.append(f"{key}: not a handle id")
+            continue
+        if (parts[1], parts[2]) in valid:
+            report.kept.append(key)
+            continue
+        try:
+            with docs.store.lock():
+                got = docs.handle(key)
+                if got is None:
+                    continue
+                h = got[0]
+                if docs.node and h.node and h.node != docs.node:
+                    continue
+                if grace_seconds > 0 and now - h.created < grace_seconds:
+                    report.skipped_recent.append(key)
+                    continue
+                release_handle_locked(docs, Op(), key)
+                report.released.append(key)
+        except LockTimeout as e:
+            report.errors.append(f"{key}: {e}; {len(keys) - n - 1} handle(s) not examined")
+            return report
+        except IpamError as e:
+            report.errors.append(f"{key}: {e}")
+    if docs.node:
+        try:
+            with docs.store.lock():
+                repair_affinity(docs, Op())
+        except IpamError as e:
+            report.errors.append(f"affinity of {docs.node}: {e}")
+    return report
+
+
+def repair_affinity(docs: Docs, op: Op) -> None:
+    """Make this node's hints true again (forget blocks that are not its own any more, hint
+    those with room) and adopt its unlisted blocks."""
+    aff = docs.my_affinity(op)
+    gone: list[str] = []
+    roomy: list[str] = []
+    for cidr in aff.blocks:
+        try:
+            got = docs.block(cidr)
+        except StoreCorrupt as e:
+            log(WARNING, "skipping unreadable block: %s", e)
+            continue
+        if got is None or got[0].node != docs.node:
+            gone.append(cidr)
+        elif cidr not in aff.avail and got[0].first_usable(op.reserved) is not None:
+            roomy.append(cidr)
+    if gone or roomy:
+        affinity.repair(docs, op, gone, roomy)
+    listed = set(docs.my_affinity(op).blocks)
+    for cidr in docs.store.list_keys("block"):
+        if cidr in listed:
+            continue
+        got = docs.try_block(cidr)
+        if got is not None and got[0].node == docs.node:
+            affinity.adopt(docs, op, got[0])

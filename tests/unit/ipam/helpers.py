@@ -1,0 +1,133 @@
+"""Shared helpers of the IPAM core tests: requests, set-up, and store wrappers that die,
+fail or count."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ipam.core import AssignRequest, Ipam, PoolSpec, check_consistency, handle_id
+from ipam.core.errors import StoreUnavailable
+from ipam.store.base import Doc, Store
+
+V4 = "10.0.0.0/24"
+V6 = "fd00::/120"
+
+
+def hid(n: int | str, net: str = "net") -> str:
+    return handle_id(net, f"c{n}", "eth0")
+
+
+def req(h: str, **kw: Any) -> AssignRequest:
+    base: dict[str, Any] = {
+        "attrs": {"pod_name": "p", "pod_namespace": "ns"},
+        "want_v4": True,
+        "want_v6": False,
+        "v4_pools": [V4],
+        "v6_pools": [V6],
+    }
+    base.update(kw)
+    return AssignRequest(h, **base)
+
+
+def setup(store: Store, node: str = "node-a", *, v4: int = 28, v6: int = 124, **kw: Any) -> Ipam:
+    ipam = Ipam(store, node, **kw)
+    ipam.ensure_pools([PoolSpec(V4, v4), PoolSpec(V6, v6)])
+    return ipam
+
+
+def errors(store: Store) -> list[Any]:
+    return [p for p in check_consistency(store) if p.severity == "error"]
+
+
+def in_use(ipam: Ipam) -> int:
+    return sum(p.in_use for p in ipam.pool_usage())
+
+
+def small(store: Store, node: str = "node-a", pool: str = "10.1.0.0/29", **kw: Any) -> Ipam:
+    ipam = Ipam(store, node, **kw)
+    ipam.ensure_pools([PoolSpec(pool, 30)])
+    return ipam
+
+
+def sreq(h: str, pool: str = "10.1.0.0/29", **kw: Any) -> AssignRequest:
+    return req(h, v4_pools=[pool], **kw)
+
+
+class Crash(BaseException):
+    """The process died: nothing after this point happens."""
+
+
+class DyingStore:
+    """Passes through to ``inner`` until the ``die_at``-th write, then every call fails."""
+
+    def __init__(self, inner: Store, die_at: int | None = None) -> None:
+        self.inner = inner
+        self.die_at = die_at
+        self.writes = 0
+        self.dead = False
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.dead or (self.die_at is not None and self.writes >= self.die_at):
+            self.dead = True
+            raise Crash
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise Crash
+
+    def lock(self) -> AbstractContextManager[None]:
+        self._alive()
+        return self.inner.lock()
+
+    def get(self, kind: str, key: str) -> Doc | None:
+        self._alive()
+        return self.inner.get(kind, key)
+
+    def list_keys(self, kind: str) -> list[str]:
+        self._alive()
+        return self.inner.list_keys(kind)
+
+    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+        self._write()
+        return self.inner.put(kind, key, data, expected_revision)
+
+    def delete(self, kind: str, key: str, expected_revision: int) -> None:
+        self._write()
+        self.inner.delete(kind, key, expected_revision)
+
+    def check_usable(self) -> None:
+        self._alive()
+
+    def location(self, kind: str, key: str) -> str:
+        return self.inner.location(kind, key)
+
+
+class FailingStore(DyingStore):
+    """Fails one chosen write with a StoreUnavailable (an I/O error, not a crash)."""
+
+    def __init__(self, inner: Store, fail_kind: str, fail_key_part: str) -> None:
+        super().__init__(inner)
+        self.fail_kind = fail_kind
+        self.fail_key_part = fail_key_part
+
+    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+        if kind == self.fail_kind and self.fail_key_part in key:
+            raise StoreUnavailable(key, "disk full")
+        return self.inner.put(kind, key, data, expected_revision)
+
+
+class CountingStore(DyingStore):
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.gets = 0
+        self.lists = 0
+
+    def get(self, kind: str, key: str) -> Doc | None:
+        self.gets += 1
+        return self.inner.get(kind, key)
+
+    def list_keys(self, kind: str) -> list[str]:
+        self.lists += 1
+        return self.inner.list_keys(kind)

@@ -1,0 +1,184 @@
+"""Failures: kills at every write, I/O errors, rollback, corrupt documents, lock timeouts;
+and the cost of an ADD/DEL at high occupancy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ipam.core import (
+    Ipam,
+    LockTimeout,
+    NoAddressAvailable,
+    PoolSpec,
+    StoreUnavailable,
+    check_consistency,
+)
+from ipam.store.base import Store
+from ipam.store.memory import MemoryStore
+
+from .conftest import make_store
+from .helpers import (
+    V4,
+    CountingStore,
+    Crash,
+    DyingStore,
+    FailingStore,
+    errors,
+    hid,
+    in_use,
+    req,
+    setup,
+    small,
+    sreq,
+)
+
+# -- failures and crashes ---------------------------------------------------------------
+
+
+def _scenario(store: Store) -> None:
+    """A dual-stack ADD that claims two blocks, a second ADD, a DEL, one release_ip."""
+    ipam = Ipam(store, "node-a")
+    ipam.assign(req(hid(1), want_v6=True))
+    b = ipam.assign(req(hid(2), want_v6=True))
+    ipam.release_handle(hid(1))
+    ipam.release_ip(b[1].ip)
+
+
+def _count_writes() -> int:
+    inner = MemoryStore()
+    setup(inner)
+    probe = DyingStore(inner)
+    _scenario(probe)
+    return probe.writes
+
+
+@pytest.mark.parametrize("die_at", range(1, _count_writes() + 1))
+def test_kill_at_every_write_leaves_a_consistent_store(die_at: int) -> None:
+    inner = MemoryStore()
+    setup(inner)
+    dying = DyingStore(inner, die_at)
+    with pytest.raises(Crash):
+        _scenario(dying)
+    assert errors(inner) == []  # only harmless leftovers, never a broken invariant
+    # The runtime retries: DEL of both attachments, then ADD again, then DEL.
+    ipam = Ipam(inner, "node-a")
+    ipam.release_handle(hid(1))
+    ipam.release_handle(hid(2))
+    assert in_use(ipam) == 0
+    assert inner.list_keys("handle") == []
+    _v4, _v6 = ipam.assign(req(hid(1), want_v6=True))
+    # leftovers are repaired when touched: the orphan block was adopted, not doubled
+    assert len([u for u in ipam.block_usage() if u.pool == V4]) == 1
+    ipam.gc("net", set(), grace_seconds=0)
+    assert in_use(ipam) == 0
+    assert check_consistency(inner) == []
+
+
+def test_kill_between_handle_and_block_write_then_add_again() -> None:
+    inner = MemoryStore()
+    ipam = setup(inner)
+    ipam.assign(req(hid(0)))  # the block exists already: this ADD writes handle, block
+    dying = DyingStore(inner, die_at=2)
+    with pytest.raises(Crash):
+        Ipam(dying, "node-a").assign(req(hid(1)))
+    problems = check_consistency(inner)
+    assert [(p.severity, p.kind) for p in problems] == [("leftover", "handle-extra-block")]
+    assert ipam.get_handle(hid(1)) == []
+    a = ipam.assign(req(hid(1)))[0]  # the retried ADD repairs the handle
+    assert ipam.get_handle(hid(1)) == [a]
+    assert check_consistency(inner) == []
+
+
+def test_dual_stack_rolls_back_v4_when_v6_fails(mem_store: MemoryStore) -> None:
+    ipam = setup(mem_store)
+    ipam.assign(req(hid(0), want_v6=True))  # both blocks exist
+    failing = Ipam(FailingStore(mem_store, "block", ":"), "node-a")  # any IPv6 block write
+    with pytest.raises(StoreUnavailable):
+        failing.assign(req(hid(1), want_v6=True))
+    assert ipam.get_handle(hid(1)) == []
+    assert mem_store.get("handle", hid(1)) is None
+    assert in_use(ipam) == 2
+    assert check_consistency(mem_store) == []
+
+
+def test_dual_stack_exhausted_v6_allocates_no_v4(mem_store: MemoryStore) -> None:
+    ipam = Ipam(mem_store, "node-a")
+    ipam.ensure_pools([PoolSpec(V4, 28), PoolSpec("fd00::/127", 128)])
+    ipam.assign(req(hid(0), want_v4=False, want_v6=True, v6_pools=["fd00::/127"]))
+    ipam.assign(req(hid(1), want_v4=False, want_v6=True, v6_pools=["fd00::/127"]))
+    with pytest.raises(NoAddressAvailable, match="IPv6"):
+        ipam.assign(req(hid(2), want_v6=True, v6_pools=["fd00::/127"]))
+    assert ipam.get_handle(hid(2)) == []
+    assert in_use(ipam) == 2
+
+
+def test_corrupt_blocks_do_not_stop_this_nodes_add(mem_store: MemoryStore) -> None:
+    a = small(mem_store, "node-a", pool="10.1.0.0/28")
+    b = small(mem_store, "node-b", pool="10.1.0.0/28")
+    b_ip = b.assign(sreq(hid("b"), "10.1.0.0/28"))[0]
+    mem_store.corrupt("block", str(b_ip.block_cidr))  # another node's block
+    got = [a.assign(sreq(hid(i), "10.1.0.0/28"))[0] for i in range(12)]  # 3 free blocks
+    assert len({x.ip for x in got}) == 12
+    assert b_ip.block_cidr not in {x.block_cidr for x in got}
+    with pytest.raises(NoAddressAvailable):
+        a.assign(sreq(hid(12), "10.1.0.0/28"))
+    probs = check_consistency(mem_store)
+    assert [p.kind for p in probs if p.severity == "error"] == ["corrupt"]
+
+
+def test_corrupt_candidate_block_is_skipped_when_claiming(mem_store: MemoryStore) -> None:
+    a = small(mem_store)
+    aff_start = a.assign(sreq(hid(0)))[0].block_cidr
+    a.release_handle(hid(0))
+    # a fresh node whose first candidate is unreadable still gets a block
+    c = small(mem_store, "node-c")
+    from ipam.core.model import Pool
+    from ipam.core.pools import start_index
+
+    pool = Pool.from_spec("10.1.0.0/29", 30)
+    first = str(pool.block_network(start_index("node-c", pool)))
+    if first == str(aff_start):
+        first = str(pool.block_network((start_index("node-c", pool) + 1) % 2))
+    mem_store.corrupt("block", first)
+    got = c.assign(sreq(hid(1)))[0]
+    assert str(got.block_cidr) != first
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_store_lock_timeout_surfaces(tmp_path: Path, kind: str) -> None:
+    holder = make_store(kind, tmp_path, lock_timeout=0.2)
+    # the file store's flock excludes a second store object, like another process
+    store = holder if kind == "memory" else make_store(kind, tmp_path, lock_timeout=0.2)
+    ipam = setup(store)
+    with holder.lock(), pytest.raises(LockTimeout):
+        ipam.assign(req(hid(1)))
+    assert ipam.assign(req(hid(1)))
+
+
+# -- cost -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_pool() -> tuple[MemoryStore, Ipam]:
+    """A /20 of /26 blocks (64 blocks) filled to ~95% by one node."""
+    store = MemoryStore()
+    ipam = Ipam(store, "node-a")
+    ipam.ensure_pools([PoolSpec("10.20.0.0/20", 26)])
+    for i in range(int(4096 * 0.95)):
+        ipam.assign(req(hid(i), v4_pools=["10.20.0.0/20"]))
+    return store, ipam
+
+
+def test_cost_is_flat_at_high_occupancy(full_pool: tuple[MemoryStore, Ipam]) -> None:
+    store, _ = full_pool
+    counting = CountingStore(store)
+    ipam = Ipam(counting, "node-a")
+    for i in range(40):
+        ipam.assign(req(hid(f"x{i}"), v4_pools=["10.20.0.0/20"]))
+        ipam.release_handle(hid(f"x{i}"))
+    # a handful of documents per operation, never a scan of the 64 blocks
+    assert counting.gets / 40 <= 12
+    assert counting.lists == 0
+    assert counting.writes / 40 <= 5
