@@ -5,7 +5,9 @@ imports ``inspect`` and costs ~5 ms of start-up per CNI call.
 
 Documents (the block document lives in ``block.py``)::
 
-    pool      {"cidr": "10.244.0.0/16", "block_size": 26, "disabled": false}
+    pool      {"cidr": "10.244.0.0/16", "block_size": 26, "disabled": false, ...}
+              (the IPPool resource's other fields - name, ipip_mode, vxlan_mode,
+              nat_outgoing, node_selector, ... - ride along untouched: ``Pool.extra``)
     handle    {"id": "<net>:<cid>:<ifname>", "network", "container_id", "ifname", "node",
                "created": <epoch float>, "blocks": ["10.244.3.0/26", ...]}
     affinity  {"node": "node-a", "blocks": [<affine block CIDRs, claim order>],
@@ -220,13 +222,26 @@ def _str_list(value: object) -> bool:
     return isinstance(value, list) and set(map(type, value)) <= {str}  # fast on long lists
 
 
-class Pool:
-    __slots__ = ("block_size", "disabled", "network")
+_POOL_KEYS = ("cidr", "block_size", "disabled")
 
-    def __init__(self, network: IPNetwork, block_size: int, disabled: bool = False) -> None:
+
+class Pool:
+    """A pool document. ``extra`` holds the keys the allocator does not know (the IPPool
+    resource's name, modes, selectors, ...): every rewrite of the document keeps them."""
+
+    __slots__ = ("block_size", "disabled", "extra", "network")
+
+    def __init__(
+        self,
+        network: IPNetwork,
+        block_size: int,
+        disabled: bool = False,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.network = network
         self.block_size = block_size
         self.disabled = disabled
+        self.extra = extra if extra is not None else {}
 
     @property
     def cidr(self) -> str:
@@ -275,10 +290,17 @@ class Pool:
         size = data.get("block_size")
         _need(type(size) is int and net.prefixlen <= size <= net.max_prefixlen, where, "block_size")
         _need(isinstance(data.get("disabled", False), bool), where, "disabled")
-        return cls(net, size, bool(data.get("disabled", False)))  # type: ignore[arg-type]
+        extra = {k: v for k, v in data.items() if k not in _POOL_KEYS}
+        return cls(net, size, bool(data.get("disabled", False)), extra)  # type: ignore[arg-type]
 
     def to_data(self) -> dict[str, Any]:
-        return {"cidr": self.cidr, "block_size": self.block_size, "disabled": self.disabled}
+        data: dict[str, Any] = {
+            "cidr": self.cidr,
+            "block_size": self.block_size,
+            "disabled": self.disabled,
+        }
+        data.update(self.extra)
+        return data
 
 
 class Handle:
