@@ -3,8 +3,8 @@ those last seen with room (``avail``), and where its next claim starts (``cursor
 
 Only a node itself adds or removes its blocks (claim, adopt, forget); any node edits the
 hints of an existing document (a borrower that fills a block, a release that empties one)
-and never creates another node's document. ``delete_pool`` forgets the blocks it removed.
-Every edit is a CAS through ``modify``.
+and never creates another node's document. ``delete_pool`` forgets the blocks it
+removed. Every edit is a CAS through ``modify``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,12 @@ def forget(docs: Docs, op: Op, node: str, cidrs: Iterable[str], pool: str | None
 
 
 def adopt(docs: Docs, op: Op, blk: Block, cursor: tuple[str, int] | None = None) -> bool:
-    """List this node's unlisted block (a crash leftover) in its affinity document."""
+    """List this node's unlisted block (a crash leftover) in its affinity document, if the
+    pool gate lets it (an unlisted block may never have passed it); False if not."""
+    why = docs.gate(blk)
+    if why is not None:
+        log(WARNING, "node %s does not adopt block %s: %s", docs.node, blk.cidr, why)
+        return False
     log(WARNING, "node %s adopts its unlisted block %s (crash leftover)", docs.node, blk.cidr)
     add(docs, op, blk.cidr, cursor)
     return True
@@ -89,7 +94,9 @@ def mark_full(docs: Docs, op: Op, blk: Block, rev: int) -> None:
 
 
 def hint_full(docs: Docs, op: Op, blk: Block) -> None:
-    """Drop ``blk`` from its owner's ``avail`` hint."""
+    """Drop ``blk`` from its owner's ``avail`` hint, then look again: if a release gave it
+    room meanwhile (another node's, whose "room" hint this write may have undone), put it
+    back. Hints never decide, but a block hidden as full would make its node claim more."""
     owner = blk.node
     if not owner:
         return
@@ -99,6 +106,10 @@ def hint_full(docs: Docs, op: Op, blk: Block) -> None:
         if owner == docs.node:
             raise
         log(WARNING, "cannot update the hint of node %s: %s", owner, e)
+        return
+    now = docs.try_block(blk.cidr)
+    if now is not None and now[0].node == owner and not now[0].full:
+        hint_unfull(docs, op, owner, blk.cidr)
 
 
 def hint_unfull(docs: Docs, op: Op, owner: str, cidr: str) -> None:

@@ -11,12 +11,12 @@
 ``affinity``       the affinity documents (blocks of a node, hints)
 ``handles``        the handle documents
 ``cas``            the one compare-and-swap loop every read-modify-write uses
-``docs``           typed reads, per-operation state
+``docs``           typed reads, per-operation state, the pool gate
 =================  ============================================================
 
 Each operation module is imported when first used, so a CNI call loads only its own.
-Every read-modify-write runs under ``store.lock()`` and every write is compare-and-swap
-(see ``ipam/DESIGN.md``).
+Every write is compare-and-swap; ``store.lock()`` only serialises this node's writers (see
+``ipam/DESIGN.md``).
 """
 
 from __future__ import annotations

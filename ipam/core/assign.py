@@ -1,5 +1,6 @@
 """Assigning addresses to one attachment: plan (pick every block, claiming as needed), list
-the blocks in the handle, write each allocation (CAS). See ipam/DESIGN.md "Assign"."""
+the blocks in the handle, write each allocation (CAS), confirm the handle still indexes
+them. See ipam/DESIGN.md "Assign"."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ipam.core.docs import WARNING, Docs, Op, log
 from ipam.core.errors import (
     AddressUnavailable,
     InvalidConfig,
+    IpamError,
     NoAddressAvailable,
     RevisionConflict,
     StoreCorrupt,
@@ -97,7 +99,7 @@ def _assign_locked(
         if held:
             # ADD-7: a repeated ADD gets what it has; no second address.
             if stale:
-                handles.extend(docs, hid, add=(), remove=stale)
+                _sweep(docs, op, hid, handles.extend(docs, hid, add=(), remove=stale))
             return held
     if specific:
         picks = [pick_specific(docs, op, ip) for ip in specific]
@@ -107,17 +109,35 @@ def _assign_locked(
             op.pools[fam] = _request_pools(docs, cidrs, fam)
         picks = [pick_auto(docs, op, fam) for fam in families]
     # The handle lists every block first: a kill after this leaves only leftovers.
-    handles.extend(docs, hid, add=[p.block.cidr for p in picks], remove=stale)
+    listed = [p.block.cidr for p in picks]
+    _sweep(docs, op, hid, handles.extend(docs, hid, add=listed, remove=stale))
     done: list[Allocation] = []
     try:
         for pick in picks:
             done.append(_commit(docs, op, hid, attrs, pick))
+        _confirm(docs, hid, done)
     except BaseException:
         from ipam.core import release  # rare: imported only when needed (start-up cost)
 
         release.rollback(docs, op, hid, done)
         raise
     return done
+
+
+def _sweep(docs: Docs, op: Op, hid: str, dropped: list[str]) -> None:
+    if dropped:
+        from ipam.core import release  # rare: imported only when needed (start-up cost)
+
+        release.sweep(docs, op, hid, dropped)
+
+
+def _confirm(docs: Docs, hid: str, done: list[Allocation]) -> None:
+    """The handle still lists every block written: a release of the same handle running
+    on another node did not pass before the allocations landed (else: undo, try again)."""
+    got = docs.handle(hid)
+    listed = set(got[0].blocks) if got is not None else set()
+    if any(str(a.block_cidr) not in listed for a in done):
+        raise RevisionConflict("handle released while assigning", hid)
 
 
 def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
@@ -170,6 +190,7 @@ def pick_auto(docs: Docs, op: Op, fam: int) -> Pick:
         strict=op.strict,
         max_blocks=op.max_blocks,
         aff=lambda: docs.my_affinity(op),
+        closed=op.closed,
     )
     gone: list[str] = []
     for c in cands:
@@ -211,20 +232,26 @@ def _take(docs: Docs, op: Op, fam: int, c: Candidate) -> Pick | None:
     blk = c.block
     assert blk is not None
     if c.kind == ORPHAN:
-        affinity.adopt(docs, op, blk, c.cursor())
-        if c.ordinal is None:
+        if not affinity.adopt(docs, op, blk, c.cursor()) or c.ordinal is None:
             return None
     elif c.kind == RECHECK:
         affinity.room_found(docs, op, c.cidr)
+    elif c.kind == BORROW:
+        why = docs.gate(blk)
+        if why is not None:
+            log(WARNING, "not borrowing from block %s: %s", c.cidr, why)
+            if docs.pool_refuses(blk.pool) is not None:
+                op.closed.add(blk.pool)  # none of its blocks will do
+            return None
     else:
-        assert c.kind in (OWN, BORROW)
+        assert c.kind == OWN
     assert c.ordinal is not None
     return Pick(blk, c.revision, c.ordinal, fam, None)
 
 
 def _claim(docs: Docs, op: Op, c: Candidate) -> tuple[Block, int] | None:
-    """CAS-create block ``c`` affine to this node and list it; None when another node was
-    first."""
+    """CAS-create block ``c`` affine to this node, pass it through the pool gate, list it.
+    None when another node was first (or the pool became unusable)."""
     pool = c.pool
     assert pool is not None
     blk = Block.new(pool.block_network(c.index), pool.cidr, docs.node)
@@ -236,12 +263,27 @@ def _claim(docs: Docs, op: Op, c: Candidate) -> tuple[Block, int] | None:
     except RevisionConflict:
         # Created since the walk looked: another node's, or ours from a killed claim.
         got = docs.try_block(c.cidr)
-        if got is not None and got[0].node == docs.node and got[0].pool == pool.cidr:
-            affinity.adopt(docs, op, got[0], c.cursor())
+        ours = got is not None and got[0].node == docs.node and got[0].pool == pool.cidr
+        if got is not None and ours and affinity.adopt(docs, op, got[0], c.cursor()):
             return got
+        return None
+    why = docs.gate(blk)
+    if why is not None:
+        op.closed.add(pool.cidr)
+        _undo_create(docs, blk, rev, why)
         return None
     affinity.claimed(docs, op, blk, c.cursor())
     return blk, rev
+
+
+def _undo_create(docs: Docs, blk: Block, rev: int, why: str) -> None:
+    """Delete a block this call created that failed the pool gate (if nobody wrote it
+    since: then someone saw the pool usable after us, and the block stays)."""
+    log(WARNING, "removing new block %s again: %s", blk.cidr, why)
+    try:
+        docs.store.delete("block", blk.cidr, rev)
+    except IpamError as e:
+        log(WARNING, "block %s stays: %s", blk.cidr, e)
 
 
 def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
@@ -274,16 +316,24 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
 
     blk, rev, created = cas(read, write, "block", cidr)
     if created:
+        why = docs.gate(blk)
+        if why is not None:
+            _undo_create(docs, blk, rev, why)
+            raise AddressUnavailable("requested IP's pool is not usable", f"{ip}: {why}")
         if blk.node:
             affinity.add(docs, op, cidr)
     elif blk.node == docs.node:
-        if cidr not in docs.my_affinity(op).blocks:
-            affinity.adopt(docs, op, blk)
+        if cidr not in docs.my_affinity(op).blocks and not affinity.adopt(docs, op, blk):
+            raise AddressUnavailable("requested IP's pool is not usable", str(ip))
     elif op.strict:
         raise AddressUnavailable(
             "requested IP is in another node's block (strict_affinity)",
             f"{ip} in {cidr} ({blk.affinity})",
         )
+    else:
+        why = docs.gate(blk)
+        if why is not None:
+            raise AddressUnavailable("requested IP's pool is not usable", f"{ip}: {why}")
     o = blk.ordinal(ip)
     if blk.allocations[o] is not None:
         raise AddressUnavailable("requested IP is in use", str(ip))
@@ -314,6 +364,11 @@ def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> 
 
     def write(p: Pick) -> tuple[Block, Pick]:
         new = p.block.copy()
+        # The allocation's sequence number must never repeat for its address, also when the
+        # block is deleted (release_node, delete_pool) and created again from seq 0: so it
+        # is above the revision it is based on (revisions only grow and never repeat for a
+        # key), which is above every sequence number an earlier block of that key reached.
+        new.seq = max(new.seq, p.revision)
         new.assign(p.ordinal, hid, attrs, op.reserved)
         docs.store.put("block", p.block.cidr, new.to_data(), p.revision)
         return new, p

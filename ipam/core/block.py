@@ -3,7 +3,8 @@
 ::
 
     {"cidr": "10.244.3.0/26", "pool": "10.244.0.0/16", "affinity": "host:node-a" | null,
-     "seq": 41,                          # +1 on every assign
+     "seq": 41,                          # +1 on every assign, and at least the revision
+                                         # the assign read (unique over re-creations)
      "allocations": [null | {"handle": "<handle id>", "seq": <block seq at assign>,
                              "attrs": {...}}, ...],        # one entry per ordinal
      "unallocated": [7, 12, 3, ...],     # FIFO of free ordinals: longest-free first

@@ -11,8 +11,9 @@ candidate generator, read-only, shared by assignment and by readiness (STATUS).
    ``strict_affinity`` another node's or no node's block with room (``BORROW``).
 
 The generator only reads; the consumer acts on each candidate (claims, writes the hints,
-adopts) between two steps, and the generator reads the node's affinity document afresh at
-each stage.
+adopts, checks the pool gate) between two steps, and the generator reads the node's
+affinity document afresh at each stage. A pool the consumer adds to ``closed`` is offered no
+more.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ class Candidates:
 
     __slots__ = (
         "aff",
+        "closed",
         "docs",
         "fam",
         "limited",
@@ -141,6 +143,7 @@ class Candidates:
         strict: bool,
         max_blocks: int,
         aff: Callable[[], Affinity],
+        closed: set[str] | None = None,
     ) -> None:
         self.docs = docs
         self.fam = fam
@@ -149,7 +152,11 @@ class Candidates:
         self.strict = strict
         self.max_blocks = max_blocks
         self.aff = aff  # this node's affinity document as it is now
+        self.closed = closed if closed is not None else set()
         self.limited = False  # max_blocks_per_host reached: no claim (known after stage 2)
+
+    def _open_pools(self) -> list[Pool]:
+        return [p for p in self.pools if p.cidr not in self.closed]
 
     def __iter__(self) -> Iterator[Candidate]:
         yield from self._own()
@@ -158,7 +165,7 @@ class Candidates:
         yield from self._unlisted()
 
     def _own(self) -> Iterator[Candidate]:
-        pools = self.pools
+        pools = self._open_pools()
         in_pools = {p.cidr for p in pools}
         for cidr in list(self.aff().avail):
             if family(cidr) != self.fam or not inside(cidr, pools):
@@ -184,9 +191,11 @@ class Candidates:
         if self.limited:
             return
         docs = self.docs
-        for pool in self.pools:
+        for pool in self._open_pools():
             walker = ClaimWalk(docs.store, docs.node, pool, self.aff(), self.reserved)
             for idx, net in walker:
+                if pool.cidr in self.closed:
+                    break
                 cidr = str(net)
                 try:
                     got = docs.block(cidr)
@@ -206,7 +215,7 @@ class Candidates:
 
     def _recheck(self) -> Iterator[Candidate]:
         aff = self.aff()
-        pools = self.pools
+        pools = self._open_pools()
         in_pools = {p.cidr for p in pools}
         avail = set(aff.avail)
         for cidr in [c for c in aff.blocks if c not in avail]:
@@ -233,7 +242,7 @@ class Candidates:
             if got is None:
                 continue
             blk, rev = got
-            if blk.pool not in in_pools:
+            if blk.pool in self.closed or blk.pool not in in_pools:
                 continue
             if blk.node == docs.node:
                 yield Candidate(ORPHAN, cidr, blk, rev, blk.first_usable(self.reserved))

@@ -1,4 +1,4 @@
-"""Typed reads of the store for one node, and per-operation state.
+"""Typed reads of the store for one node, per-operation state, and the pool gate.
 
 Every module of the core works through one ``Docs`` (the store, this node's name, the clock)
 and, inside one operation, one ``Op`` (the request's settings and the cached affinity
@@ -53,7 +53,7 @@ class Op:
     """One operation's state: request settings and this node's affinity document as last
     read or written (``aff`` None = not read yet)."""
 
-    __slots__ = ("aff", "aff_rev", "max_blocks", "pools", "reserved", "strict")
+    __slots__ = ("aff", "aff_rev", "closed", "max_blocks", "pools", "reserved", "strict")
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class Op:
         self.pools: dict[int, list[Pool]] = {4: [], 6: []}
         self.aff: Affinity | None = None
         self.aff_rev: int | None = None
+        self.closed: set[str] = set()  # pools found unusable by the gate during this op
 
 
 class Docs:
@@ -155,6 +156,49 @@ class Docs:
         if corrupt is not None:
             raise corrupt
         return None
+
+    def gate(self, blk: Block) -> str | None:
+        """The pool gate: None when block ``blk`` (read from the store, so it existed
+        before this call) may receive allocations, else why not.
+
+        It may if, now, its pool exists, is enabled, overlaps no other pool, and the block
+        is a cut of the pool's current layout. A block passes the gate once, after it was
+        created and before its first allocation (the claim; or the borrow, adoption or
+        specific-IP assign that first uses a block no node has listed), which is what
+        makes ``delete_pool`` and pool creation safe without a lock (see ipam/DESIGN.md,
+        "Cluster mode").
+        """
+        pool, why = self._pool_gate(blk.pool)
+        if pool is None:
+            return why
+        net = blk.network
+        if pool.block_size != net.prefixlen or net.network_address not in pool.network:
+            return f"block {blk.cidr} is not a /{pool.block_size} of pool {pool.cidr}"
+        return None
+
+    def pool_refuses(self, cidr: str) -> str | None:
+        """Why the gate refuses every block of pool ``cidr`` now (None: it does not)."""
+        return self._pool_gate(cidr)[1]
+
+    def _pool_gate(self, cidr: str) -> tuple[Pool | None, str | None]:
+        try:
+            pool = self.pool(cidr)
+        except StoreCorrupt as e:
+            return None, str(e)
+        if pool is None:
+            return None, f"pool {cidr} no longer exists"
+        if pool.disabled:
+            return None, f"pool {cidr} is disabled"
+        for key in self.store.list_keys("pool"):
+            if key == pool.cidr:
+                continue
+            try:
+                other = ipaddress.ip_network(key)
+            except ValueError:
+                continue
+            if other.version == pool.version and other.overlaps(pool.network):
+                return None, f"pool {cidr} overlaps pool {key}"
+        return pool, None
 
     # -- handles and affinities ---------------------------------------------------------
 

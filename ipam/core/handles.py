@@ -31,7 +31,7 @@ def held(docs: Docs, handle: Handle) -> tuple[list[Allocation], list[str]]:
 
 def extend(docs: Docs, hid: str, *, add: Iterable[str], remove: Iterable[str]) -> list[str]:
     """List ``add`` in the handle (created if missing), unlist ``remove``. Returns the
-    blocks it unlisted."""
+    blocks it unlisted (the caller sweeps them: ``release.sweep``)."""
     adding = list(dict.fromkeys(add))
     drop = set(remove) - set(adding)
     dropped: list[str] = []

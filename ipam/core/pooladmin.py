@@ -1,4 +1,21 @@
-"""Pool administration: create (from the configuration or an operator), disable, delete."""
+"""Pool administration: create (from the configuration or an operator), disable, delete.
+
+A pool document may carry keys the allocator does not know (the IPPool resource's fields):
+every rewrite keeps them (``Pool.extra``).
+
+Without a cluster-wide lock, two things need care (ipam/DESIGN.md, "Cluster mode"):
+
+- *Overlap.* Creating is a CAS-create of the pool's own key, which cannot see an
+  overlapping pool created at the same instant under another key. So the creator looks
+  again afterwards and backs off (removes its pool) if any other pool overlaps it; and the
+  pool gate admits no block of a pool that overlaps another. Both racers may back off; one
+  retry then wins.
+- *Delete.* ``remove`` disables the pool (CAS), deletes its blocks while each is empty
+  (CAS: an allocation racing in makes the delete fail, or makes the allocation fail), then
+  deletes the pool at the revision it disabled, then deletes blocks created meanwhile by
+  claims that had read the pool before it was disabled (their claimers remove them too: the
+  pool gate fails for them).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipam.core import affinity
 from ipam.core.block import Block
-from ipam.core.cas import cas, update
+from ipam.core.cas import DELETE, Delete, cas, update
 from ipam.core.docs import INFO, WARNING, Docs, Op, family, inside, log
 from ipam.core.errors import InvalidConfig
 from ipam.core.model import Pool, PoolSpec, parse_network
@@ -59,7 +76,8 @@ def _no_overlap(pool: Pool, existing: dict[str, Pool]) -> None:
 
 def create(docs: Docs, pool: Pool) -> Pool:
     """CAS-create ``pool``; returns it, or the pool another writer created first under the
-    same key."""
+    same key. A pool created here that overlaps another (created concurrently under another
+    key) is removed again: InvalidConfig."""
 
     def read() -> tuple[Pool, int] | None:
         return docs.pool_doc(pool.cidr)
@@ -70,7 +88,23 @@ def create(docs: Docs, pool: Pool) -> Pool:
         docs.store.put("pool", pool.cidr, pool.to_data(), None)
         return pool
 
-    return cas(read, write, "pool", pool.cidr)
+    stored = cas(read, write, "pool", pool.cidr)
+    if stored is not pool:
+        return stored
+    for key in docs.store.list_keys("pool"):
+        if key == pool.cidr:
+            continue
+        try:
+            net = parse_network(key, "pool CIDR")
+        except InvalidConfig:
+            continue
+        if net.overlaps(pool.network):
+            try:
+                remove(docs, pool.cidr)
+            except InvalidConfig as e:
+                log(WARNING, "pool %s stays disabled: %s", pool.cidr, e)
+            raise InvalidConfig("pool overlaps an existing pool", f"{pool.cidr} and {key}")
+    return pool
 
 
 def list_pools(docs: Docs) -> list[Pool]:
@@ -93,18 +127,26 @@ def add_pool(docs: Docs, spec: PoolSpec) -> None:
 
 def set_pool_disabled(docs: Docs, cidr: str, disabled: bool) -> None:
     key = str(parse_network(cidr, "pool CIDR"))
+    with docs.store.lock():
+        _set_disabled(docs, key, disabled)
+
+
+def _set_disabled(docs: Docs, key: str, disabled: bool) -> tuple[bool, int | None]:
+    """Set the flag (CAS; other keys kept). Returns (the flag before, the revision after)."""
+    before: list[bool] = []
 
     def change(doc: Doc | None) -> dict[str, Any] | None:
         if doc is None:
             raise InvalidConfig("no such pool", key)
         pool = Pool.from_data(doc.data, docs.store.location("pool", key))
+        before[:] = [pool.disabled]
         if pool.disabled == disabled:
             return None
         pool.disabled = disabled
         return pool.to_data()
 
-    with docs.store.lock():
-        update(docs.store, "pool", key, change)
+    rev = update(docs.store, "pool", key, change)
+    return before[0], rev
 
 
 def delete_pool(docs: Docs, cidr: str) -> int:
@@ -113,20 +155,11 @@ def delete_pool(docs: Docs, cidr: str) -> int:
         got = docs.pool_doc(key)
         if got is None:
             raise InvalidConfig("no such pool", key)
-        pool, rev = got
-        blocks = _blocks_of(docs, pool)
-        for blk, _rev in blocks:
+        # Read-only first: nothing is written while an address is in use.
+        for blk, _rev in _blocks_of(docs, got[0]):
             if not blk.is_empty():
                 raise InvalidConfig("pool in use", f"block {blk.cidr} has allocations")
-        # Pool first: no new block can then be claimed in it, and a block left by a
-        # crash in between is an empty block outside every pool (check reports it).
-        docs.store.delete("pool", key, rev)
-        removed: dict[str, str | None] = {}
-        for blk, brev in blocks:
-            docs.store.delete("block", blk.cidr, brev)
-            removed[blk.cidr] = blk.node
-        _forget(docs, key, removed)
-        return len(removed)
+        return remove(docs, key)
 
 
 def _blocks_of(docs: Docs, pool: Pool) -> list[tuple[Block, int]]:
@@ -139,6 +172,70 @@ def _blocks_of(docs: Docs, pool: Pool) -> list[tuple[Block, int]]:
         if got is not None and got[0].pool == pool.cidr:
             out.append(got)
     return out
+
+
+def remove(docs: Docs, key: str) -> int:
+    """Disable, delete the empty blocks, delete the pool (see the module); InvalidConfig
+    (pool left as it was, minus some empty blocks) if a block holds an address. Returns
+    the number of blocks deleted."""
+    removed: dict[str, str | None] = {}  # block CIDR -> the node it was affine to
+    was_disabled: list[bool] = []
+
+    def read() -> tuple[Pool, int]:
+        before, _rev = _set_disabled(docs, key, True)
+        if not was_disabled:
+            was_disabled.append(before)
+        got = docs.pool_doc(key)
+        if got is None:
+            raise InvalidConfig("no such pool", key)
+        for blk, _rev in _blocks_of(docs, got[0]):
+            if _delete_if_empty(docs, blk.cidr, key):
+                removed[blk.cidr] = blk.node
+            else:
+                _forget(docs, key, removed)
+                if not was_disabled[0]:
+                    _set_disabled(docs, key, False)
+                raise InvalidConfig("pool in use", f"block {blk.cidr} has allocations")
+        return got
+
+    def write(got: tuple[Pool, int]) -> Pool:
+        docs.store.delete("pool", key, got[1])
+        return got[0]
+
+    pool = cas(read, write, "pool", key)
+    # Blocks created by claims that read the pool before it was disabled, whose claimers
+    # have not removed them yet (the pool gate fails for them: they never hold addresses).
+    for blk, _rev in _blocks_of(docs, pool):
+        if _delete_if_empty(docs, blk.cidr, key):
+            removed[blk.cidr] = blk.node
+        else:
+            log(WARNING, "block %s of deleted pool %s holds addresses", blk.cidr, key)
+    _forget(docs, key, removed)
+    return len(removed)
+
+
+def _delete_if_empty(docs: Docs, cidr: str, pool: str) -> bool:
+    """CAS-delete the block while it is empty; False if it holds an address."""
+
+    def change(doc: Doc | None) -> dict[str, Any] | Delete | None:
+        if doc is None:
+            return None
+        blk = Block.from_data(doc.data, docs.store.location("block", cidr))
+        if blk.pool != pool:
+            return None
+        if not blk.is_empty():
+            raise _InUse
+        return DELETE
+
+    try:
+        update(docs.store, "block", cidr, change)
+    except _InUse:
+        return False
+    return True
+
+
+class _InUse(Exception):
+    pass
 
 
 def _forget(docs: Docs, pool: str, removed: dict[str, str | None]) -> None:

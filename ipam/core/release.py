@@ -2,12 +2,15 @@
 network's stale handles (with the repair of this node's hints).
 
 Order (see ipam/DESIGN.md): allocations first, then the handle, so the handle stays a
-superset index (I2) at every instant.
+superset index (I2) at every instant. After unlisting blocks from a handle (or deleting
+it), those blocks are looked at once more (``sweep``): an assign of the same handle running
+on another node may have written an allocation there after this release passed, and its
+own check (the handle still lists its blocks) may have passed before the handle went.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +71,40 @@ def ordinal_if(blk: Block, *, ip: IPAddress, hid: str, seq: int) -> list[int]:
     return [o] if a is not None and a["handle"] == hid and a["seq"] == seq else []
 
 
+def sweep(docs: Docs, op: Op, hid: str, cidrs: Iterable[str]) -> list[Allocation]:
+    """Release allocations of ``hid`` in ``cidrs`` that its handle does not index (the
+    handle is gone or no longer lists the block). The handle is read after the block and
+    the block written at the revision read, so an allocation a new handle indexes is left
+    alone."""
+    out: list[Allocation] = []
+    for cidr in cidrs:
+
+        def unindexed(blk: Block, cidr: str = cidr) -> list[int]:
+            ordinals = blk.ordinals_of(hid)
+            if not ordinals:
+                return []
+            try:
+                got = docs.handle(hid)
+            except StoreCorrupt:
+                return []  # cannot prove it unindexed: leave it
+            if got is not None and cidr in got[0].blocks:
+                return []
+            return ordinals
+
+        try:
+            out += release_in_block(docs, op, cidr, unindexed)
+        except StoreCorrupt:
+            continue  # nothing of ours can be found in an unreadable block
+    return out
+
+
 def prune(docs: Docs, op: Op, hid: str, cidrs: list[str] | None) -> None:
     """Unlist blocks (``cidrs``, or all when None) that hold nothing of the handle; delete
     the handle when it lists no block any more."""
+    dropped: list[str] = []
 
     def change(doc: Doc | None) -> dict[str, Any] | Delete | None:
+        dropped.clear()
         if doc is None:
             return None
         h = Handle.from_data(doc.data, docs.store.location("handle", hid))
@@ -85,6 +117,7 @@ def prune(docs: Docs, op: Op, hid: str, cidrs: list[str] | None) -> None:
                     keep.append(cidr)  # cannot prove it empty: keep indexing it
                     continue
                 if got is None or not got[0].ordinals_of(hid):
+                    dropped.append(cidr)
                     continue
             keep.append(cidr)
         if not keep:
@@ -95,6 +128,8 @@ def prune(docs: Docs, op: Op, hid: str, cidrs: list[str] | None) -> None:
         return None
 
     update(docs.store, "handle", hid, change)
+    if dropped:
+        sweep(docs, op, hid, dropped)
 
 
 def release_handle(docs: Docs, handle_id: str) -> list[Allocation]:
@@ -124,18 +159,23 @@ def release_handle_locked(docs: Docs, op: Op, hid: str) -> list[Allocation]:
                 error = error or e
         return handle, rev, failed, error
 
-    def write(state: tuple[Handle, int, list[str], IpamError | None] | None) -> IpamError | None:
+    def write(
+        state: tuple[Handle, int, list[str], IpamError | None] | None,
+    ) -> tuple[list[str], IpamError | None]:
         if state is None:
-            return None
+            return [], None
         handle, rev, failed, error = state
+        dropped = [c for c in handle.blocks if c not in failed]
         if failed:
             handle.blocks = failed
             docs.store.put("handle", hid, handle.to_data(), rev)
         else:
             docs.store.delete("handle", hid, rev)
-        return error
+        return dropped, error
 
-    error = cas(read, write, "handle", hid)
+    dropped, error = cas(read, write, "handle", hid)
+    for a in sweep(docs, op, hid, dropped):
+        released[(str(a.ip), a.seq)] = a
     if error is not None:
         raise error
     return list(released.values())
@@ -225,7 +265,8 @@ def gc(
 
 def repair_affinity(docs: Docs, op: Op) -> None:
     """Make this node's hints true again (forget blocks that are not its own any more, hint
-    those with room) and adopt its unlisted blocks."""
+    those with room) and adopt its unlisted blocks; an unlisted empty block whose pool is
+    gone (a killed claim racing a pool delete) is deleted."""
     aff = docs.my_affinity(op)
     gone: list[str] = []
     roomy: list[str] = []
@@ -246,5 +287,13 @@ def repair_affinity(docs: Docs, op: Op) -> None:
         if cidr in listed:
             continue
         got = docs.try_block(cidr)
-        if got is not None and got[0].node == docs.node:
-            affinity.adopt(docs, op, got[0])
+        if got is None or got[0].node != docs.node:
+            continue
+        blk, rev = got
+        if affinity.adopt(docs, op, blk):
+            continue
+        if blk.is_empty() and docs.pool(blk.pool) is None:
+            try:
+                docs.store.delete("block", cidr, rev)
+            except IpamError as e:
+                log(WARNING, "cannot remove block %s of a deleted pool: %s", cidr, e)

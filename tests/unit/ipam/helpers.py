@@ -131,3 +131,108 @@ class CountingStore(DyingStore):
     def list_keys(self, kind: str) -> list[str]:
         self.lists += 1
         return self.inner.list_keys(kind)
+
+
+class NodeStore:
+    """One "node"'s view of a shared store (cluster mode): the documents are shared, the
+    lock is this node's own, so nodes write concurrently and only compare-and-swap keeps
+    them apart. ``hooks`` run once each just before (or after) a matching store call, to
+    put another node's operation at an exact point; ``yield_every`` gives up the GIL on
+    store calls so threads interleave finely."""
+
+    def __init__(self, inner: Store, lock_timeout: float = 10.0) -> None:
+        import threading
+
+        self.inner = inner
+        self._lock = threading.Lock()
+        self.lock_timeout = lock_timeout
+        self.hooks: list[tuple[str, str, str, str | None, Any]] = []
+        self.yielding = False
+
+    def lock(self) -> AbstractContextManager[None]:
+        from contextlib import contextmanager
+
+        from ipam.core.errors import LockTimeout
+
+        @contextmanager
+        def held() -> Any:
+            if not self._lock.acquire(timeout=self.lock_timeout):
+                raise LockTimeout("node lock", "timeout")
+            try:
+                yield
+            finally:
+                self._lock.release()
+
+        return held()
+
+    def on(self, when: str, method: str, kind: str, fn: Any, key: str | None = None) -> None:
+        """Run ``fn()`` once, ``when`` ("before"/"after") the next ``method`` call
+        ("get", "put", "create" = put with no revision, "delete") on ``kind``."""
+        self.hooks.append((when, method, kind, key, fn))
+
+    def _fire(self, when: str, method: str, kind: str, key: str) -> None:
+        if self.yielding:
+            import time
+
+            time.sleep(0)
+        for hook in list(self.hooks):
+            h_when, h_method, h_kind, h_key, fn = hook
+            if (h_when, h_method, h_kind) == (when, method, kind) and h_key in (None, key):
+                self.hooks.remove(hook)
+                fn()
+                return
+
+    def get(self, kind: str, key: str) -> Doc | None:
+        self._fire("before", "get", kind, key)
+        doc = self.inner.get(kind, key)
+        self._fire("after", "get", kind, key)
+        return doc
+
+    def list_keys(self, kind: str) -> list[str]:
+        self._fire("before", "list", kind, "")
+        return self.inner.list_keys(kind)
+
+    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+        method = "create" if expected_revision is None else "put"
+        self._fire("before", method, kind, key)
+        rev = self.inner.put(kind, key, data, expected_revision)
+        self._fire("after", method, kind, key)
+        return rev
+
+    def delete(self, kind: str, key: str, expected_revision: int) -> None:
+        self._fire("before", "delete", kind, key)
+        self.inner.delete(kind, key, expected_revision)
+        self._fire("after", "delete", kind, key)
+
+    def check_usable(self) -> None:
+        self.inner.check_usable()
+
+    def location(self, kind: str, key: str) -> str:
+        return self.inner.location(kind, key)
+
+
+def affinity_listing(store: Store) -> dict[str, list[str]]:
+    """Block CIDR -> the nodes whose affinity document lists it."""
+    out: dict[str, list[str]] = {}
+    for node in store.list_keys("affinity"):
+        doc = store.get("affinity", node)
+        assert doc is not None
+        for cidr in doc.data["blocks"]:
+            out.setdefault(cidr, []).append(node)
+    return out
+
+
+def assert_one_affinity_per_block(store: Store) -> None:
+    """Every block is affine to one node that lists it, and no other node lists it."""
+    listing = affinity_listing(store)
+    for cidr in store.list_keys("block"):
+        doc = store.get("block", cidr)
+        assert doc is not None
+        aff = doc.data["affinity"]
+        owners = listing.get(cidr, [])
+        if aff is None:
+            assert owners == [], f"{cidr}: affine to no node, listed by {owners}"
+        else:
+            assert owners == [aff.removeprefix("host:")], f"{cidr}: {aff}, listed by {owners}"
+    for cidr, owners in listing.items():
+        assert store.get("block", cidr) is not None, f"{owners} list missing block {cidr}"

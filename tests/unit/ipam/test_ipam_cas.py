@@ -298,6 +298,26 @@ def test_candidates_offer_orphans_for_adoption() -> None:
     assert (ORPHAN, str(got.block_cidr)) in found
 
 
+def test_candidates_skip_closed_pools() -> None:
+    store = MemoryStore()
+    a = small(store, "node-a", pool="10.1.0.0/29")
+    a.assign(sreq(hid(0)))
+    docs = Docs(store, "node-a", lambda: 0.0)
+    pools = list(docs.all_pools().values())
+    aff = docs.affinity("node-a")[0]
+    cands = Candidates(
+        docs,
+        4,
+        pools,
+        Reserved.parse(()),
+        strict=False,
+        max_blocks=0,
+        aff=lambda: aff,
+        closed={pools[0].cidr},
+    )
+    assert list(cands) == []
+
+
 def clone(store: MemoryStore) -> MemoryStore:
     out = MemoryStore()
     for kind, docs in snapshot(store).items():
