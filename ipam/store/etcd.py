@@ -76,6 +76,7 @@ from ipam.store.base import (
     sync_kinds,
 )
 from ipam.store.etcd_client import (
+    EtcdCancelled,
     EtcdClient,
     EtcdCompacted,
     EtcdConfigError,
@@ -307,7 +308,13 @@ class EtcdStore:
         return Doc(self._decode(kind, key, kv.value), kv.mod_revision)
 
     def _range_all(
-        self, start: bytes, end: bytes, deadline: float, *, keys_only: bool = False
+        self,
+        start: bytes,
+        end: bytes,
+        deadline: float,
+        *,
+        keys_only: bool = False,
+        cancel: threading.Event | None = None,
     ) -> tuple[builtins.list[KeyValue], int]:
         """Every key in [start, end) at one revision (pages pinned to the first one's)."""
         while True:
@@ -317,7 +324,13 @@ class EtcdStore:
             try:
                 while True:
                     r = self.client.range(
-                        key, end, revision=rev, limit=PAGE, keys_only=keys_only, deadline=deadline
+                        key,
+                        end,
+                        revision=rev,
+                        limit=PAGE,
+                        keys_only=keys_only,
+                        deadline=deadline,
+                        cancel=cancel,
                     )
                     rev = rev or r.revision
                     out += r.kvs
@@ -510,7 +523,9 @@ class EtcdStore:
         failure = ""
         while not stop.is_set():
             try:
-                kvs, rev = self._range_all(start, end, self._deadline())
+                kvs, rev = self._range_all(start, end, self._deadline(), cancel=stop)
+            except EtcdCancelled:
+                break
             except EtcdError as e:
                 failure = _note_failure(failure, f"sync snapshot: {self._error(e)}")
                 stop.wait(pause)
@@ -546,6 +561,8 @@ class EtcdStore:
                         else:
                             known[kind].add(key)
                             yield SyncEvent("put", kind, key, doc, None)
+            except EtcdCancelled:
+                break
             except EtcdError as e:
                 if stop.is_set():
                     break

@@ -42,6 +42,8 @@ COMPACTED = 11  # OutOfRange: "required revision has been compacted"
 MAX_HEAD = 64 * 1024
 HASLEADER = "Grpc-Metadata-Hasleader: true\r\n"  # clientv3's WithRequireLeader
 WATCH_POLL = 0.25  # seconds between looks at the stop event while a watch is idle
+CANCEL_SLICE = 0.25  # a cancellable call looks at its event this often while it waits
+CANCEL_CONNECT = 1.0  # and gives one connection attempt at most this long
 DEFAULT_PORT = 2379
 
 
@@ -78,6 +80,10 @@ class EtcdRequestError(EtcdError):
 
 class EtcdCompacted(EtcdRequestError):
     """The revision asked for has been compacted away."""
+
+
+class EtcdCancelled(EtcdError):
+    """The call's ``cancel`` event was set while it waited."""
 
 
 class _Transient(Exception):
@@ -284,10 +290,15 @@ class _Conn:
     """One HTTP/1.1 connection to one endpoint. Reads are buffered, so a read timeout
     loses nothing (the watch relies on that)."""
 
-    def __init__(self, ep: Endpoint, ctx: ssl.SSLContext | None, deadline: float) -> None:
+    def __init__(
+        self, ep: Endpoint, ctx: ssl.SSLContext | None, deadline: float, cap: float | None = None
+    ) -> None:
         self.ep = ep
         self.buf = bytearray()
+        self.cancel: threading.Event | None = None  # set by a cancellable call while it runs
         timeout = max(0.001, deadline - time.monotonic())
+        if cap is not None:
+            timeout = min(timeout, cap)
         try:
             sock = socket.create_connection((ep.host, ep.port), timeout=timeout)
         except OSError as e:
@@ -328,19 +339,31 @@ class _Conn:
             raise _Transient(f"{self.ep.url}: send: {_reason(e)}", sent=False) from None
 
     def _fill(self, deadline: float | None, timeout: float | None = None) -> None:
-        """Read more bytes into the buffer (socket.timeout propagates; EOF = _Transient)."""
+        """Read more bytes into the buffer. ``TimeoutError`` when ``timeout`` (one wait) or
+        the deadline passes; ``EtcdCancelled`` when ``self.cancel`` is set meanwhile (looked
+        at every ``CANCEL_SLICE``); EOF is ``_Transient``."""
         assert self.sock is not None
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("deadline")
-            self.sock.settimeout(left if timeout is None else min(left, timeout))
-        else:
-            self.sock.settimeout(timeout)
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise _Transient(f"{self.ep.url}: connection closed by etcd", sent=True)
-        self.buf += chunk
+        while True:
+            wait = timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("deadline")
+                wait = left if wait is None else min(left, wait)
+            sliced = self.cancel is not None and timeout is None
+            self.sock.settimeout(min(CANCEL_SLICE, wait or CANCEL_SLICE) if sliced else wait)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise EtcdCancelled("cancelled") from None
+                if sliced:
+                    continue
+                raise
+            if not chunk:
+                raise _Transient(f"{self.ep.url}: connection closed by etcd", sent=True)
+            self.buf += chunk
+            return
 
     def _line(self, deadline: float | None, timeout: float | None = None) -> bytes:
         while True:
@@ -487,10 +510,10 @@ class EtcdClient:
                 self._ctx = ctx
             return self._ctx
 
-    def _connect(self, index: int, deadline: float) -> _Conn:
+    def _connect(self, index: int, deadline: float, cap: float | None = None) -> _Conn:
         ep = self.endpoints[index]
         ctx = self._context() if ep.tls else None
-        conn = _Conn(ep, ctx, deadline)
+        conn = _Conn(ep, ctx, deadline, cap)
         with self._conns_lock:
             self._conns.add(conn)
         return conn
@@ -507,9 +530,12 @@ class EtcdClient:
         *,
         deadline: float | None = None,
         idempotent: bool = True,
+        cancel: threading.Event | None = None,
     ) -> tuple[dict[str, Any], bool]:
         """POST ``body`` to ``path``; the decoded answer, and whether a non-idempotent
-        request had an attempt with an unknown outcome before the one that answered."""
+        request had an attempt with an unknown outcome before the one that answered.
+        ``cancel``: give up (``EtcdCancelled``) within ~0.25 s of it being set (connection
+        attempts then last at most ``CANCEL_CONNECT`` each)."""
         if self._closed:
             raise EtcdError("client closed")
         if deadline is None:
@@ -521,7 +547,10 @@ class EtcdClient:
         failures = 0
         ambiguous = False
         last = "no attempt"
+        cap = CANCEL_CONNECT if cancel is not None else None
         while True:
+            if cancel is not None and cancel.is_set():
+                raise EtcdCancelled("cancelled")
             now = time.monotonic()
             if now >= deadline:
                 raise EtcdUnavailable(self.urls, f"no answer within the deadline ({last})")
@@ -534,10 +563,18 @@ class EtcdClient:
                     if conn is not None:
                         self._drop(conn)
                     local.conn = None
-                    conn = self._connect(index, attempt_deadline)
+                    conn = self._connect(index, attempt_deadline, cap)
                     local.conn = conn
                     local.index = index
-                status, _headers, data = conn.request(path, payload, attempt_deadline)
+                conn.cancel = cancel
+                try:
+                    status, _headers, data = conn.request(path, payload, attempt_deadline)
+                except EtcdCancelled:
+                    self._drop(conn)  # in mid-answer: unusable
+                    local.conn = None
+                    raise
+                finally:
+                    conn.cancel = None
                 if status == 200:
                     self._preferred = index
                     try:
@@ -565,7 +602,10 @@ class EtcdClient:
                 if failures % n == 0:  # every endpoint failed once: back off a little
                     pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
                     if pause > 0:
-                        time.sleep(pause)
+                        if cancel is not None:
+                            cancel.wait(pause)
+                        else:
+                            time.sleep(pause)
 
     def close(self) -> None:
         """Close every connection (a running watch ends with ``EtcdUnavailable``)."""
@@ -589,6 +629,7 @@ class EtcdClient:
         count_only: bool = False,
         serializable: bool = False,
         deadline: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> RangeResult:
         body: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
@@ -603,7 +644,7 @@ class EtcdClient:
             body["count_only"] = True
         if serializable:
             body["serializable"] = True
-        answer, _ = self.call("/v3/kv/range", body, deadline=deadline)
+        answer, _ = self.call("/v3/kv/range", body, deadline=deadline, cancel=cancel)
         return RangeResult(
             [kv_from_json(kv) for kv in answer.get("kvs", ())],
             _int(answer.get("header", {}).get("revision")),
@@ -696,18 +737,20 @@ class EtcdClient:
         if range_end is not None:
             create["range_end"] = b64(range_end)
         payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
-        conn = self._open_watch(payload, deadline)
+        conn = self._open_watch(payload, deadline, stop)
         try:
             yield from self._read_watch(conn, stop)
         finally:
             self._drop(conn)
 
-    def _open_watch(self, payload: bytes, deadline: float) -> _Conn:
+    def _open_watch(self, payload: bytes, deadline: float, stop: threading.Event) -> _Conn:
         n = len(self.endpoints)
         index = self._preferred
         last = "no attempt"
         failures = 0
         while True:
+            if stop.is_set():
+                raise EtcdCancelled("cancelled")
             now = time.monotonic()
             if now >= deadline:
                 raise EtcdUnavailable(self.urls, f"watch not started ({last})")
@@ -715,10 +758,9 @@ class EtcdClient:
             attempt_deadline = now + (left if n == 1 else max(left / n, min(left, 1.0)))
             conn: _Conn | None = None
             try:
-                conn = self._connect(index, attempt_deadline)
-                conn.send(
-                    "/v3/watch", payload, attempt_deadline, "Grpc-Metadata-Hasleader: true\r\n"
-                )
+                conn = self._connect(index, attempt_deadline, CANCEL_CONNECT)
+                conn.send("/v3/watch", payload, attempt_deadline, HASLEADER)
+                conn.cancel = stop
                 try:
                     status, headers = conn.read_head(attempt_deadline)
                     if status != 200:
@@ -731,6 +773,10 @@ class EtcdClient:
                         raise _Transient(f"{conn.ep.url}: watch answer is not a stream", sent=True)
                 except (TimeoutError, OSError) as e:
                     raise _Transient(f"{conn.ep.url}: watch: {_reason(e)}", sent=True) from None
+                except EtcdCancelled:
+                    self._drop(conn)
+                    raise
+                conn.cancel = None  # the reader looks at stop itself
                 self._preferred = index
                 return conn
             except _Transient as e:
@@ -742,7 +788,7 @@ class EtcdClient:
                 if failures % n == 0:
                     pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
                     if pause > 0:
-                        time.sleep(pause)
+                        stop.wait(pause)
 
     def _read_watch(self, conn: _Conn, stop: threading.Event) -> Iterator[WatchResponse]:
         stream = bytearray()  # de-chunked bytes not yet split into lines

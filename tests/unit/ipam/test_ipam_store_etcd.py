@@ -569,6 +569,38 @@ class _Mirror:
             raise AssertionError("sync failed") from self.error
 
 
+@pytest.mark.parametrize("where", ["silent", "dead"])
+def test_sync_ends_soon_after_stop_while_etcd_does_not_answer(
+    tmp_path: Path, fakes: list[FakeEndpoint], where: str
+) -> None:
+    """A long lock_timeout must not hold a stopping consumer: the snapshot read and the
+    watch connection look at the stop event while they wait."""
+    if where == "silent":
+        fake = FakeEndpoint("silent")
+        fakes.append(fake)
+        url = fake.url
+    else:
+        url = dead_endpoint()
+    store = store_on([url], tmp_path, timeout=30.0)
+    stop = threading.Event()
+    ended = threading.Event()
+    events: list[SyncEvent] = []
+
+    def run() -> None:
+        events.extend(store.sync(["node"], stop))
+        ended.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    stop.set()
+    assert ended.wait(10)
+    assert time.monotonic() - t0 < 1.5
+    assert events == []
+    store.close()
+
+
 def test_sync_resyncs_after_compaction(
     etcd1: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
