@@ -3,8 +3,8 @@ those last seen with room (``avail``), and where its next claim starts (``cursor
 
 Only a node itself adds or removes its blocks (claim, adopt, forget); any node edits the
 hints of an existing document (a borrower that fills a block, a release that empties one)
-and never creates another node's document. ``delete_pool`` forgets the blocks it
-removed. Every edit is a CAS through ``modify``.
+and never creates another node's document. ``release_node`` and ``delete_pool`` forget
+blocks they removed. Every edit is a CAS through ``modify``.
 """
 
 from __future__ import annotations

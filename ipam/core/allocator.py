@@ -5,7 +5,7 @@
 ``assign``         one attachment's addresses: plan, handle, allocations
 ``candidates``     where an address can come from (assignment and STATUS)
 ``release``        release by handle, by address, GC of stale handles (and repair of
-                   this node's hints)
+                   this node's hints), every address and block of a gone node
 ``status``         readiness (CNI STATUS)
 ``views``          lookups and the operator's usage tables
 ``affinity``       the affinity documents (blocks of a node, hints)
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         IPAddress,
         IPNetwork,
         IpOwner,
+        NodeRelease,
         Pool,
         PoolSpec,
         PoolUsage,
@@ -49,7 +50,7 @@ class Ipam:
     """Block IPAM over a ``Store`` for one node.
 
     ``node`` may be "" for operations that do not need it (release, lookup, GC of every
-    node's handles, operator views); ``assign`` and ``can_allocate`` need it.
+    node's handles, operator views, release_node); ``assign`` and ``can_allocate`` need it.
     """
 
     def __init__(self, store: Store, node: str, *, clock: Callable[[], float] = time.time) -> None:
@@ -135,6 +136,16 @@ class Ipam:
         from ipam.core import release
 
         return release.release_ip(self._docs, ip, expected_seq)
+
+    def release_node(self, node: str) -> NodeRelease:
+        """For a node that is gone: release every allocation recorded for it (allocation
+        attribute "node"), delete its empty blocks, make its blocks that still hold other
+        nodes' (borrowed) addresses affine to no node, delete its affinity document.
+        Safe against the node being active after all (it then keeps what it takes
+        meanwhile). Goes on after individual errors and reports them."""
+        from ipam.core import release
+
+        return release.release_node(self._docs, node)
 
     # == lookups ==========================================================================
 

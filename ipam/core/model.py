@@ -74,6 +74,18 @@ class GcReport(NamedTuple):
     errors: list[str]  # "<handle id>: <error>", one per failure; GC went on after each
 
 
+class NodeRelease(NamedTuple):
+    """What ``Ipam.release_node`` did for a node that is gone."""
+
+    node: str
+    released: list[str]  # handle ids released (every address of each)
+    addresses: list[str]  # the addresses those releases freed
+    deleted_blocks: list[str]  # the node's empty blocks, deleted
+    unaffined_blocks: list[str]  # its blocks still holding addresses: now affine to no node
+    affinity_deleted: bool  # its affinity document was deleted
+    errors: list[str]  # one per failure; the release went on after each
+
+
 class Problem(NamedTuple):
     """One finding of ``check_consistency``.
 

@@ -1,5 +1,6 @@
-"""Releasing addresses: by handle (DEL), by address (with the ABA guard), and GC of a
-network's stale handles (with the repair of this node's hints).
+"""Releasing addresses: by handle (DEL), by address (with the ABA guard), GC of a network's
+stale handles (with the repair of this node's hints), and every address and block of a node
+that is gone.
 
 Order (see ipam/DESIGN.md): allocations first, then the handle, so the handle stays a
 superset index (I2) at every instant. After unlisting blocks from a handle (or deleting
@@ -24,6 +25,7 @@ from ipam.core.model import (
     GcReport,
     Handle,
     IPAddress,
+    NodeRelease,
     parse_ip,
     split_handle_id,
 )
@@ -297,3 +299,105 @@ def repair_affinity(docs: Docs, op: Op) -> None:
                 docs.store.delete("block", cidr, rev)
             except IpamError as e:
                 log(WARNING, "cannot remove block %s of a deleted pool: %s", cidr, e)
+
+
+# == a node that is gone ====================================================================
+
+
+def release_node(docs: Docs, node: str) -> NodeRelease:
+    """Release every allocation recorded for ``node`` (allocation attribute "node"), then
+    its blocks: an empty one is deleted, one still holding addresses (borrowed by other
+    nodes, or assigned by the node meanwhile) loses its affinity; then its affinity
+    document. Every step is a CAS, so a node that is in fact still running can only make
+    this do less (it keeps what it claims or assigns after the step that would have
+    released it), never break an invariant."""
+    if not isinstance(node, str) or not node or ":" in node:
+        raise InvalidConfig("invalid node name", repr(node))
+    released: list[str] = []
+    addresses: list[str] = []
+    deleted: list[str] = []
+    unaffined: list[str] = []
+    errors: list[str] = []
+    hids: dict[str, None] = {}
+    affine: list[str] = []
+    for blk, _rev in docs.all_blocks():
+        if blk.node == node:
+            affine.append(blk.cidr)
+        for a in blk.allocations:
+            if a is not None and a.get("attrs", {}).get("node") == node:
+                hids[a["handle"]] = None
+    # 1. the node's allocations, a handle (one attachment) at a time
+    for hid in hids:
+        try:
+            with docs.store.lock():
+                got = release_handle_locked(docs, Op(), hid)
+        except LockTimeout as e:
+            errors.append(f"{hid}: {e}")
+            break
+        except IpamError as e:
+            errors.append(f"{hid}: {e}")
+            continue
+        released.append(hid)
+        addresses += [str(a.ip) for a in got]
+
+    # 2. its blocks, then 3. its affinity document: blocks first, so a kill in between
+    # leaves an affinity document listing blocks that are no longer the node's (a rerun
+    # removes it). The document is deleted at the revision whose blocks were released: a
+    # block the node claimed meanwhile changes it, and the next attempt releases that too.
+    done: set[str] = set()
+
+    def release_blocks(cidrs: Iterable[str]) -> None:
+        for cidr in cidrs:
+            if cidr in done:
+                continue
+            done.add(cidr)
+            try:
+                outcome = _release_block(docs, node, cidr)
+            except IpamError as e:
+                errors.append(f"block {cidr}: {e}")
+                continue
+            if outcome == "deleted":
+                deleted.append(cidr)
+            elif outcome == "unaffined":
+                unaffined.append(cidr)
+
+    def read() -> int | None:
+        aff, rev = docs.affinity(node)
+        release_blocks(aff.blocks)
+        return rev
+
+    def write(rev: int | None) -> bool:
+        if rev is None:
+            return False
+        docs.store.delete("affinity", node, rev)
+        return True
+
+    aff_deleted = False
+    try:
+        with docs.store.lock():
+            release_blocks(affine)
+            aff_deleted = cas(read, write, "affinity", node)
+    except IpamError as e:
+        errors.append(f"affinity of {node}: {e}")
+    return NodeRelease(node, released, addresses, deleted, unaffined, aff_deleted, errors)
+
+
+def _release_block(docs: Docs, node: str, cidr: str) -> str | None:
+    """Delete ``node``'s block if empty, else make it affine to no node (CAS)."""
+
+    def read() -> tuple[Block, int] | None:
+        return docs.block(cidr)
+
+    def write(got: tuple[Block, int] | None) -> str | None:
+        if got is None or got[0].node != node:
+            return None
+        blk, rev = got
+        if blk.is_empty():
+            docs.store.delete("block", cidr, rev)
+            return "deleted"
+        new = blk.copy()
+        new.affinity = None
+        docs.store.put("block", cidr, new.to_data(), rev)
+        return "unaffined"
+
+    return cas(read, write, "block", cidr)

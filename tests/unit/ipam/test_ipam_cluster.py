@@ -225,6 +225,53 @@ def test_pool_deleted_and_recreated_with_another_layout_while_nodes_churn(
     assert cycles, "the pool never went"
 
 
+def test_release_node_while_the_node_is_still_active(fine_switching: None) -> None:
+    """An operator releases node-c again and again while node-c is in fact still running
+    (and node-a borrows from its blocks): node-c only loses what it has, no invariant
+    breaks, node-a keeps everything. (node-c's own ledger cannot tell doubles: its
+    addresses are taken back behind its back.)"""
+    inner, nodes = cluster("node-a", "node-c")
+    for store, _ in nodes.values():
+        store.yielding = True
+    ledger_a, ledger_c = Ledger(), Ledger()
+    held_a: Held = {}
+    held_c: Held = {}
+    failures: list[str] = []
+    reports = []
+    done = threading.Event()
+
+    def release_c() -> None:
+        operator = Ipam(NodeStore(inner), "")  # type: ignore[arg-type]
+        try:
+            while not done.is_set():
+                time.sleep(0.005)
+                reports.append(operator.release_node("node-c"))
+        except BaseException as e:  # pragma: no cover - reported by the test
+            failures.append(f"release_node: {type(e).__name__}: {e}")
+
+    def node_a() -> None:
+        churn(nodes["node-a"][1], "node-a", 1, 400, ledger_a, held_a, failures)
+
+    def node_c() -> None:
+        try:
+            churn(nodes["node-c"][1], "node-c", 2, 400, ledger_c, held_c, failures)
+        finally:
+            done.set()
+
+    run_threads([node_a, node_c, release_c])
+    assert len(reports) >= 2
+    assert failures == []
+    assert ledger_a.doubles == []
+    assert errors(inner) == []
+    assert_one_affinity_per_block(inner)
+    check_holdings(inner, held_a)  # node-a kept everything, also what it borrowed from c
+    assert all(not r.errors for r in reports), [r.errors for r in reports]
+    # once node-c has really stopped, one more release leaves nothing of it
+    Ipam(inner, "").release_node("node-c")
+    assert not any(o.attrs.get("node") == "node-c" for o in Ipam(inner, "").allocations())
+    assert inner.get("affinity", "node-c") is None
+
+
 # -- each race at its instant ------------------------------------------------------------------
 
 

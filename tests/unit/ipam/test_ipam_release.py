@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from ipam.core import Ipam, check_consistency
+from typing import Any
+
+import pytest
+
+from ipam.core import InvalidConfig, Ipam, NodeRelease, check_consistency
 from ipam.store.base import Store
 from ipam.store.memory import MemoryStore
 
 from .conftest import Clock
-from .helpers import hid, in_use, req, setup
+from .helpers import hid, in_use, req, setup, small, sreq
 
 # -- release ---------------------------------------------------------------------------
 
@@ -86,3 +90,137 @@ def test_gc_leaves_other_nodes_handles(mem_store: MemoryStore) -> None:
     report = Ipam(mem_store, "node-a").gc("net", set(), grace_seconds=0)
     assert report.released == [hid("a")]
     assert mem_store.list_keys("handle") == [hid("b")]
+
+
+# -- a node that is gone ----------------------------------------------------------------
+
+
+def three_nodes(store: Store) -> tuple[Ipam, Ipam, dict[str, Any]]:
+    """node-a and node-b on a /29 pool of two /30 blocks, each with a block, each holding
+    an address in the other's block."""
+    a = small(store, "node-a")
+    b = small(store, "node-b")
+    got: dict[str, Any] = {}
+    got["a1"] = a.assign(sreq(hid("a1")))[0]
+    got["b1"] = b.assign(sreq(hid("b1")))[0]
+    for i in range(2, 5):
+        got[f"a{i}"] = a.assign(sreq(hid(f"a{i}")))[0]  # a's block full after a4
+    got["a5"] = a.assign(sreq(hid("a5")))[0]  # borrowed from b's block
+    for i in range(2, 4):
+        got[f"b{i}"] = b.assign(sreq(hid(f"b{i}")))[0]  # b's block full now
+    a.release_handle(hid("a2"))
+    got["b4"] = b.assign(sreq(hid("b4")))[0]  # borrowed from a's block
+    return a, b, got
+
+
+def test_release_node_frees_its_addresses_and_blocks(store: Store) -> None:
+    _a, b, got = three_nodes(store)
+    block_a, block_b = str(got["a1"].block_cidr), str(got["b1"].block_cidr)
+    assert str(got["a5"].block_cidr) == block_b
+    assert str(got["b4"].block_cidr) == block_a
+    report = Ipam(store, "").release_node("node-a")
+    assert report.node == "node-a"
+    assert sorted(report.released) == sorted(hid(f"a{i}") for i in (1, 3, 4, 5))
+    assert sorted(report.addresses) == sorted(str(got[f"a{i}"].ip) for i in (1, 3, 4, 5))
+    assert report.deleted_blocks == []
+    assert report.unaffined_blocks == [block_a]  # it still holds node-b's b4
+    assert report.affinity_deleted
+    assert report.errors == []
+    assert store.get("affinity", "node-a") is None
+    owners = {u.cidr: u.node for u in b.block_usage()}
+    assert owners == {block_a: None, block_b: "node-b"}
+    assert sorted(o.handle_id for o in b.allocations()) == sorted(hid(f"b{i}") for i in range(1, 5))
+    assert check_consistency(store) == []
+    # node-b gets a5's address back in its own block, then borrows from the unaffine one
+    assert b.assign(sreq(hid("b5")))[0].ip == got["a5"].ip
+    assert str(b.assign(sreq(hid("b6")))[0].block_cidr) == block_a
+    assert check_consistency(store) == []
+    # idempotent: nothing left to do
+    again = Ipam(store, "").release_node("node-a")
+    assert (again.released, again.deleted_blocks, again.unaffined_blocks) == ([], [], [])
+    assert not again.affinity_deleted
+    assert again.errors == []
+
+
+def test_release_node_deletes_empty_blocks_and_they_can_be_claimed_again(
+    store: Store,
+) -> None:
+    a = small(store, "node-a")
+    first = a.assign(sreq(hid("a1")))[0]
+    report = Ipam(store, "node-b").release_node("node-a")
+    assert report.deleted_blocks == [str(first.block_cidr)]
+    assert report.unaffined_blocks == []
+    assert store.list_keys("block") == []
+    assert store.list_keys("handle") == []
+    assert check_consistency(store) == []
+    b = Ipam(store, "node-b")
+    assert len({b.assign(sreq(hid(f"b{i}")))[0].block_cidr for i in range(8)}) == 2
+    assert check_consistency(store) == []
+
+
+def test_release_node_of_an_unknown_node_does_nothing(mem_store: MemoryStore) -> None:
+    a = small(mem_store, "node-a")
+    a.assign(sreq(hid("a1")))
+    report = a.release_node("node-z")
+    assert report == NodeRelease("node-z", [], [], [], [], False, [])
+    with pytest.raises(InvalidConfig):
+        a.release_node("")
+    with pytest.raises(InvalidConfig):
+        a.release_node("a:b")
+
+
+def test_a_stale_release_by_address_misses_a_recreated_block(mem_store: MemoryStore) -> None:
+    """The ABA guard holds across a block deleted (release_node) and claimed again: the
+    new allocation of the same address has another sequence number."""
+    c = small(mem_store, "node-c")
+    old = c.assign(sreq(hid("c1")))[0]
+    Ipam(mem_store, "").release_node("node-c")
+    a = small(mem_store, "node-a")
+    mem_store.put(
+        "affinity",
+        "node-a",
+        {"node": "node-a", "blocks": [], "avail": [], "cursor": {"10.1.0.0/29": 0}},
+        None,
+    )
+    new = a.assign(sreq(hid("a1"), specific_ips=[str(old.ip)]))[0]
+    assert new.ip == old.ip
+    assert new.seq != old.seq
+    assert not c.release_ip(old.ip, expected_seq=old.seq)
+    assert a.get_handle(hid("a1")) == [new]
+
+
+def test_release_node_reports_errors_and_goes_on(mem_store: MemoryStore) -> None:
+    a, _b, got = three_nodes(mem_store)
+    mem_store.corrupt("handle", hid("a3"))
+    report = Ipam(mem_store, "").release_node("node-a")
+    assert len(report.errors) == 1
+    assert hid("a3") in report.errors[0]
+    assert hid("a1") in report.released
+    # its block still holds a3's address (and node-b's): kept, without affinity
+    assert report.unaffined_blocks == [str(got["a1"].block_cidr)]
+    assert a.who_owns(got["a3"].ip) is not None
+
+
+def test_release_node_while_the_node_claims_a_block(mem_store: MemoryStore) -> None:
+    """The node is not gone after all and claims a block while its affinity document is
+    being deleted: the delete's CAS fails, the next attempt releases that block too."""
+    from .helpers import NodeStore
+
+    a = small(mem_store, "node-a")
+    a.assign(sreq(hid("a1")))
+    a.release_handle(hid("a1"))
+    ops = NodeStore(mem_store)
+    claimed = []
+    ops.on(
+        "before",
+        "delete",
+        "affinity",
+        lambda: claimed.extend(a.assign(sreq(hid("a2"), max_blocks_per_host=0))),
+    )
+    report = Ipam(ops, "").release_node("node-a")  # type: ignore[arg-type]
+    (alloc,) = claimed
+    assert report.affinity_deleted
+    assert str(alloc.block_cidr) in report.unaffined_blocks  # it holds a2's address now
+    assert mem_store.get("affinity", "node-a") is None
+    assert a.who_owns(alloc.ip) is not None
+    assert check_consistency(mem_store) == []
