@@ -376,11 +376,24 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
 
 @cli.command()
 @click.option(
+    "--nodes",
+    type=click.IntRange(1, 5),
+    default=1,
+    show_default=True,
+    help="1: one node and its pods; 2-5: a cluster (etcd, tabby-node per node, routing)",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["bird", "vxlan"]),
+    default="bird",
+    show_default=True,
+    help="with --nodes 2-5: how pods reach other nodes (BGP with BIRD, or VXLAN)",
+)
+@click.option(
     "--pods",
     type=click.IntRange(1, 50),
-    default=3,
-    show_default=True,
-    help="how many pods to create",
+    default=None,
+    help="pods (per node in a cluster); default 3 on one node, 2 per node in a cluster",
 )
 @click.option("--keep", is_flag=True, help="leave the namespaces and store in place")
 @click.option(
@@ -392,17 +405,28 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
 @click.option(
     "--no-node",
     is_flag=True,
-    help="do not start tabby-node: the plugins do all the work in-process",
+    help="one node only: do not start tabby-node, the plugins do all the work in-process",
 )
-def demo(pods: int, keep: bool, cni_bin_dir: str, no_node: bool) -> None:
-    """Build a node and N pods in throwaway namespaces, network them, prove it, clean up.
+def demo(
+    nodes: int, backend: str, pods: int | None, keep: bool, cni_bin_dir: str, no_node: bool
+) -> None:
+    """A pod network in throwaway namespaces, driven like a runtime, proved, cleaned up.
 
-    A tabby-node of its own serves the calls (as on a real node), unless --no-node.
+    --nodes 1 (default): a node and its pods, a tabby-node of its own serving the calls
+    (unless --no-node). --nodes 2-5: a cluster on an underlay bridge with etcd, tabby-node
+    on every node, pods reaching each other across nodes, a NetworkPolicy enforced.
     """
     from cni_plugin.ctl import demo as demo_mod
 
     try:
-        rc = demo_mod.run(pods, keep, cni_bin_dir, click.echo, use_node=not no_node)
+        if nodes == 1:
+            rc = demo_mod.run(pods or 3, keep, cni_bin_dir, click.echo, use_node=not no_node)
+        else:
+            if no_node:
+                raise click.UsageError("--no-node applies to --nodes 1 only")
+            from cni_plugin.ctl import cluster_demo
+
+            rc = cluster_demo.run(nodes, pods or 2, backend, keep, cni_bin_dir, click.echo)
     except demo_mod.DemoError as e:
         raise click.ClickException(str(e)) from None
     sys.exit(rc)
