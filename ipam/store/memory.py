@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipam.core.errors import LockTimeout, RevisionConflict, StoreCorrupt
 from ipam.store.base import (
@@ -32,6 +32,9 @@ from ipam.store.base import (
     check_ttl,
     sync_kinds,
 )
+
+if TYPE_CHECKING:
+    from ipam.store.base import Store
 
 POLL = 0.2  # longest sleep of a sync iterator between looks at ``stop`` and expiries
 
@@ -324,3 +327,9 @@ def _check_revision(where: str, current: _Entry | None, expected: int | None) ->
         raise RevisionConflict(
             "document changed", f"{where}: revision {current.revision}, expected {expected}"
         )
+
+
+if TYPE_CHECKING:  # mypy checks that this store keeps the protocol (file and etcd: open_store)
+
+    def _conforms(store: MemoryStore) -> Store:
+        return store
