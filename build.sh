@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, check and install tabby, then run the demo (the main job).
 #
-#   ./build.sh                 lint/type gate, freeze, install, smoke-test, run `tabbyctl demo`
+#   ./build.sh                 lint/type gate, freeze, install, smoke-test, run the cluster demo
+#                              (`tabbyctl demo --nodes 3 --backend bird`)
 #   ./build.sh --no-demo       same without the demo (CI, tests)
 #   ./build.sh --no-checks     skip ruff/mypy (quick local rebuilds)
 #   ./build.sh --bundle-dir D --cni-bin-dir C --bin-dir B   install elsewhere
@@ -33,11 +34,15 @@ done
 
 say() { printf '\n==> %s\n' "$*"; }
 
-# System packages the binaries and the demo use at run time (iproute2 for netns,
-# ping for the reachability proof). Only when missing and when we are root.
+# System packages the programs and the demo use at run time: iproute2 (netns), ping (the
+# reachability proof), BIRD 2 (tabby-node's BGP backend), nftables (NetworkPolicy; its
+# libnftables), etcd (the cluster datastore the demo runs). Only when missing, as root.
 need=()
 command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
+command -v bird >/dev/null || need+=(bird2)
+command -v nft >/dev/null || need+=(nftables)
+command -v etcd >/dev/null || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${need[*]}"
@@ -109,6 +114,6 @@ done
 "$BIN_DIR/tabbyctl" version
 
 if [ "$DEMO" = 1 ]; then
-  say "main job: tabbyctl demo (a pod network in throwaway namespaces)"
-  "$BIN_DIR/tabbyctl" demo
+  say "main job: the cluster demo (3 nodes, etcd, BIRD, pods across nodes, a NetworkPolicy)"
+  "$BIN_DIR/tabbyctl" demo --nodes 3 --backend bird
 fi

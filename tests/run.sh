@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: build + install the binaries, then every tier.
 #
-#   bash tests/run.sh               build, install, run unit + privileged + e2e tiers,
-#                                    then the e2e tier again through tabby-node
+#   bash tests/run.sh               build, install, run unit + privileged + e2e + cluster
+#                                    tiers, then the e2e tier again through tabby-node
 #   bash tests/run.sh --no-build    reuse the installed binaries
 #   bash tests/run.sh --unit        unit tier only (no root needed, no build)
 #   any other arguments go to pytest (e.g. -k dataplane, -x)
@@ -32,14 +32,25 @@ if [ "$BUILD" = 1 ]; then
   ./build.sh --no-demo
 fi
 # The real runtimes the e2e tier drives (libcni, podman, containerd, reference plugins),
-# then the test tooling built from tests/e2e/tools (libcni driver, CRI client, pause image).
+# what the cluster tier and the datastore tests run (etcd, BIRD 2, nftables, openssl for
+# test certificates), then the test tooling built from tests/e2e/tools (libcni driver, CRI
+# client, pause image).
 if [ "${TABBY_SKIP_DEPS:-0}" != 1 ]; then
   [ -d /var/lib/apt/lists ] && [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | head -1)" ] \
     || apt-get update -qq
   PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/install-deps.sh
+  missing=()
+  for pair in etcd:etcd-server bird:bird2 nft:nftables openssl:openssl unshare:util-linux; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null
+  fi
 fi
 PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/build.sh
-# Every tier with the binaries standing alone (the default: no daemon), then the e2e tier
-# again with tabby-node serving the calls (issue: the whole e2e tier passes both ways).
+# Every tier with the binaries standing alone (the default: no daemon; the cluster tier
+# runs tabby-node on its nodes), then the e2e tier again with tabby-node serving the calls
+# (the whole e2e tier passes both ways).
 .venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}"
 TABBY_E2E_NODE=1 .venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}" tests/e2e

@@ -36,8 +36,9 @@ from cni_plugin.ctl.demo import _INTERRUPTS, DemoError, _run
 
 Echo = Callable[[str], None]
 
-UNDERLAY_V4 = "10.250.{lab}.{host}/24"
-UNDERLAY_V6 = "fd00:250:{lab}::{host}/64"
+UNDERLAY_V4 = "10.{subnet}.{lab}.{host}/24"
+UNDERLAY_V6 = "fd00:{subnet}:{lab}::{host}/64"
+SUBNETS = (250, 251)  # the underlay subnets (the second one only with subnets=2)
 V4_POOL = "10.244.0.0/16"
 V6_POOL = "fd00:10:244::/48"
 NETWORK = "k8s-pod-network"
@@ -116,6 +117,7 @@ class Lab:
     tabby_node: list[str] = field(default_factory=lambda: [_which("tabby-node")])
     tabbyctl_bin: list[str] = field(default_factory=lambda: [_which("tabbyctl")])
     etcd_members: int | None = None
+    subnets: int = 1
     lab_id: str = field(default_factory=lambda: secrets.token_hex(3))
     workdir: str = ""
     nodes: list[LabNode] = field(default_factory=list)
@@ -205,15 +207,29 @@ class Lab:
         self._ip("link", "add", "br0", "type", "bridge", ns=self.fabric)
         self._ip("link", "set", "br0", "up", ns=self.fabric)
         lab = self._subnet_byte()
+        if self.subnets > 1:
+            # The fabric routes between the underlay subnets (a router between two racks).
+            for subnet in SUBNETS[: self.subnets]:
+                gw4 = UNDERLAY_V4.format(subnet=subnet, lab=lab, host=1)
+                gw6 = UNDERLAY_V6.format(subnet=subnet, lab=lab, host=1)
+                self._ip("addr", "add", gw4, "dev", "br0", ns=self.fabric)
+                self._ip("-6", "addr", "add", gw6, "dev", "br0", "nodad", ns=self.fabric)
+            self._sysctl(self.fabric, "net.ipv4.ip_forward", "1")
+            self._sysctl(self.fabric, "net.ipv6.conf.all.forwarding", "1")
         for i in range(self.nodes_wanted):
             name = f"node-{i + 1}"
             ns = f"{self.prefix}-n{i + 1}"
+            subnet = self.subnet_of(i)
             node = LabNode(
                 name=name,
                 netns=ns,
                 index=i,
-                ipv4=ipaddress.IPv4Interface(UNDERLAY_V4.format(lab=lab, host=10 + i)),
-                ipv6=ipaddress.IPv6Interface(UNDERLAY_V6.format(lab=lab, host=10 + i))
+                ipv4=ipaddress.IPv4Interface(
+                    UNDERLAY_V4.format(subnet=subnet, lab=lab, host=10 + i)
+                ),
+                ipv6=ipaddress.IPv6Interface(
+                    UNDERLAY_V6.format(subnet=subnet, lab=lab, host=10 + i)
+                )
                 if self.ipv6
                 else None,
                 workdir=os.path.join(self.workdir, name),
@@ -227,6 +243,13 @@ class Lab:
             self.start_agent(node)
         for node in self.nodes:
             self.wait_agent(node)
+
+    def subnet_of(self, index: int) -> int:
+        """The underlay subnet of node ``index``: with two subnets, the last node is alone
+        in the second one."""
+        if self.subnets > 1 and index == self.nodes_wanted - 1:
+            return SUBNETS[1]
+        return SUBNETS[0]
 
     def _plug(self, node: LabNode) -> None:
         fab_end = f"{self.prefix[-6:]}f{node.index + 1}"
@@ -249,6 +272,13 @@ class Lab:
         if node.ipv6 is not None:
             self._ip("-6", "addr", "add", str(node.ipv6), "dev", "eth0", "nodad", ns=node.netns)
         self._ip("link", "set", "eth0", "up", ns=node.netns)
+        if self.subnets > 1:
+            lab, subnet = self._subnet_byte(), self.subnet_of(node.index)
+            gw4 = UNDERLAY_V4.format(subnet=subnet, lab=lab, host=1).split("/")[0]
+            self._ip("route", "add", "default", "via", gw4, ns=node.netns)
+            if node.ipv6 is not None:
+                gw6 = UNDERLAY_V6.format(subnet=subnet, lab=lab, host=1).split("/")[0]
+                self._ip("-6", "route", "add", "default", "via", gw6, ns=node.netns)
         # Proxy ARP answers for the pods' gateway 169.254.1.1 only with a unicast route to it
         # out of another interface (a real node has its default route).
         self._ip("route", "add", "169.254.1.1/32", "dev", "lo", ns=node.netns)
@@ -379,6 +409,7 @@ class Lab:
         prev: dict[str, Any] | None = None,
         *,
         socket: str | None = None,
+        extra_args: str = "",
     ) -> tuple[int, dict[str, Any] | None]:
         conf = self.conf(node)
         if prev is not None:
@@ -390,7 +421,8 @@ class Lab:
             "CNI_NETNS": f"/run/netns/{pod.netns}",
             "CNI_IFNAME": "eth0",
             "CNI_PATH": self.cni_bin,
-            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}",
+            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}"
+            + (f";{extra_args}" if extra_args else ""),
             "TABBY_NODE_SOCKET": socket or node.socket,
         }
         proc = _run(
@@ -407,7 +439,8 @@ class Lab:
             parsed = {"code": -1, "msg": out[:500]}
         return proc.returncode, parsed
 
-    def add_pod(self, node: LabNode, namespace: str, name: str) -> LabPod:
+    def add_pod(self, node: LabNode, namespace: str, name: str, ip: str | None = None) -> LabPod:
+        """A pod on ``node`` (``ip``: ask for that address, as CNI_ARGS IP= does)."""
         pod = LabPod(
             node=node.name,
             namespace=namespace,
@@ -417,7 +450,7 @@ class Lab:
         )
         self.make_netns(pod.netns)
         self.pods.append(pod)
-        rc, out = self.cni(node, "ADD", pod)
+        rc, out = self.cni(node, "ADD", pod, extra_args=f"IP={ip}" if ip else "")
         if rc != 0 or out is None:
             raise LabError(f"ADD of {pod.label} failed: {out}")
         pod.result = out
@@ -525,8 +558,7 @@ class Lab:
         problems: list[str] = []
         for pod in list(self.pods):
             try:
-                if pod.result is not None:
-                    self.del_pod(pod)
+                self.del_pod(pod)  # also after a failed ADD, as runtimes do
             except Exception as e:
                 problems.append(f"pod {pod.label}: {e}")
         for node in self.nodes:
@@ -588,9 +620,11 @@ def lab_cluster(**kwargs: Any) -> Iterator[Lab]:
         lab.teardown()
 
 
-def http_get(netns: str, url: str, timeout: float = 3) -> tuple[int, bytes]:
-    """GET ``url`` from inside namespace ``netns`` (a thread that entered it and ends):
-    (HTTP status, body), status 0 when nothing answered."""
+def http_get(
+    netns: str, url: str, timeout: float = 3, body: bytes | None = None
+) -> tuple[int, bytes]:
+    """GET ``url`` (POST ``body`` when given) from inside namespace ``netns`` (a thread that
+    entered it and ends): (HTTP status, body), status 0 when nothing answered."""
     import threading
     import urllib.error
     import urllib.request
@@ -606,7 +640,8 @@ def http_get(netns: str, url: str, timeout: float = 3) -> tuple[int, bytes]:
         finally:
             os.close(fd)
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (lab URL)
+            request = urllib.request.Request(url, data=body)  # noqa: S310 (the lab's URL)
+            with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310
                 result.append((int(r.status), bytes(r.read())))
         except urllib.error.HTTPError as e:
             result.append((int(e.code), bytes(e.read())))
