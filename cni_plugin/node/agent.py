@@ -242,6 +242,8 @@ class Agent:
             try:
                 value = fn()
             except IpamError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error(what)
                 if self.stopping.is_set():
                     raise
                 log.warning("%s: %s (retrying in %.1f s)", what, e, delay)
@@ -337,6 +339,8 @@ class Agent:
                     self.ensure_tunnels(store)
                 self.problems.pop("datastore: heartbeat", None)
             except IpamError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error("heartbeat")
                 self.problems["datastore: heartbeat"] = str(e)
                 log.warning("heartbeat: %s", e)
 
@@ -466,6 +470,8 @@ class Agent:
                     self.loop_beat["watcher"] = time.monotonic()
                     delay = 0.2
             except IpamError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error("watch")
                 self.cache.last_error = str(e)
                 log.warning("datastore watch: %s (again in %.1f s)", e, delay)
                 self.stopping.wait(delay)
@@ -544,7 +550,9 @@ class Agent:
         from cni_plugin.node.policy import adapter
 
         state, nat = resource_inputs(docs)
-        self.policy.sync(adapter.cluster_state(*state), adapter.nat(nat), full=full)
+        result = self.policy.sync(adapter.cluster_state(*state), adapter.nat(nat), full=full)
+        if self.metrics is not None:  # metrics
+            self.metrics.policy_applied(result)
 
     def _write_status(self, cluster: Cluster) -> None:
         facts = self.facts
@@ -584,16 +592,20 @@ class Agent:
             return  # the first full sync will include it
         pod = self.cache.view().get("pod", {}).get(key_pod(data))
         pod_model = _pod_model(key_pod(data), pod) if pod is not None else None
-        self.policy.add_endpoint(
+        result = self.policy.add_endpoint(
             adapter.endpoint(data), adapter.pod(pod_model) if pod_model is not None else None
         )
+        if self.metrics is not None:  # metrics
+            self.metrics.policy_applied(result)
 
     def endpoint_removed(self, key: str) -> None:
         def unprogram() -> None:
             self.cache.put_local("workloadendpoint", key, None)
             if self.policy is not None and self.policy.state is not None:
                 namespace, _, name = key.partition("/")
-                self.policy.remove_endpoint(namespace, name)
+                result = self.policy.remove_endpoint(namespace, name)
+                if self.metrics is not None:  # metrics
+                    self.metrics.policy_applied(result)
 
         self.on_dataplane_thread(unprogram, ENDPOINT_WAIT_SECONDS)
 
@@ -764,6 +776,10 @@ def main(argv: list[str] | None = None) -> int:
     server = NodeServer(
         options.socket_path, endpoints=AgentEndpoints(agent), mtu_file=options.mtu_file
     )
+    if options.metrics_port:  # metrics: before start-up, so that start-up is counted too
+        from cni_plugin.node import metrics
+
+        agent.metrics = server.metrics = metrics.create(agent)
     try:
         server.claim()
     except SystemExit as e:

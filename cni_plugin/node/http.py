@@ -69,6 +69,8 @@ class Health:
                 self._datastore_problem = None
             except (IpamError, OSError) as e:
                 self._datastore_problem = f"datastore: {e}"
+                if self.agent.metrics is not None:  # metrics
+                    self.agent.metrics.datastore_error("health_check")
             self._checked = time.monotonic()
             return self._datastore_problem
 

@@ -19,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -135,6 +136,8 @@ class NodeServer:
         self.lock = threading.Lock()
         self.served = 0
         self.run_dir_lock: FileLock | None = None
+        #: cni_plugin.node.metrics.Metrics, or None: counts every call served
+        self.metrics: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -265,10 +268,15 @@ class NodeServer:
             call = f"{role} {env.get('CNI_COMMAND', '')} {env.get('CNI_CONTAINERID', '')[:12]}"
             conn.settimeout(None)
             cni_log.begin_stderr_capture()
+            started = time.monotonic()
             try:
                 rc, out = execute(role, env, stdin, netns_fd, mnt_fd, self.handlers)
             finally:
                 err = cni_log.end_stderr_capture(MAX_STDERR)
+            if self.metrics is not None:  # metrics
+                self.metrics.cni_request(
+                    env.get("CNI_COMMAND", ""), rc, out, time.monotonic() - started
+                )
             conn.sendall(_U32x3.pack(rc, len(out), len(err)) + out + err)
             with self.lock:
                 self.served += 1
