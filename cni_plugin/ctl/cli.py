@@ -153,12 +153,17 @@ def ipam() -> None:
 @ipam.command("show")
 @click.option("--show-blocks", is_flag=True, help="list blocks with their affinity")
 @click.option("--ip", "ip", help="show who owns this address")
+@click.option("--node", "node", help="only this node's blocks and allocations")
 @output_option
 @click.pass_obj
-def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, output: str) -> None:
-    """Pools with TOTAL / IN USE / RESERVED / FREE, every allocation, or one IP's owner."""
+def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, node: str | None, output: str) -> None:
+    """Pools with TOTAL / IN USE / RESERVED / FREE, every allocation with its node, or one
+    IP's owner. Blocks (with their node) are listed with --show-blocks or --node, and
+    whenever more than one node holds blocks."""
     from cni_plugin.ctl import views
 
+    if ip and node:
+        raise click.UsageError("give --ip or --node, not both")
     with operator_errors():
         s = obj.settings()
         ipam_ = s.open()
@@ -180,7 +185,9 @@ def ipam_show(obj: Ctx, show_blocks: bool, ip: str | None, output: str) -> None:
                 ),
             )
             return
-        report = views.ipam_report(ipam_, s.ipam.reserved_networks, show_blocks=show_blocks)
+        report = views.ipam_report(
+            ipam_, s.ipam.reserved_networks, show_blocks=show_blocks, node=node
+        )
         report["store"] = s.describe_store()
         emit(
             output,
@@ -201,8 +208,11 @@ def ipam_check(obj: Ctx, output: str) -> None:
         ipam_ = s.open()
         store = [p._asdict() for p in ipam_.check()]
         node = views.node_findings(s, ipam_)
+        tunnels = views.tunnel_rows(ipam_, s.node)
     problems = [p for p in store if p["severity"] == "error"] + node
     data = {"store": store, "node": node, "node_name": s.node, "ok": not problems}
+    if tunnels:
+        data["vxlan_tunnels"] = tunnels
     rows = [[p["severity"], p["kind"], p["subject"], p["message"]] for p in store]
     rows += [["node", f["kind"], f["subject"], f["message"]] for f in node]
     lines = (
@@ -210,7 +220,7 @@ def ipam_check(obj: Ctx, output: str) -> None:
         if rows
         else [f"no problems found ({s.describe_store()}, node {s.node})"]
     )
-    emit(output, data, lines)
+    emit(output, data, lines + views.tunnel_note(tunnels))
     if problems:
         sys.exit(1)
 
@@ -251,13 +261,21 @@ def ipam_release(obj: Ctx, ip: str | None, handle: str | None, output: str) -> N
     help="keep allocations younger than this many seconds",
 )
 @click.option("--dry-run", is_flag=True, help="only list what would be released")
+@click.option("--node", "gone", help="release everything of this node, which is gone")
+@click.option("--force", is_flag=True, help="with --node: even while its heartbeat is live")
 @output_option
 @click.pass_obj
-def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
+def ipam_gc(
+    obj: Ctx, grace: float, dry_run: bool, gone: str | None, force: bool, output: str
+) -> None:
     """Release this node's allocations whose attachment is gone (netns and host veth).
 
     Use after a reboot or a crash left addresses behind: an allocation is released only
-    when its network namespace no longer exists AND its host veth is gone.
+    when its network namespace no longer exists AND its host veth is gone. tabby-node's
+    VXLAN tunnel addresses are never leaks.
+
+    With --node N: release every allocation and block of node N, which is gone (refused
+    while N's heartbeat is in the datastore, unless --force).
     """
     import time
 
@@ -265,6 +283,17 @@ def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
     from cni_plugin.ctl import views
     from ipam.core import split_handle_id
 
+    if force and not gone:
+        raise click.UsageError("--force goes with --node")
+    if gone:
+        with operator_errors():
+            data = views.release_gone_node(
+                obj.settings().open(), gone, force=force, dry_run=dry_run
+            )
+        emit(output, data, views.gone_node_lines(data))
+        if data["errors"]:
+            raise click.ClickException(f"node {gone}: {'; '.join(data['errors'])}")
+        return
     with operator_errors():
         s = obj.settings()
         ipam_ = s.open()
@@ -272,7 +301,7 @@ def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
         now = time.time()
         stale: dict[str, list[str]] = {}
         for o in ipam_.allocations():
-            if (o.attrs.get("node") or o.node) != s.node:
+            if views.allocation_node(o) != s.node or views.is_tunnel(o):
                 continue
             t = o.attrs.get("time")
             if isinstance(t, int | float) and now - t < grace:
@@ -287,6 +316,7 @@ def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
         if not dry_run:
             for hid in stale:
                 released[hid] = [str(a.ip) for a in ipam_.release_handle(hid)]
+        tunnels = views.tunnel_rows(ipam_, s.node)
     shown = stale if dry_run else released
     verb = "would release" if dry_run else "released"
     if shown:
@@ -296,7 +326,10 @@ def ipam_gc(obj: Ctx, grace: float, dry_run: bool, output: str) -> None:
         ]
     else:
         lines = [f"no leaked allocations on node {s.node}"]
-    emit(output, {"dry_run": dry_run, "stale" if dry_run else "released": shown}, lines)
+    report: dict[str, Any] = {"dry_run": dry_run, "stale" if dry_run else "released": shown}
+    if tunnels:
+        report["vxlan_tunnels"] = tunnels
+    emit(output, report, lines + views.tunnel_note(tunnels))
 
 
 # -- pools -------------------------------------------------------------------------------
@@ -371,6 +404,14 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
     click.echo(f"pool {cidr} deleted")
 
 
+# -- node --------------------------------------------------------------------------------
+
+
+@cli.group("node")
+def node_group() -> None:
+    """This node's tabby-node: status (and diagnostics)."""
+
+
 # -- demo --------------------------------------------------------------------------------
 
 
@@ -442,3 +483,9 @@ cli.add_command(_resources.apply_cmd)
 cli.add_command(_resources.get_cmd)
 cli.add_command(_resources.delete_cmd)
 cli.add_command(_resources.datastore)
+
+from cni_plugin.ctl import node as _node  # noqa: E402  (node status)
+from cni_plugin.ctl import policy as _policy  # noqa: E402  (policy explain)
+
+node_group.add_command(_node.status_cmd)
+cli.add_command(_policy.policy_group)

@@ -148,6 +148,24 @@ def when(ts: object) -> str:
     return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+#: tabby-node's VXLAN tunnel addresses (``cni_plugin.node.agent.ensure_tunnels``): network
+#: ``tabby-tunnel``, attribute ``purpose: vxlan-tunnel``. They have no netns and no host veth
+#: by design: never a leak for ``ipam check`` or ``ipam gc``.
+TUNNEL_NETWORK = "tabby-tunnel"
+TUNNEL_PURPOSE = "vxlan-tunnel"
+
+
+def is_tunnel(o: IpOwner) -> bool:
+    if o.attrs.get("purpose") == TUNNEL_PURPOSE or o.attrs.get("network") == TUNNEL_NETWORK:
+        return True
+    return o.handle_id.split(":", 1)[0] == TUNNEL_NETWORK
+
+
+def allocation_node(o: IpOwner) -> str | None:
+    """The node an allocation belongs to: the one that recorded it, else its block's."""
+    return o.attrs.get("node") or o.node
+
+
 def owner_row(o: IpOwner) -> dict[str, Any]:
     a = o.attrs
     pod = f"{a.get('pod_namespace')}/{a.get('pod_name')}" if a.get("pod_name") else ""
@@ -159,7 +177,7 @@ def owner_row(o: IpOwner) -> dict[str, Any]:
         "ip": str(o.ip),
         "handle": o.handle_id,
         "block": o.block_cidr,
-        "node": a.get("node") or o.node,
+        "node": allocation_node(o),
         "network": a.get("network") or network,
         "container_id": a.get("container_id") or cid,
         "ifname": a.get("ifname") or ifname,
@@ -167,20 +185,33 @@ def owner_row(o: IpOwner) -> dict[str, Any]:
         "pod_uid": a.get("pod_uid", ""),
         "netns": a.get("netns", ""),
         "time": a.get("time"),
+        "purpose": TUNNEL_PURPOSE if is_tunnel(o) else "workload",
+        "block_node": o.node,
     }
 
 
 # -- the IPAM view (tabbyctl ipam show, and the demo) ---------------------------------------
 
 
-def ipam_report(ipam: Ipam, reserved: Sequence[Any], *, show_blocks: bool) -> dict[str, Any]:
+def ipam_report(
+    ipam: Ipam, reserved: Sequence[Any], *, show_blocks: bool, node: str | None = None
+) -> dict[str, Any]:
+    """Pools (cluster-wide), every allocation with its node, and the blocks with their
+    node. ``node`` keeps that node's blocks and allocations only. Blocks are listed with
+    ``show_blocks``, with ``node``, and whenever blocks belong to more than one node (a
+    cluster: every node's blocks)."""
     pools = [p._asdict() for p in ipam.pool_usage(reserved)]
-    report: dict[str, Any] = {
-        "pools": pools,
-        "allocations": [owner_row(o) for o in ipam.allocations()],
-    }
-    if show_blocks:
-        report["blocks"] = [b._asdict() for b in ipam.block_usage(reserved)]
+    owners = ipam.allocations()
+    if node is not None:
+        owners = [o for o in owners if allocation_node(o) == node]
+    report: dict[str, Any] = {"pools": pools, "allocations": [owner_row(o) for o in owners]}
+    blocks = ipam.block_usage(reserved)
+    if show_blocks or node is not None or len({b.node for b in blocks if b.node}) > 1:
+        if node is not None:
+            blocks = [b for b in blocks if b.node == node]
+        report["blocks"] = [b._asdict() for b in blocks]
+    if node is not None:
+        report["node"] = node
     return report
 
 
@@ -224,7 +255,7 @@ def ipam_tables(report: dict[str, Any]) -> list[str]:
                 [
                     a["ip"],
                     a["node"],
-                    a["pod"] or None,
+                    a["pod"] or (TUNNEL_PURPOSE if a["purpose"] == TUNNEL_PURPOSE else None),
                     a["ifname"],
                     a["container_id"][:20],
                     when(a["time"]),
@@ -247,15 +278,16 @@ def allocated_addresses(store: Store) -> list[str]:
 
 
 def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
-    """Allocations of this node whose netns or host veth is gone; host veths or routes with
-    no allocation. Read-only."""
+    """Allocations of this node whose netns or host veth is gone (VXLAN tunnel addresses
+    excepted: they have neither); host veths or routes with no allocation. Read-only."""
     from cni_plugin import dataplane as dp
 
     findings: list[dict[str, str]] = []
-    owners = [o for o in ipam.allocations() if (o.attrs.get("node") or o.node) == settings.node]
+    owners = [o for o in ipam.allocations() if allocation_node(o) == settings.node]
     by_handle: dict[str, list[IpOwner]] = {}
     for o in owners:
-        by_handle.setdefault(o.handle_id, []).append(o)
+        if not is_tunnel(o):  # no netns, no veth: by design
+            by_handle.setdefault(o.handle_id, []).append(o)
     try:
         veths = {v.name: v for v in dp.list_host_veths(settings.veth_prefix)}
     except CniError as e:
@@ -307,3 +339,74 @@ def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
                     }
                 )
     return findings
+
+
+def tunnel_rows(ipam: Ipam, node: str) -> list[dict[str, Any]]:
+    """This node's VXLAN tunnel addresses (skipped by the node-local leak checks)."""
+    return [owner_row(o) for o in ipam.allocations() if is_tunnel(o) and allocation_node(o) == node]
+
+
+def tunnel_note(tunnels: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not tunnels:
+        return []
+    what = ", ".join(f"{t['ip']} ({t['ifname']})" for t in tunnels)
+    return [
+        f"vxlan tunnel addresses of tabby-node (no netns or veth by design, never leaks): {what}"
+    ]
+
+
+# -- a node that is gone (tabbyctl ipam gc --node N) ------------------------------------------
+
+
+def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> dict[str, Any]:
+    """Release everything of ``node`` (``Ipam.release_node``): refused while its heartbeat
+    document exists (its tabby-node is alive) unless ``force``. ``dry_run`` (allowed either
+    way) lists what would go: the allocations recorded for the node, its blocks (deleted
+    when only its own addresses are in them, else made affine to no node)."""
+    beat = ipam.store.get("heartbeat", node)
+    if beat is not None and not (force or dry_run):
+        last = when(beat.data.get("time")) if isinstance(beat.data, dict) else "-"
+        raise CtlError(
+            f"node {node} is alive: its heartbeat is in the datastore (last beat {last}); "
+            "stop its tabby-node and let the heartbeat expire (--node-ttl), or give --force"
+        )
+    base = {"node": node, "dry_run": dry_run, "alive": beat is not None, "forced": force}
+    if not dry_run:
+        done = ipam.release_node(node)
+        return {**base, **done._asdict()}
+    owners = [o for o in ipam.allocations() if o.attrs.get("node") == node]
+    mine: dict[str, int] = {}
+    for o in owners:
+        mine[o.block_cidr] = mine.get(o.block_cidr, 0) + 1
+    blocks = [b for b in ipam.block_usage() if b.node == node]
+    return {
+        **base,
+        "released": sorted({o.handle_id for o in owners}),
+        "addresses": [str(o.ip) for o in owners],
+        "deleted_blocks": [b.cidr for b in blocks if b.in_use == mine.get(b.cidr, 0)],
+        "unaffined_blocks": [b.cidr for b in blocks if b.in_use != mine.get(b.cidr, 0)],
+        "affinity_deleted": False,
+        "errors": [],
+    }
+
+
+def gone_node_lines(data: Mapping[str, Any]) -> list[str]:
+    if data["dry_run"]:
+        release, delete, make = "would release", "would delete", "would make"
+    else:
+        release, delete, make = "released", "deleted", "made"
+    lines: list[str] = []
+    if data["alive"]:
+        lines.append(f"warning: node {data['node']} is alive (its heartbeat is in the datastore)")
+    rows = [[h, "release attachment"] for h in data["released"]]
+    rows += [[b, "delete empty block"] for b in data["deleted_blocks"]]
+    rows += [[b, "make block in use affine to no node"] for b in data["unaffined_blocks"]]
+    if rows:
+        lines += table(["HANDLE OR BLOCK", "ACTION"], rows)
+    lines.append(
+        f"node {data['node']}: {release} {len(data['addresses'])} address(es) of "
+        f"{len(data['released'])} attachment(s), {delete} {len(data['deleted_blocks'])} "
+        f"empty block(s), {make} {len(data['unaffined_blocks'])} block(s) still in use "
+        "affine to no node"
+    )
+    return lines
