@@ -55,13 +55,21 @@ def cni_main(role: str) -> int:
         return 0
     if stdin is not None and command in ("ADD", "DEL", "CHECK", "GC", "STATUS"):
         # Fast path: a resident tabby-node runs the call with everything warm.
+        import time
+
         from cni_plugin import __version__
+        from cni_plugin.node import SOCKET_ENV
         from cni_plugin.node.client import try_node
 
+        asked = time.monotonic()
         served = try_node(role, env, stdin, __version__)
         if served is not None:
             _write_all(out_fd, served[1])
             return served[0]
+        if time.monotonic() - asked > 1.0:
+            # The node did not take the call in time (wedged): the delegate this call execs
+            # (tabby-ipam) inherits our environment and must not wait for it again.
+            os.environ[SOCKET_ENV] = "off"
 
     from cni_plugin.cni import log, skel
     from cni_plugin.cni.errors import CniError, Code
