@@ -11,14 +11,15 @@ Two sources, both under tabby-node's run directory (``--run-dir``, default ``/ru
 No status file means no tabby-node runs with that run directory: one line, exit 1, nothing
 printed. Otherwise the status is printed, and the command still exits 1 with one line on
 stderr when the picture is incomplete: BIRD does not answer (the peers the status file last
-listed are shown with state ``unknown`` and no ``since``), or the tabby-node that wrote the
-file is no longer running (the file is stale).
+listed are shown with state ``unknown`` and no ``since``), or the file is stale (not
+rewritten for three resync periods, 90 s: its tabby-node stopped, or its loop is stuck).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,9 @@ UNKNOWN = "unknown"
 #: same state is the same event: the recorded string is shown, so the value stays stable.
 SINCE_TOLERANCE_SECONDS = 2.0
 BIRD_TIMEOUT_SECONDS = 3.0
+#: tabby-node rewrites its status after every reconcile, and reconciles at least every
+#: ``agent.RESYNC_SECONDS``: a file older than this many of those periods is stale.
+STALE_PERIODS = 3
 
 
 def _pid_alive(pid: int) -> bool:
@@ -106,6 +110,7 @@ def node_status(
     *,
     read_peers: Callable[[str], list[Any]] | None = None,
     pid_alive: Callable[[int], bool] = _pid_alive,
+    clock: Callable[[], float] = time.time,
 ) -> tuple[dict[str, Any], list[str]]:
     """The status of the tabby-node that uses ``run_dir`` and the problems that make it
     incomplete (empty: complete). Raises ``CtlError`` when there is no status at all.
@@ -113,7 +118,7 @@ def node_status(
     ``read_peers(ctl_path)`` defaults to ``cni_plugin.node.bird.read_peers`` (live BIRD).
     """
     from cni_plugin.ctl.views import CtlError
-    from cni_plugin.node.agent import STATUS_FILE, read_status
+    from cni_plugin.node.agent import RESYNC_SECONDS, STATUS_FILE, read_status
     from cni_plugin.node.bird import CTL_NAME, BirdError
 
     path = os.path.join(run_dir, STATUS_FILE)
@@ -130,11 +135,17 @@ def node_status(
 
     problems: list[str] = []
     pid = status.get("pid")
-    written = _iso(status.get("updated"))
-    if isinstance(pid, int) and not pid_alive(pid):
-        problems.append(
-            f"tabby-node (pid {pid}) is not running: {path} is stale (written {written or '?'})"
-        )
+    updated = status.get("updated")
+    written = _iso(updated)
+    # Judged by age, not by the pid alone: tabbyctl may run in another pid namespace (on
+    # the host, tabby-node in a container), where the pid means nothing.
+    age = clock() - updated if isinstance(updated, int | float) else None
+    if age is not None and age > STALE_PERIODS * RESYNC_SECONDS:
+        if isinstance(pid, int) and not pid_alive(pid):
+            why = f"tabby-node (pid {pid}) is not running"
+        else:
+            why = f"tabby-node (pid {pid}) has not rewritten it for {age:.0f} s"
+        problems.append(f"{path} is stale (written {written}): {why}")
     backend = str(status.get("backend") or "")
     recorded = [p for p in status.get("peers") or [] if isinstance(p, Mapping)]
     bird: dict[str, Any] = {}

@@ -46,7 +46,7 @@ def status(backend: str, **extra: Any) -> dict[str, Any]:
         "node_ip6": None,
         "mtu": 1450,
         "ipip": {"available": False, "reason": "the kernel has no ipip module"},
-        "updated": UPDATED,
+        "updated": time.time(),
         "problems": {},
         "pid": os.getpid(),
         "peers": [],
@@ -54,6 +54,13 @@ def status(backend: str, **extra: Any) -> dict[str, Any]:
         "routing_problems": [],
         **extra,
     }
+
+
+def dead_pid() -> int:
+    """A pid that no longer runs."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 @pytest.fixture
@@ -221,9 +228,9 @@ def test_vxlan_without_endpoints_and_agent_problems(run_dir: Path) -> None:
 
 
 def test_run_dir_from_the_environment(run_dir: Path) -> None:
-    write_status(str(run_dir), status("none"))
+    write_status(str(run_dir), status("none", updated=UPDATED, pid=dead_pid()))
     result = run("-o", "json", env={"TABBY_RUN_DIR": str(run_dir)})
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 1  # stale: written long ago by a process that is gone
     data = json.loads(result.stdout)
     assert (data["backend"], data["peers"], data["vxlan"]) == ("none", [], [])
     assert data["run_dir"] == str(run_dir)
@@ -249,14 +256,36 @@ def test_a_status_file_that_is_not_json_is_one_line(run_dir: Path) -> None:
 
 
 def test_a_stale_status_file_is_shown_and_exits_1(run_dir: Path) -> None:
-    proc = subprocess.Popen(["true"])
-    proc.wait()  # a pid that no longer runs
-    write_status(str(run_dir), status("vxlan", pid=proc.pid, vxlan=[VXLAN]))
+    old = time.time() - 600
+    write_status(str(run_dir), status("vxlan", pid=dead_pid(), updated=old, vxlan=[VXLAN]))
     result = run("--run-dir", str(run_dir), "-o", "json")
     line = error_line(result)
-    assert f"tabby-node (pid {proc.pid}) is not running" in line
-    assert "stale" in line
-    assert json.loads(result.stdout)["vxlan"] == [VXLAN]
+    assert f"{run_dir / 'status.json'} is stale" in line
+    assert "is not running" in line
+    assert json.loads(result.stdout)["vxlan"] == [VXLAN]  # what it last knew, still shown
+    # a tabby-node that runs but has not written for minutes: stuck
+    write_status(str(run_dir), status("vxlan", updated=old))
+    assert f"(pid {os.getpid()}) has not rewritten it for 600 s" in error_line(
+        run("--run-dir", str(run_dir))
+    )
+
+
+def test_a_fresh_file_is_trusted_whatever_the_pid(run_dir: Path) -> None:
+    """tabbyctl may run in another pid namespace than tabby-node (host vs container): a
+    pid that does not run here proves nothing while the file is fresh."""
+    write_status(str(run_dir), status("none", pid=dead_pid(), updated=time.time() - 20))
+    result = run("--run-dir", str(run_dir))
+    assert result.exit_code == 0, result.stderr
+
+
+def test_bird_answering_with_an_error_counts_as_silent(run_dir: Path) -> None:
+    server = FakeBird(str(run_dir / "bird.ctl"), {})  # every command: 9001 syntax error
+    try:
+        write_status(str(run_dir), status("bird"))
+        result = run("--run-dir", str(run_dir))
+    finally:
+        server.close()
+    assert "BIRD error 9001" in error_line(result)
 
 
 def test_node_is_a_group() -> None:
