@@ -34,6 +34,7 @@ from cni_plugin.dataplane.overlay_model import (
     NeighbourEntry,
     OverlayRoute,
     VxlanDevice,
+    normalise_mac,
 )
 from ipam.store.base import Doc
 
@@ -80,9 +81,20 @@ class PoolInfo:
             return "vxlan", str(self.vxlan_mode)
         if self.ipip_mode not in (None, "Never"):
             return "ipip", str(self.ipip_mode)
-        if self.vxlan_mode is None and self.ipip_mode is None and backend == "vxlan":
+        if self.vxlan_mode is None and backend == "vxlan":
+            # vxlanMode unset: the backend decides, also next to an explicit ipipMode:
+            # Never (under --backend vxlan nothing else would route the pool at all).
             return "vxlan", "Always"
         return "none", "Never"
+
+
+def encap_of(pool: PoolInfo | None, backend: str) -> tuple[str, str]:
+    """``pool.encap(backend)``; a block without a pool (its pool was deleted while it still
+    held addresses) is routed as a pool without modes would be, so the vxlan state and
+    BIRD never both claim it."""
+    if pool is not None:
+        return pool.encap(backend)
+    return ("vxlan", "Always") if backend == "vxlan" else ("none", "Never")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +204,8 @@ def _models(docs: Docs, store_kind: str, info: Any) -> list[tuple[str, Any]]:
             out.append((key, to_resource(info, key, doc, f"{store_kind} {key}")))
         except StoreCorrupt as e:
             log.warning("ignoring %s", e)
+        except (ValueError, TypeError) as e:  # e.g. "metadata" that is not a map
+            log.warning("ignoring %s %s: not a valid %s: %s", store_kind, key, info.kind, e)
     return out
 
 
@@ -302,10 +316,11 @@ def vxlan_state(
     fdb: set[FdbEntry] = set()
     neighbours: set[NeighbourEntry] = set()
     routes: dict[IPNetwork, OverlayRoute] = {}
+    vteps = _vteps(cluster, me, devices)
 
     def route_to(node: NodeInfo, net: IPNetwork, pool: PoolInfo | None) -> OverlayRoute | None:
         version = net.version
-        kind, mode = pool.encap(backend) if pool else ("vxlan", "Always")
+        kind, mode = encap_of(pool, backend)
         if kind != "vxlan" or version not in devices:
             return None
         local = underlay.ipv4 if version == 4 else underlay.ipv6
@@ -319,27 +334,18 @@ def vxlan_state(
             and remote.ip in local.network
         ):
             return OverlayRoute.via(net, remote.ip, uplink)
-        tunnel = node.vxlan_v4 if version == 4 else node.vxlan_v6
-        if tunnel is None:
-            return None
-        return OverlayRoute.via(net, tunnel, devices[version].name)
+        vtep = vteps.get((node.name, version))
+        if vtep is None:
+            return None  # no complete VTEP (underlay, tunnel address, MAC): no route into a void
+        return OverlayRoute.via(net, vtep.neighbour.address, devices[version].name)
 
-    for node in cluster.alive():
-        if node.name == me:
-            continue
-        for version, device in devices.items():
-            remote = node.ipv4 if version == 4 else node.ipv6
-            tunnel = node.vxlan_v4 if version == 4 else node.vxlan_v6
-            mac = node.vxlan_mac if version == 4 else node.vxlan_mac_v6
-            if remote is None or tunnel is None or not mac:
-                continue
-            fdb.add(FdbEntry(device.name, mac, remote.ip))
-            neighbours.add(NeighbourEntry(device.name, tunnel, mac))
+    for vtep in vteps.values():
+        fdb.add(vtep.fdb)
+        neighbours.add(vtep.neighbour)
     alive = {n.name: n for n in cluster.alive()}
     for block in cluster.blocks:
         if block.node == me:
-            pool = cluster.pool_of(block.cidr)
-            if pool is None or pool.encap(backend)[0] == "vxlan":
+            if encap_of(cluster.pool_of(block.cidr), backend)[0] == "vxlan":
                 routes[block.cidr] = OverlayRoute.blackhole(block.cidr)
             continue
         owner = alive.get(block.node) if block.node else None
@@ -350,7 +356,12 @@ def vxlan_state(
             routes[block.cidr] = r
     for b in cluster.borrowed:
         if b.holder == me:
-            continue  # the pod's own route on its veth (the CNI plugin's) serves it
+            # The pod's own route on its veth (the CNI plugin's) serves it. A one-address
+            # block (blockSize 32 or 128) is that very prefix: its route to the block's
+            # owner would collide with the pod's route, so it goes.
+            if b.prefix == b.block:
+                routes.pop(b.prefix, None)
+            continue
         holder = alive.get(b.holder)
         if holder is None:
             continue
@@ -364,6 +375,54 @@ def vxlan_state(
         neighbours=frozenset(neighbours),
         routes=frozenset(routes.values()),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Vtep:
+    fdb: FdbEntry
+    neighbour: NeighbourEntry
+
+
+def _vteps(
+    cluster: Cluster, me: str, devices: Mapping[int, VxlanDevice]
+) -> dict[tuple[str, int], _Vtep]:
+    """The remote VXLAN endpoints, per (live node, IP version) of a local device: a node
+    needs its underlay address, tunnel address and a unicast MAC of its own. A Node whose
+    MAC or tunnel address another node (or this one) already uses is left out, with a
+    warning: one bad document must not make the whole kernel state invalid (the first
+    node in name order keeps the entry)."""
+    out: dict[tuple[str, int], _Vtep] = {}
+    for version, device in sorted(devices.items()):
+        used_macs = {device.mac}
+        used_tunnels = {device.address} if device.address is not None else set()
+        for node in cluster.alive():
+            if node.name == me:
+                continue
+            remote = node.ipv4 if version == 4 else node.ipv6
+            tunnel = node.vxlan_v4 if version == 4 else node.vxlan_v6
+            mac = node.vxlan_mac if version == 4 else node.vxlan_mac_v6
+            if remote is None or tunnel is None or not mac:
+                continue
+            try:
+                mac = normalise_mac(mac)
+            except ValueError as e:
+                log.warning("node %s: ignoring its VXLAN endpoint: %s", node.name, e)
+                continue
+            if mac in used_macs or tunnel in used_tunnels:
+                log.warning(
+                    "node %s: ignoring its VXLAN endpoint: MAC %s or tunnel address %s is "
+                    "another node's",
+                    node.name,
+                    mac,
+                    tunnel,
+                )
+                continue
+            used_macs.add(mac)
+            used_tunnels.add(tunnel)
+            out[(node.name, version)] = _Vtep(
+                FdbEntry(device.name, mac, remote.ip), NeighbourEntry(device.name, tunnel, mac)
+            )
+    return out
 
 
 def _vxlan_wanted(cluster: Cluster, version: int, backend: str) -> bool:

@@ -17,7 +17,7 @@ import ipaddress
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cni_plugin.node.cluster import Cluster, NodeInfo, PeerSpec
+from cni_plugin.node.cluster import Cluster, NodeInfo, PeerSpec, encap_of
 
 if TYPE_CHECKING:
     from cni_plugin.node.agent import Agent
@@ -25,7 +25,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tabby.node")
 
-_SEVERITY = {"Debug": "debug", "Info": "info", "Warning": "warning", "Error": "error"}
+# BGPConfiguration.logSeverityScreen -> BIRD's log level (BIRD has no level above error).
+_SEVERITY = {
+    "Debug": "debug",
+    "Info": "info",
+    "Warning": "warning",
+    "Error": "error",
+    "Fatal": "error",
+}
 
 
 class _Overlay:
@@ -188,6 +195,13 @@ def _matches(selector: str | None, labels: dict[str, str] | Any) -> bool:
         return False
 
 
+def _address(text: str | None) -> Any:
+    try:
+        return ipaddress.ip_address(text) if text else None
+    except ValueError:
+        return None
+
+
 def _applies_to(peer: PeerSpec, me: NodeInfo) -> bool:
     if peer.node is not None:
         return peer.node == me.name
@@ -200,10 +214,15 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
     Sessions, as Calico's confd decides them: the node-to-node mesh (unless disabled or this
     node is a route reflector) towards every other live node that is not a reflector;
     BGPPeers that apply to this node (``node`` or ``nodeSelector``; neither: every node)
-    towards ``peerIP`` or towards the live nodes ``peerSelector`` selects. A reflector has
+    towards ``peerIP`` or towards the live nodes ``peerSelector`` selects; and the reverse
+    of every BGPPeer whose far side is this node (``peerSelector`` selects it, or ``peerIP``
+    is its address at its AS): it peers back with the live nodes the BGPPeer applies to, so
+    that both ends of a session exist (Calico's route reflector set-up is one BGPPeer,
+    ``nodeSelector: all()``, ``peerSelector: route-reflector == 'true'``). A reflector has
     the nodes it peers with as clients unless they share its cluster id. One session per
-    address: an explicit BGPPeer wins over the mesh. Blocks and borrowed addresses of pools
-    that use VXLAN are left to the vxlan state."""
+    address, the first one wins: global BGPPeers, node-specific ones, reverse peerings, the
+    mesh. A peer address BIRD cannot use (loopback, link-local, ...) is skipped and logged.
+    Blocks and borrowed addresses of pools that use VXLAN are left to the vxlan state."""
     from cni_plugin.node.bird import DEFAULT_AS, BirdConfig, BirdNode, Peer, PeerType, Pool
 
     me = cluster.nodes.get(me_name)
@@ -219,11 +238,16 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
         rr_cluster_id=rr,
     )
     peers: dict[Any, Peer] = {}
+    others = [n for n in cluster.alive() if n.name != me_name]
+    by_address = {i.ip: n for n in others for i in (n.ipv4, n.ipv6) if i is not None}
+
+    def as_of(other: NodeInfo) -> int:
+        return other.as_number or cluster.as_number or DEFAULT_AS
 
     def add(
         other: NodeInfo | None, address: Any, kind: PeerType, as_number: int, name: str
     ) -> None:
-        if address is None or address in (node.ipv4, node.ipv6):
+        if address is None or address in (node.ipv4, node.ipv6) or address in peers:
             return
         if address.version == 6 and node.ipv6 is None:
             return
@@ -232,41 +256,54 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
             client = other.rr_cluster_id != me.rr_cluster_id
         if other is not None and (rr is not None or other.rr_cluster_id):
             kind = PeerType.RR
-        if address in peers and peers[address].type != PeerType.MESH:
-            return  # an explicit peer is already there
-        peers[address] = Peer(address, kind, as_number, client, name)
+        try:
+            peers[address] = Peer(address, kind, as_number, client, name)
+        except ValueError as e:  # one bad Node or BGPPeer must not stop every node's BGP
+            log.warning("ignoring BGP peer %s (%s): %s", address, name, e)
 
-    # explicit BGPPeers first: they win over the mesh for the same address
-    for spec in cluster.peers:
+    def add_node(other: NodeInfo, kind: PeerType, versions: tuple[int, ...] = (4, 6)) -> None:
+        for iface in (other.ipv4, other.ipv6):
+            if iface is not None and iface.version in versions:
+                add(other, iface.ip, kind, as_of(other), other.name)
+
+    # global BGPPeers before node-specific ones: for one address, the global one wins
+    specs = sorted(cluster.peers, key=lambda p: bool(p.node or p.node_selector))
+    for spec in specs:
         if not _applies_to(spec, me):
             continue
         kind = PeerType.NODE if (spec.node or spec.node_selector) else PeerType.GLOBAL
         if spec.peer_ip:
-            try:
-                addr = ipaddress.ip_address(spec.peer_ip)
-            except ValueError:
-                continue
-            add(None, addr, kind, spec.as_number or my_as, spec.name)
+            addr = _address(spec.peer_ip)
+            if addr is not None:
+                add(by_address.get(addr), addr, kind, spec.as_number or my_as, spec.name)
         elif spec.peer_selector is not None:
-            for other in cluster.alive():
-                if other.name == me_name or not _matches(spec.peer_selector, other.labels):
-                    continue
-                other_as = other.as_number or cluster.as_number or DEFAULT_AS
-                for ip in (other.ipv4, other.ipv6):
-                    add(other, ip.ip if ip else None, kind, other_as, other.name)
-    if cluster.mesh and rr is None:
-        for other in cluster.alive():
-            if other.name == me_name or other.rr_cluster_id:
+            for other in others:
+                if _matches(spec.peer_selector, other.labels):
+                    add_node(other, kind)
+    for spec in specs:  # the reverse peerings: this node is the BGPPeer's far side
+        if spec.peer_selector is not None:
+            if not _matches(spec.peer_selector, me.labels):
                 continue
-            other_as = other.as_number or cluster.as_number or DEFAULT_AS
-            for ip in (other.ipv4, other.ipv6):
-                address = ip.ip if ip else None
-                if address is not None and address not in peers:
-                    add(other, address, PeerType.MESH, other_as, other.name)
+            versions: tuple[int, ...] = (4, 6)
+        else:
+            addr = _address(spec.peer_ip)
+            if addr is None or addr not in (node.ipv4, node.ipv6) or spec.as_number != my_as:
+                continue
+            versions = (addr.version,)
+        for other in others:
+            if _applies_to(spec, other):
+                add_node(other, PeerType.NODE, versions)
+    if cluster.mesh and rr is None:
+        for other in others:
+            if not other.rr_cluster_id:
+                add_node(other, PeerType.MESH)
 
     def routed_by_bird(net: Any) -> bool:
-        pool = cluster.pool_of(net)
-        return pool is None or pool.encap("bird")[0] != "vxlan"
+        return encap_of(cluster.pool_of(net), "bird")[0] != "vxlan"
+
+    # A one-address block (blockSize 32/128) whose address another node holds is that
+    # node's /32 to announce: the owner announcing the same prefix would split the traffic.
+    lent_whole = {b.block for b in cluster.borrowed if b.holder != me_name and b.prefix == b.block}
 
     pools = tuple(
         Pool(p.cidr, ipip=ipip and p.encap("bird")[0] == "ipip" and p.cidr.version == 4)
@@ -276,7 +313,9 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
     blocks = tuple(
         b.cidr
         for b in cluster.blocks_of(me_name)
-        if routed_by_bird(b.cidr) and (b.cidr.version == 4 or node.ipv6 is not None)
+        if routed_by_bird(b.cidr)
+        and (b.cidr.version == 4 or node.ipv6 is not None)
+        and b.cidr not in lent_whole
     )
     borrowed = tuple(
         b.address
