@@ -489,3 +489,7 @@ from cni_plugin.ctl import policy as _policy  # noqa: E402  (policy explain)
 
 node_group.add_command(_node.status_cmd)
 cli.add_command(_policy.policy_group)
+
+from cni_plugin.ctl import diags as _diags  # noqa: E402  (node diags)
+
+_diags.register(cli)
