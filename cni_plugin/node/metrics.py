@@ -241,7 +241,10 @@ class SnapshotStore:
 
 
 class IpamNumbers:
-    """The IPAM gauges of one cache version, computed by ``ipam.core``'s views."""
+    """The IPAM gauges of one cache version. Pool-wide numbers and the blocks are
+    ``ipam.core``'s views (what ``tabbyctl ipam show`` prints); an allocation belongs to the
+    node its attributes name, else to its block's node (as ``tabbyctl`` shows it), counted
+    from the block documents the views could read."""
 
     def __init__(
         self,
@@ -253,8 +256,6 @@ class IpamNumbers:
 
         ipam = Ipam(cast("Store", SnapshotStore(docs)), "")
         self.pools = ipam.pool_usage(reserved)
-        blocks = ipam.block_usage(reserved)
-        pool_of = {b.cidr: b.pool for b in blocks}
         names = [p.cidr for p in self.pools]
         self.node = node
         self.in_use = dict.fromkeys(names, 0)
@@ -262,20 +263,21 @@ class IpamNumbers:
         self.blocks = dict.fromkeys(names, 0)
         if node is None:
             return
-        for b in blocks:
-            if b.node == node and b.pool in self.blocks:
-                self.blocks[b.pool] += 1
-        for owner in ipam.allocations():
-            pool = pool_of.get(owner.block_cidr)
-            if pool not in self.in_use:
-                continue
-            # who holds an address: its allocation's node, else its block's (as tabbyctl shows)
-            holder = owner.attrs.get("node") or owner.node
-            if holder != node:
-                continue
-            self.in_use[pool] += 1
-            if owner.node != node:
-                self.borrowed[pool] += 1
+        readable = {b.cidr: b for b in ipam.block_usage(reserved) if b.pool in self.in_use}
+        for cidr, doc in (docs.get("block") or {}).items():
+            block = readable.get(cidr)
+            if block is None:
+                continue  # unreadable, or outside every pool: not in the views either
+            if block.node == node:
+                self.blocks[block.pool] += 1
+            for alloc in doc.data.get("allocations") or ():
+                if alloc is None:
+                    continue
+                holder = (alloc.get("attrs") or {}).get("node") or block.node
+                if holder == node:
+                    self.in_use[block.pool] += 1
+                    if block.node != node:
+                        self.borrowed[block.pool] += 1
 
 
 def conf_reserved(path: str | None) -> list[str]:
@@ -632,13 +634,10 @@ def _gauge(name: str, value: float) -> GaugeMetricFamily:
 
 
 def _live_nodes(docs: Mapping[str, Mapping[str, Doc]], me: str | None) -> int:
-    from cni_plugin.node.cluster import Cluster
-
-    try:
-        return len(list(Cluster.from_docs(docs, me or "").alive()))
-    except Exception as e:
-        log.debug("metrics: cannot count the live nodes: %s", e)
-        return 0
+    """Nodes with a Node document and a live heartbeat (this node always counts itself), as
+    ``Cluster.alive`` has them."""
+    live = set(docs.get("heartbeat") or {}) | ({me} if me else set())
+    return len(set(docs.get("node") or {}) & live)
 
 
 def create(agent: Any) -> Metrics:

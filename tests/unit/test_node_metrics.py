@@ -43,6 +43,7 @@ from cni_plugin.node.options import NodeOptions
 from cni_plugin.node.policy.nft import ApplyResult, PolicyCounters
 from cni_plugin.node.server import NodeServer
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
+from ipam.store.base import Doc, SyncEvent
 from ipam.store.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -583,3 +584,15 @@ def test_metric_names_handles_suffixes() -> None:
         "tabby_bird_restarts_total",
     ):
         assert n in names
+
+
+def test_cluster_nodes_counts_live_nodes_as_the_cluster_view_does() -> None:
+    doc = Doc({"metadata": {}}, 1)
+    snapshot = {
+        "node": {"node-a": doc, "node-b": doc, "node-c": doc},
+        "heartbeat": {"node-a": doc, "node-b": doc, "node-gone": doc},
+    }
+    for me, live in (("node-c", 3), ("node-d", 2)):
+        agent = make_agent(me)
+        agent.cache.apply(SyncEvent("snapshot", "", "", None, snapshot))
+        assert sample(Metrics(agent), "tabby_cluster_nodes") == live
