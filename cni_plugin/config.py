@@ -108,7 +108,7 @@ def _plain_name(value: str) -> str:
 
 
 def _split_endpoints(value: object) -> object:
-    """``etcd_endpoints`` is a list, or one comma-separated string (PRODUCT.md)."""
+    """``etcd_endpoints``: a list, or one comma-separated string (README "`tabby-ipam` fields")."""
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value
@@ -181,7 +181,7 @@ class ContainerSettings(Section):
 
 
 class DatastoreSettings(Section):
-    """Where tabby keeps its state (PRODUCT.md "Datastore settings")."""
+    """Where tabby keeps its state (README "Datastore settings")."""
 
     datastore_type: Literal["file", "etcdv3"] = "file"
     data_dir: AbsPath = DEFAULT_DATA_DIR
@@ -229,14 +229,15 @@ class CommonConf(Section):
         default=None, alias="cni.dev/valid-attachments"
     )
     attachments: list[Attachment] | None = Field(default=None, alias="cni.dev/attachments")
-    # Reserved keys the runtime owns (GEN-10, CFG-3, CFG-5): free-form, never a reason to
-    # fail a call; the conventions tabby consumes are validated where they are read.
+    # Reserved keys the runtime owns (cni_plugin/cni/CONFORMANCE.md GEN-10, CFG-3, CFG-5):
+    # free-form, never a reason to fail a call; the conventions tabby consumes are validated
+    # where they are read.
     runtime_config: Any = Field(default=None, alias="runtimeConfig")
     capabilities: Any = None
     args: Any = None
 
     def node_name(self) -> str:
-        """``nodename`` > contents of ``nodename_file`` > hostname (PRODUCT.md).
+        """``nodename`` > contents of ``nodename_file`` > hostname (README "`tabby` fields").
 
         A file that holds something that is not a node name is an error (code 2 naming the
         file): silently using it would put the pod's block on a node that does not exist."""

@@ -40,7 +40,7 @@ def _read_stdin() -> bytes | None:
 def cni_main(role: str) -> int:
     """Run one CNI call as ``role``. Only the result (or error) JSON reaches fd 1."""
     # Anything written to fd 1 by any library (or C code) lands on stderr from here on; the
-    # one JSON document goes to the saved descriptor (GEN-5).
+    # one JSON document goes to the saved descriptor (GEN-5 of cni_plugin/cni/CONFORMANCE.md).
     out_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr

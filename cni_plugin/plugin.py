@@ -5,6 +5,7 @@ anything fails after IPAM succeeded, the dataplane is rolled back and IPAM DEL r
 the error is reported (ADD-5). DEL: local teardown first and always, then IPAM DEL always
 (DEL-2, DEL-3, DEL-7). CHECK compares the kernel with prevResult and forwards to IPAM.
 GC removes host veths of this network whose attachment is not valid, then forwards.
+Rule IDs (ADD-5, ...) are defined in cni_plugin/cni/CONFORMANCE.md.
 """
 
 from __future__ import annotations

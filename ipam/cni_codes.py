@@ -18,7 +18,7 @@ from ipam.core.errors import (
 )
 
 # The IPAM core's errors know nothing of CNI; this table is where they get their codes
-# (PRODUCT.md "Errors"). The most specific class wins (the table is walked along the MRO).
+# (README "Error codes"). The most specific class wins (the table is walked along the MRO).
 CODES: dict[type[IpamError], tuple[int, str]] = {
     InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
     NoAddressAvailable: (Code.NO_ADDRESS, "no address available"),

@@ -119,7 +119,7 @@ def parse_plugin(config: Mapping[str, Any]) -> IpamPluginConf:
 # -- datastore settings from flags, environment and a conflist ---------------------------------
 
 #: setting -> (tabbyctl / tabby-node flag, environment variable). The conflist field is the
-#: setting's own name (PRODUCT.md "Datastore settings").
+#: setting's own name (README "Datastore settings").
 SOURCES: dict[str, tuple[str, str]] = {
     "datastore_type": ("--datastore-type", "TABBY_DATASTORE_TYPE"),
     "etcd_endpoints": ("--etcd-endpoints", "TABBY_ETCD_ENDPOINTS"),

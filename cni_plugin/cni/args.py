@@ -1,4 +1,4 @@
-"""CNI_ARGS (``K=V;K=V``) parsed leniently (checklist ENV-7, KARG-1..4)."""
+"""CNI_ARGS (``K=V;K=V``) parsed leniently (CONFORMANCE.md ENV-7, KARG-1)."""
 
 from __future__ import annotations
 

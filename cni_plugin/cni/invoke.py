@@ -1,4 +1,5 @@
-"""Exec a delegated plugin the way the spec says (section 4; checklist 10a).
+"""Exec a delegated plugin the way the spec says (CNI spec §4; CONFORMANCE.md
+"IPAM delegation").
 
 Same environment with only CNI_COMMAND changed (and IgnoreUnknown=1 added to CNI_ARGS,
 IPM-6), the same stdin bytes, the delegate's stderr passed through to ours (IPM-3; in

@@ -23,7 +23,7 @@ log = logging.getLogger("tabby.skel")
 
 VERBS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 
-# Required variables per verb (checklist ENV-2). CNI_PATH is required where a plugin may
+# Required variables per verb (CONFORMANCE.md ENV-2). CNI_PATH is required where a plugin may
 # delegate (libcni's skel requires it for all but VERSION; so do we).
 REQUIRED_ENV: dict[str, tuple[str, ...]] = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"),

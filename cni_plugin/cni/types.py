@@ -3,7 +3,7 @@
 Results are plain JSON-shaped dicts (they are read from and written to JSON and nothing
 else; plain dicts keep start-up cheap). ``canonical`` turns any supported version's result
 into the 1.1.0 shape, validating it; ``render`` turns the canonical shape into the
-request's version (checklist section 0, CHN-2, ADD-3).
+request's version (CONFORMANCE.md "Versions", CHN-2, ADD-3).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .errors import CniError, Code
 
 Result = dict[str, Any]
 
-# Fields that exist only from 1.1.0 on (checklist section 0).
+# Fields that exist only from 1.1.0 on (CONFORMANCE.md "Versions").
 _IFACE_11 = ("mtu", "socketPath", "pciID")
 _ROUTE_11 = ("mtu", "advmss", "priority", "table", "scope")
 

@@ -1,4 +1,4 @@
-"""Spec versions tabby implements end to end (checklist VER-3) and how to compare them."""
+"""Spec versions tabby implements end to end (CONFORMANCE.md VER-3) and how to compare them."""
 
 from __future__ import annotations
 

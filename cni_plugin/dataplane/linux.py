@@ -2,7 +2,7 @@
 
 "Host" always means the network namespace of the *calling thread* (the plugin's own, in
 production); the pod namespace is entered only by short-lived worker threads
-(:mod:`cni_plugin.dataplane.netns`). See PRODUCT.md, "The pod data path".
+(:mod:`cni_plugin.dataplane.netns`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Network namespaces by file descriptor, and running code inside one from a worker thread.
 
-Rules this module enforces (checklist GEN-15/GEN-16, STYLE.md 1.3 and 3.3):
+Rules this module enforces (GEN-15 and GEN-16 of cni_plugin/cni/CONFORMANCE.md):
 
 * ``CNI_NETNS`` is opened with ``os.open(O_RDONLY | O_CLOEXEC)`` and never created: a missing
   path raises :class:`NetNSNotFound` (DEL treats that as "already gone"); a path that is not a

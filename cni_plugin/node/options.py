@@ -79,7 +79,7 @@ class NodeOptions(Section):
         return os.path.join(self.state_dir, "mtu")
 
 
-#: option -> environment variable (PRODUCT.md "tabby-node in cluster mode").
+#: option -> environment variable (README "tabby-node in cluster mode").
 ENV = {
     "nodename": "TABBY_NODENAME",
     "node_ip": "TABBY_NODE_IP",

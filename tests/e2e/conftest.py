@@ -30,7 +30,7 @@ class Call:
         self.raw = stdout
         self.stderr = stderr.decode(errors="replace")
         text = stdout.decode(errors="replace").strip()
-        # GEN-5: stdout is exactly one JSON document or nothing.
+        # GEN-5 (cni_plugin/cni/CONFORMANCE.md): stdout is one JSON document or nothing.
         self.out: Any = json.loads(text) if text else None
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
-"""The installed binaries answer protocol errors as the checklist says (issue: foundation).
+"""The installed binaries answer protocol errors as cni_plugin/cni/CONFORMANCE.md says.
 
 Exec'd exactly as a runtime does; each failure gives exit 1 and one error JSON on stdout
-with the checklist's code, for both binaries.
+with the code README "Error codes" gives, for both binaries.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The "host" is a node namespace (``node`` fixture); the dataplane runs in a thread that entered
 it (``node.run``), so the test process stays in the real host namespace. Traffic only ever
-goes to addresses inside these namespaces.
+goes to addresses inside these namespaces. Rule IDs (GEN-15, GEN-16): cni_plugin/cni/CONFORMANCE.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Delegation to an IPAM plugin by exec (checklist 10a: IPM-1..4, IPM-6, ENV-6)."""
+"""Delegation to an IPAM plugin by exec (cni_plugin/cni/CONFORMANCE.md IPM-1..4, IPM-6, ENV-6)."""
 
 from __future__ import annotations
 

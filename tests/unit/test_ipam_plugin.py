@@ -1,6 +1,6 @@
 """tabby-ipam's CNI adapter (ipam/plugin.py) in-process over a temporary file store: the
 request decoding (specific IPs, pod-annotation pools), the verbs, and the mapping of the IPAM
-core's errors to CNI codes at the edge."""
+core's errors to CNI codes at the edge. Rule IDs: cni_plugin/cni/CONFORMANCE.md."""
 
 from __future__ import annotations
 

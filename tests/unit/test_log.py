@@ -1,4 +1,5 @@
-"""Logging: a shared, size-rotated file; never stdout (PRODUCT.md "logs", GEN-5)."""
+"""Logging: a shared, size-rotated file; never stdout (README "`tabby` fields", ``log_file_path``;
+cni_plugin/cni/CONFORMANCE.md GEN-5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""tabby's verbs with a fake dataplane and a fake IPAM (checklist 4-8, 10a, 11)."""
+"""tabby's verbs with a fake dataplane and a fake IPAM (the ADD, DEL, CHECK, STATUS, GC, IPAM
+delegation and chaining rules of cni_plugin/cni/CONFORMANCE.md)."""
 
 from __future__ import annotations
 

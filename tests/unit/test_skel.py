@@ -1,4 +1,5 @@
-"""The protocol skeleton, in-process (checklist sections 1, 2, 9, 12)."""
+"""The protocol skeleton, in-process (the general, environment and VERSION rules of
+cni_plugin/cni/CONFORMANCE.md; the codes of README "Error codes")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Result conversion between the canonical 1.1.0 shape and every version (CHN-1, CHN-2, ADD-3)."""
+"""Result conversion between the canonical 1.1.0 shape and every version (CHN-1, CHN-2, ADD-3
+of cni_plugin/cni/CONFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ CANON: dict[str, Any] = {
 
 @pytest.mark.parametrize("version", ALL_SPEC_VERSIONS)
 def test_render_shape_per_version(version: str) -> None:
-    """Section 0 / ADD-3: version field only before 1.0.0; 1.1.0 fields only at 1.1.0."""
+    """CONFORMANCE.md "Versions" / ADD-3: version field only before 1.0.0; 1.1.0 fields only
+    at 1.1.0."""
     out = types.render(copy.deepcopy(CANON), version)
     assert out["cniVersion"] == version
     legacy = version in ("0.3.0", "0.3.1", "0.4.0")
