@@ -293,9 +293,13 @@ class Plugin:
         ipam: IpamInvoker | None = None,
         endpoints: EndpointRecorder | None = None,
         mtu_file: str | None = None,
+        validate_first: bool = False,
     ) -> None:
         self._load_dataplane = dataplane
         self.mtu_file = mtu_file
+        #: True where the models are warm (tabby-node): validate before the IPAM call,
+        #: instead of overlapping validation with the IPAM process (the binaries).
+        self.validate_first = validate_first
         self.ipam: IpamInvoker = ipam if ipam is not None else ExecIpam()
         self.endpoints: EndpointRecorder = (
             endpoints if endpoints is not None else DatastoreEndpoints()
@@ -326,6 +330,19 @@ class Plugin:
         except CniError as e:
             logger.error("rollback: teardown failed: %s", e)
 
+    def _refused_after_ipam(self, args: skel.CmdArgs, ipam_type: str) -> None:
+        """The configuration was refused after the overlapped IPAM ADD succeeded: give the
+        addresses back, unless the attachment is live (a repeated ADD got the addresses the
+        running pod holds: releasing them would hand them out twice)."""
+        try:
+            live = self.dataplane.pod_interface_present(args.netns, args.ifname)
+        except CniError:
+            live = True  # cannot tell: keeping an allocation is the safe mistake
+        if live:
+            logger.warning("refused ADD of a live attachment: its addresses are kept")
+            return
+        self._ipam_del_quietly(args, ipam_type)
+
     def _ipam_del_quietly(self, args: skel.CmdArgs, ipam_type: str) -> None:
         try:
             self.ipam.start(ipam_type, "DEL", args)()
@@ -338,16 +355,15 @@ class Plugin:
         # A configuration that turns out invalid is refused after the IPAM call is rolled
         # back, so nothing is left behind either way.
         ipam_type = _raw_ipam_type(args.config)
-        if ipam_type is None:
-            configuration(args)  # raises the precise error (code 7)
-            raise CniError(Code.INVALID_CONFIG, "ipam.type is required")  # pragma: no cover
+        if ipam_type is None or self.validate_first:
+            ipam_type = configuration(args).ipam_type  # raises the precise error (code 7)
         pending = self.ipam.start(ipam_type, "ADD", args)
         try:
             conf = configuration(args)
             apply_logging(args, conf)
             mac = _mac_capability(conf)
             prev = types.prev_result(args.config, args.cni_version) or {}
-            mtu = conf.effective_mtu()
+            mtu = self._mtu(conf)
             dp = self.dataplane
         except BaseException:
             try:
@@ -355,7 +371,7 @@ class Plugin:
             except CniError:
                 pass  # IPAM failed too: nothing was allocated
             else:
-                self._ipam_del_quietly(args, ipam_type)
+                self._refused_after_ipam(args, ipam_type)
             raise
         raw = pending()
         try:

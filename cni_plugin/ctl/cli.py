@@ -92,7 +92,7 @@ class Ctx:
 
 
 def datastore_options(fn: F) -> F:
-    """The datastore flags (PRODUCT.md "Datastore settings"); a flag wins over the
+    """The datastore flags (README "Datastore settings"); a flag wins over the
     environment (TABBY_*), which wins over ``--conf``."""
     from ipam.config import SOURCES
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         check,
         delete_host_veth,
         list_host_veths,
+        pod_interface_present,
         setup,
         teardown,
     )
@@ -80,6 +81,7 @@ __all__ = [
     "get_dataplane",
     "host_veth_name",
     "list_host_veths",
+    "pod_interface_present",
     "setup",
     "teardown",
     "validate_veth_prefix",
@@ -87,7 +89,17 @@ __all__ = [
 
 # name -> submodule that defines it; loaded on first attribute access.
 _LAZY = {
-    **dict.fromkeys(("check", "delete_host_veth", "list_host_veths", "setup", "teardown"), "linux"),
+    **dict.fromkeys(
+        (
+            "check",
+            "delete_host_veth",
+            "list_host_veths",
+            "pod_interface_present",
+            "setup",
+            "teardown",
+        ),
+        "linux",
+    ),
     **dict.fromkeys(
         (
             "DEFAULT_VETH_PREFIX",

@@ -302,6 +302,20 @@ def teardown(
             log.info("teardown: pod interface %s is not our veth; left alone", ifname)
 
 
+def pod_interface_present(netns_path: str, ifname: str) -> bool:
+    """Whether the pod already has ``ifname`` as a veth to this host (a live attachment).
+    A missing or unusable namespace is False."""
+    if not netns_path:
+        return False
+    try:
+        ns = netns_mod.open_netns(netns_path)
+    except (NetNSNotFound, InvalidNetNS):
+        return False
+    with ns, Rtnl.in_netns(ns.fd, "pod") as pod:
+        link = pod.link_by_name(ifname)
+        return link is not None and _peer_is_in_host(pod, link)
+
+
 def delete_host_veth(name: str) -> None:
     """Delete a host veth (its pod end and its routes go with it). Idempotent."""
     with Rtnl.here("host") as host:

@@ -70,7 +70,9 @@ def node_handlers(
     """tabby's handlers as tabby-node runs them: tabby-ipam in-process, the endpoint
     recorder the agent gives (it programs a new pod's policy before the ADD answers), and
     the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
-    return plugin.Plugin(ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file).handlers()
+    return plugin.Plugin(
+        ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file, validate_first=True
+    ).handlers()
 
 
 def execute(

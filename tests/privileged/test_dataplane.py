@@ -376,6 +376,21 @@ def test_teardown_is_idempotent(node: Node, make_pod: MakePod) -> None:
     assert host_routes(node, "fd00:10:244::14/128") == ""
 
 
+def test_pod_interface_present_only_for_a_live_attachment(
+    node: Node, make_pod: MakePod
+) -> None:
+    """What a refused repeated ADD asks before giving addresses back."""
+    pod = make_pod()
+    spec = make_spec(pod, 21)
+    assert not node.run(dataplane.pod_interface_present, pod.path, "eth0")
+    node.run(dataplane.setup, spec)
+    assert node.run(dataplane.pod_interface_present, pod.path, "eth0")
+    assert not node.run(dataplane.pod_interface_present, pod.path, "eth1")
+    assert not node.run(dataplane.pod_interface_present, "/nonexistent/netns", "eth0")
+    node.run(dataplane.teardown, spec.netns_path, "eth0", spec.host_ifname, spec.addresses)
+    assert not node.run(dataplane.pod_interface_present, pod.path, "eth0")
+
+
 def test_teardown_without_netns(node: Node, make_pod: MakePod) -> None:
     pod = make_pod()
     spec = make_spec(pod, 21)

@@ -299,7 +299,7 @@ def test_tabby_refuses(tmp_path: Path, field: str, value: Any, code: int) -> Non
     _refused(rc, out, field, code)
     # An ADD starts its IPAM call before it validates (overlap, see Plugin.add): a refused
     # configuration then gives the addresses back. The kernel is never touched.
-    assert calls in ([], ["ipam ADD", "ipam DEL"]), calls
+    assert calls in ([], ["ipam ADD", "pod_interface_present", "ipam DEL"]), calls
 
 
 @pytest.mark.parametrize(

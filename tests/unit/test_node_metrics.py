@@ -1,6 +1,6 @@
 """tabby-node's Prometheus metrics (cni_plugin.node.metrics), without root.
 
-- the registry is the node's own and exports every name of PRODUCT's table (and the
+- the registry is the node's own and exports every name of the README's table (and the
   catalogue), and prometheus-client's own parsers read the exposition back;
 - CNI calls are counted by a real NodeServer serving them over its socket (the node's work,
   ``execute``, replaced by a stand-in: the privileged test runs the real thing);
@@ -51,8 +51,8 @@ EXAMPLES = ROOT / "conf-examples"
 DASHBOARD = EXAMPLES / "grafana-dashboard.json"
 ALERTS = EXAMPLES / "prometheus-alerts.yaml"
 
-#: PRODUCT.md "Metrics and health": name -> type.
-PRODUCT_TABLE = {
+#: README "Metrics and health": name -> type.
+README_TABLE = {
     "tabby_cni_requests_total": "counter",
     "tabby_cni_request_duration_seconds": "histogram",
     "tabby_ipam_addresses_in_use": "gauge",
@@ -91,7 +91,7 @@ def sample(m: Metrics, name: str, **labels: str) -> float | None:
 def test_registry_is_the_nodes_own_and_has_the_product_table() -> None:
     m = Metrics()
     types = family_types(m)
-    for name, kind in PRODUCT_TABLE.items():
+    for name, kind in README_TABLE.items():
         assert types.get(name) == kind, name
     for name, (kind, _labels, _help) in CATALOGUE.items():
         assert types.get(name) == kind, name

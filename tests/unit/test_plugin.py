@@ -29,6 +29,7 @@ class FakeDataplane:
         self.fail_teardown: CniError | None = None
         self.fail_check: CniError | None = None
         self.veths: list[Any] = []
+        self.live = False
 
     def setup(self, spec: Any) -> Any:
         self.calls.append(("setup", spec))
@@ -70,6 +71,10 @@ class FakeDataplane:
 
     def delete_host_veth(self, name: str) -> None:
         self.calls.append(("delete_host_veth", name))
+
+    def pod_interface_present(self, netns_path: str, ifname: str) -> bool:
+        self.calls.append(("pod_interface_present", (netns_path, ifname)))
+        return self.live
 
 
 class FakeIpam:
@@ -227,6 +232,38 @@ def test_bad_mac_capability_is_rejected_and_nothing_is_left(
     rc, out = run("ADD", conf(runtimeConfig={"mac": mac}))
     assert (rc, out["code"]) == (1, 7)
     assert ipam.calls == ["ADD", "DEL"]
+    assert [c[0] for c in dp.calls] == ["pod_interface_present"]
+
+
+def test_refused_repeated_add_of_a_live_pod_keeps_its_addresses(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """A repeated ADD (same attachment) with a configuration refused after the overlapped
+    IPAM call got the running pod's own addresses back: releasing them would hand them out
+    twice, so they are kept."""
+    dp, ipam = fakes
+    dp.live = True
+    rc, out = run("ADD", conf(mtu=5))
+    assert (rc, out["code"]) == (1, 2)
+    assert ipam.calls == ["ADD"]
+
+
+def test_tabby_node_validates_before_the_ipam_call() -> None:
+    """Where the models are warm (tabby-node), an invalid configuration never reaches IPAM."""
+    dp, ipam = FakeDataplane(), FakeIpam()
+    handlers = plugin.Plugin(
+        dataplane=lambda: dp, ipam=ipam, endpoints=FakeEndpoints(), validate_first=True
+    ).handlers()
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/run/netns/p1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+    }
+    rc, out = skel.run(handlers, env, json.dumps(conf(mtu=5)).encode())
+    assert (rc, json.loads(out)["code"]) == (1, 2)
+    assert ipam.calls == []
     assert dp.calls == []
 
 
