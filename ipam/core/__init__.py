@@ -1,10 +1,14 @@
 """tabby's IPAM core: pools cut into node-affine blocks, one handle per attachment.
 
 Pure Python, standard library only, no CNI protocol code. See ``ipam/DESIGN.md``.
+
+What a CNI call never needs (the consistency check, the operator's report types) is loaded
+on first access, to keep the plugins' start-up short.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ipam.core.allocator import Ipam
-from ipam.core.check import check_consistency
 from ipam.core.errors import (
     AddressUnavailable,
     InvalidConfig,
@@ -19,16 +23,34 @@ from ipam.core.errors import (
 from ipam.core.model import (
     Allocation,
     AssignRequest,
-    BlockUsage,
     GcReport,
-    IpOwner,
-    NodeRelease,
     PoolSpec,
-    PoolUsage,
-    Problem,
     handle_id,
     split_handle_id,
 )
+
+if TYPE_CHECKING:  # at run time: ``__getattr__`` below
+    from ipam.core.check import check_consistency
+    from ipam.core.reports import BlockUsage, IpOwner, NodeRelease, PoolUsage, Problem
+
+_LAZY = {
+    "check_consistency": "ipam.core.check",
+    "BlockUsage": "ipam.core.reports",
+    "IpOwner": "ipam.core.reports",
+    "NodeRelease": "ipam.core.reports",
+    "PoolUsage": "ipam.core.reports",
+    "Problem": "ipam.core.reports",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "AddressUnavailable",

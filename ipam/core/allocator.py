@@ -12,6 +12,7 @@
 ``handles``        the handle documents
 ``cas``            the one compare-and-swap loop every read-modify-write uses
 ``docs``           typed reads, per-operation state, the pool gate
+``reports``        the operator's value types (loaded only when used)
 =================  ============================================================
 
 Each operation module is imported when first used, so a CNI call loads only its own.
@@ -32,17 +33,13 @@ if TYPE_CHECKING:
     from ipam.core.model import (
         Allocation,
         AssignRequest,
-        BlockUsage,
         GcReport,
         IPAddress,
         IPNetwork,
-        IpOwner,
-        NodeRelease,
         Pool,
         PoolSpec,
-        PoolUsage,
-        Problem,
     )
+    from ipam.core.reports import BlockUsage, IpOwner, NodeRelease, PoolUsage, Problem
     from ipam.store.base import Store
 
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ipam.core.block import Block
 from ipam.core.errors import StoreCorrupt
-from ipam.core.model import Affinity, Handle, Pool, Problem
+from ipam.core.model import Affinity, Handle, Pool
+from ipam.core.reports import Problem
 
 if TYPE_CHECKING:
     from ipam.store.base import Store

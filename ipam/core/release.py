@@ -25,12 +25,12 @@ from ipam.core.model import (
     GcReport,
     Handle,
     IPAddress,
-    NodeRelease,
     parse_ip,
     split_handle_id,
 )
 
 if TYPE_CHECKING:
+    from ipam.core.reports import NodeRelease
     from ipam.store.base import Doc
 
 
@@ -311,6 +311,8 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
     document. Every step is a CAS, so a node that is in fact still running can only make
     this do less (it keeps what it claims or assigns after the step that would have
     released it), never break an invariant."""
+    from ipam.core.reports import NodeRelease  # not on a CNI call's path
+
     if not isinstance(node, str) or not node or ":" in node:
         raise InvalidConfig("invalid node name", repr(node))
     released: list[str] = []

@@ -9,16 +9,14 @@ from ipam.core.docs import Docs, family
 from ipam.core.handles import held
 from ipam.core.model import (
     Allocation,
-    BlockUsage,
     IPAddress,
     IPNetwork,
-    IpOwner,
-    PoolUsage,
     Reserved,
     parse_ip,
     split_handle_id,
 )
 from ipam.core.pooladmin import list_pools
+from ipam.core.reports import BlockUsage, IpOwner, PoolUsage
 
 
 def get_handle(docs: Docs, handle_id: str) -> list[Allocation]:
