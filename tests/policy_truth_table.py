@@ -589,3 +589,147 @@ def matrix(expect: Expect) -> dict[tuple[str, str, str, int], bool]:
         for pr in PROTOCOLS
         for po in PORTS
     }
+
+
+# --- the same cases as resources (networking.k8s.io/v1 NetworkPolicy, v1 Namespace and Pod) ---
+#
+# The cluster tier applies the truth table with ``tabbyctl apply``: the engine's policies
+# become the documents a user would write, the step's labels Namespace and Pod documents.
+# ``tabbyctl apply`` merges into what is stored (maps key by key, ``null`` removes a key, lists
+# replace), so :func:`replacing` turns a document into one that also clears the fields an
+# earlier version of the same policy set.
+
+Doc = dict[str, object]
+
+
+def _selector_doc(s: LabelSelector) -> Doc:
+    out: Doc = {}
+    if s.match_labels:
+        out["matchLabels"] = dict(s.match_labels)
+    if s.match_expressions:
+        out["matchExpressions"] = [
+            {
+                "key": r.key,
+                "operator": r.operator,
+                **({"values": list(r.values)} if r.values else {}),
+            }
+            for r in s.match_expressions
+        ]
+    return out
+
+
+def _peer_doc(p: Peer) -> Doc:
+    if p.ip_block is not None:
+        block: Doc = {"cidr": p.ip_block.cidr}
+        if p.ip_block.except_:
+            block["except"] = list(p.ip_block.except_)
+        return {"ipBlock": block}
+    out: Doc = {}
+    if p.pod_selector is not None:
+        out["podSelector"] = _selector_doc(p.pod_selector)
+    if p.namespace_selector is not None:
+        out["namespaceSelector"] = _selector_doc(p.namespace_selector)
+    return out
+
+
+def _port_doc(p: PortSpec) -> Doc:
+    out: Doc = {"protocol": p.protocol}
+    if p.port is not None:
+        out["port"] = p.port
+    if p.end_port is not None:
+        out["endPort"] = p.end_port
+    return out
+
+
+def _rule_doc(r: Rule, peers_key: str) -> Doc:
+    out: Doc = {}
+    if r.peers:
+        out[peers_key] = [_peer_doc(p) for p in r.peers]
+    if r.ports:
+        out["ports"] = [_port_doc(p) for p in r.ports]
+    return out
+
+
+def network_policy(p: Policy) -> Doc:
+    """The ``networking.k8s.io/v1`` NetworkPolicy a user would write for ``p`` (no
+    ``policyTypes`` when the engine policy leaves them to the API server's default)."""
+    spec: Doc = {"podSelector": _selector_doc(p.pod_selector)}
+    if p.ingress:
+        spec["ingress"] = [_rule_doc(r, "from") for r in p.ingress]
+    if p.egress:
+        spec["egress"] = [_rule_doc(r, "to") for r in p.egress]
+    if p.policy_types:
+        spec["policyTypes"] = list(p.policy_types)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": p.name, "namespace": p.namespace},
+        "spec": spec,
+    }
+
+
+def replacing(doc: Doc) -> Doc:
+    """``doc`` with ``null`` for every spec field it leaves out, so that applying it over an
+    earlier version of the policy leaves no field of that version behind."""
+    spec = dict(doc["spec"])  # type: ignore[call-overload]
+    selector = dict(spec.get("podSelector") or {})
+    for key in ("matchLabels", "matchExpressions"):
+        selector.setdefault(key, None)
+    spec["podSelector"] = selector
+    for key in ("ingress", "egress", "policyTypes"):
+        spec.setdefault(key, None)
+    return {**doc, "spec": spec}
+
+
+def namespace_labels(step: Step, ns: str) -> dict[str, str]:
+    return {"ns": ns, **step.ns_labels.get(ns, {})}
+
+
+def pod_labels(step: Step, pod: str) -> dict[str, str]:
+    return {"pod": pod.split("/")[1], **step.pod_labels.get(pod, {})}
+
+
+def namespace_doc(ns: str, labels: Mapping[str, str | None]) -> Doc:
+    """A Namespace document (a ``None`` label value removes that label)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": ns, "labels": dict(labels)},
+    }
+
+
+def pod_doc(pod: str, labels: Mapping[str, str | None], *, ports: bool = True) -> Doc:
+    """A Pod document: the pod's labels and (with ``ports``) one container serving the
+    named ports of :data:`NAMED_PORTS`."""
+    ns, name = pod.split("/")
+    doc: Doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": dict(labels)},
+    }
+    if ports:
+        container = {
+            "name": "server",
+            "ports": [
+                {"name": p.name, "containerPort": p.port, "protocol": p.protocol}
+                for p in NAMED_PORTS
+            ],
+        }
+        doc["spec"] = {"containers": [container]}
+    return doc
+
+
+def label_changes(old: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str | None]:
+    """The labels to apply to go from ``old`` to ``new`` (``None`` removes one)."""
+    out: dict[str, str | None] = {k: None for k in old if k not in new}
+    out.update({k: v for k, v in new.items() if old.get(k) != v})
+    return out
+
+
+def setup_docs(step: Step | None = None) -> list[Doc]:
+    """Namespaces x, y, z and pods x/a .. z/c as a step labels them (the base labels when
+    ``step`` is None)."""
+    step = step or Step((), everything)
+    docs = [namespace_doc(ns, namespace_labels(step, ns)) for ns in NAMESPACES]
+    docs += [pod_doc(pod, pod_labels(step, pod)) for pod in PODS]
+    return docs
