@@ -97,7 +97,8 @@ def _assign_locked(
     if got is not None:
         held, stale = handles.held(docs, got[0])
         if held:
-            # ADD-7: a repeated ADD gets what it has; no second address.
+            # ADD-7 (cni_plugin/cni/CONFORMANCE.md): a repeated ADD gets what it has, no second
+            # address.
             if stale:
                 _sweep(docs, op, hid, handles.extend(docs, hid, add=(), remove=stale))
             return held
