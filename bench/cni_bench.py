@@ -35,6 +35,7 @@ from cni_bench_pure import (
     DEFAULT_PATH,
     EXIT_USAGE,
     GNU_TIME,
+    NETNS_RUN_DIR,
     Chain,
     encode_config,
     find_plugin,
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--node-addr", default="192.0.2.1/32", help="address put on lo of the node netns"
+    )
+    p.add_argument(
+        "--node-netns",
+        metavar="NAME",
+        help="use this existing network namespace as the node (e.g. one where the caller runs "
+        "etcd or tabby-node): set up like the private one, never deleted",
     )
     p.add_argument("--json", action="store_true", help="JSON report on stdout (progress on stderr)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
@@ -186,6 +193,10 @@ def prepare(args: argparse.Namespace) -> list[NetConf]:
         raise BenchError("--ifname must be a valid interface name")
     if os.geteuid() != 0:
         raise BenchError("must run as root (network namespaces, plugins)")
+    if args.node_netns and args.no_isolate:
+        raise BenchError("--node-netns and --no-isolate exclude each other")
+    if args.node_netns and not os.path.exists(os.path.join(NETNS_RUN_DIR, args.node_netns)):
+        raise BenchError(f"--node-netns {args.node_netns}: no such network namespace")
     if shutil.which("ip") is None:
         raise BenchError("iproute2 'ip' not found (apt-get install iproute2)")
     if args.rss and not os.access(GNU_TIME, os.X_OK):

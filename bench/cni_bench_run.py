@@ -94,6 +94,9 @@ class Bench:
         self.run_id = secrets.token_hex(3)
         self.isolate = not args.no_isolate
         self.node_ns = f"{NETNS_PREFIX}{self.run_id}-node" if self.isolate else None
+        self.given_node_ns = bool(getattr(args, "node_netns", None))
+        if self.given_node_ns:  # the caller's: set up here, never created or deleted
+            self.node_ns = args.node_netns
         self.node_fd: int | None = None
         self.node_ino: int | None = None
         self.created_ns: list[str] = []
@@ -158,7 +161,9 @@ class Bench:
         if stale:
             self.log(f"warning: namespaces left by an earlier run: {' '.join(stale[:6])}")
         self._make_pods()
-        wanted = [p.netns for p in self.pods] + ([self.node_ns] if self.node_ns else [])
+        wanted = [p.netns for p in self.pods]
+        if self.node_ns and not self.given_node_ns:
+            wanted.append(self.node_ns)
         clash = set(wanted) & set(_list_netns())
         if clash:  # never adopt (and later delete) a namespace this run did not create
             raise BenchError(f"namespace already exists: {' '.join(sorted(clash))}")
@@ -167,11 +172,13 @@ class Bench:
             self.spawner.rss_dir = self.rss_dir
         if self.node_ns:
             self.log(f"node netns {self.node_ns}")
-            self.created_ns.append(self.node_ns)
-            run_ip(["netns", "add", self.node_ns])
+            if not self.given_node_ns:
+                self.created_ns.append(self.node_ns)
+                run_ip(["netns", "add", self.node_ns])
             run_ip(["-n", self.node_ns, "link", "set", "lo", "up"])
-            run_ip(["-n", self.node_ns, "addr", "add", self.args.node_addr, "dev", "lo"])
-            run_ip(["-n", self.node_ns, "route", "add", "169.254.1.1/32", "dev", "lo"])
+            # replace: idempotent in a given namespace, the same as add in a new one
+            run_ip(["-n", self.node_ns, "addr", "replace", self.args.node_addr, "dev", "lo"])
+            run_ip(["-n", self.node_ns, "route", "replace", "169.254.1.1/32", "dev", "lo"])
             subprocess.run(
                 ["ip", "netns", "exec", self.node_ns, "sysctl", "-q", "-w",
                  "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],

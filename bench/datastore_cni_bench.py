@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): CNI ADD/CHECK/DEL of tabby per datastore, each case interleaved
+pod by pod against Debian's ptp + host-local by ``bench/cni_bench.py`` (the runtime-faithful
+harness; this script only prepares what each case needs and runs it).
+
+Cases (``--cases``, comma-separated):
+
+    node-file         tabby-node serves the calls; file store
+    node-etcd1        tabby-node serves the calls; etcd, 1 member
+    node-etcd3        tabby-node serves the calls; etcd, 3 members
+    standalone-etcd1  no tabby-node (TABBY_NODE_SOCKET=off): every call opens etcd itself
+    standalone-etcd3  the same against 3 members
+    standalone-file   no tabby-node, file store
+
+Per case: one network namespace is the node (``cni_bench --node-netns``); the etcd members
+(``tests/etcd_cluster.py``: 127.0.0.1, free ports, private data dir) and tabby-node
+(``--backend none``, its datastore flags pointing at the same store as the conflist, no
+HTTP ports) are started inside it by a thread that entered it, so they share the plugins'
+loopback and mount namespace, as on a node. The conflist is bench/conf/tabby.conflist with
+the case's datastore in its ``ipam`` section. Everything is stopped by PID and the namespace
+and temp dir removed afterwards, also on Ctrl-C.
+
+    .venv/bin/python bench/datastore_cni_bench.py -n 100 --repeat 2
+    .venv/bin/python bench/datastore_cni_bench.py --cases node-etcd3 --mode concurrent -k 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.etcd_cluster import EtcdCluster  # noqa: E402
+from tests.node_agent import agent_argv  # noqa: E402
+
+T = TypeVar("T")
+BENCH = ROOT / "bench"
+REFERENCE = BENCH / "conf" / "ptp-host-local.conflist"
+TABBY_CONF = BENCH / "conf" / "tabby.conflist"
+CASES = (
+    "node-file",
+    "node-etcd1",
+    "node-etcd3",
+    "standalone-etcd1",
+    "standalone-etcd3",
+    "standalone-file",
+)
+DEFAULT_CASES = "node-file,node-etcd1,node-etcd3,standalone-etcd1"
+NODENAME = "bench-node"
+
+
+def in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread that entered ``netns`` (children it forks start there)."""
+    from cni_plugin.dataplane.netns import setns
+
+    def enter() -> None:
+        fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            setns(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(max_workers=1, initializer=enter) as worker:
+        return worker.submit(fn).result()
+
+
+class Case:
+    """The node namespace, etcd and tabby-node of one case; ``close()`` removes them."""
+
+    def __init__(self, name: str, tabby_node: str) -> None:
+        self.name = name
+        self.node = name.startswith("node-")
+        self.members = int(name[-1]) if name.endswith(("etcd1", "etcd3")) else 0
+        self.netns = f"tbdsb{os.getpid()}-{secrets.token_hex(3)}"
+        self.workdir = tempfile.mkdtemp(prefix=f"tabby-dsbench-{os.getpid()}-")
+        self.etcd: EtcdCluster | None = None
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.socket = os.path.join(self.workdir, "run", "node.sock")
+        self.prefix = f"/bench-{secrets.token_hex(4)}"
+        subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        try:
+            subprocess.run(["ip", "-n", self.netns, "link", "set", "lo", "up"], check=True)
+            if self.members:
+                self.etcd = in_netns(self.netns, lambda: EtcdCluster(self.members))
+            if self.node:
+                self._start_agent(tabby_node)
+        except BaseException:
+            self.close()
+            raise
+
+    def ipam(self) -> dict[str, Any]:
+        if self.etcd is not None:
+            return {
+                "datastore_type": "etcdv3",
+                "etcd_endpoints": self.etcd.endpoints,
+                "etcd_prefix": self.prefix,
+            }
+        return {"datastore_type": "file", "data_dir": os.path.join(self.workdir, "store")}
+
+    def datastore_flags(self) -> list[str]:
+        ipam = self.ipam()
+        if self.etcd is not None:
+            return [
+                *("--datastore-type", "etcdv3"),
+                *("--etcd-endpoints", ",".join(ipam["etcd_endpoints"])),
+                *("--etcd-prefix", ipam["etcd_prefix"]),
+            ]
+        return ["--datastore-type", "file", "--data-dir", ipam["data_dir"]]
+
+    def _start_agent(self, binary: str) -> None:
+        argv = agent_argv(
+            [binary], self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
+        )
+        argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
+        os.makedirs(os.path.dirname(self.socket), mode=0o700, exist_ok=True)
+        err = open(os.path.join(self.workdir, "node.err"), "wb")  # noqa: SIM115
+        try:
+            self.agent = in_netns(
+                self.netns,
+                lambda: subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
+                ),
+            )
+        finally:
+            err.close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket):
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                tail = Path(self.workdir, "node.err").read_text(errors="replace")[-800:]
+                raise RuntimeError(f"tabby-node did not start: {tail}")
+            time.sleep(0.05)
+
+    def conflist(self) -> str:
+        doc = json.loads(TABBY_CONF.read_text())
+        plugin = doc["plugins"][0]
+        plugin["nodename"] = NODENAME
+        plugin["log_file_path"] = os.path.join(self.workdir, "cni.log")
+        plugin["ipam"].pop("data_dir", None)
+        plugin["ipam"].update(self.ipam())
+        path = os.path.join(self.workdir, f"{self.name}.conflist")
+        Path(path).write_text(json.dumps(doc, indent=2))
+        return path
+
+    def env(self) -> str:
+        return f"TABBY_NODE_SOCKET={self.socket if self.node else 'off'}"
+
+    def close(self) -> None:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: still clean up
+        try:
+            self._close()
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def _close(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            try:
+                self.agent.wait(30)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+        if self.etcd is not None:
+            self.etcd.stop()
+        subprocess.run(["ip", "netns", "delete", self.netns], check=False, capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def case_env(name: str, tabby_node: str) -> Iterator[Case]:
+    case = Case(name, tabby_node)
+    try:
+        yield case
+    finally:
+        case.close()
+
+
+def run_case(case: Case, args: argparse.Namespace, keep: str | None) -> dict[str, Any]:
+    out = os.path.join(case.workdir, "report.json")
+    argv = [
+        sys.executable,
+        str(BENCH / "cni_bench.py"),
+        *("--conf", str(REFERENCE), "--cni-path", args.ref_cni_path),
+        *("--compare", case.conflist(), "--cni-path-b", args.cni_path),
+        *("--label-a", "ptp", "--label-b", case.name),
+        *("-n", str(args.pods), "--warmup", str(args.warmup)),
+        *("--mode", args.mode, "-k", str(args.k)),
+        *("--node-netns", case.netns, "--env", case.env()),
+        *("--output", out, "-q"),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        text, _ = proc.communicate()
+    except BaseException:  # Ctrl-C: cni_bench got it too and cleans up; wait for it
+        with contextlib.suppress(BaseException):
+            proc.wait(120)
+        raise
+    if args.verbose:
+        print(text.decode(errors="replace"))
+    try:
+        report: dict[str, Any] = json.loads(Path(out).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"cni_bench gave no report ({e}): {text.decode()[-1500:]}") from None
+    if keep:
+        shutil.copy(out, os.path.join(keep, f"{case.name}-{int(time.time())}.json"))
+    report["exit_status"] = proc.returncode
+    return report
+
+
+def row(report: dict[str, Any], case: str) -> dict[str, Any]:
+    stats, cmp_ = report["stats"], (report.get("compare") or {}).get("verbs", {})
+    out: dict[str, Any] = {
+        "failures": len(report.get("failures") or []),
+        "phases": {p["verb"]: p["calls_per_s"] for p in report.get("phases", [])},
+    }
+    for verb in ("ADD", "CHECK", "DEL"):
+        a, b = stats.get("ptp", {}).get(verb), stats.get(case, {}).get(verb)
+        if not a or not b:
+            continue
+        out[verb] = {
+            "ref_p50": a["p50"],
+            "p50": b["p50"],
+            "p90": b["p90"],
+            "cpu_p50": b["cpu_p50"],
+            "p50_ratio": cmp_.get(verb, {}).get("p50_ratio"),
+            "paired": cmp_.get(verb, {}).get("paired_median"),
+        }
+    return out
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated of {CASES}")
+    ap.add_argument("-n", "--pods", type=int, default=100, help="measured pods per config (100)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over all cases (1)")
+    ap.add_argument("--mode", choices=("sequential", "concurrent"), default="sequential")
+    ap.add_argument("-k", type=int, default=8, help="calls in flight in concurrent mode (8)")
+    ap.add_argument("--cni-path", default="/opt/cni/bin", help="tabby's plugins")
+    ap.add_argument("--ref-cni-path", default="/usr/lib/cni", help="ptp and host-local")
+    ap.add_argument(
+        "--tabby-node", default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node"
+    )
+    ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
+    ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show cni_bench's own tables")
+    args = ap.parse_args()
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in CASES]
+    if bad or os.geteuid() != 0:
+        print(f"datastore_cni_bench: unknown case(s) {bad} or not root", file=sys.stderr)
+        return 2
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    print(
+        f"datastore_cni_bench: {args.mode}{f' -k {args.k}' if args.mode == 'concurrent' else ''},"
+        f" {args.pods} pods per config, each case interleaved with ptp+host-local; "
+        f"load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    head = (
+        f"{'case':17} {'verb':5} {'ptp p50':>8} {'p50':>7} {'p90':>7} {'cpu p50':>7} "
+        f"{'p50 B/A':>7} {'paired':>6} {'calls/s':>7}   load"
+    )
+    results: list[dict[str, Any]] = []
+    try:
+        for rnd in range(args.repeat):
+            print(
+                f"-- round {rnd + 1}/{args.repeat} (ms; B/A: the case over ptp)\n{head}", flush=True
+            )
+            for name in cases:
+                with case_env(name, args.tabby_node) as case:
+                    report = run_case(case, args, args.keep)
+                r = row(report, name)
+                load = os.getloadavg()[0]
+                results.append({"round": rnd, "case": name, "load": load, **r})
+                for verb in ("ADD", "CHECK", "DEL"):
+                    v = r.get(verb)
+                    if v is None:
+                        continue
+                    rate = r["phases"].get(verb)
+                    print(
+                        f"{name:17} {verb:5} {fmt(v['ref_p50']):>8} {fmt(v['p50']):>7} "
+                        f"{fmt(v['p90']):>7} {fmt(v['cpu_p50']):>7} {fmt(v['p50_ratio'], 2):>7} "
+                        f"{fmt(v['paired'], 2):>6} {fmt(rate, 0):>7}   {load:.2f}",
+                        flush=True,
+                    )
+                if r["failures"]:
+                    print(f"{name:17} {r['failures']} failure(s): see --keep/-v", flush=True)
+    except KeyboardInterrupt:
+        print("datastore_cni_bench: interrupted (everything was removed)", file=sys.stderr)
+        return 130
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if any(r["failures"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
