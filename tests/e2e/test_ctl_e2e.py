@@ -322,7 +322,7 @@ def test_show_json_after_two_adds_lists_both_pods(node: Node) -> None:
     b = node.add("pod-b")
     rc, data = node.json("ipam", "show")
     assert rc == 0
-    assert data["store"] == str(node.rt.data_dir)
+    assert data["store"] == f"file store {node.rt.data_dir}"
     listed: dict[str, list[str]] = {}
     for alloc in data["allocations"]:
         listed.setdefault(alloc["pod"], []).append(alloc["ip"])
