@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -583,11 +584,23 @@ def main() -> int:
     ap.add_argument("--policies", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=3.0, help="length of one TCP stream")
     ap.add_argument("--repeats", type=int, default=3, help="TCP streams per configuration")
+    ap.add_argument(
+        "--tabby-node",
+        default="",
+        help="the tabby-node command the lab runs (default: the installed one), e.g. "
+        "'.venv/bin/tabby-node' to measure the working tree",
+    )
+    ap.add_argument(
+        "--only", default="enforcement,add,throughput", help="phases to run (comma-separated)"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
     lab = Lab(nodes_wanted=3, backend=args.backend, ipv6=False, echo=log)
+    if args.tabby_node:
+        lab.tabby_node = shlex.split(args.tabby_node)
+    only = set(args.only.split(","))
     bench = Bench(lab, args)
     t0 = time.monotonic()
     try:
@@ -596,16 +609,19 @@ def main() -> int:
         lab.wait_ready(90)
         bench.setup()
         print(f"NetworkPolicy cluster bench: 3 nodes, backend {args.backend}, IPv4")
-        log("enforcement, no other policy")
-        bench.enforcement("no other policy")
-        log(f"enforcement, {args.policies} other policies")
-        bench.policies_on(True)
-        bench.enforcement(f"{args.policies} other policies in force")
-        bench.policies_on(False)
-        log("ADD latency")
-        bench.add_latency()
-        log("throughput")
-        bench.throughput()
+        if "enforcement" in only:
+            log("enforcement, no other policy")
+            bench.enforcement("no other policy")
+            log(f"enforcement, {args.policies} other policies")
+            bench.policies_on(True)
+            bench.enforcement(f"{args.policies} other policies in force")
+            bench.policies_on(False)
+        if "add" in only:
+            log("ADD latency")
+            bench.add_latency()
+        if "throughput" in only:
+            log("throughput")
+            bench.throughput()
     finally:
         bench.close()
         problems = lab.teardown()

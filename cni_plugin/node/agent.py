@@ -160,6 +160,7 @@ class Agent:
         self.health: Any = None
         self.http_servers: list[Any] = []
         self.mtu: int | None = None
+        self.policy_memo = PolicyInputs()
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -486,6 +487,9 @@ class Agent:
             if self.cache.changed.wait(0.1):
                 time.sleep(DEBOUNCE_SECONDS)  # a burst of watch events: one pass
                 self.cache.changed.clear()
+                # An ADD waiting for its pod's rules goes before the pass its own
+                # WorkloadEndpoint write just triggered (that pass can take tens of ms).
+                self._serve_requests()
                 self.reconcile()
             if time.monotonic() >= next_full:
                 next_full = time.monotonic() + RESYNC_SECONDS
@@ -547,10 +551,8 @@ class Agent:
     def policy_sync(
         self, docs: Mapping[str, Mapping[str, Doc]], cluster: Cluster, full: bool
     ) -> None:
-        from cni_plugin.node.policy import adapter
-
-        state, nat = resource_inputs(docs)
-        result = self.policy.sync(adapter.cluster_state(*state), adapter.nat(nat), full=full)
+        state, nat = self.policy_memo.convert(docs)
+        result = self.policy.sync(state, nat, full=full)
         if self.metrics is not None:  # metrics
             self.metrics.policy_applied(result)
 
@@ -677,6 +679,61 @@ def _pod_model(key: str, doc: Doc) -> Any:
         return to_resource(BY_KIND["Pod"], key, doc, f"pod {key}")
     except IpamError:
         return None
+
+
+class PolicyInputs:
+    """The policy engine's inputs from the cache, converted document by document and kept
+    per (kind, key, revision): a pass converts only what changed since the last one (a
+    revision is never reused for a key). Parsing every policy on every watch event cost
+    ~35 ms per pass at 200 policies, on every node, for every pod added anywhere; the
+    result equals ``adapter.cluster_state(*resource_inputs(docs)[0])``."""
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[str, str], tuple[int, Any]] = {}
+
+    def convert(self, docs: Mapping[str, Mapping[str, Doc]]) -> tuple[Any, Any]:
+        from cni_plugin.node.policy import adapter, engine
+
+        seen: set[tuple[str, str]] = set()
+
+        def each(kind: str, store_kind: str, fn: Callable[[Any], Any]) -> list[Any]:
+            from ipam.resources.storage import BY_KIND, to_resource
+
+            out = []
+            for key, doc in sorted((docs.get(store_kind) or {}).items()):
+                seen.add((store_kind, key))
+                hit = self.memo.get((store_kind, key))
+                if hit is None or hit[0] != doc.revision:
+                    try:
+                        value = fn(to_resource(BY_KIND[kind], key, doc, f"{store_kind} {key}"))
+                    except IpamError as e:
+                        log.warning("skipping %s %s: %s", kind, key, e)
+                        value = None
+                    hit = self.memo[(store_kind, key)] = (doc.revision, value)
+                if hit[1] is not None:
+                    out.append(hit[1])
+            return out
+
+        endpoints = []
+        for key, doc in sorted((docs.get("workloadendpoint") or {}).items()):
+            seen.add(("workloadendpoint", key))
+            hit = self.memo.get(("workloadendpoint", key))
+            if hit is None or hit[0] != doc.revision:
+                hit = self.memo[("workloadendpoint", key)] = (
+                    doc.revision,
+                    adapter.endpoint(doc.data),
+                )
+            endpoints.append(hit[1])
+        state = engine.ClusterState(
+            tuple(each("NetworkPolicy", "networkpolicy", adapter.policy)),
+            tuple(each("Namespace", "namespace", adapter.namespace)),
+            tuple(each("Pod", "pod", adapter.pod)),
+            tuple(endpoints),
+        )
+        nat = adapter.nat(each("IPPool", "pool", lambda model: model))
+        for gone in set(self.memo) - seen:
+            del self.memo[gone]
+        return state, nat
 
 
 def resource_inputs(

@@ -1,0 +1,102 @@
+"""tabby-node's memoised policy inputs (``agent.PolicyInputs``): the same engine inputs as
+converting every document again, through changes, deletions and invalid documents, while
+converting only the documents whose revision changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cni_plugin.node import agent
+from cni_plugin.node.policy import adapter
+from ipam.store.base import Doc
+from tests import policy_truth_table as tt
+
+Docs = dict[str, dict[str, Doc]]
+
+
+class World:
+    def __init__(self) -> None:
+        self.docs: Docs = {
+            k: {} for k in ("networkpolicy", "namespace", "pod", "workloadendpoint", "pool")
+        }
+        self.rev = 0
+
+    def put(self, kind: str, key: str, doc: dict[str, Any]) -> None:
+        self.rev += 1
+        data = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
+        self.docs[kind][key] = Doc(data, self.rev)
+
+    def wep(self, pod: str, iface: str, address: str | None = None) -> None:
+        ns, name = pod.split("/")
+        self.put(
+            "workloadendpoint",
+            f"{ns}/{name}-eth0",
+            {
+                "metadata": {"name": f"{name}-eth0", "namespace": ns, "labels": {"pod": name}},
+                "spec": {
+                    "pod": name,
+                    "node": "node-1",
+                    "hostInterface": iface,
+                    "ipNetworks": [f"{address or tt.address(pod)}/32"],
+                },
+            },
+        )
+
+
+def _fresh(docs: Docs) -> tuple[Any, Any]:
+    state, pools = agent.resource_inputs(docs)
+    return adapter.cluster_state(*state), adapter.nat(pools)
+
+
+@pytest.fixture
+def world() -> World:
+    w = World()
+    for doc in tt.setup_docs():
+        meta = doc["metadata"]
+        assert isinstance(meta, dict)
+        key = f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else meta["name"]
+        w.put(str(doc["kind"]).lower(), key, doc)
+    for i, pod in enumerate(tt.PODS):
+        w.wep(pod, f"cali{i:011x}")
+    for case in tt.CASES[:12]:
+        for p in case.steps[0].policies:
+            w.put("networkpolicy", f"{p.namespace}/{p.name}", tt.network_policy(p))
+    w.rev += 1  # the IPAM pool document, keyed by its CIDR
+    pool = {"cidr": "10.244.0.0/16", "block_size": 26, "name": "p", "nat_outgoing": True}
+    w.docs["pool"]["10.244.0.0/16"] = Doc(pool, w.rev)
+    return w
+
+
+def test_memoised_inputs_equal_a_fresh_conversion(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memo = agent.PolicyInputs()
+    assert memo.convert(world.docs) == _fresh(world.docs)
+    assert memo.convert(world.docs) == _fresh(world.docs)
+
+    # only what changed is converted again
+    calls: list[str] = []
+    real = adapter.policy
+
+    def counting(model: Any) -> Any:
+        calls.append(model.metadata.name)
+        return real(model)
+
+    monkeypatch.setattr(adapter, "policy", counting)
+    deny = tt.network_policy(tt.DENY_ALL)
+    world.put("networkpolicy", "x/default-deny-all", deny)  # a new revision of one policy
+    world.put("pod", "x/b", tt.pod_doc("x/b", {"pod": "b", "pod2": "updated"}))
+    world.wep("x/d", "cali00000000099", "10.244.1.20")
+    got = memo.convert(world.docs)
+    assert calls == ["default-deny-all"]
+    assert got == _fresh(world.docs)
+
+    # deletions, and a document that does not validate (skipped, as resource_inputs does)
+    del world.docs["networkpolicy"]["x/default-deny-all"]
+    del world.docs["workloadendpoint"]["x/a-eth0"]
+    world.put("networkpolicy", "x/broken", {"metadata": {"name": "broken"}, "spec": {"x": 1}})
+    assert memo.convert(world.docs) == _fresh(world.docs)
+    assert ("networkpolicy", "x/default-deny-all") not in memo.memo
+    assert memo.memo[("networkpolicy", "x/broken")][1] is None
