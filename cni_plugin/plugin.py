@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cni_plugin.cni import invoke, log, skel, types
@@ -120,27 +119,16 @@ class DatastoreEndpoints:
             return key if remove_endpoint(store, key, args.container_id) else None
 
 
-@contextmanager
-def _open_store(conf: PluginConf) -> Iterator[Any]:
-    from ipam.store import open_store
+def _open_store(conf: PluginConf) -> Any:
+    from ipam.store import opened
 
-    store = open_store(conf.ipam)
-    try:
-        yield store
-    finally:
-        store.close()
+    return opened(conf.ipam)
 
 
-@contextmanager
-def _store_errors() -> Iterator[None]:
-    from ipam.core.errors import IpamError
+def _store_errors() -> Any:
+    from ipam.cni_codes import cni_errors
 
-    try:
-        yield
-    except IpamError as e:
-        from ipam.cni_codes import to_cni_error
-
-        raise to_cni_error(e) from None
+    return cni_errors()
 
 
 def linux_dataplane() -> Dataplane:

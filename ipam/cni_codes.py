@@ -4,6 +4,9 @@ Standard library and the protocol layer only: cheap for the CNI binaries to impo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from cni_plugin.cni.errors import CniError, Code
 from ipam.core.errors import (
     AddressUnavailable,
@@ -38,3 +41,12 @@ def to_cni_error(e: IpamError) -> CniError:
             code, short = CODES[cls]
             return CniError(code, short, str(e))
     return CniError(Code.INTERNAL, "IPAM failure", str(e))
+
+
+@contextmanager
+def cni_errors() -> Iterator[None]:
+    """The block's IPAM core and store errors raised as their CNI errors."""
+    try:
+        yield
+    except IpamError as e:
+        raise to_cni_error(e) from None

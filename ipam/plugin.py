@@ -22,10 +22,9 @@ from cni_plugin.cni.errors import CniError, Code
 from cni_plugin.cni.log import DEFAULT_LOG_FILE
 from cni_plugin.config import CommonConf, DatastoreSettings
 from ipam import config as ipam_config
-from ipam.cni_codes import CODES as CODES
-from ipam.cni_codes import to_cni_error
+from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, GcReport, Ipam, IpamError, PoolSpec, handle_id
-from ipam.store import open_store
+from ipam.store import opened
 
 T = TypeVar("T")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -59,26 +58,15 @@ def configure_logging(args: skel.CmdArgs) -> None:
 
 
 @contextmanager
-def _ipam_errors() -> Iterator[None]:
-    try:
-        yield
-    except IpamError as e:
-        raise to_cni_error(e) from None
-
-
-@contextmanager
 def open_ipam(conf: DatastoreSettings, node: str) -> Iterator[Ipam]:
     """The IPAM over the configured store, closed after the call (tabby-node serves many
     calls: an etcd store's connections must not outlive its call)."""
-    store = open_store(conf)
-    try:
+    with opened(conf) as store:
         yield Ipam(store, node)
-    finally:
-        store.close()
 
 
 def _guard(fn: Callable[[], T]) -> T:
-    with _ipam_errors():
+    with cni_errors():
         return fn()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ipam.store.base import KINDS, Doc, Op, Store, StoreSettings, SyncEvent
 
-__all__ = ["KINDS", "Doc", "Op", "Store", "StoreSettings", "SyncEvent", "open_store"]
+__all__ = ["KINDS", "Doc", "Op", "Store", "StoreSettings", "SyncEvent", "open_store", "opened"]
 
 DATASTORE_TYPES = ("file", "etcdv3")
 
@@ -34,3 +34,17 @@ def open_store(settings: StoreSettings) -> Store:
     raise InvalidConfig(
         "unknown datastore_type", f"{kind!r} (expected one of {', '.join(DATASTORE_TYPES)})"
     )
+
+
+class opened:
+    """``open_store(settings)`` for one use, closed afterwards (a call served by tabby-node
+    must not leave an etcd store's connections behind)."""
+
+    def __init__(self, settings: StoreSettings) -> None:
+        self.store = open_store(settings)
+
+    def __enter__(self) -> Store:
+        return self.store
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from cni_plugin.cni import skel
+from ipam import cni_codes
 from ipam import plugin as ipam_plugin
 from ipam.core import (
     AddressUnavailable,
@@ -236,7 +237,7 @@ def test_pool_exhausted_is_100(call: Call) -> None:
 )
 def test_core_errors_get_their_codes_at_the_edge(error: IpamError, code: int) -> None:
     """The core's errors know nothing of CNI; the adapter's table maps them."""
-    err = ipam_plugin.to_cni_error(error)
+    err = cni_codes.to_cni_error(error)
     assert err.code == code
     assert str(error) in err.details
 
@@ -250,7 +251,7 @@ def test_every_core_error_class_is_mapped() -> None:
         if isinstance(c, type) and issubclass(c, IpamError) and c not in (IpamError,)
     ]
     for cls in classes:
-        assert any(k in ipam_plugin.CODES for k in cls.__mro__), cls
+        assert any(k in cni_codes.CODES for k in cls.__mro__), cls
 
 
 def test_corrupt_handle_is_101_naming_the_file(call: Call) -> None:
