@@ -14,16 +14,11 @@ re-sync, and a restart-style full replacement under default deny probed continuo
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import ipaddress
 import json
 import os
-import selectors
-import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,92 +29,13 @@ from cni_plugin import dataplane
 from cni_plugin.node.policy import engine, nft
 from cni_plugin.node.policy.engine import ClusterState, Endpoint
 from tests import policy_truth_table as tt
+from tests.policy_probes import Job, probe_many, start_server, stop_process
 from tests.privileged.netns_util import Netns, NetnsPool, Node, netns_pool, run_in_thread_netns
 
 pytestmark = pytest.mark.privileged
 
 KERNEL_CASES = {1, 2, 9, 10, 13, 14, 17, 19, 21, 22, 25, 27, 28, 30, 35, 36, 38, 40, "d1", "d3"}
 PROBE_PROTOCOLS = ("TCP", "UDP")
-Job = tuple[str, str, int]  # destination address, protocol, port
-
-SERVER = r"""
-import selectors, socket
-sel = selectors.DefaultSelector()
-for port in (80, 81):
-    t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    t.bind(("::", port))
-    t.listen(512)
-    t.setblocking(False)
-    sel.register(t, selectors.EVENT_READ, "tcp")
-    u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    u.bind(("::", port))
-    u.setblocking(False)
-    sel.register(u, selectors.EVENT_READ, "udp")
-print("ready", flush=True)
-while True:
-    for key, _ in sel.select():
-        s = key.fileobj
-        try:
-            if key.data == "tcp":
-                c, _ = s.accept()
-                try:
-                    c.send(b"ok")
-                finally:
-                    c.close()
-            else:
-                data, addr = s.recvfrom(2048)
-                s.sendto(b"ok", addr)
-        except OSError:
-            pass
-"""
-
-
-def probe_many(jobs: list[Job], timeout: float) -> dict[Job, bool]:
-    """Try every job at once from the calling thread's netns; True when answered."""
-    sel = selectors.DefaultSelector()
-    results: dict[Job, bool] = {}
-    for job in jobs:
-        dst, proto, port = job
-        family = socket.AF_INET6 if ":" in dst else socket.AF_INET
-        if proto == "TCP":
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.setblocking(False)
-            s.connect_ex((dst, port))
-            sel.register(s, selectors.EVENT_WRITE, job)
-        else:
-            s = socket.socket(family, socket.SOCK_DGRAM)
-            s.setblocking(False)
-            s.connect((dst, port))
-            s.send(b"probe")
-            sel.register(s, selectors.EVENT_READ, job)
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) < len(jobs):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for key, _ in sel.select(left):
-                sock, job = key.fileobj, key.data
-                assert isinstance(sock, socket.socket)
-                if job[1] == "TCP":
-                    ok = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
-                else:
-                    try:
-                        ok = sock.recv(64) == b"ok"
-                    except OSError:
-                        ok = False
-                results[job] = ok
-                sel.unregister(sock)
-                sock.close()
-    finally:
-        for key in list(sel.get_map().values()):
-            results.setdefault(key.data, False)
-            key.fileobj.close()  # type: ignore[union-attr]
-        sel.close()
-    return results
 
 
 @dataclasses.dataclass
@@ -182,28 +98,6 @@ class Cluster:
         ]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the test process dies, even if it aborts."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _start_server(pod: Netns) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", pod.name, sys.executable, "-c", SERVER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_die_with_parent,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"server in {pod.name} did not start: {line} {proc.stderr}")
-    return proc
-
-
 @contextlib.contextmanager
 def _cluster() -> Iterator[Cluster]:
     servers: list[subprocess.Popen[str]] = []
@@ -223,17 +117,12 @@ def _cluster() -> Iterator[Cluster]:
                 )
                 node.run(dataplane.setup, spec)
                 pods[name], ifaces[name] = pod, host
-                servers.append(_start_server(pod))
+                servers.append(start_server(pod.name))
             dp = nft.PolicyDataplane("node1", families=(4,))
             yield Cluster(node, pods, ifaces, dp, servers)
         finally:
             for proc in servers:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-                for f in (proc.stdout, proc.stderr):
-                    if f is not None:
-                        f.close()
+                stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +203,7 @@ def test_unknown_cali_interface_is_dropped(cluster: Cluster) -> None:
             addresses=[ipaddress.IPv4Address("10.244.9.9")],
         )
         cluster.node.run(dataplane.setup, spec)
-        server = _start_server(stray)
+        server = start_server(stray.name)
         try:
             cluster.apply(cluster.state(tt.Step((), tt.everything)))
             got = cluster.probe({"x/a": [("10.244.9.9", "TCP", 80), ("10.244.9.9", "UDP", 81)]})
@@ -335,11 +224,7 @@ def test_unknown_cali_interface_is_dropped(cluster: Cluster) -> None:
             got = cluster.probe({"x/a": [("10.244.9.9", "TCP", 80)]})
             assert not any(got.values())
         finally:
-            os.kill(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
-            for f in (server.stdout, server.stderr):
-                if f is not None:
-                    f.close()
+            stop_process(server)
     finally:
         pool.close()
         cluster.apply(cluster.state(tt.Step((), tt.everything)))
@@ -382,15 +267,11 @@ def test_host_reaches_pods_under_default_deny_and_pods_reach_host_by_egress(
 
 @contextlib.contextmanager
 def _node_server(node: Node) -> Iterator[None]:
-    proc = _start_server(node)
+    proc = start_server(node.name)
     try:
         yield
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
-                f.close()
+        stop_process(proc)
 
 
 def test_resync_with_identical_state_changes_nothing(cluster: Cluster) -> None:
@@ -513,7 +394,7 @@ def test_ipv6_policy_and_neighbour_discovery(netns_pool: NetnsPool) -> None:
                 Endpoint(ns, pod_name, "node1", host, (tt.address(name), addr6), f"{pod_name}-eth0")
             )
             pods[name] = pod
-            servers.append(_start_server(pod))
+            servers.append(start_server(pod.name))
         base = tt.build_state(tt.Step((), tt.everything))
         policy = tt.pol("x-a-from-b", tt.A, ingress=(tt.rule(tt.peer(tt.sel(pod="b"))),))
         # x/b may only send to x/a: its neighbour discovery towards the node must still pass
@@ -535,11 +416,7 @@ def test_ipv6_policy_and_neighbour_discovery(netns_pool: NetnsPool) -> None:
         assert "ip6 saddr @a6-" in node.run(dp.ruleset)
     finally:
         for proc in servers:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            for f in (proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
+            stop_process(proc)
 
 
 def test_libnftables_survives_many_open_descriptors(node: Node) -> None:
