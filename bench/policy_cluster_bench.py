@@ -42,6 +42,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cni_plugin.ctl.lab import Lab, LabNode, LabPod  # noqa: E402
+from tests import policy_probes as pp  # noqa: E402
 from tests.cluster import policy_lab as pl  # noqa: E402
 
 Doc = dict[str, Any]
@@ -343,7 +344,7 @@ class Bench:
             self.targets.append(lab.add_pod(n, "lat", f"t{n.index + 1}"))
             self.clients.append(lab.add_pod(n, "lat", f"c{n.index + 1}"))
         for t in self.targets:
-            self.servers.append(pl.start_server(t.netns, (80,)))
+            self.servers.append(pp.start_server(t.netns, (80,)))
         self.iperf_server = lab.add_pod(lab.nodes[1], "bench", "iperf-server")
         self.iperf_client = lab.add_pod(lab.nodes[0], "bench", "iperf-client")
         self.writer = Writer(lab)
@@ -356,7 +357,7 @@ class Bench:
 
     def close(self) -> None:
         for s in self.servers:
-            pl.stop_process(s)
+            pp.stop_process(s)
         if self.writer is not None:
             self.writer.close()
 
@@ -530,7 +531,7 @@ class Bench:
                 ["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-p", str(IPERF_PORT)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=pl.die_with_parent,
+                preexec_fn=pp.die_with_parent,
             )
             try:
                 time.sleep(0.3)
@@ -543,7 +544,7 @@ class Bench:
                 data = json.loads(out.stdout)
                 return float(data["end"]["sum_received"]["bits_per_second"]) / 8 / 1e6
             finally:
-                pl.stop_process(srv)
+                pp.stop_process(srv)
         receiver = (
             "import socket,sys\n"
             "s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -563,7 +564,7 @@ class Bench:
             ["ip", "netns", "exec", server_ns, sys.executable, "-c", receiver],
             stdout=subprocess.PIPE,
             text=True,
-            preexec_fn=pl.die_with_parent,
+            preexec_fn=pp.die_with_parent,
         )
         try:
             assert recv.stdout is not None
@@ -573,7 +574,7 @@ class Bench:
             )
             return float(out.stdout.strip()) / 1e6
         finally:
-            pl.stop_process(recv)
+            pp.stop_process(recv)
 
 
 def main() -> int:
