@@ -522,6 +522,7 @@ class Agent:
         start = time.monotonic()
         docs = self.cache.view()
         cluster = Cluster.from_docs(docs, facts.name)
+        self._ipip_notice(cluster)
         ok = True
         try:
             self.routing.reconcile(cluster, full=full)
@@ -547,6 +548,24 @@ class Agent:
         if self.metrics is not None:
             self.metrics.reconciled(self.last_reconcile, ok)
         self._write_status(cluster)
+
+    def _ipip_notice(self, cluster: Cluster) -> None:
+        """A pool asks for IP-in-IP on a kernel without it: said once in the log, and kept
+        in the status (node status) and in readiness while it lasts; the pool's routes stay
+        direct."""
+        facts = self.facts
+        assert facts is not None
+        wanted = [str(p.cidr) for p in cluster.pools if p.encap(self.options.backend)[0] == "ipip"]
+        if not wanted or facts.ipip_available:
+            self.problems.pop("ipip", None)
+            return
+        text = (
+            f"pool(s) {', '.join(wanted)} ask for IP-in-IP, which this kernel cannot do "
+            f"({facts.ipip_reason}); their routes stay direct"
+        )
+        if self.problems.get("ipip") != text:
+            log.warning("%s", text)
+        self.problems["ipip"] = text
 
     def policy_sync(
         self, docs: Mapping[str, Mapping[str, Doc]], cluster: Cluster, full: bool

@@ -90,6 +90,8 @@ class Health:
                 reasons.append("dataplane: the last reconcile failed")
         if agent.routing is not None:
             reasons += agent.routing.readiness()
+        if "ipip" in agent.problems:
+            reasons.append(f"ipip: {agent.problems['ipip']}")
         return reasons
 
 

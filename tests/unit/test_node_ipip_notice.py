@@ -1,0 +1,55 @@
+"""IP-in-IP asked for on a kernel without it: said once, kept in status and readiness."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import pytest
+
+from cni_plugin.config import DatastoreSettings
+from cni_plugin.node.agent import Agent, Facts
+from cni_plugin.node.cluster import Cluster, PoolInfo
+from cni_plugin.node.http import Health
+from cni_plugin.node.options import NodeOptions
+
+
+def _agent(available: bool) -> Agent:
+    agent = Agent(NodeOptions(backend="bird"), DatastoreSettings())
+    agent.facts = Facts("node-a", None, None, 1500, available, "no ipip module")
+    return agent
+
+
+def _cluster(*modes: str | None) -> Cluster:
+    pools = tuple(
+        PoolInfo(ipaddress.ip_network(f"10.{i}.0.0/16"), 26, ipip_mode=m)
+        for i, m in enumerate(modes)
+    )
+    return Cluster(nodes={}, pools=pools, blocks=(), borrowed=())
+
+
+def test_said_once_and_kept_while_it_lasts(caplog: pytest.LogCaptureFixture) -> None:
+    agent = _agent(available=False)
+    with caplog.at_level(logging.WARNING, logger="tabby.node"):
+        agent._ipip_notice(_cluster("Always", None))
+        agent._ipip_notice(_cluster("Always", None))
+    warnings = [r for r in caplog.records if "IP-in-IP" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "10.0.0.0/16" in agent.problems["ipip"]
+    assert "no ipip module" in agent.problems["ipip"]
+    health = Health(agent)
+    health._datastore = lambda: None  # type: ignore[method-assign]
+    agent.reconciles = 1
+    agent.in_sync = True
+    assert any(r.startswith("ipip: ") for r in health.readiness())
+    agent._ipip_notice(_cluster(None))
+    assert "ipip" not in agent.problems
+
+
+def test_nothing_said_when_the_kernel_can_or_no_pool_asks() -> None:
+    agent = _agent(available=True)
+    agent._ipip_notice(_cluster("CrossSubnet"))
+    assert "ipip" not in agent.problems
+    agent = _agent(available=False)
+    agent._ipip_notice(_cluster("Never", None))
+    assert "ipip" not in agent.problems
