@@ -263,6 +263,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="show cni_bench's own tables")
     args = ap.parse_args()
+    # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a background job);
+    # cni_bench, exec'd from here, then gets the default disposition and cleans up too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
     if bad or os.geteuid() != 0:
