@@ -190,8 +190,14 @@ class Lab:
     def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
         """A daemon, recorded before an interrupt can be raised (stopped by PID)."""
         with _INTERRUPTS.deferred(), open(log_path, "ab") as log:
+            # A session of its own: a Ctrl-C at the terminal reaches the demo (which tears the
+            # lab down in order), not etcd and tabby-node behind its back.
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
             self.processes.append(proc)
         return proc

@@ -66,7 +66,10 @@ class Cache:
         self.docs: dict[str, dict[str, Doc]] = {k: {} for k in WATCHED_KINDS}
         self.version = 0
         self.synced = threading.Event()
+        #: Set when a document changed that the dataplane depends on (a reconcile is due).
         self.changed = threading.Event()
+        #: Wakes the dataplane loop: a change, or a CNI call waiting for its pod's rules.
+        self.wake = threading.Event()
         self.resyncs = 0
         self.last_error: str | None = None
 
@@ -76,13 +79,23 @@ class Cache:
                 self.docs = {k: dict(event.snapshot.get(k, {})) for k in WATCHED_KINDS}
                 self.resyncs += 1
             elif event.type == "put" and event.doc is not None:
-                self.docs.setdefault(event.kind, {})[event.key] = event.doc
+                docs = self.docs.setdefault(event.kind, {})
+                refresh = event.kind == "heartbeat" and event.key in docs
+                docs[event.key] = event.doc
+                if refresh:
+                    # A live node's heartbeat renewed: nothing the dataplane depends on
+                    # changed (a node appearing or expiring does). No reconcile for it:
+                    # with many nodes these are most of the watch events.
+                    self.last_error = None
+                    self.synced.set()
+                    return
             elif event.type == "delete":
                 self.docs.setdefault(event.kind, {}).pop(event.key, None)
             self.version += 1
             self.last_error = None
         self.synced.set()
         self.changed.set()
+        self.wake.set()
 
     def put_local(self, kind: str, key: str, doc: Doc | None) -> None:
         """What this node just wrote, ahead of the watch (which will say the same)."""
@@ -479,16 +492,24 @@ class Agent:
                 delay = min(delay * 2, 5.0)
 
     def run(self) -> None:
-        """The dataplane loop: reconcile on change, serve endpoint requests, resync."""
+        """The dataplane loop: serve endpoint requests at once, reconcile on change (a
+        burst of watch events debounced into one pass), resync periodically."""
         next_full = time.monotonic() + RESYNC_SECONDS
+        cache = self.cache
         while not self.stopping.is_set():
             self.loop_beat["dataplane"] = time.monotonic()
+            if cache.wake.wait(0.1):
+                cache.wake.clear()
             self._serve_requests()
-            if self.cache.changed.wait(0.1):
-                time.sleep(DEBOUNCE_SECONDS)  # a burst of watch events: one pass
-                self.cache.changed.clear()
-                # An ADD waiting for its pod's rules goes before the pass its own
-                # WorkloadEndpoint write just triggered (that pass can take tens of ms).
+            if cache.changed.is_set():
+                # Debounce, but a CNI call waiting for its pod's rules is never kept
+                # waiting for it, nor for the pass its own endpoint write triggered.
+                until = time.monotonic() + DEBOUNCE_SECONDS
+                while (left := until - time.monotonic()) > 0:
+                    if cache.wake.wait(left):
+                        cache.wake.clear()
+                        self._serve_requests()
+                cache.changed.clear()
                 self._serve_requests()
                 self.reconcile()
             if time.monotonic() >= next_full:
@@ -510,7 +531,7 @@ class Agent:
         """Run ``fn`` on the dataplane thread (the node's network namespace) and wait."""
         reply: queue.Queue[Any] = queue.Queue(maxsize=1)
         self.requests.put((fn, reply))
-        self.cache.changed.set()  # wake the loop
+        self.cache.wake.set()
         ok, value = reply.get(timeout=timeout)
         if not ok:
             raise value
