@@ -376,9 +376,7 @@ def test_teardown_is_idempotent(node: Node, make_pod: MakePod) -> None:
     assert host_routes(node, "fd00:10:244::14/128") == ""
 
 
-def test_pod_interface_present_only_for_a_live_attachment(
-    node: Node, make_pod: MakePod
-) -> None:
+def test_pod_interface_present_only_for_a_live_attachment(node: Node, make_pod: MakePod) -> None:
     """What a refused repeated ADD asks before giving addresses back."""
     pod = make_pod()
     spec = make_spec(pod, 21)
