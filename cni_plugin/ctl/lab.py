@@ -206,6 +206,7 @@ class Lab:
 
     def build(self) -> None:
         """Underlay, nodes, etcd; then tabby-node on every node (ready when this returns)."""
+        self._locks_before = _lock_files()
         if not self.workdir:
             self.workdir = tempfile.mkdtemp(prefix=f"{self.prefix}-")
             os.chmod(self.workdir, 0o700)
@@ -586,7 +587,39 @@ class Lab:
         self.made_netns.clear()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        _remove_lock_files(_lock_files() - getattr(self, "_locks_before", set()))
         return problems
+
+
+#: Where the etcd store's node-local lock files are (ipam/store/etcd.py's default).
+LOCK_DIR = "/run/tabby/locks"
+
+
+def _lock_files() -> set[str]:
+    try:
+        return {n for n in os.listdir(LOCK_DIR) if n.startswith("etcd-")}
+    except OSError:
+        return set()
+
+
+def _remove_lock_files(names: set[str]) -> None:
+    """The lock files of the lab's own datastore (its prefix is its own: nobody else uses
+    them), each removed only when nobody holds it."""
+    import fcntl
+
+    for name in names:
+        path = os.path.join(LOCK_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _which(name: str) -> str:
