@@ -131,6 +131,29 @@ def _store_errors() -> Any:
     return cni_errors()
 
 
+class _InBackground:
+    """``fn()`` on a thread of its own; ``wait()`` returns what it raised (None: it
+    returned). The thread inherits the caller's namespaces (clone copies them)."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        import threading
+
+        self._error: BaseException | None = None
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run, name="tabby-record", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as e:  # handed to the caller by wait()
+            self._error = e
+
+    def wait(self) -> BaseException | None:
+        self._thread.join()
+        return self._error
+
+
 def linux_dataplane() -> Dataplane:
     """The kernel side, imported only when a verb needs it (pyroute2 is ~60-110 ms)."""
     from cni_plugin.dataplane import get_dataplane
@@ -331,6 +354,12 @@ class Plugin:
             return
         self._ipam_del_quietly(args, ipam_type)
 
+    def _erase_quietly(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+        try:
+            self.endpoints.removed(args, conf)
+        except CniError as e:
+            logger.error("rollback: cannot remove the workload endpoint: %s", e)
+
     def _ipam_del_quietly(self, args: skel.CmdArgs, ipam_type: str) -> None:
         try:
             self.ipam.start(ipam_type, "DEL", args)()
@@ -372,18 +401,28 @@ class Plugin:
                     "ADD-8: a result without addresses is an error",
                 )
             spec = setup_spec(args, conf, addresses, mac, mtu)
+        except BaseException:
+            self._ipam_del_quietly(args, ipam_type)
+            raise
+        # The attachment is recorded (and, in tabby-node, its policy programmed) while the
+        # kernel side is built: datastore round trips overlap netlink work.
+        recorded = _InBackground(
+            lambda: self.endpoints.added(args, conf, addresses, spec.host_ifname)
+        )
+        try:
             done = dp.setup(spec)
         except BaseException:
             # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
             # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
+            if recorded.wait() is None:
+                self._erase_quietly(args, conf)
             self._ipam_del_quietly(args, ipam_type)
             raise
-        try:
-            self.endpoints.added(args, conf, addresses, done.host_ifname)
-        except BaseException:
+        failure = recorded.wait()
+        if failure is not None:
             self._teardown_quietly(args, conf, addresses)
             self._ipam_del_quietly(args, ipam_type)
-            raise
+            raise failure
         logger.info(
             "added %s on %s (host veth %s)",
             ", ".join(map(str, addresses)),

@@ -473,7 +473,20 @@ def test_status_forwards_to_ipam(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     assert (rc, out["code"]) == (1, 50)
 
 
-def test_add_records_the_endpoint_after_the_dataplane(
+def test_a_failed_setup_removes_the_endpoint_recorded_meanwhile(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """The endpoint is recorded while the kernel side is built; when that fails, the
+    record goes again with the addresses."""
+    dp, ipam = fakes
+    dp.fail_setup = CniError(103, "route failed", "EPERM")
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"]) == (1, 103)
+    assert [c[0] for c in ENDPOINTS[0].calls] == ["added", "removed"]
+    assert ipam.calls == ["ADD", "DEL"]
+
+
+def test_add_records_the_endpoint_with_the_dataplane(
     fakes: tuple[FakeDataplane, FakeIpam],
 ) -> None:
     dp, _ = fakes
