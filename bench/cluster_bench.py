@@ -504,29 +504,10 @@ def hwm_mb(pid: int) -> float | None:
 # -- the lab -----------------------------------------------------------------------------------
 
 
-class BenchLab(Lab):
-    """The lab, with its daemons (etcd, tabby-node, the fake node's BIRD) in sessions of
-    their own: a Ctrl-C at the terminal reaches the process group, and daemons in it would
-    die before the teardown's DELs, which then wait for the datastore's lock timeout, pod
-    by pod. Here only the bench gets it; the teardown stops the daemons by PID."""
-
-    def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
-        with _INTERRUPTS.deferred(), open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            self.processes.append(proc)
-        return proc
-
-
 @contextlib.contextmanager
 def built_lab(nodes: int, backend: str) -> Iterator[Lab]:
     """A lab (IPv4 only), ready; torn down afterwards, also on Ctrl-C / SIGTERM."""
-    lab = BenchLab(nodes_wanted=nodes, backend=backend, ipv6=False, echo=echo)
+    lab = Lab(nodes_wanted=nodes, backend=backend, ipv6=False, echo=echo)
     try:
         with _INTERRUPTS.installed():
             t0 = time.monotonic()

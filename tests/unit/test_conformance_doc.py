@@ -26,7 +26,7 @@ ID_RE = re.compile(r"\b(" + "|".join(FAMILIES) + r")-(\d+)(?:\.\.(\d+))?\b")
 ROW_RE = re.compile(r"^\| ((?:" + "|".join(FAMILIES) + r")-\d+) \|(.*)\|\s*$")
 
 #: Documents that are not part of the repository (split so that this file does not name them).
-PRIVATE = ("PRODUCT" + ".md", "STYLE" + ".md", "cni-spec-" + "checklist", "/work/" + "shared")
+PRIVATE = ("PRODUCT" + ".md", "STYLE" + ".md", "cni-spec-" + "checklist", "/wo" + "rk/shared")
 #: The private list cited by its own numbering: the word, then "section", a number or an ID.
 CHECKLIST_RE = re.compile(r"\bchecklist\s+(?:sections?\b|\d|[A-Z]+-\d)", re.IGNORECASE)
 README_REF_RE = re.compile(r'\bREADME\s+"([^"]+)"')
