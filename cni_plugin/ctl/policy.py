@@ -3,7 +3,7 @@ allowed or denied.
 
 Computed from the datastore's resources with the engine tabby-node enforces: the documents
 are read from the store and turned into the engine's inputs by the same function tabby-node
-runs on its cache (``cni_plugin.node.agent.resource_inputs``, then
+runs on its cache (``cni_plugin.node.agent.PolicyInputs``, then
 ``cni_plugin.node.policy.adapter.cluster_state``); the answer is ``engine.explain`` and
 ``engine.selecting_policies``. A document tabby-node would skip (it does not validate) is
 skipped here too, with the same warning on stderr.
@@ -60,13 +60,12 @@ def _node_addresses(data: dict[str, Any]) -> tuple[str, ...]:
 
 def read_cluster(store: Store) -> PolicyCluster:
     """The policy inputs in ``store``, converted exactly as tabby-node converts them."""
-    from cni_plugin.node.agent import resource_inputs
-    from cni_plugin.node.policy import adapter
+    from cni_plugin.node.agent import PolicyInputs
 
     docs = {kind: dict(store.list(kind)) for kind in POLICY_KINDS}
-    state, _pools = resource_inputs(docs)
+    state, _nat = PolicyInputs().convert(docs)
     nodes = {key: _node_addresses(doc.data) for key, doc in store.list("node")}
-    return PolicyCluster(adapter.cluster_state(*state), nodes)
+    return PolicyCluster(state, nodes)
 
 
 # -- parsing the operator's words ---------------------------------------------------------------

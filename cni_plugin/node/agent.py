@@ -725,8 +725,9 @@ class PolicyInputs:
     """The policy engine's inputs from the cache, converted document by document and kept
     per (kind, key, revision): a pass converts only what changed since the last one (a
     revision is never reused for a key). Parsing every policy on every watch event cost
-    ~35 ms per pass at 200 policies, on every node, for every pod added anywhere; the
-    result equals ``adapter.cluster_state(*resource_inputs(docs)[0])``."""
+    ~35 ms per pass at 200 policies, on every node, for every pod added anywhere. A fresh
+    object converts everything (``tabbyctl policy explain`` does that); a document that
+    does not validate is skipped and logged."""
 
     def __init__(self) -> None:
         self.memo: dict[tuple[str, str], tuple[int, Any]] = {}
@@ -776,34 +777,6 @@ class PolicyInputs:
         return state, nat
 
 
-def resource_inputs(
-    docs: Mapping[str, Mapping[str, Doc]],
-) -> tuple[tuple[list[Any], list[Any], list[Any], list[Any]], list[Any]]:
-    """The policy engine's inputs from the cache: policies, namespaces, pods, endpoints
-    (as resource models; a document that does not validate is skipped and logged), and
-    the pools (for NAT)."""
-    from ipam.resources.storage import BY_KIND, to_resource
-
-    def models(kind: str, store_kind: str) -> list[Any]:
-        info = BY_KIND[kind]
-        out = []
-        for key, doc in sorted((docs.get(store_kind) or {}).items()):
-            try:
-                out.append(to_resource(info, key, doc, f"{store_kind} {key}"))
-            except IpamError as e:
-                log.warning("skipping %s %s: %s", kind, key, e)
-        return out
-
-    endpoints = [doc.data for _, doc in sorted((docs.get("workloadendpoint") or {}).items())]
-    state = (
-        models("NetworkPolicy", "networkpolicy"),
-        models("Namespace", "namespace"),
-        models("Pod", "pod"),
-        endpoints,
-    )
-    return state, models("IPPool", "pool")
-
-
 def _interface(addr: NodeAddress | None) -> Any:
     if addr is None:
         return None
@@ -820,18 +793,20 @@ def _write_file(path: str, text: str) -> None:
 def _cas(
     store: Store, kind: str, key: str, change: Callable[[Mapping[str, Any] | None], dict[str, Any]]
 ) -> Doc:
-    """Read, change, compare-and-swap; retried on a conflict. Returns what was stored."""
-    for _ in range(20):
-        current = store.get(kind, key)
-        data = change(current.data if current else None)
-        if current is not None and current.data == data:
-            return current
-        try:
-            rev = store.put(kind, key, data, current.revision if current else None)
-            return Doc(data, rev)
-        except RevisionConflict:
-            continue
-    raise RevisionConflict(f"{kind} {key} changed too often")
+    """The core's compare-and-swap (``ipam.core.cas.update``) over ``change(data)``;
+    returns what the document holds afterwards."""
+    from ipam.core.cas import update
+
+    written: list[dict[str, Any]] = []
+
+    def apply(doc: Doc | None) -> dict[str, Any] | None:
+        data = change(doc.data if doc is not None else None)
+        written[:] = [data]
+        return None if doc is not None and doc.data == data else data
+
+    rev = update(store, kind, key, apply)
+    assert rev is not None
+    return Doc(written[0], rev)
 
 
 # -- main ----------------------------------------------------------------------------------------

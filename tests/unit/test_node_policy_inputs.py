@@ -46,8 +46,28 @@ class World:
 
 
 def _fresh(docs: Docs) -> tuple[Any, Any]:
-    state, pools = agent.resource_inputs(docs)
-    return adapter.cluster_state(*state), adapter.nat(pools)
+    """Everything converted from scratch, the way the engine's inputs are defined: every
+    model validated by ipam.resources, then the adapter."""
+    from ipam.core.errors import IpamError
+    from ipam.resources.storage import BY_KIND, to_resource
+
+    def models(kind: str, store_kind: str) -> list[Any]:
+        out = []
+        for key, doc in sorted((docs.get(store_kind) or {}).items()):
+            try:
+                out.append(to_resource(BY_KIND[kind], key, doc, key))
+            except IpamError:
+                continue
+        return out
+
+    weps = [d.data for _, d in sorted((docs.get("workloadendpoint") or {}).items())]
+    state = adapter.cluster_state(
+        models("NetworkPolicy", "networkpolicy"),
+        models("Namespace", "namespace"),
+        models("Pod", "pod"),
+        weps,
+    )
+    return state, adapter.nat(models("IPPool", "pool"))
 
 
 @pytest.fixture
@@ -93,7 +113,7 @@ def test_memoised_inputs_equal_a_fresh_conversion(
     assert calls == ["default-deny-all"]
     assert got == _fresh(world.docs)
 
-    # deletions, and a document that does not validate (skipped, as resource_inputs does)
+    # deletions, and a document that does not validate (skipped)
     del world.docs["networkpolicy"]["x/default-deny-all"]
     del world.docs["workloadendpoint"]["x/a-eth0"]
     world.put("networkpolicy", "x/broken", {"metadata": {"name": "broken"}, "spec": {"x": 1}})
