@@ -242,6 +242,23 @@ class Rtnl:
                 return replies
         raise NetlinkFailure(op, self.where, errno_mod.EAGAIN)
 
+    def _delete(
+        self,
+        op: str,
+        msg: Any,
+        msg_type: int,
+        absent: tuple[int, ...] = (errno_mod.ESRCH, errno_mod.ENOENT),
+    ) -> bool:
+        """Send a delete; False (not an error) when the kernel answers with one of the
+        errnos that mean it had no such object."""
+        try:
+            self._request(op, msg, msg_type)
+        except NetlinkFailure as exc:
+            if exc.errno in absent:
+                return False
+            raise
+        return True
+
     def _replies(self, op: str, seq: int) -> tuple[list[Any], bool]:
         out: list[Any] = []
         interrupted = False
@@ -472,13 +489,7 @@ class Rtnl:
     def delete_route(self, dst: IPNetwork, oif: int) -> bool:
         """Delete the route to ``dst`` *through ``oif``* only; False if there was none."""
         msg = self._route_msg(dst, oif, None, RT_SCOPE_NOWHERE, proto=0, rtype=0)
-        try:
-            self._request(f"delete route {dst} dev #{oif}", msg, RTM_DELROUTE)
-        except NetlinkFailure as exc:
-            if exc.errno in (errno_mod.ESRCH, errno_mod.ENOENT):
-                return False
-            raise
-        return True
+        return self._delete(f"delete route {dst} dev #{oif}", msg, RTM_DELROUTE)
 
     def routes(self, version: int, oif: int | None = None) -> list[Route]:
         """Main-table unicast routes of one family (only those out of ``oif``, if given).

@@ -303,13 +303,12 @@ class RoutingRtnl(Rtnl):
 
     def delete_address(self, link: LinkState, address: IPAddress, prefixlen: int) -> bool:
         msg = self._address_msg(link.index, address, prefixlen)
-        try:
-            self._request(f"delete address {address}/{prefixlen} of {link.name}", msg, RTM_DELADDR)
-        except NetlinkFailure as exc:
-            if exc.errno in (errno_mod.EADDRNOTAVAIL, errno_mod.ENODEV):
-                return False
-            raise
-        return True
+        return self._delete(
+            f"delete address {address}/{prefixlen} of {link.name}",
+            msg,
+            RTM_DELADDR,
+            absent=(errno_mod.EADDRNOTAVAIL, errno_mod.ENODEV),
+        )
 
     # --- routes ------------------------------------------------------------------------
 
@@ -424,13 +423,7 @@ class RoutingRtnl(Rtnl):
             if route.gw is not None:
                 attrs.append(("RTA_GATEWAY", str(route.gw)))
         msg["attrs"] = attrs
-        try:
-            self._request(f"delete route {route}", msg, RTM_DELROUTE)
-        except NetlinkFailure as exc:
-            if exc.errno in (errno_mod.ESRCH, errno_mod.ENOENT):
-                return False
-            raise
-        return True
+        return self._delete(f"delete route {route}", msg, RTM_DELROUTE)
 
     # --- neighbours and FDB entries ----------------------------------------------------
 
@@ -472,13 +465,7 @@ class RoutingRtnl(Rtnl):
         msg["family"] = family(address.version)
         msg["ifindex"] = ifindex
         msg["attrs"] = [("NDA_DST", str(address))]
-        try:
-            self._request(f"delete {what}", msg, RTM_DELNEIGH)
-        except NetlinkFailure as exc:
-            if exc.errno in (errno_mod.ENOENT, errno_mod.ESRCH):
-                return False
-            raise
-        return True
+        return self._delete(f"delete {what}", msg, RTM_DELNEIGH)
 
     def fdb_entries(self, ifindex: int) -> list[KernelFdb]:
         """The device's own FDB entries (``bridge fdb show dev X self``)."""
@@ -531,10 +518,4 @@ class RoutingRtnl(Rtnl):
         if entry.vni is not None:
             attrs.append(("NDA_VNI", entry.vni))
         msg["attrs"] = attrs
-        try:
-            self._request(f"delete {what}", msg, RTM_DELNEIGH)
-        except NetlinkFailure as exc:
-            if exc.errno in (errno_mod.ENOENT, errno_mod.ESRCH):
-                return False
-            raise
-        return True
+        return self._delete(f"delete {what}", msg, RTM_DELNEIGH)
