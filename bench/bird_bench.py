@@ -20,7 +20,6 @@ Everything runs inside namespaces made here and deleted at the end, pass or fail
 from __future__ import annotations
 
 import argparse
-import ctypes
 import ipaddress
 import os
 import secrets
@@ -29,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -39,6 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
 from cni_plugin.node.bird import (  # noqa: E402
     BirdConfig,
     BirdNode,
@@ -52,7 +51,6 @@ from cni_plugin.node.bird import (  # noqa: E402
 
 T = TypeVar("T")
 POOL = Pool(ipaddress.ip_network("10.244.0.0/16"))
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def sh(*cmd: str) -> str:
@@ -61,27 +59,8 @@ def sh(*cmd: str) -> str:
 
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` in a thread that entered namespace ``ns`` (what it starts stays there)."""
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            fd = os.open(f"/run/netns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, 0x40000000) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            out.append(fn())
-        except BaseException as exc:
-            err.append(exc)
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    if err:
-        raise err[0]
-    return out[0]
+    with open_netns(f"/run/netns/{ns}") as handle:
+        return run_in_netns(handle.fd, fn)
 
 
 def pct(values: list[float], q: float) -> float:

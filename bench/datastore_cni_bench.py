@@ -38,13 +38,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
 from tests.etcd_cluster import EtcdCluster  # noqa: E402
 from tests.node_agent import agent_argv  # noqa: E402
 
@@ -66,17 +66,8 @@ NODENAME = "bench-node"
 
 def in_netns(netns: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` in a thread that entered ``netns`` (children it forks start there)."""
-    from cni_plugin.dataplane.netns import setns
-
-    def enter() -> None:
-        fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            setns(fd)
-        finally:
-            os.close(fd)
-
-    with ThreadPoolExecutor(max_workers=1, initializer=enter) as worker:
-        return worker.submit(fn).result()
+    with open_netns(f"/run/netns/{netns}") as handle:
+        return run_in_netns(handle.fd, fn)
 
 
 class Case:

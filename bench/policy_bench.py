@@ -22,14 +22,12 @@ Everything runs in a network namespace created here and deleted at the end, pass
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -38,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
 from cni_plugin.node.policy import engine, nft  # noqa: E402
 from cni_plugin.node.policy.engine import (  # noqa: E402
     ClusterState,
@@ -61,28 +60,8 @@ NODE = "bench-node"
 
 
 def _in_netns(path: str, fn: Callable[[], T]) -> T:
-    libc = ctypes.CDLL(None, use_errno=True)
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                if libc.setns(fd, 0x40000000) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            out.append(fn())
-        except BaseException as exc:
-            err.append(exc)
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    if err:
-        raise err[0]
-    return out[0]
+    with open_netns(path) as handle:
+        return run_in_netns(handle.fd, fn)
 
 
 def _pod(i: int, node: str) -> tuple[Pod, Endpoint]:

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from cni_plugin.dataplane.netns import open_netns, run_in_netns
+
 T = TypeVar("T")
 Job = tuple[str, str, int]  # destination address, protocol, port
 
@@ -96,29 +98,9 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
 
 
 def in_netns(netns: str, fn: Callable[[], T]) -> T:
-    """``fn()`` on a thread that entered namespace ``netns`` (and ends there)."""
-    from cni_plugin.dataplane.netns import setns
-
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                setns(fd)
-            finally:
-                os.close(fd)
-            out.append(fn())
-        except BaseException as e:
-            err.append(e)
-
-    t = threading.Thread(target=work, name=f"netns-{netns}", daemon=True)
-    t.start()
-    t.join()
-    if err:
-        raise err[0]
-    return out[0]
+    """``fn()`` on a thread that entered namespace ``netns``."""
+    with open_netns(f"/run/netns/{netns}") as handle:
+        return run_in_netns(handle.fd, fn)
 
 
 _UDP_PORTS = itertools.count()
