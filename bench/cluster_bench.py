@@ -146,20 +146,6 @@ def cni_call(
     return proc.returncode, parsed
 
 
-def new_pod(lab: Lab, node: LabNode, namespace: str, name: str) -> LabPod:
-    """A pod namespace, recorded in the lab (its teardown DELs and deletes it); no ADD."""
-    pod = LabPod(
-        node=node.name,
-        namespace=namespace,
-        name=name,
-        netns=f"{lab.prefix}-{node.name}-{namespace}-{name}"[:60],
-        container_id=secrets.token_hex(16),
-    )
-    lab.make_netns(pod.netns)
-    lab.pods.append(pod)
-    return pod
-
-
 def timed_add(lab: Lab, node: LabNode, pod: LabPod, ip: str | None = None) -> float:
     """ADD ``pod`` (asking for ``ip``); seconds the call took. Raises LabError."""
     t0 = time.monotonic()
@@ -577,7 +563,7 @@ def convergence(args: argparse.Namespace, backend: str) -> dict[str, Any]:
         try:
             probes = {}
             for node in lab.nodes:
-                pod = new_pod(lab, node, "bench", f"probe{node.index + 1}")
+                pod = lab.new_pod(node, "bench", f"probe{node.index + 1}")
                 timed_add(lab, node, pod)
                 probes[node.name] = pod
             if not wait_matrix(lab, prober, [p.netns for p in probes.values()], 60):
@@ -588,7 +574,7 @@ def convergence(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                 a, b = lab.nodes[i % 3], lab.nodes[(i + 1) % 3]
                 block = ipaddress.ip_network(blocks[i])
                 ip = str(block.network_address + 10)
-                pod = new_pod(lab, a, "bench", f"c{i}")
+                pod = lab.new_pod(a, "bench", f"c{i}")
                 src = probes[b.name].netns
                 time.sleep(args.settle)
                 with _INTERRUPTS.deferred():
@@ -657,7 +643,7 @@ def scale(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             plan = []
             for i in range(args.pods):
                 node = lab.nodes[i % 3]
-                plan.append((node, new_pod(lab, node, "scale", f"s{i}")))
+                plan.append((node, lab.new_pod(node, "scale", f"s{i}")))
             sources = [n.netns for n in lab.nodes]
             for src in sources:
                 prober.open(src)

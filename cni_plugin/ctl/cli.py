@@ -18,19 +18,9 @@ import click
 
 from cni_plugin import __version__
 from cni_plugin.cni.version import SUPPORTED_VERSIONS
+from cni_plugin.ctl.options import output_option
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def output_option(fn: F) -> F:
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="output format",
-    )(fn)
 
 
 def emit(output: str, data: Any, lines: list[str]) -> None:

@@ -43,8 +43,9 @@ from typing import Any
 
 import click
 
-DEFAULT_RUN_DIR = "/run/tabby"
-DEFAULT_LOG_FILE = "/var/log/tabby/node.log"
+from cni_plugin.ctl.options import run_dir_option
+from cni_plugin.node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
+
 LOG_LINES = 2000
 COMMAND_TIMEOUT = 20.0
 BIRD_TIMEOUT = 5.0
@@ -371,13 +372,7 @@ def register(cli: click.Group) -> None:
     show_default=True,
     help="directory to write the tarball to",
 )
-@click.option(
-    "--run-dir",
-    default=DEFAULT_RUN_DIR,
-    show_default=True,
-    envvar="TABBY_RUN_DIR",
-    help="tabby-node's run directory (env TABBY_RUN_DIR)",
-)
+@run_dir_option
 @click.option(
     "--log-file",
     default=DEFAULT_LOG_FILE,

@@ -446,8 +446,9 @@ class Lab:
             parsed = {"code": -1, "msg": out[:500]}
         return proc.returncode, parsed
 
-    def add_pod(self, node: LabNode, namespace: str, name: str, ip: str | None = None) -> LabPod:
-        """A pod on ``node`` (``ip``: ask for that address, as CNI_ARGS IP= does)."""
+    def new_pod(self, node: LabNode, namespace: str, name: str) -> LabPod:
+        """A pod's namespace on ``node``, recorded in the lab (its teardown DELs and deletes
+        it); no ADD yet."""
         pod = LabPod(
             node=node.name,
             namespace=namespace,
@@ -457,6 +458,11 @@ class Lab:
         )
         self.make_netns(pod.netns)
         self.pods.append(pod)
+        return pod
+
+    def add_pod(self, node: LabNode, namespace: str, name: str, ip: str | None = None) -> LabPod:
+        """A pod on ``node`` (``ip``: ask for that address, as CNI_ARGS IP= does)."""
+        pod = self.new_pod(node, namespace, name)
         rc, out = self.cni(node, "ADD", pod, extra_args=f"IP={ip}" if ip else "")
         if rc != 0 or out is None:
             raise LabError(f"ADD of {pod.label} failed: {out}")

@@ -25,7 +25,8 @@ from typing import Any
 
 import click
 
-DEFAULT_RUN_DIR = "/run/tabby"
+from cni_plugin.ctl.options import output_option, run_dir_option
+
 UNKNOWN = "unknown"
 #: A live "since" this close to the one tabby-node last recorded for the same session in the
 #: same state is the same event: the recorded string is shown, so the value stays stable.
@@ -249,21 +250,8 @@ def status_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 @click.command("status")
-@click.option(
-    "--run-dir",
-    default=DEFAULT_RUN_DIR,
-    show_default=True,
-    envvar="TABBY_RUN_DIR",
-    help="tabby-node's run directory (env TABBY_RUN_DIR)",
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="output format",
-)
+@run_dir_option
+@output_option
 def status_cmd(run_dir: str, output: str) -> None:
     """This node's backend, node IP, BGP sessions (live from BIRD) and VXLAN endpoints.
 

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from cni_plugin.ctl.options import output_option
+
 if TYPE_CHECKING:
     from cni_plugin.node.policy.engine import ClusterState, DirectionVerdict, Target
     from ipam.store.base import Store
@@ -280,14 +282,7 @@ def policy_group() -> None:
     help="destination port (number or container-port name) and protocol, e.g. 80/TCP, "
     "53/UDP, http (TCP when no protocol); without it only rules that allow every port count",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="output format",
-)
+@output_option
 @click.pass_obj
 def explain_cmd(
     obj: Any, pod: str, to: str | None, from_: str | None, port: str | None, output: str

@@ -32,7 +32,10 @@ TYPE_CHECKING = False  # typing itself costs ~2 ms on the fast path
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-DEFAULT_SOCKET = "/run/tabby/node.sock"
+#: tabby-node's run directory (socket, BIRD files, status) and its log file, by default.
+DEFAULT_RUN_DIR = "/run/tabby"
+DEFAULT_NODE_LOG_FILE = "/var/log/tabby/node.log"
+DEFAULT_SOCKET = f"{DEFAULT_RUN_DIR}/node.sock"
 SOCKET_ENV = "TABBY_NODE_SOCKET"
 ACCEPT = b"A"
 REJECT = b"R"

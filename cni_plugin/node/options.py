@@ -17,11 +17,11 @@ from pydantic import AfterValidator, Field, ValidationError
 
 from cni_plugin.cni.errors import CniError
 from cni_plugin.config import AbsPath, DatastoreSettings, NodeName, Section, config_error
+from cni_plugin.node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
+from cni_plugin.node import DEFAULT_RUN_DIR
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
-DEFAULT_RUN_DIR = "/run/tabby"
 DEFAULT_V4_POOL = "10.244.0.0/16"
-DEFAULT_LOG_FILE = "/var/log/tabby/node.log"
 
 
 def _method(version: int) -> AfterValidator:

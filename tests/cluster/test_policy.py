@@ -16,7 +16,6 @@ all open again. Every case runs on BIRD, a representative subset on VXLAN.
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -122,16 +121,7 @@ def _add_serving_pod(
 ) -> tuple[LabPod, Any]:
     """A pod whose server listens before its ADD (its namespace exists, not yet wired), so
     that the first packet that could reach it would be answered."""
-    lab = netpol.lab
-    pod = LabPod(
-        node=node.name,
-        namespace=namespace,
-        name=name,
-        netns=f"{lab.prefix}-{node.name}-{namespace}-{name}"[:60],
-        container_id=secrets.token_hex(16),
-    )
-    lab.make_netns(pod.netns)
-    lab.pods.append(pod)
+    pod = netpol.lab.new_pod(node, namespace, name)
     server = pl.start_server(pod.netns)
     return pod, server
 
