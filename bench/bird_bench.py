@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the BIRD backend (cni_plugin.node.bird) costs and how fast it converges (root).
+"""What the BIRD backend (bird) costs and how fast it converges (root).
 
     python3 bench/bird_bench.py [--nodes 3] [--runs 20]
 
@@ -37,8 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from cni_plugin.node.bird import (  # noqa: E402
+from bird import (  # noqa: E402
     BirdConfig,
     BirdNode,
     BirdSupervisor,
@@ -48,6 +47,7 @@ from cni_plugin.node.bird import (  # noqa: E402
     check_config,
     render,
 )
+from dataplane.netns import open_netns, run_in_netns  # noqa: E402
 
 T = TypeVar("T")
 POOL = Pool(ipaddress.ip_network("10.244.0.0/16"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): tabby as a cluster, on the throwaway lab of network namespaces
-(``cni_plugin.ctl.lab``: underlay bridge, node namespaces, etcd, tabby-node per node, pods
+(``lab.cluster``: underlay bridge, node namespaces, etcd, tabby-node per node, pods
 made by the installed binaries). Prints numbers; asserts nothing.
 
     convergence   the ADD that claims a new block on node A -> the first echo reply a pod
@@ -49,8 +49,8 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cni_plugin.ctl.demo import _INTERRUPTS
-from cni_plugin.ctl.lab import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
+from lab.cluster import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
+from lab.proc import INTERRUPTS
 
 T = TypeVar("T")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -95,7 +95,7 @@ def echo(text: str) -> None:
 def netns_worker(netns: str) -> ThreadPoolExecutor:
     """One thread living in network namespace ``netns``: sockets it opens (an etcd client's
     keep-alive connection, say) are that namespace's."""
-    from cni_plugin.dataplane.netns import setns
+    from dataplane.netns import setns
 
     def enter() -> None:
         fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
@@ -495,7 +495,7 @@ def built_lab(nodes: int, backend: str) -> Iterator[Lab]:
     """A lab (IPv4 only), ready; torn down afterwards, also on Ctrl-C / SIGTERM."""
     lab = Lab(nodes_wanted=nodes, backend=backend, ipv6=False, echo=echo)
     try:
-        with _INTERRUPTS.installed():
+        with INTERRUPTS.installed():
             t0 = time.monotonic()
             lab.build()
             lab.wait_ready(120)
@@ -515,7 +515,7 @@ def built_lab(nodes: int, backend: str) -> Iterator[Lab]:
 
 def etcd_store(lab: Lab) -> Any:
     """An etcd store of the lab (use it only from a thread inside a node namespace)."""
-    from ipam.store.etcd import EtcdStore
+    from datastore.etcd import EtcdStore
 
     return EtcdStore(
         lab.endpoints(),
@@ -577,7 +577,7 @@ def convergence(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                 pod = lab.new_pod(a, "bench", f"c{i}")
                 src = probes[b.name].netns
                 time.sleep(args.settle)
-                with _INTERRUPTS.deferred():
+                with INTERRUPTS.deferred():
                     prober.watch(src, ip)
                     t0 = time.monotonic()
                     add = timed_add(lab, a, pod, ip)
@@ -753,7 +753,7 @@ class FakeNode:
         """The pool, the Node (with a VXLAN tunnel address and MAC), its heartbeat, and its
         first block (the one holding the tunnel address)."""
         from ipam.core import AssignRequest, Ipam, handle_id
-        from ipam.resources.client import ResourceClient
+        from resources.client import ResourceClient
 
         tunnel = str(ipaddress.ip_network(first_block).network_address + 1)
 
@@ -828,7 +828,7 @@ class FakeNode:
     # BIRD (bird backend): announces self.blocks to the lab's nodes ---------------------------
 
     def bird_config(self) -> str:
-        from cni_plugin.node.bird import BirdConfig, BirdNode, Peer, PeerType, Pool, render
+        from bird import BirdConfig, BirdNode, Peer, PeerType, Pool, render
 
         return render(
             BirdConfig(
@@ -844,7 +844,7 @@ class FakeNode:
         return os.path.join(self.info.workdir, "bird.ctl")
 
     def start_bird(self) -> None:
-        from cni_plugin.node.bird.supervisor import find_bird
+        from bird.supervisor import find_bird
 
         conf = os.path.join(self.info.workdir, "bird.conf")
         Path(conf).write_text(self.bird_config(), encoding="utf-8")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Start-up and kernel-work cost of cni_plugin.dataplane (needs root for the netns part).
+"""Start-up and kernel-work cost of dataplane (needs root for the netns part).
 
     python3 bench/dataplane_bench.py [--runs N] [--imports-only]
 
 Prints, as p50 (and p90) over fresh processes or repeated calls:
 
 * import cost in a fresh interpreter without ``site`` (like a frozen binary): the bare
-  interpreter, ``import cni_plugin.dataplane``, the data types, the module that loads
+  interpreter, ``import dataplane``, the data types, the module that loads
   pyroute2, and pyroute2 itself by the narrow and the package path;
 * setup() and teardown() of a dual-stack pod in throwaway namespaces, warm (imports done);
 * one whole "CNI call" worth of dataplane work in a fresh process: import + setup, and
@@ -36,10 +36,10 @@ SITE = sysconfig.get_paths()["purelib"]
 
 IMPORTS: list[tuple[str, str]] = [
     ("interpreter only (python -S -c pass)", ""),
-    ("import cni_plugin.dataplane", "import cni_plugin.dataplane"),
-    ("+ host_veth_name", "from cni_plugin.dataplane import host_veth_name"),
-    ("+ data types (SetupSpec, ...)", "from cni_plugin.dataplane import SetupSpec, host_veth_name"),
-    ("+ setup (loads pyroute2)", "from cni_plugin.dataplane import setup"),
+    ("import dataplane", "import dataplane"),
+    ("+ host_veth_name", "from dataplane import host_veth_name"),
+    ("+ data types (SetupSpec, ...)", "from dataplane import SetupSpec, host_veth_name"),
+    ("+ setup (loads pyroute2)", "from dataplane import setup"),
     ("from pyroute2.iproute.linux import IPRoute", "from pyroute2.iproute.linux import IPRoute"),
     ("from pyroute2 import IPRoute", "from pyroute2 import IPRoute"),
 ]
@@ -75,7 +75,7 @@ def bench_imports(runs: int) -> None:
 
 
 def bench_kernel(runs: int) -> None:
-    from cni_plugin import dataplane as dp
+    import dataplane as dp
     from tests.privileged.netns_util import netns_pool
 
     addrs = [ipaddress.ip_address("10.244.9.1"), ipaddress.ip_address("fd00:10:244:9::1")]
@@ -120,7 +120,7 @@ def bench_kernel(runs: int) -> None:
             "ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000)\n"
             "t = time.perf_counter()\n"
             "import ipaddress\n"
-            "from cni_plugin import dataplane as dp\n"
+            "import dataplane as dp\n"
             "addrs = [ipaddress.ip_address(a) for a in ('10.244.9.1', 'fd00:10:244:9::1')]\n"
             "spec = dp.SetupSpec({pod!r}, 'eth0', {host!r}, addrs)\n"
             "{call}\n"

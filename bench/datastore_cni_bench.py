@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
+from dataplane.netns import open_netns, run_in_netns  # noqa: E402
 from tests.etcd_cluster import EtcdCluster  # noqa: E402
 from tests.node_agent import agent_argv  # noqa: E402
 

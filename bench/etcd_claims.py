@@ -33,10 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datastore.base import Store
+from datastore.etcd import EtcdStore
+from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, StoreError, handle_id
-from ipam.store.base import Store
-from ipam.store.etcd import EtcdStore
-from ipam.store.file import FileStore
 from tests.etcd_cluster import EtcdCluster
 
 CLAIM_POOL = "10.60.0.0/16"  # 65536 blocks: the nodes' walks start far apart

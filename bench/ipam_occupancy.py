@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
-from ipam.store.file import FileStore
 
 POOL = "10.244.0.0/16"
 BLOCK = 26

@@ -36,9 +36,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from cni_plugin.dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from cni_plugin.node.policy import engine, nft  # noqa: E402
-from cni_plugin.node.policy.engine import (  # noqa: E402
+from dataplane import nft  # noqa: E402
+from dataplane.netns import open_netns, run_in_netns  # noqa: E402
+from policy import engine  # noqa: E402
+from policy.engine import (  # noqa: E402
     ClusterState,
     ContainerPort,
     Endpoint,

@@ -5,7 +5,7 @@ policies cost a pod's ADD and a TCP stream (needs root, the installed binaries, 
     python3 bench/policy_cluster_bench.py [--backend bird] [--rounds 10] [--adds 20]
                                           [--policies 200] [--seconds 3] [--repeats 3]
 
-One lab (cni_plugin.ctl.lab: 3 nodes, a 3-member etcd, tabby-node per node, IPv4), built
+One lab (lab.cluster: 3 nodes, a 3-member etcd, tabby-node per node, IPv4), built
 here and removed at the end, pass or fail. It prints:
 
 * enforcement: pods t1..t3 (one per node, namespace ``lat``) serve TCP 80; a client on the
@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from cni_plugin.ctl.lab import Lab, LabNode, LabPod  # noqa: E402
+from lab.cluster import Lab, LabNode, LabPod  # noqa: E402
 from tests import policy_probes as pp  # noqa: E402
 from tests.cluster import policy_lab as pl  # noqa: E402
 
@@ -234,8 +234,8 @@ class Writer:
     def __init__(self, lab: Lab) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from ipam.resources.client import ResourceClient
-        from ipam.store.etcd import EtcdStore
+        from datastore.etcd import EtcdStore
+        from resources.client import ResourceClient
 
         self.pool = ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(lab.nodes[0].netns,))
         store = EtcdStore(
@@ -260,7 +260,7 @@ class Writer:
 
 def scrape(lab: Lab, node: LabNode) -> dict[str, float]:
     """tabby-node's /metrics (default port 9091) as {"name{labels}": value}."""
-    from cni_plugin.ctl.lab import http_get
+    from lab.cluster import http_get
 
     code, body = http_get(node.netns, "http://127.0.0.1:9091/metrics", 3)
     out: dict[str, float] = {}
@@ -295,7 +295,7 @@ def node_side(before: dict[str, float], after: dict[str, float]) -> str:
 
 
 def _enter_netns(netns: str) -> None:
-    from cni_plugin.dataplane.netns import setns
+    from dataplane.netns import setns
 
     fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
     try:

@@ -1,3 +1,4 @@
-"""tabby: a Calico-style pod network (CNI plugin, block IPAM, operator CLI)."""
+"""tabby: the CNI interface plugin (veth pair, /32 and /128 routes, proxy ARP/NDP gateway).
 
-__version__ = "0.1.0"
+``plugin`` holds its verbs (ADD, DEL, CHECK, GC, STATUS), ``config`` its conflist section.
+"""

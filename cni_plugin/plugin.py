@@ -5,7 +5,7 @@ anything fails after IPAM succeeded, the dataplane is rolled back and IPAM DEL r
 the error is reported (ADD-5). DEL: local teardown first and always, then IPAM DEL always
 (DEL-2, DEL-3, DEL-7). CHECK compares the kernel with prevResult and forwards to IPAM.
 GC removes host veths of this network whose attachment is not valid, then forwards.
-Rule IDs (ADD-5, ...) are defined in cni_plugin/cni/CONFORMANCE.md.
+Rule IDs (ADD-5, ...) are defined in cni_protocol/CONFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cni_plugin.cni import invoke, log, skel, types
-from cni_plugin.cni.errors import CniError, Code
-from cni_plugin.dataplane.names import host_veth_name
+from cni_protocol import invoke, log, skel, types
+from cni_protocol.errors import CniError, Code
+from dataplane.names import host_veth_name
 
 if TYPE_CHECKING:
     from cni_plugin.config import PluginConf
-    from cni_plugin.dataplane.model import Dataplane, SetupResult, SetupSpec
+    from dataplane.model import Dataplane, SetupResult, SetupSpec
 
 logger = logging.getLogger("tabby.plugin")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -69,7 +69,7 @@ class EndpointRecorder(Protocol):
 def pod_identity(args: skel.CmdArgs) -> tuple[str, str]:
     """(namespace, pod name) of the attachment, from CNI_ARGS (Kubernetes runtimes send
     them); without them the container id names the pod, in namespace ``default``."""
-    from cni_plugin.cni.args import parse_cni_args
+    from cni_protocol.args import parse_cni_args
 
     cni_args = parse_cni_args(args.args)
     namespace = cni_args.get("K8S_POD_NAMESPACE") or "default"
@@ -93,7 +93,7 @@ class DatastoreEndpoints:
     ) -> tuple[str, Any]:
         """Write the endpoint; returns its key and the document as stored (None if it
         vanished at once)."""
-        from ipam.resources.wep import KIND, write_endpoint
+        from resources.wep import KIND, write_endpoint
 
         namespace, pod = pod_identity(args)
         with _store_errors(), _open_store(conf) as store, store.lock():
@@ -111,7 +111,7 @@ class DatastoreEndpoints:
 
     def erase(self, args: skel.CmdArgs, conf: PluginConf) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
-        from ipam.resources.wep import endpoint_key, remove_endpoint
+        from resources.wep import endpoint_key, remove_endpoint
 
         namespace, pod = pod_identity(args)
         key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
@@ -120,7 +120,7 @@ class DatastoreEndpoints:
 
 
 def _open_store(conf: PluginConf) -> Any:
-    from ipam.store import opened
+    from datastore import opened
 
     return opened(conf.ipam)
 
@@ -156,7 +156,7 @@ class _InBackground:
 
 def linux_dataplane() -> Dataplane:
     """The kernel side, imported only when a verb needs it (pyroute2 is ~60-110 ms)."""
-    from cni_plugin.dataplane import get_dataplane
+    from dataplane import get_dataplane
 
     return get_dataplane()
 
@@ -175,7 +175,7 @@ def configuration(args: skel.CmdArgs) -> PluginConf:
 
 def apply_logging(args: skel.CmdArgs, conf: PluginConf | None) -> None:
     """The call's logging: the configuration's level and file, else the defaults."""
-    from cni_plugin.cni.log import DEFAULT_LOG_FILE
+    from cni_protocol.log import DEFAULT_LOG_FILE
 
     level, path = (conf.log_level, conf.log_file_path) if conf else ("info", DEFAULT_LOG_FILE)
     log.configure_for_call(level, path, args.command, args.container_id, args.ifname)
@@ -236,7 +236,7 @@ def setup_spec(
     args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], mac: str | None, mtu: int
 ) -> SetupSpec:
     """What the dataplane builds (ADD) or verifies (CHECK) for this attachment."""
-    from cni_plugin.dataplane.model import SetupSpec
+    from dataplane.model import SetupSpec
 
     return SetupSpec(
         netns_path=args.netns,
@@ -260,7 +260,7 @@ def build_result(
     mtu: int,
 ) -> dict[str, Any]:
     """Both interfaces, the IPs on the container side, the routes actually programmed."""
-    from cni_plugin.dataplane.model import IPV6_GATEWAY
+    from dataplane.model import IPV6_GATEWAY
 
     interfaces = list(prev.get("interfaces", []))
     interfaces.append({"name": done.host_ifname, "mac": done.host_mac, "mtu": mtu})
@@ -484,7 +484,7 @@ class Plugin:
         return None
 
     def _check_dataplane(self, args: skel.CmdArgs) -> None:
-        from cni_plugin.dataplane.model import ExpectedState, default_pod_routes
+        from dataplane.model import ExpectedState, default_pod_routes
 
         conf = configuration(args)
         apply_logging(args, conf)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cni_plugin.cni.errors import CniError, Code
+from cni_protocol.errors import CniError, Code
 from ipam.core.errors import (
     AddressUnavailable,
+    DatastoreError,
     InvalidConfig,
     IpamError,
     LockTimeout,
@@ -22,8 +23,9 @@ from ipam.core.errors import (
 
 # The IPAM core's errors know nothing of CNI; this table is where they get their codes
 # (README "Error codes"). The most specific class wins (the table is walked along the MRO).
-CODES: dict[type[IpamError], tuple[int, str]] = {
+CODES: dict[type[DatastoreError], tuple[int, str]] = {
     InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
+    IpamError: (Code.INTERNAL, "IPAM failure"),
     NoAddressAvailable: (Code.NO_ADDRESS, "no address available"),
     AddressUnavailable: (Code.ADDRESS_UNAVAILABLE, "requested address not available"),
     RevisionConflict: (Code.TRY_AGAIN_LATER, "IPAM datastore busy, try again later"),
@@ -34,7 +36,7 @@ CODES: dict[type[IpamError], tuple[int, str]] = {
 }
 
 
-def to_cni_error(e: IpamError) -> CniError:
+def to_cni_error(e: DatastoreError) -> CniError:
     """The CNI error for an IPAM core error (code from ``CODES``; 999 if unlisted)."""
     for cls in type(e).__mro__:
         if cls in CODES:
@@ -48,5 +50,5 @@ def cni_errors() -> Iterator[None]:
     """The block's IPAM core and store errors raised as their CNI errors."""
     try:
         yield
-    except IpamError as e:
+    except DatastoreError as e:
         raise to_cni_error(e) from None

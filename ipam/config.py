@@ -1,18 +1,15 @@
-"""tabby-ipam's configuration and the datastore settings, as declarative pydantic models.
+"""tabby-ipam's configuration, as declarative pydantic models.
 
 ::
 
-    DatastoreSettings    where the datastore is: file store dir, or etcd endpoints, prefix,
-                         TLS; the lock timeout. Read from a conflist's ``ipam`` section by
-                         the binaries, and from flags > env > ``--conf`` > defaults by
-                         tabbyctl and tabby-node (:func:`resolve_datastore`).
-    IpamConf             the ``ipam`` section: DatastoreSettings + pools, block sizes,
+    IpamConf             the ``ipam`` section: the datastore settings
+                         (``cni_config.common.DatastoreSettings``) + pools, block sizes,
                          families, affinity rules, reserved addresses, GC grace
     IpamPluginConf       what tabby-ipam validates of its stdin: the top-level fields both
-                         binaries read (cni_plugin.config.CommonConf) + ``ipam``
+                         binaries read (cni_config.common.CommonConf) + ``ipam``
 
 Field errors become CNI code 2 (field path and value) or 7 through
-``cni_plugin.config.parse``; block-size limits and defaults come from the IPAM core, so the
+``cni_config.common.parse``; block-size limits and defaults come from the IPAM core, so the
 rule is written once.
 """
 
@@ -22,17 +19,9 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
-from cni_plugin.cni.errors import CniError, Code
-from cni_plugin.config import (
-    CommonConf,
-    DatastoreSettings,
-    Flag,
-    PluginType,
-    config_error,
-    parse,
-)
+from cni_config.common import CommonConf, DatastoreSettings, Flag, PluginType, parse
 from ipam.core.model import BLOCK_SIZE_LIMITS, DEFAULT_BLOCK_SIZE
 
 DEFAULT_V4_POOLS = ("10.244.0.0/16",)
@@ -114,59 +103,3 @@ def parse_plugin(config: Mapping[str, Any]) -> IpamPluginConf:
     """tabby-ipam's configuration; a problem is one CniError (code 2 or 7)."""
     conf = parse(IpamPluginConf, config)
     return conf
-
-
-# -- datastore settings from flags, environment and a conflist ---------------------------------
-
-#: setting -> (tabbyctl / tabby-node flag, environment variable). The conflist field is the
-#: setting's own name (README "Datastore settings").
-SOURCES: dict[str, tuple[str, str]] = {
-    "datastore_type": ("--datastore-type", "TABBY_DATASTORE_TYPE"),
-    "etcd_endpoints": ("--etcd-endpoints", "TABBY_ETCD_ENDPOINTS"),
-    "etcd_prefix": ("--etcd-prefix", "TABBY_ETCD_PREFIX"),
-    "etcd_ca_cert_file": ("--etcd-ca-cert-file", "TABBY_ETCD_CA_CERT_FILE"),
-    "etcd_cert_file": ("--etcd-cert-file", "TABBY_ETCD_CERT_FILE"),
-    "etcd_key_file": ("--etcd-key-file", "TABBY_ETCD_KEY_FILE"),
-    "data_dir": ("--data-dir", "TABBY_DATA_DIR"),
-}
-
-
-def resolve_datastore(
-    section: Mapping[str, Any] | None,
-    flags: Mapping[str, str | None] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> DatastoreSettings:
-    """The datastore settings of tabbyctl and tabby-node: a flag wins over the environment,
-    which wins over the conflist's ``ipam`` section (``section``), which wins over defaults.
-
-    ``flags`` is keyed by setting name (None = not given). A bad value is a CniError naming
-    where it came from (``--etcd-prefix``, ``TABBY_ETCD_PREFIX`` or ``ipam.etcd_prefix``).
-    The CNI binaries never call this: a CNI call uses the datastore its own conflist names.
-    """
-    merged: dict[str, Any] = {
-        k: v for k, v in (section or {}).items() if k in DatastoreSettings.model_fields
-    }
-    origin = {k: f"ipam.{k}" for k in merged}
-    for name, (flag, var) in SOURCES.items():
-        value = (flags or {}).get(name)
-        if value is not None:
-            merged[name], origin[name] = value, flag
-        elif env is not None and env.get(var):
-            merged[name], origin[name] = env[var], var
-    try:
-        return DatastoreSettings.model_validate(merged)
-    except ValidationError as e:
-        field = str(e.errors(include_url=False)[0]["loc"][0]) if e.errors() else ""
-        err = config_error(e)
-        where = origin.get(field)
-        if where:
-            err = CniError(err.code, err.msg.replace(repr(field), repr(where), 1), err.details)
-        raise err from None
-
-
-def datastore_of(config: Mapping[str, Any]) -> DatastoreSettings:
-    """The datastore a CNI configuration names (its ``ipam`` section), validated."""
-    section = config.get("ipam")
-    if section is not None and not isinstance(section, Mapping):
-        raise CniError(Code.INVALID_CONFIG, "ipam must be an object", repr(section)[:200])
-    return parse(DatastoreSettings, section or {}, prefix="ipam.")

@@ -3,7 +3,7 @@
 The core knows nothing of CNI; this module maps CNI inputs to an AssignRequest (specific
 IPs, pod-annotation pools, the attachment's identity and metadata) and core errors to
 CNI codes (README "Error codes": 100-102, 11 for a lock timeout). Rule IDs (IPM-12, ...)
-are defined in cni_plugin/cni/CONFORMANCE.md.
+are defined in cni_protocol/CONFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from cni_plugin.cni import log, skel, types
-from cni_plugin.cni.args import parse_cni_args
-from cni_plugin.cni.errors import CniError, Code
-from cni_plugin.cni.log import DEFAULT_LOG_FILE
-from cni_plugin.config import CommonConf, DatastoreSettings
+from cni_config.common import CommonConf, DatastoreSettings
+from cni_protocol import log, skel, types
+from cni_protocol.args import parse_cni_args
+from cni_protocol.errors import CniError, Code
+from cni_protocol.log import DEFAULT_LOG_FILE
+from datastore import opened
 from ipam import config as ipam_config
 from ipam.cni_codes import cni_errors
-from ipam.core import Allocation, AssignRequest, GcReport, Ipam, IpamError, PoolSpec, handle_id
-from ipam.store import opened
+from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
 
 T = TypeVar("T")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -296,7 +296,7 @@ def cmd_status(args: skel.CmdArgs) -> None:
                 block_size_v4=ipam_conf.block_size_ipv4,
                 block_size_v6=ipam_conf.block_size_ipv6,
             )
-    except IpamError as e:
+    except DatastoreError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None

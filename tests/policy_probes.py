@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from cni_plugin.dataplane.netns import open_netns, run_in_netns
+from dataplane.netns import open_netns, run_in_netns
 
 T = TypeVar("T")
 Job = tuple[str, str, int]  # destination address, protocol, port

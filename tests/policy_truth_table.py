@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from cni_plugin.node.policy.engine import (
+from policy.engine import (
     ClusterState,
     ContainerPort,
     Endpoint,

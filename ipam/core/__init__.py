@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ipam.core.allocator import Ipam
 from ipam.core.errors import (
     AddressUnavailable,
+    DatastoreError,
     InvalidConfig,
     IpamError,
     LockTimeout,
@@ -57,6 +58,7 @@ __all__ = [
     "Allocation",
     "AssignRequest",
     "BlockUsage",
+    "DatastoreError",
     "GcReport",
     "InvalidConfig",
     "IpOwner",

@@ -30,6 +30,7 @@ from ipam.core.docs import Docs
 from ipam.core.errors import InvalidConfig
 
 if TYPE_CHECKING:
+    from datastore.base import Store
     from ipam.core.model import (
         Allocation,
         AssignRequest,
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
         PoolSpec,
     )
     from ipam.core.reports import BlockUsage, IpOwner, NodeRelease, PoolUsage, Problem
-    from ipam.store.base import Store
 
 
 class Ipam:

@@ -24,8 +24,8 @@ from ipam.core.cas import cas
 from ipam.core.docs import WARNING, Docs, Op, log
 from ipam.core.errors import (
     AddressUnavailable,
+    DatastoreError,
     InvalidConfig,
-    IpamError,
     NoAddressAvailable,
     RevisionConflict,
     StoreCorrupt,
@@ -97,7 +97,7 @@ def _assign_locked(
     if got is not None:
         held, stale = handles.held(docs, got[0])
         if held:
-            # ADD-7 (cni_plugin/cni/CONFORMANCE.md): a repeated ADD gets what it has, no second
+            # ADD-7 (cni_protocol/CONFORMANCE.md): a repeated ADD gets what it has, no second
             # address.
             if stale:
                 _sweep(docs, op, hid, handles.extend(docs, hid, add=(), remove=stale))
@@ -283,7 +283,7 @@ def _undo_create(docs: Docs, blk: Block, rev: int, why: str) -> None:
     log(WARNING, "removing new block %s again: %s", blk.cidr, why)
     try:
         docs.store.delete("block", blk.cidr, rev)
-    except IpamError as e:
+    except DatastoreError as e:
         log(WARNING, "block %s stays: %s", blk.cidr, e)
 
 

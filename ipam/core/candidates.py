@@ -28,7 +28,7 @@ from ipam.core.model import Affinity, IPNetwork, Pool, Reserved
 from ipam.core.pools import start_index, walk
 
 if TYPE_CHECKING:
-    from ipam.store.base import Store
+    from datastore.base import Store
 
 PROBES = 3  # claim candidates found taken one by one before listing every block key
 

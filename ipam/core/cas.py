@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ipam.core.errors import RevisionConflict
 
 if TYPE_CHECKING:
-    from ipam.store.base import Doc, Store
+    from datastore.base import Doc, Store
 
 S = TypeVar("S")
 R = TypeVar("R")

@@ -16,7 +16,7 @@ from ipam.core.model import Affinity, Handle, Pool
 from ipam.core.reports import Problem
 
 if TYPE_CHECKING:
-    from ipam.store.base import Store
+    from datastore.base import Store
 
 T = TypeVar("T")
 ERROR = "error"

@@ -24,7 +24,7 @@ from ipam.core.model import (
 )
 
 if TYPE_CHECKING:
-    from ipam.store.base import Store
+    from datastore.base import Store
 
 WARNING = 30
 INFO = 20

@@ -11,7 +11,7 @@ from ipam.core.docs import Docs
 from ipam.core.model import Allocation, Handle
 
 if TYPE_CHECKING:
-    from ipam.store.base import Doc
+    from datastore.base import Doc
 
 
 def held(docs: Docs, handle: Handle) -> tuple[list[Allocation], list[str]]:

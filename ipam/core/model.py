@@ -19,16 +19,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ipam.core.errors import InvalidConfig, StoreCorrupt
-
-if TYPE_CHECKING:  # at run time: ``__getattr__`` below
-    from ipam.core.reports import BlockUsage as BlockUsage
-    from ipam.core.reports import IpOwner as IpOwner
-    from ipam.core.reports import NodeRelease as NodeRelease
-    from ipam.core.reports import PoolUsage as PoolUsage
-    from ipam.core.reports import Problem as Problem
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -82,16 +75,8 @@ class GcReport(NamedTuple):
 
 
 # The operator's report types (``release_node``, ``check``, usage tables, ``who_owns``) live
-# in ``reports``: a CNI call never needs them, and each NamedTuple costs ~0.1 ms to define.
-_REPORTS = frozenset({"BlockUsage", "IpOwner", "NodeRelease", "PoolUsage", "Problem"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _REPORTS:
-        from ipam.core import reports
-
-        return getattr(reports, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# in ``reports`` (exported lazily by ``ipam.core``): a CNI call never needs them, and each
+# NamedTuple costs ~0.1 ms to define.
 
 
 # -- identifiers and parsing ---------------------------------------------------------------

@@ -30,7 +30,7 @@ from ipam.core.errors import InvalidConfig
 from ipam.core.model import Pool, PoolSpec, parse_network
 
 if TYPE_CHECKING:
-    from ipam.store.base import Doc
+    from datastore.base import Doc
 
 
 def ensure_pools(docs: Docs, specs: Sequence[PoolSpec]) -> None:

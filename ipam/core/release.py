@@ -19,7 +19,7 @@ from ipam.core import affinity
 from ipam.core.block import Block
 from ipam.core.cas import DELETE, Delete, cas, update
 from ipam.core.docs import WARNING, Docs, Op, log
-from ipam.core.errors import InvalidConfig, IpamError, LockTimeout, StoreCorrupt
+from ipam.core.errors import DatastoreError, InvalidConfig, LockTimeout, StoreCorrupt
 from ipam.core.model import (
     Allocation,
     GcReport,
@@ -30,8 +30,8 @@ from ipam.core.model import (
 )
 
 if TYPE_CHECKING:
+    from datastore.base import Doc
     from ipam.core.reports import NodeRelease
-    from ipam.store.base import Doc
 
 
 def release_in_block(
@@ -145,25 +145,25 @@ def release_handle_locked(docs: Docs, op: Op, hid: str) -> list[Allocation]:
     cannot be read, rewrite it listing only those and raise the error)."""
     released: dict[tuple[str, int], Allocation] = {}  # over attempts: (ip, seq) -> allocation
 
-    def read() -> tuple[Handle, int, list[str], IpamError | None] | None:
+    def read() -> tuple[Handle, int, list[str], DatastoreError | None] | None:
         got = docs.handle(hid)
         if got is None:
             return None
         handle, rev = got
         failed: list[str] = []
-        error: IpamError | None = None
+        error: DatastoreError | None = None
         for cidr in handle.blocks:
             try:
                 for a in release_in_block(docs, op, cidr, lambda b: b.ordinals_of(hid)):
                     released[(str(a.ip), a.seq)] = a
-            except IpamError as e:
+            except DatastoreError as e:
                 failed.append(cidr)
                 error = error or e
         return handle, rev, failed, error
 
     def write(
-        state: tuple[Handle, int, list[str], IpamError | None] | None,
-    ) -> tuple[list[str], IpamError | None]:
+        state: tuple[Handle, int, list[str], DatastoreError | None] | None,
+    ) -> tuple[list[str], DatastoreError | None]:
         if state is None:
             return [], None
         handle, rev, failed, error = state
@@ -214,7 +214,7 @@ def rollback(docs: Docs, op: Op, hid: str, done: list[Allocation]) -> None:
                 docs, op, str(a.block_cidr), partial(ordinal_if, ip=a.ip, hid=hid, seq=a.seq)
             )
         prune(docs, op, hid, None)
-    except IpamError as e:
+    except DatastoreError as e:
         log(WARNING, "rollback of %s incomplete (DEL or GC will finish it): %s", hid, e)
 
 
@@ -254,13 +254,13 @@ def gc(
         except LockTimeout as e:
             report.errors.append(f"{key}: {e}; {len(keys) - n - 1} handle(s) not examined")
             return report
-        except IpamError as e:
+        except DatastoreError as e:
             report.errors.append(f"{key}: {e}")
     if docs.node:
         try:
             with docs.store.lock():
                 repair_affinity(docs, Op())
-        except IpamError as e:
+        except DatastoreError as e:
             report.errors.append(f"affinity of {docs.node}: {e}")
     return report
 
@@ -297,7 +297,7 @@ def repair_affinity(docs: Docs, op: Op) -> None:
         if blk.is_empty() and docs.pool(blk.pool) is None:
             try:
                 docs.store.delete("block", cidr, rev)
-            except IpamError as e:
+            except DatastoreError as e:
                 log(WARNING, "cannot remove block %s of a deleted pool: %s", cidr, e)
 
 
@@ -336,7 +336,7 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
         except LockTimeout as e:
             errors.append(f"{hid}: {e}")
             break
-        except IpamError as e:
+        except DatastoreError as e:
             errors.append(f"{hid}: {e}")
             continue
         released.append(hid)
@@ -355,7 +355,7 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
             done.add(cidr)
             try:
                 outcome = _release_block(docs, node, cidr)
-            except IpamError as e:
+            except DatastoreError as e:
                 errors.append(f"block {cidr}: {e}")
                 continue
             if outcome == "deleted":
@@ -379,7 +379,7 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
         with docs.store.lock():
             release_blocks(affine)
             aff_deleted = cas(read, write, "affinity", node)
-    except IpamError as e:
+    except DatastoreError as e:
         errors.append(f"affinity of {node}: {e}")
     return NodeRelease(node, released, addresses, deleted, unaffined, aff_deleted, errors)
 

@@ -1,6 +1,6 @@
 """The cluster tier: tabby on several "nodes" (network namespaces on an underlay bridge),
 a real etcd (3 members on the nodes), tabby-node (and BIRD) on every node, pods made by the
-installed binaries. Built with cni_plugin.ctl.lab (the same lab the cluster demo uses);
+installed binaries. Built with lab.cluster (the same lab the cluster demo uses);
 every process is stopped by PID and every namespace deleted, also when a test fails.
 
 Needs root, the installed binaries (./build.sh --no-demo), etcd, BIRD 2 and nftables:
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.ctl.lab import Lab
+from lab.cluster import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.ctl.lab import Lab, LabNode, LabPod
+from lab.cluster import Lab, LabNode, LabPod
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 

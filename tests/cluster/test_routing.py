@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.ctl.lab import Lab, LabNode, LabPod
+from lab.cluster import Lab, LabNode, LabPod
 from tests.cluster.conftest import LabFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
@@ -351,7 +351,7 @@ def test_etcd_leader_killed_while_pods_are_added(make_lab: LabFactory) -> None:
 
 
 def find_leader(lab: Lab) -> LabNode | None:
-    from cni_plugin.ctl.lab import http_get
+    from lab.cluster import http_get
 
     for node in lab.nodes[: lab.members()]:
         code, body = http_get(

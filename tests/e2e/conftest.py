@@ -30,7 +30,7 @@ class Call:
         self.raw = stdout
         self.stderr = stderr.decode(errors="replace")
         text = stdout.decode(errors="replace").strip()
-        # GEN-5 (cni_plugin/cni/CONFORMANCE.md): stdout is one JSON document or nothing.
+        # GEN-5 (cni_protocol/CONFORMANCE.md): stdout is one JSON document or nothing.
         self.out: Any = json.loads(text) if text else None
 
     def __repr__(self) -> str:
@@ -56,7 +56,7 @@ def exec_plugin(
     stdin = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
     preexec = None
     if netns_fd is not None:
-        from cni_plugin.dataplane.netns import setns
+        from dataplane.netns import setns
 
         fd = netns_fd
 

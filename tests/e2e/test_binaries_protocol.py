@@ -1,4 +1,4 @@
-"""The installed binaries answer protocol errors as cni_plugin/cni/CONFORMANCE.md says.
+"""The installed binaries answer protocol errors as cni_protocol/CONFORMANCE.md says.
 
 Exec'd exactly as a runtime does; each failure gives exit 1 and one error JSON on stdout
 with the code README "Error codes" gives, for both binaries.

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from ipam.store.file import FileStore
+from datastore.file import FileStore
 from tests.e2e.conftest import CNI_BIN
 from tests.e2e.test_pod_network import Runtime, addrs
 from tests.privileged import netns_util

@@ -1,7 +1,7 @@
 """The installed ``tabby-ipam`` under concurrency and SIGKILL, exec'd as a runtime would.
 
 No namespace is needed: an IPAM plugin never touches interfaces (IPM-8), so CNI_NETNS is a
-dummy path. Rules (cni_plugin/cni/CONFORMANCE.md): GEN-12, GEN-13, IPM-7..11, DEL-1, GC-2..4,
+dummy path. Rules (cni_protocol/CONFORMANCE.md): GEN-12, GEN-13, IPM-7..11, DEL-1, GC-2..4,
 STA-3.
 """
 

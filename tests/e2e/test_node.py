@@ -141,14 +141,14 @@ def test_other_version_is_refused_and_runs_in_process(
     node: tuple[Any, str], tmp_path: Path
 ) -> None:
     """A daemon of another version than the binary is not used."""
-    from cni_plugin.node.client import try_node
+    from tabby_node.client import try_node
 
     _, sock = node
     conf = json.dumps(ipam_conf(str(tmp_path / "ipam"))).encode()
     e = {**env("v1", sock), "CNI_COMMAND": "ADD"}
     assert try_node("tabby-ipam", e, conf, "0.0.0-other") is None
     assert store_handles(tmp_path / "ipam") == []
-    rc, out = try_node("tabby-ipam", e, conf, __import__("cni_plugin").__version__) or (9, b"")
+    rc, out = try_node("tabby-ipam", e, conf, __import__("bundle").__version__) or (9, b"")
     assert rc == 0, out
     assert len(store_handles(tmp_path / "ipam")) == 1
 

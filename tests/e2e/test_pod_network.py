@@ -1,7 +1,7 @@
 """The installed ``tabby`` wires real pods, exec'd inside a "node" namespace as a runtime would.
 
 Each test builds its own node and pod namespaces (deleted even on failure) and a private
-IPAM store. The docstrings name the rules of cni_plugin/cni/CONFORMANCE.md they check.
+IPAM store. The docstrings name the rules of cni_protocol/CONFORMANCE.md they check.
 """
 
 from __future__ import annotations

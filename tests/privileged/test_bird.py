@@ -1,4 +1,4 @@
-"""The BIRD backend (cni_plugin.node.bird) with real BIRD daemons over a real underlay.
+"""The BIRD backend (bird) with real BIRD daemons over a real underlay.
 
 Each test builds an underlay of its own: a bridge in one namespace and three "node"
 namespaces attached to it by veth pairs (10.250.0.N/24 and fd00:250::N/64 on ``eth0``), and
@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import pytest
 
-from cni_plugin.node.bird import (
+from bird import (
     BirdConfig,
     BirdConfigError,
     BirdControl,
@@ -402,7 +402,7 @@ def _restarted(sup: BirdSupervisor, old: int) -> bool:
 
 ADOPT_SCRIPT = """
 import sys, time
-from cni_plugin.node.bird import BirdSupervisor
+from bird import BirdSupervisor
 sup = BirdSupervisor(sys.argv[1])
 sup.start(open(sys.argv[2]).read())
 print(sup.pid, flush=True)

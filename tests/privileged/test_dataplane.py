@@ -1,8 +1,8 @@
-"""cni_plugin.dataplane against the real kernel, inside throwaway namespaces.
+"""dataplane against the real kernel, inside throwaway namespaces.
 
 The "host" is a node namespace (``node`` fixture); the dataplane runs in a thread that entered
 it (``node.run``), so the test process stays in the real host namespace. Traffic only ever
-goes to addresses inside these namespaces. Rule IDs (GEN-15, GEN-16): cni_plugin/cni/CONFORMANCE.md.
+goes to addresses inside these namespaces. Rule IDs (GEN-15, GEN-16): cni_protocol/CONFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from cni_plugin import dataplane
-from cni_plugin.cni.errors import CniError
-from cni_plugin.dataplane import (
+import dataplane
+from cni_protocol.errors import CniError
+from dataplane import (
     HOST_VETH_MAC,
     ExpectedState,
     InvalidNetNS,

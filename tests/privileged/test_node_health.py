@@ -39,9 +39,9 @@ pytestmark = [pytest.mark.privileged, pytest.mark.etcd]
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
-NODE_CMD = [sys.executable, "-c", "from cni_plugin.entry import main_node; main_node()"]
-PLUGIN = [sys.executable, "-c", "from cni_plugin.entry import main; main()"]
-TABBYCTL = [sys.executable, "-c", "from cni_plugin.ctl.cli import main; main()"]
+NODE_CMD = [sys.executable, "-c", "from bundle.entry import main_node; main_node()"]
+PLUGIN = [sys.executable, "-c", "from bundle.entry import main; main()"]
+TABBYCTL = [sys.executable, "-c", "from tabbyctl.cli import main; main()"]
 NODE = "health-node"
 POOL = "10.244.0.0/16"
 METRICS_PORT = 9091  # the namespace is ours: the default ports are free there

@@ -1,4 +1,4 @@
-"""The node agent's routing (cni_plugin.dataplane.overlay) and node facts (nodeinfo) against
+"""The node agent's routing (dataplane.overlay) and node facts (nodeinfo) against
 the real kernel, in throwaway namespaces.
 
 A small cluster: an "underlay" namespace with a bridge, and node namespaces attached to it
@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 import pytest
 
-from cni_plugin import dataplane
-from cni_plugin.dataplane import nodeinfo
-from cni_plugin.dataplane.overlay import Changes, Reconciler
-from cni_plugin.dataplane.overlay_model import (
+import dataplane
+from dataplane import nodeinfo
+from dataplane.overlay import Changes, Reconciler
+from dataplane.overlay_model import (
     RTPROT_TABBY,
     VXLAN_V4_DEVICE,
     VXLAN_V6_DEVICE,
@@ -712,7 +712,7 @@ def test_ipip_detection_says_unavailable_and_leaves_nothing_behind(node: Node) -
     assert node.links() == before
 
     # The same probe on a kind this kernel has says yes, and creates nothing either.
-    from cni_plugin.dataplane.rtnl_routing import RoutingRtnl
+    from dataplane.rtnl_routing import RoutingRtnl
 
     def probe() -> tuple[bool, str]:
         with RoutingRtnl.here() as nl:

@@ -25,9 +25,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cni_plugin import dataplane
-from cni_plugin.node.policy import engine, nft
-from cni_plugin.node.policy.engine import ClusterState, Endpoint
+import dataplane
+from dataplane import nft
+from policy import engine
+from policy.engine import ClusterState, Endpoint
 from tests import policy_truth_table as tt
 from tests.policy_probes import Job, probe_many, start_server, stop_process
 from tests.privileged.netns_util import Netns, NetnsPool, Node, netns_pool, run_in_thread_netns

@@ -1,4 +1,4 @@
-"""The rtnetlink transport (cni_plugin.dataplane.rtnl) against the real kernel.
+"""The rtnetlink transport (dataplane.rtnl) against the real kernel.
 
 The dataplane tests exercise every request the plugin makes; these pin the transport
 itself: dumps that need several reads, errors (with the kernel's own words) that do not
@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from cni_plugin.dataplane.rtnl import NetlinkFailure, Rtnl
+from dataplane.rtnl import NetlinkFailure, Rtnl
 from tests.privileged.netns_util import Netns, Node
 
 pytestmark = pytest.mark.privileged

@@ -17,17 +17,17 @@ import itertools
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from cni_plugin.config import DatastoreSettings
-from cni_plugin.dataplane.model import IPAddress, IPNetwork
-from cni_plugin.dataplane.nodeinfo import NodeAddress
-from cni_plugin.node.agent import Agent, Facts
-from cni_plugin.node.cluster import ROUTING_KINDS, Cluster, Underlay
-from cni_plugin.node.options import NodeOptions
+from cni_config.common import DatastoreSettings
+from dataplane.model import IPAddress, IPNetwork
+from dataplane.nodeinfo import NodeAddress
+from datastore.base import Doc, SyncEvent
+from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from ipam.core.block import Block
-from ipam.resources.client import ResourceClient
-from ipam.store.base import Doc, SyncEvent
-from ipam.store.memory import MemoryStore
+from resources.client import ResourceClient
+from tabby_node.agent import Agent, Facts
+from tabby_node.cluster import ROUTING_KINDS, Cluster, Underlay
+from tabby_node.options import NodeOptions
 
 Backend = Literal["bird", "vxlan", "none"]
 NODE_TTL = 90.0

@@ -3,7 +3,7 @@ conflist given with ``--conf``, fake host veths, a CliRunner, and output helpers
 
 The store is populated through the IPAM core (``Ipam.assign`` with the attributes the plugin
 records) or through the ``tabby-ipam`` handlers via ``skel.run``. The node side of ``ipam
-check`` / ``ipam gc`` reads the host veths through ``cni_plugin.dataplane.list_host_veths``,
+check`` / ``ipam gc`` reads the host veths through ``dataplane.list_host_veths``,
 replaced here by a list of fakes; a pod's netns is a file under ``tmp_path`` (present = alive,
 missing = gone). Test modules take the ``ctl`` fixture by importing ``ctl_fixture``.
 """
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from cni_plugin import dataplane
-from cni_plugin.ctl.cli import cli
-from cni_plugin.dataplane import HostVeth, host_veth_name
+import dataplane
+from dataplane import HostVeth, host_veth_name
+from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
-from ipam.store.file import FileStore
+from tabbyctl.cli import cli
 
 NODE = "node-a"
 NET = "net1"

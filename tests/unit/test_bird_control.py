@@ -1,4 +1,4 @@
-"""BIRD's control protocol (cni_plugin.node.bird.control): framing, parsing, node status
+"""BIRD's control protocol (bird.control): framing, parsing, node status
 and readiness. The canned replies are BIRD 2.0.12's own output (captured from a running
 daemon with the rendered ``timeformat``); the client is driven against a fake server."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.node.bird import (
+from bird import (
     BirdCommandError,
     BirdControl,
     BirdUnavailable,
@@ -23,7 +23,7 @@ from cni_plugin.node.bird import (
     peer_statuses,
     readiness,
 )
-from cni_plugin.node.bird.control import (
+from bird.control import (
     BirdError,
     BirdStatus,
     PeerStatus,

@@ -1,4 +1,4 @@
-"""BIRD configuration rendering (cni_plugin.node.bird.render) and its typed inputs.
+"""BIRD configuration rendering (bird.render) and its typed inputs.
 
 Every configuration rendered here is also handed to ``bird -p`` (BIRD 2 parses and checks
 it without starting), so a text that BIRD would refuse cannot pass.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.node.bird import (
+from bird import (
     BirdConfig,
     BirdConfigError,
     BirdNode,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.node.bird import BirdConfigError, BirdStartError, BirdSupervisor
+from bird import BirdConfigError, BirdStartError, BirdSupervisor
 
 FAKE_BIRD = r"""#!{python}
 import json, os, signal, socket, sys

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from cni_plugin import plugin
-from cni_plugin.cni import skel
 from cni_plugin.config import ContainerSettings, IpamRef, PluginConf
+from cni_protocol import skel
 from ipam import plugin as ipam_plugin
 from ipam.config import IpamConf
 
@@ -198,7 +198,7 @@ class Recorder:
         return lambda: {"cniVersion": args.cni_version, "ips": [{"address": "10.1.0.2/32"}]}
 
     def setup(self, spec: Any) -> Any:
-        from cni_plugin.dataplane.model import SetupResult
+        from dataplane.model import SetupResult
 
         self.calls.append("setup")
         return SetupResult(

@@ -1,5 +1,5 @@
 """The repository stands alone: every CNI rule ID it cites is defined in
-cni_plugin/cni/CONFORMANCE.md, a file that cites IDs says where they are defined, quoted
+cni_protocol/CONFORMANCE.md, a file that cites IDs says where they are defined, quoted
 README and CONFORMANCE.md sections exist, and nothing points at documents a clone does not
 have (the project's private notes)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_PATH = "cni_plugin/cni/CONFORMANCE.md"
+DOC_PATH = "cni_protocol/CONFORMANCE.md"
 DOC = ROOT / DOC_PATH
 
 FAMILIES = (

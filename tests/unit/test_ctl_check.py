@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import dataplane
-from cni_plugin.cni.errors import CniError, Code
-from cni_plugin.dataplane import HostVeth, host_veth_name
+import dataplane
+from cni_protocol.errors import CniError, Code
+from dataplane import HostVeth, host_veth_name
 from ipam.core import PoolSpec
 from tests.unit.ctl_helpers import (
     NET,

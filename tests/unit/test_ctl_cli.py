@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cni_plugin import __version__
-from cni_plugin.cni.version import SUPPORTED_VERSIONS
-from cni_plugin.ctl.cli import cli
+from bundle import __version__
+from cni_protocol.version import SUPPORTED_VERSIONS
+from tabbyctl.cli import cli
 from tests.unit.ctl_helpers import (
     ok,
     one_line_error,

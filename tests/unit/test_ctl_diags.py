@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from cni_plugin.ctl import diags
-from cni_plugin.ctl.cli import cli
-from cni_plugin.ctl.views import load_settings
+from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
-from ipam.store.file import FileStore
+from tabbyctl import diags
+from tabbyctl.cli import cli
+from tabbyctl.views import load_settings
 
 NODE = "node-a"
 POOL = "10.244.0.0/16"

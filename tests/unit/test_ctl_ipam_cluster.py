@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.ctl import views
+from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
-from ipam.store.memory import MemoryStore
+from tabbyctl import views
 from tests.unit.ctl_helpers import (
     NODE,
     V4,

@@ -1,4 +1,4 @@
-"""``tabbyctl node status``: the status file tabby-node writes (``agent.write_status``) plus
+"""``tabbyctl node status``: the status file tabby-node writes (``tabby_node.status``) plus
 BIRD's sessions read live from a fake BIRD control socket (BIRD 2.0.12's own reply to ``show
 protocols all``); tables, JSON, and the failures: no tabby-node, BIRD silent, stale file."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from cni_plugin.ctl.cli import cli
-from cni_plugin.node.agent import write_status
+from tabby_node.status import write_status
+from tabbyctl.cli import cli
 from tests.unit.test_bird_control import SHOW_PROTOCOLS_ALL, FakeBird
 
 UPDATED = 1_795_000_000.0  # 2026-11-18T11:06:40Z

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from cni_plugin.ctl import policy
-from cni_plugin.ctl.cli import cli
-from ipam.resources import wep
-from ipam.resources.client import ResourceClient
-from ipam.store.base import Store
-from ipam.store.file import FileStore
-from ipam.store.memory import MemoryStore
+from datastore.base import Store
+from datastore.file import FileStore
+from datastore.memory import MemoryStore
+from resources import wep
+from resources.client import ResourceClient
+from tabbyctl import policy
+from tabbyctl.cli import cli
 
 A, B, C = "10.244.0.10", "10.244.0.11", "10.244.1.10"
 NODE_A, NODE_B = "192.168.7.1", "192.168.7.2"
@@ -122,7 +122,7 @@ def populate(store: Store, *policies: dict[str, Any]) -> None:
 
 class Ctl:
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ipam.config import SOURCES
+        from cni_config.resolve import SOURCES
 
         for _flag, var in SOURCES.values():
             monkeypatch.delenv(var, raising=False)
@@ -425,7 +425,7 @@ def etcd1() -> Iterator[Any]:
 
 @pytest.mark.etcd
 def test_explain_on_etcd(ctl: Ctl, etcd1: Any) -> None:
-    from ipam.store.etcd import EtcdStore
+    from datastore.etcd import EtcdStore
 
     prefix = f"/test-{uuid.uuid4().hex[:12]}"
     store = EtcdStore(etcd1.endpoints, prefix=prefix, lock_timeout=5, lock_dir=str(ctl.tmp))

@@ -18,12 +18,12 @@ import pytest
 import yaml  # type: ignore[import-untyped, unused-ignore]
 from click.testing import CliRunner, Result
 
-from cni_plugin.ctl.cli import cli
+from datastore.base import KINDS
+from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, handle_id
-from ipam.resources import wep
-from ipam.resources.storage import BY_KIND, validate
-from ipam.store.base import KINDS
-from ipam.store.file import FileStore
+from resources import wep
+from resources.storage import BY_KIND, validate
+from tabbyctl.cli import cli
 
 from .test_resources_models import VALID
 
@@ -32,7 +32,7 @@ ORDER = ["IPPool", "BGPConfiguration", "BGPPeer", "Node", "Namespace", "Pod", "N
 
 class Ctl:
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ipam.config import SOURCES
+        from cni_config.resolve import SOURCES
 
         for _flag, var in SOURCES.values():
             monkeypatch.delenv(var, raising=False)
@@ -439,7 +439,7 @@ def etcd1() -> Iterator[Any]:
 
 @pytest.mark.etcd
 def test_migrate_to_etcd(ctl: Ctl, etcd1: Any) -> None:
-    from ipam.store.etcd import EtcdStore
+    from datastore.etcd import EtcdStore
 
     ctl.ok("apply", "-f", ctl.file("all.yaml", [VALID[k] for k in VALID]))
     hid = handle_id("net1", "c1", "eth0")

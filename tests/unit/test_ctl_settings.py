@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cni_plugin.ctl import views
-from cni_plugin.ctl.cli import cli
-from ipam.store.file import FileStore, _dir_error
+from datastore.file import FileStore, _dir_error
+from tabbyctl import views
+from tabbyctl.cli import cli
 from tests.unit.ctl_helpers import (
     NET,
     NODE,

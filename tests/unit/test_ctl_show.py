@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cni_plugin.cni import skel
+from cni_protocol import skel
 from ipam import plugin as ipam_plugin
 from tests.unit.ctl_helpers import (
     NET,

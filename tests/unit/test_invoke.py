@@ -1,4 +1,4 @@
-"""Delegation to an IPAM plugin by exec (cni_plugin/cni/CONFORMANCE.md IPM-1..4, IPM-6, ENV-6)."""
+"""Delegation to an IPAM plugin by exec (cni_protocol/CONFORMANCE.md IPM-1..4, IPM-6, ENV-6)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.cni import invoke
-from cni_plugin.cni.errors import CniError
+from cni_protocol import invoke
+from cni_protocol.errors import CniError
 
 STUB = """#!{python}
 import json, os, sys

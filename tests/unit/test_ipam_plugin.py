@@ -1,6 +1,6 @@
 """tabby-ipam's CNI adapter (ipam/plugin.py) in-process over a temporary file store: the
 request decoding (specific IPs, pod-annotation pools), the verbs, and the mapping of the IPAM
-core's errors to CNI codes at the edge. Rule IDs: cni_plugin/cni/CONFORMANCE.md."""
+core's errors to CNI codes at the edge. Rule IDs: cni_protocol/CONFORMANCE.md."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.cni import skel
+from cni_protocol import skel
 from ipam import cni_codes
 from ipam import plugin as ipam_plugin
 from ipam.core import (
     AddressUnavailable,
+    DatastoreError,
     InvalidConfig,
-    IpamError,
     LockTimeout,
     NoAddressAvailable,
     RevisionConflict,
@@ -232,10 +232,10 @@ def test_pool_exhausted_is_100(call: Call) -> None:
         (StoreCorrupt("/p", "bad"), 101),
         (StoreUnavailable("/p", "ro"), 11),
         (LockTimeout("/p", "held"), 11),
-        (IpamError("x"), 999),
+        (DatastoreError("x"), 999),
     ],
 )
-def test_core_errors_get_their_codes_at_the_edge(error: IpamError, code: int) -> None:
+def test_core_errors_get_their_codes_at_the_edge(error: DatastoreError, code: int) -> None:
     """The core's errors know nothing of CNI; the adapter's table maps them."""
     err = cni_codes.to_cni_error(error)
     assert err.code == code
@@ -248,7 +248,7 @@ def test_every_core_error_class_is_mapped() -> None:
     classes = [
         c
         for c in vars(errors).values()
-        if isinstance(c, type) and issubclass(c, IpamError) and c not in (IpamError,)
+        if isinstance(c, type) and issubclass(c, DatastoreError) and c not in (DatastoreError,)
     ]
     for cls in classes:
         assert any(k in cni_codes.CODES for k in cls.__mro__), cls

@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 SCRIPT = """
 import sys
-from cni_plugin.dataplane import rtnl
+from dataplane import rtnl
 assert "pyroute2.ndb.main" not in sys.modules, "package __init__ ran"
 assert "pyroute2.ipdb" not in sys.modules
 assert "asyncio" not in sys.modules, "the message classes alone need no event loop"

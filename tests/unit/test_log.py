@@ -1,5 +1,5 @@
 """Logging: a shared, size-rotated file; never stdout (README "`tabby` fields", ``log_file_path``;
-cni_plugin/cni/CONFORMANCE.md GEN-5)."""
+cni_protocol/CONFORMANCE.md GEN-5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from cni_plugin.cni import log
+from cni_protocol import log
 
 
 def test_rotation_keeps_whole_records_and_a_bounded_number_of_files(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.node import ACCEPT, DEFAULT_LOCK_TIMEOUT, MAGIC, REJECT, client, decode_header
-from cni_plugin.node.client import lock_timeout, try_node
+from tabby_node import ACCEPT, DEFAULT_LOCK_TIMEOUT, MAGIC, REJECT, client, decode_header
+from tabby_node.client import lock_timeout, try_node
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0"}
@@ -213,7 +213,7 @@ def test_fast_path_imports_no_json_and_no_config_models(fake: Callable[..., Fake
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "from cni_plugin.node.client import try_node\n"
+        "from tabby_node.client import try_node\n"
         f"got = try_node('tabby', {{'TABBY_NODE_SOCKET': {node.path!r}}}, b'{{}}', '1')\n"
         "assert got == (0, b'{}\\n'), got\n"
         "new = set(sys.modules) - before\n"

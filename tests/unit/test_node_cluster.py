@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.dataplane.nodeinfo import vxlan_mac
-from cni_plugin.dataplane.overlay_model import (
+from dataplane.nodeinfo import vxlan_mac
+from dataplane.overlay_model import (
     VXLAN_V4_DEVICE,
     VXLAN_V6_DEVICE,
     DesiredState,
@@ -21,7 +21,10 @@ from cni_plugin.dataplane.overlay_model import (
     OverlayRoute,
     VxlanDevice,
 )
-from cni_plugin.node.cluster import (
+from datastore.base import Doc
+from ipam.core.block import Block
+from ipam.core.model import Reserved
+from tabby_node.cluster import (
     DEFAULT_AS,
     Borrowed,
     Cluster,
@@ -29,9 +32,6 @@ from cni_plugin.node.cluster import (
     PoolInfo,
     vxlan_state,
 )
-from ipam.core.block import Block
-from ipam.core.model import Reserved
-from ipam.store.base import Doc
 from tests.unit.cluster_world import API, World, ip, net
 
 V4_POOL = "10.244.0.0/16"

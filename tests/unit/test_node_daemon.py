@@ -24,8 +24,8 @@ from tests.privileged.netns_util import NetnsPool, Node, netns_pool
 pytestmark = pytest.mark.privileged
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = [sys.executable, "-c", "from cni_plugin.entry import main; main()"]
-NODE = [sys.executable, "-c", "from cni_plugin.entry import main_node; main_node()"]
+PLUGIN = [sys.executable, "-c", "from bundle.entry import main; main()"]
+NODE = [sys.executable, "-c", "from bundle.entry import main_node; main_node()"]
 
 STUB = """#!{python}
 import json, os, sys
@@ -77,7 +77,7 @@ def run_plugin(
     node: Node, command: str, conf: dict[str, Any], env: dict[str, str]
 ) -> subprocess.CompletedProcess[bytes]:
     """Exec the plugin inside the node namespace, as a runtime on that node would."""
-    from cni_plugin.dataplane.netns import setns
+    from dataplane.netns import setns
 
     fd = os.open(node.path, os.O_RDONLY | os.O_CLOEXEC)
     try:

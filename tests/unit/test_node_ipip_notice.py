@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from cni_plugin.config import DatastoreSettings
-from cni_plugin.node.agent import Agent, Facts
-from cni_plugin.node.cluster import Cluster, PoolInfo
-from cni_plugin.node.http import Health
-from cni_plugin.node.options import NodeOptions
+from cni_config.common import DatastoreSettings
+from tabby_node.agent import Agent, Facts
+from tabby_node.cluster import Cluster, PoolInfo
+from tabby_node.http import Health
+from tabby_node.options import NodeOptions
 
 
 def _agent(available: bool) -> Agent:

@@ -1,4 +1,4 @@
-"""tabby-node's Prometheus metrics (cni_plugin.node.metrics), without root.
+"""tabby-node's Prometheus metrics (tabby_node.metrics), without root.
 
 - the registry is the node's own and exports every name of the README's table (and the
   catalogue), and prometheus-client's own parsers read the exposition back;
@@ -31,20 +31,20 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from cni_plugin import __version__
-from cni_plugin.config import DatastoreSettings
-from cni_plugin.ctl import views
-from cni_plugin.node import http, metrics, server
-from cni_plugin.node.agent import Agent, Facts
-from cni_plugin.node.client import try_node
-from cni_plugin.node.cluster import WATCHED_KINDS
-from cni_plugin.node.metrics import CATALOGUE, Metrics, metric_names
-from cni_plugin.node.options import NodeOptions
-from cni_plugin.node.policy.nft import ApplyResult, PolicyCounters
-from cni_plugin.node.server import NodeServer
+from bundle import __version__
+from cni_config.common import DatastoreSettings
+from dataplane.nft import ApplyResult, PolicyCounters
+from datastore.base import Doc, SyncEvent
+from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
-from ipam.store.base import Doc, SyncEvent
-from ipam.store.memory import MemoryStore
+from tabby_node import http, metrics, server
+from tabby_node.agent import Agent, Facts
+from tabby_node.client import try_node
+from tabby_node.cluster import WATCHED_KINDS
+from tabby_node.metrics import CATALOGUE, Metrics, metric_names
+from tabby_node.options import NodeOptions
+from tabby_node.server import NodeServer
+from tabbyctl import views
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "conf-examples"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.node import agent
-from cni_plugin.node.policy import adapter
-from ipam.store.base import Doc
+from datastore.base import Doc
+from policy import inputs
+from policy import inputs as adapter
 from tests import policy_truth_table as tt
 
 Docs = dict[str, dict[str, Doc]]
@@ -47,16 +47,16 @@ class World:
 
 def _fresh(docs: Docs) -> tuple[Any, Any]:
     """Everything converted from scratch, the way the engine's inputs are defined: every
-    model validated by ipam.resources, then the adapter."""
-    from ipam.core.errors import IpamError
-    from ipam.resources.storage import BY_KIND, to_resource
+    model validated by resources, then the adapter."""
+    from ipam.core.errors import DatastoreError
+    from resources.storage import BY_KIND, to_resource
 
     def models(kind: str, store_kind: str) -> list[Any]:
         out = []
         for key, doc in sorted((docs.get(store_kind) or {}).items()):
             try:
                 out.append(to_resource(BY_KIND[kind], key, doc, key))
-            except IpamError:
+            except DatastoreError:
                 continue
         return out
 
@@ -67,7 +67,7 @@ def _fresh(docs: Docs) -> tuple[Any, Any]:
         models("Pod", "pod"),
         weps,
     )
-    return state, adapter.nat(models("IPPool", "pool"))
+    return state, inputs.nat(models("IPPool", "pool"))
 
 
 @pytest.fixture
@@ -92,13 +92,13 @@ def world() -> World:
 def test_memoised_inputs_equal_a_fresh_conversion(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    memo = agent.PolicyInputs()
+    memo = adapter.PolicyInputs()
     assert memo.convert(world.docs) == _fresh(world.docs)
     assert memo.convert(world.docs) == _fresh(world.docs)
 
     # only what changed is converted again
     calls: list[str] = []
-    real = adapter.policy
+    real = inputs.policy
 
     def counting(model: Any) -> Any:
         calls.append(model.metadata.name)

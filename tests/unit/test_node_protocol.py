@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cni_plugin.node import DEFAULT_SOCKET, decode_header, encode_header
+from tabby_node import DEFAULT_SOCKET, decode_header, encode_header
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_systemd_unit_matches_install_paths() -> None:
     unit = (ROOT / "conf-examples" / "tabby-node.service").read_text()
     assert "ExecStart=/usr/local/bin/tabby-node " in unit
     assert "KillMode=process" in unit  # BIRD outlives a tabby-node that dies (adoption)
-    from cni_plugin.node.options import NodeOptions
+    from tabby_node.options import NodeOptions
 
     assert NodeOptions().socket_path == DEFAULT_SOCKET  # the unit relies on the default
     build = (ROOT / "build.sh").read_text()

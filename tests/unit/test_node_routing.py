@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin.node.bird import (
+from bird import (
     BirdConfig,
     BirdNode,
     Peer,
@@ -22,10 +22,10 @@ from cni_plugin.node.bird import (
     check_config,
     render,
 )
-from cni_plugin.node.cluster import Cluster
-from cni_plugin.node.routing import bird_config
 from ipam.core.block import Block
 from ipam.core.model import Reserved
+from tabby_node.cluster import Cluster
+from tabby_node.routing import bird_config
 from tests.unit.cluster_world import API, World, ip, net
 
 V4_POOL = "10.244.0.0/16"

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from cni_plugin import __version__
-from cni_plugin.cni import invoke
-from cni_plugin.cni import log as cni_log
-from cni_plugin.node import ACCEPT, MAGIC, MAX_STDERR, encode_header, server
-from cni_plugin.node.client import try_node
-from cni_plugin.node.server import LOCK_NAME, NodeServer
+from bundle import __version__
+from cni_protocol import invoke
+from cni_protocol import log as cni_log
+from tabby_node import ACCEPT, MAGIC, MAX_STDERR, encode_header, server
+from tabby_node.client import try_node
+from tabby_node.server import LOCK_NAME, NodeServer
 
 
 class Records(logging.Handler):

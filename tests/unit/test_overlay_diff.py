@@ -20,9 +20,9 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.ndmsg import ndmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from cni_plugin.dataplane import nodeinfo, overlay
-from cni_plugin.dataplane.overlay import Changes, Reconciler
-from cni_plugin.dataplane.overlay_model import (
+from dataplane import nodeinfo, overlay
+from dataplane.overlay import Changes, Reconciler
+from dataplane.overlay_model import (
     NUD_PERMANENT,
     RTN_BLACKHOLE,
     RTN_UNICAST,
@@ -43,8 +43,8 @@ from cni_plugin.dataplane.overlay_model import (
     VxlanDevice,
     vxlan_peer,
 )
-from cni_plugin.dataplane.rtnl import NetlinkFailure
-from cni_plugin.dataplane.rtnl_routing import RoutingRtnl
+from dataplane.rtnl import NetlinkFailure
+from dataplane.rtnl_routing import RoutingRtnl
 
 ip = ipaddress.ip_address
 net = ipaddress.ip_network

@@ -1,5 +1,5 @@
 """tabby's verbs with a fake dataplane and a fake IPAM (the ADD, DEL, CHECK, STATUS, GC, IPAM
-delegation and chaining rules of cni_plugin/cni/CONFORMANCE.md)."""
+delegation and chaining rules of cni_protocol/CONFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from cni_plugin import plugin
-from cni_plugin.cni import skel
-from cni_plugin.cni.errors import CniError
-from cni_plugin.dataplane.names import host_veth_name
+from cni_protocol import skel
+from cni_protocol.errors import CniError
+from dataplane.names import host_veth_name
 from tests.conftest import ALL_SPEC_VERSIONS
 
 V6GW = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")

@@ -13,8 +13,8 @@ import ipaddress
 
 import pytest
 
-from cni_plugin.node.policy import engine
-from cni_plugin.node.policy.engine import (
+from policy import engine
+from policy.engine import (
     ClusterState,
     ContainerPort,
     DesiredState,
@@ -426,8 +426,8 @@ def test_invalid_inputs_are_refused() -> None:
 
 
 def test_adapter_from_resource_models() -> None:
-    k8s = pytest.importorskip("ipam.resources.k8s")
-    adapter = pytest.importorskip("cni_plugin.node.policy.adapter")
+    k8s = pytest.importorskip("resources.k8s")
+    adapter = pytest.importorskip("policy.inputs")
 
     np = k8s.NetworkPolicy.model_validate(
         {
@@ -586,8 +586,8 @@ def test_explain_node_traffic_cidrs_and_pods_without_endpoints() -> None:
 
 
 def test_adapter_from_endpoint_and_pool_models() -> None:
-    models = pytest.importorskip("ipam.resources.tabby")
-    adapter = pytest.importorskip("cni_plugin.node.policy.adapter")
+    models = pytest.importorskip("resources.tabby")
+    adapter = pytest.importorskip("policy.inputs")
     wep = models.WorkloadEndpoint.model_validate(
         {
             "apiVersion": "tabby.io/v1",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from cni_plugin.node.policy import nft
-from cni_plugin.node.policy.engine import Endpoint, IRRule, PolicyChain
+from dataplane import nft
+from policy.engine import Endpoint, IRRule, PolicyChain
 from tests import policy_truth_table as tt
 
 

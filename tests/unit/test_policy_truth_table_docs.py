@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from cni_plugin.node.policy import adapter, engine
-from ipam.resources.client import merge
-from ipam.resources.k8s import Namespace, NetworkPolicy, Pod
+from policy import engine, inputs
+from resources.client import merge
+from resources.k8s import Namespace, NetworkPolicy, Pod
 from tests import policy_truth_table as tt
 
 POLICIES = {
@@ -33,7 +33,7 @@ def _same(a: engine.Policy, b: engine.Policy) -> bool:
 def test_every_policy_round_trips_through_the_resource_model(policy: engine.Policy) -> None:
     doc = tt.network_policy(policy)
     model = NetworkPolicy.model_validate(doc)
-    assert _same(adapter.policy(model), policy)
+    assert _same(inputs.policy(model), policy)
 
 
 def test_replacing_clears_what_an_earlier_version_set() -> None:
@@ -42,16 +42,16 @@ def test_replacing_clears_what_an_earlier_version_set() -> None:
     first, second = (s.policies[0] for s in next(c for c in tt.CASES if c.number == 20).steps)
     stored = tt.network_policy(first)
     merged = merge(stored, tt.replacing(tt.network_policy(second)))
-    assert _same(adapter.policy(NetworkPolicy.model_validate(merged)), second)
+    assert _same(inputs.policy(NetworkPolicy.model_validate(merged)), second)
     selective = tt.pol("p", tt.A, ingress=(tt.rule(tt.peer(tt.sel(pod="b"))),), types=("Ingress",))
     merged = merge(tt.network_policy(selective), tt.replacing(tt.network_policy(second)))
-    assert _same(adapter.policy(NetworkPolicy.model_validate(merged)), second)
+    assert _same(inputs.policy(NetworkPolicy.model_validate(merged)), second)
 
 
 def test_setup_documents_and_label_changes() -> None:
     docs = tt.setup_docs()
     namespaces = [Namespace.model_validate(d) for d in docs if d["kind"] == "Namespace"]
-    pods = [adapter.pod(Pod.model_validate(d)) for d in docs if d["kind"] == "Pod"]
+    pods = [inputs.pod(Pod.model_validate(d)) for d in docs if d["kind"] == "Pod"]
     assert [n.metadata.name for n in namespaces] == list(tt.NAMESPACES)
     assert namespaces[1].metadata.labels == {"ns": "y", "kubernetes.io/metadata.name": "y"}
     assert [f"{p.namespace}/{p.name}" for p in pods] == list(tt.PODS)

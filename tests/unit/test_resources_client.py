@@ -14,16 +14,16 @@ from typing import Any, cast
 
 import pytest
 
+from datastore.base import Op, Store
+from datastore.file import FileStore
+from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from ipam.core.errors import RevisionConflict
-from ipam.resources import wep
-from ipam.resources.client import ResourceClient, document_label, merge
-from ipam.resources.errors import Conflict, InvalidDocument, NotFound, UnknownKind
-from ipam.resources.migrate import MIGRATED_KINDS, TargetNotEmpty, copy_store
-from ipam.resources.tabby import IPPool, WorkloadEndpoint
-from ipam.store.base import Op, Store
-from ipam.store.file import FileStore
-from ipam.store.memory import MemoryStore
+from resources import wep
+from resources.client import ResourceClient, document_label, merge
+from resources.errors import Conflict, InvalidDocument, NotFound, UnknownKind
+from resources.migrate import MIGRATED_KINDS, TargetNotEmpty, copy_store
+from resources.tabby import IPPool, WorkloadEndpoint
 
 from .test_resources_models import VALID
 
@@ -62,7 +62,7 @@ def make_store(kind: str, tmp_path: Path, etcd: Any = None) -> Store:
     if kind == "memory":
         return MemoryStore(lock_timeout=5)
     if kind == "etcd":
-        from ipam.store.etcd import EtcdStore
+        from datastore.etcd import EtcdStore
 
         return EtcdStore(
             etcd.endpoints,
@@ -93,7 +93,7 @@ def client(store: Recording) -> ResourceClient:
 
 
 def everything(store: Recording) -> dict[tuple[str, str], Any]:
-    from ipam.store.base import KINDS
+    from datastore.base import KINDS
 
     return {(k, key): d.data for k in KINDS for key, d in store.inner.list(k)}
 

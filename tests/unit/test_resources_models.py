@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ipam.resources import names
-from ipam.resources.k8s import LabelSelector, NetworkPolicy, Pod
-from ipam.resources.meta import problems
-from ipam.resources.selector import SelectorError, parse_selector
-from ipam.resources.storage import (
+from datastore.base import Doc
+from resources import names
+from resources.k8s import LabelSelector, NetworkPolicy, Pod
+from resources.meta import problems
+from resources.selector import SelectorError, parse_selector
+from resources.storage import (
     BY_KIND,
     RESOURCE_KINDS,
     pool_name,
@@ -28,8 +29,7 @@ from ipam.resources.storage import (
     to_resource,
     validate,
 )
-from ipam.resources.tabby import IPPool
-from ipam.store.base import Doc
+from resources.tabby import IPPool
 
 # -- one valid document of every kind --------------------------------------------------------
 
@@ -766,7 +766,7 @@ def test_kind_aliases(alias: str, kind: str) -> None:
 
 
 def test_store_kinds_are_the_store_contracts() -> None:
-    from ipam.store.base import KINDS
+    from datastore.base import KINDS
 
     assert {i.store_kind for i in RESOURCE_KINDS} <= set(KINDS)
     assert len({i.store_kind for i in RESOURCE_KINDS}) == len(RESOURCE_KINDS)
@@ -817,20 +817,20 @@ def test_a_stored_document_that_does_not_validate_is_store_corrupt() -> None:
 def test_layering_plugin_side_modules_import_no_heavy_library() -> None:
     """What the CNI binaries may use (WorkloadEndpoint helpers, names, selectors, migration)
     imports neither pydantic nor yaml nor click; and the binaries' own modules import nothing
-    of ipam.resources at module level."""
+    of resources at module level."""
     import subprocess
     import sys
 
     code = (
         "import sys\n"
-        "import ipam.resources.wep, ipam.resources.names, ipam.resources.selector\n"
-        "import ipam.resources.migrate, ipam.resources.errors\n"
+        "import resources.wep, resources.names, resources.selector\n"
+        "import resources.migrate, resources.errors\n"
         "heavy = {'pydantic', 'pydantic_core', 'yaml', 'click'}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
-        "import ipam.core, ipam.store, ipam.plugin, cni_plugin.plugin\n"
+        "import ipam.core, datastore, ipam.plugin, cni_plugin.plugin\n"
         "light = {'wep', 'names', 'selector', 'migrate', 'errors'}\n"
         "print(sorted(m for m in sys.modules\n"
-        "             if m.startswith('ipam.resources.') and m.split('.')[2] not in light))\n"
+        "             if m.startswith('resources.') and m.split('.')[1] not in light))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["[]", "[]"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.dataplane import rtnl
+from dataplane import rtnl
 
 HDR = struct.Struct("=IHHII")
 

@@ -1,5 +1,5 @@
 """The protocol skeleton, in-process (the general, environment and VERSION rules of
-cni_plugin/cni/CONFORMANCE.md; the codes of README "Error codes")."""
+cni_protocol/CONFORMANCE.md; the codes of README "Error codes")."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.cni import skel
-from cni_plugin.cni.errors import CniError
+from cni_protocol import skel
+from cni_protocol.errors import CniError
 from tests.conftest import ALL_SPEC_VERSIONS
 
 BASE_ENV = {
@@ -288,7 +288,7 @@ def test_tracebacks_go_to_the_log_file_not_stderr(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """GEN-5 and the product rule: never a traceback on stdout or stderr."""
-    from cni_plugin.cni import log
+    from cni_protocol import log
 
     logfile = tmp_path / "cni.log"
     log.setup("info", str(logfile))

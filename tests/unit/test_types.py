@@ -1,5 +1,5 @@
 """Result conversion between the canonical 1.1.0 shape and every version (CHN-1, CHN-2, ADD-3
-of cni_plugin/cni/CONFORMANCE.md)."""
+of cni_protocol/CONFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cni_plugin.cni import types
-from cni_plugin.cni.errors import CniError
+from cni_protocol import types
+from cni_protocol.errors import CniError
 from tests.conftest import ALL_SPEC_VERSIONS
 
 CANON: dict[str, Any] = {

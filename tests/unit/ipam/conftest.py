@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ipam.store.base import Store
-from ipam.store.file import FileStore
-from ipam.store.memory import MemoryStore
+from datastore.base import Store
+from datastore.file import FileStore
+from datastore.memory import MemoryStore
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STORE_KINDS = ["memory", "file"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any
 
+from datastore.base import Doc, Store
 from ipam.core import AssignRequest, Ipam, PoolSpec, check_consistency, handle_id
 from ipam.core.errors import StoreUnavailable
-from ipam.store.base import Doc, Store
 
 V4 = "10.0.0.0/24"
 V6 = "fd00::/120"

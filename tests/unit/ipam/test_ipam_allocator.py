@@ -6,6 +6,8 @@ import ipaddress
 
 import pytest
 
+from datastore.base import Store
+from datastore.memory import MemoryStore
 from ipam.core import (
     AddressUnavailable,
     InvalidConfig,
@@ -14,8 +16,6 @@ from ipam.core import (
     PoolSpec,
     check_consistency,
 )
-from ipam.store.base import Store
-from ipam.store.memory import MemoryStore
 
 from .helpers import V4, V6, hid, in_use, req, setup, small, sreq
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from datastore.base import Doc
+from datastore.memory import MemoryStore
 from ipam.core import Ipam, NoAddressAvailable, RevisionConflict
 from ipam.core.candidates import (
     BORROW,
@@ -25,8 +27,6 @@ from ipam.core.cas import DELETE, RETRIES, cas, update
 from ipam.core.docs import Docs
 from ipam.core.model import Affinity, Pool, Reserved
 from ipam.core.pools import start_index
-from ipam.store.base import Doc
-from ipam.store.memory import MemoryStore
 
 from .conftest import REPO_ROOT
 from .helpers import CountingStore, hid, small, sreq

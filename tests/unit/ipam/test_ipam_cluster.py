@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from datastore.memory import MemoryStore
 from ipam.core import (
     InvalidConfig,
     Ipam,
@@ -21,7 +22,6 @@ from ipam.core import (
     RevisionConflict,
     check_consistency,
 )
-from ipam.store.memory import MemoryStore
 
 from .helpers import NodeStore, assert_one_affinity_per_block, errors, hid, req, sreq
 

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from datastore.file import FileStore
 from ipam.core import Ipam, check_consistency
-from ipam.store.file import FileStore
 
 ROUNDS = 60
 NETWORK = "crashnet"
 
 WORKER = r"""
 import random, sys
-from ipam.core import AssignRequest, Ipam, IpamError, PoolSpec, handle_id
-from ipam.store.file import FileStore
+from ipam.core import AssignRequest, Ipam, DatastoreError, PoolSpec, handle_id
+from datastore.file import FileStore
 
 data_dir, node, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rnd = random.Random(seed)
@@ -55,7 +55,7 @@ while True:
         try:
             got = ipam.assign(AssignRequest(hid, {"pod_name": hid}, True, rnd.random() < 0.5,
                                             ["10.30.0.0/24"], ["fd30::/120"], specific))
-        except IpamError as e:
+        except DatastoreError as e:
             say("x", hid, type(e).__name__)
             continue
         say("A", hid, *sorted(str(a.ip) for a in got))

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from datastore.base import Store
+from datastore.memory import MemoryStore
 from ipam.core import (
     Ipam,
     LockTimeout,
@@ -15,8 +17,6 @@ from ipam.core import (
     StoreUnavailable,
     check_consistency,
 )
-from ipam.store.base import Store
-from ipam.store.memory import MemoryStore
 
 from .conftest import make_store
 from .helpers import (

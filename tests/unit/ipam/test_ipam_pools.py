@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from datastore.memory import MemoryStore
 from ipam.core import InvalidConfig, Ipam, PoolSpec, check_consistency
 from ipam.core.model import Pool
-from ipam.store.memory import MemoryStore
 
 from .helpers import V4, V6, hid, req, setup
 

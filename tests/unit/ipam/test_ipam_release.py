@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from datastore.base import Store
+from datastore.memory import MemoryStore
 from ipam.core import InvalidConfig, Ipam, NodeRelease, check_consistency
-from ipam.store.base import Store
-from ipam.store.memory import MemoryStore
 
 from .conftest import Clock
 from .helpers import hid, in_use, req, setup, small, sreq

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from datastore.memory import MemoryStore
 from ipam.core import Ipam, PoolSpec
-from ipam.store.memory import MemoryStore
 
 from .helpers import hid, small, sreq
 

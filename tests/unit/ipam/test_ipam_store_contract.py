@@ -17,6 +17,11 @@ from typing import Any
 
 import pytest
 
+from datastore import open_store
+from datastore.base import KINDS, Doc, Op, Store, SyncEvent
+from datastore.etcd import EtcdStore
+from datastore.file import FileStore, escape_key, unescape_name
+from datastore.memory import MemoryStore
 from ipam.core.errors import (
     InvalidConfig,
     LockTimeout,
@@ -24,11 +29,6 @@ from ipam.core.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
-from ipam.store import open_store
-from ipam.store.base import KINDS, Doc, Op, Store, SyncEvent
-from ipam.store.etcd import EtcdStore
-from ipam.store.file import FileStore, escape_key, unescape_name
-from ipam.store.memory import MemoryStore
 from tests.etcd_cluster import EtcdCluster, EtcdMissing
 
 from .conftest import make_store
@@ -214,11 +214,11 @@ def test_lock_is_exclusive_and_times_out(
                 f"EtcdStore({store.endpoints!r}, prefix={store.prefix!r}, "
                 f"lock_dir={store.lock_dir!r})"
             )
-            imp = "from ipam.store.etcd import EtcdStore\n"
+            imp = "from datastore.etcd import EtcdStore\n"
         else:
             assert isinstance(store, FileStore)
             make = f"FileStore({store.data_dir!r})"
-            imp = "from ipam.store.file import FileStore\n"
+            imp = "from datastore.file import FileStore\n"
         code = (
             f"import sys, time\n{imp}s = {make}\n"
             "with s.lock():\n"
@@ -438,7 +438,7 @@ def test_file_store_removes_temp_files_of_a_killed_writer(
     file_store.put("pool", "p", {"v": 1}, None)
     code = (
         "import os, sys, time\n"
-        "from ipam.store.file import FileStore\n"
+        "from datastore.file import FileStore\n"
         "s = FileStore(sys.argv[1])\n"
         "real_fsync = os.fsync\n"
         "def hang(fd):\n"
@@ -1027,17 +1027,17 @@ def test_importing_ipam_store_is_cheap(subprocess_env: dict[str, str]) -> None:
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import ipam.store\n"
+        "import datastore\n"
         "print(' '.join(sorted(set(sys.modules) - before)))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=subprocess_env, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert "ipam.store.base" in out
+    assert "datastore.base" in out
     heavy = {
-        "ipam.store.file",
-        "ipam.store.memory",
-        "ipam.store.etcd",
+        "datastore.file",
+        "datastore.memory",
+        "datastore.etcd",
         "ipam.core",
         "ipam.core.errors",
         "json",

@@ -24,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from datastore import etcd as etcd_module
+from datastore.base import Doc, Op, SyncEvent
+from datastore.etcd import EtcdStore
 from ipam.core import (
     AssignRequest,
     InvalidConfig,
@@ -35,9 +38,6 @@ from ipam.core import (
     check_consistency,
     handle_id,
 )
-from ipam.store import etcd as etcd_module
-from ipam.store.base import Doc, Op, SyncEvent
-from ipam.store.etcd import EtcdStore
 from tests.etcd_cluster import EtcdCluster, EtcdMissing, free_ports
 
 pytestmark = pytest.mark.etcd
@@ -746,7 +746,7 @@ def test_value_that_is_not_json_is_corrupt_naming_its_key(
 @pytest.mark.privileged
 def test_lock_file_differs_per_network_namespace(tmp_path: Path) -> None:
     code = (
-        "from ipam.store.etcd import EtcdStore\n"
+        "from datastore.etcd import EtcdStore\n"
         f"print(EtcdStore(['http://127.0.0.1:2379'], lock_dir={str(tmp_path)!r}).lock_path)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))

@@ -1,0 +1,11 @@
+"""The network configuration (conflist) both CNI plugins, the daemons and tabbyctl read.
+
+::
+
+    common    CommonConf (identity, logging, runtime keys), DatastoreSettings, the shared
+              field types, and the mapping of validation errors to CNI codes 2 and 7
+    resolve   the daemons' and tabbyctl's datastore settings: flags > env > conflist
+
+Each plugin's own section is its own: ``cni_plugin.config`` (tabby), ``ipam.config``
+(tabby-ipam). pydantic: never imported by VERSION or the tabby-node client.
+"""

@@ -1,0 +1,326 @@
+"""The network configuration both CNI plugins read, as declarative pydantic models.
+
+One model per section, and every reader uses them: both binaries (``tabby``:
+``cni_plugin.config``; ``tabby-ipam``: ``ipam.config``), tabbyctl's ``--conf``, tabby-node and
+tabby-kube-controllers::
+
+    CommonConf        the top-level fields both binaries read: identity (nodename,
+                      nodename_file), logging (log_level, log_file_path), GC's
+                      cni.dev/valid-attachments, runtimeConfig, args
+    DatastoreSettings where the datastore is (file store dir, or etcd endpoints, prefix,
+                      TLS) and the lock timeout: part of the ``ipam`` section, read by both
+                      binaries; the daemons and tabbyctl resolve it from flags, environment
+                      and a conflist (``cni_config.resolve``)
+
+Strict types (no coercion: ``"5"`` is not an int, ``1`` is not a bool), field paths in errors
+(``ipam.ipv4_pools[0]``), mapped to CNI codes at the edge by :func:`config_error`: a value that
+cannot be honoured is code 2 naming the field and the value; a structural problem (a section
+that is not an object, a required field missing) is code 7. Unknown fields are ignored.
+
+pydantic costs ~30 ms to import and a few ms to build these models, so only the code paths
+that parse a configuration import this package (never VERSION, never the tabby-node client).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from cni_protocol.errors import CniError, Code
+from cni_protocol.log import DEFAULT_LOG_FILE
+from resources.names import dns1123_subdomain
+
+DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
+DEFAULT_DATA_DIR = "/var/lib/tabby/ipam"
+DEFAULT_ETCD_ENDPOINT = "http://127.0.0.1:2379"
+DEFAULT_ETCD_PREFIX = "/tabby"
+DEFAULT_LOCK_TIMEOUT = 30.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+# -- shared field types ----------------------------------------------------------------------
+
+
+def _calico_bool(value: object) -> object:
+    """Calico accepts the strings "true"/"false" for booleans; so do we (only those)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value:
+        raise ValueError("must be an absolute path")
+    return value
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a node name, or None: a node is a Kubernetes Node, named by a
+    DNS-1123 subdomain (the one rule, ``resources.names``), which also makes it a safe
+    datastore key (no ``/`` or ``:``)."""
+    return dns1123_subdomain(name)
+
+
+def _node_name(value: str) -> str:
+    problem = node_name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _plain_name(value: str) -> str:
+    if not value or "/" in value or value in (".", "..") or "\0" in value:
+        raise ValueError("must be a plain binary name (no '/'), found in CNI_PATH")
+    return value
+
+
+def _split_endpoints(value: object) -> object:
+    """``etcd_endpoints``: a list, or one comma-separated string (README "`tabby-ipam` fields")."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value
+
+
+def _endpoint(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"not a URL: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected http://HOST:PORT or https://HOST:PORT")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError("an endpoint is scheme, host and port only")
+    if port is None:
+        raise ValueError("the port is required (etcd's client port, usually 2379)")
+    return value.rstrip("/")
+
+
+def _prefix(value: str) -> str:
+    if not value.startswith("/") or value != value.strip() or "//" in value or "\0" in value:
+        raise ValueError("expected an absolute key prefix such as /tabby")
+    stripped = value.rstrip("/")
+    if not stripped:
+        raise ValueError("the prefix must not be '/' alone")
+    return stripped
+
+
+def _nonempty(value: list[str]) -> list[str]:
+    if not value:
+        raise ValueError("at least one endpoint is required")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_calico_bool)]
+AbsPath = Annotated[str, AfterValidator(_absolute_path)]
+NodeName = Annotated[str, AfterValidator(_node_name)]
+PluginType = Annotated[str, AfterValidator(_plain_name)]
+Endpoints = Annotated[
+    list[Annotated[str, AfterValidator(_endpoint)]],
+    BeforeValidator(_split_endpoints),
+    AfterValidator(_nonempty),
+]
+KeyPrefix = Annotated[str, AfterValidator(_prefix)]
+
+
+class Section(BaseModel):
+    """Base of every configuration section: strict, unknown fields ignored, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+class Attachment(Section):
+    """One entry of GC's ``cni.dev/valid-attachments``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+    container_id: str = Field(alias="containerID", min_length=1)
+    ifname: str = Field(min_length=1)
+
+
+class DatastoreSettings(Section):
+    """Where tabby keeps its state (README "Datastore settings")."""
+
+    datastore_type: Literal["file", "etcdv3"] = "file"
+    data_dir: AbsPath = DEFAULT_DATA_DIR
+    etcd_endpoints: Endpoints = [DEFAULT_ETCD_ENDPOINT]
+    etcd_prefix: KeyPrefix = DEFAULT_ETCD_PREFIX
+    etcd_ca_cert_file: AbsPath | None = None
+    etcd_cert_file: AbsPath | None = None
+    etcd_key_file: AbsPath | None = None
+    lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> DatastoreSettings:
+        if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
+            raise ValueError("etcd_cert_file and etcd_key_file go together (client TLS)")
+        return self
+
+    def describe(self) -> str:
+        """One line for operators: where the store is."""
+        if self.datastore_type == "file":
+            return f"file store {self.data_dir}"
+        return f"etcd {','.join(self.etcd_endpoints)} prefix {self.etcd_prefix}"
+
+
+class CommonConf(Section):
+    """Top-level fields both binaries read."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
+
+    nodename: NodeName | None = None
+    nodename_file: AbsPath = DEFAULT_NODENAME_FILE
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lower)] = (
+        "info"
+    )
+    log_file_path: AbsPath = DEFAULT_LOG_FILE
+    valid_attachments: list[Attachment] | None = Field(
+        default=None, alias="cni.dev/valid-attachments"
+    )
+    attachments: list[Attachment] | None = Field(default=None, alias="cni.dev/attachments")
+    # Reserved keys the runtime owns (cni_protocol/CONFORMANCE.md GEN-10, CFG-3, CFG-5):
+    # free-form, never a reason to fail a call; the conventions tabby consumes are validated
+    # where they are read.
+    runtime_config: Any = Field(default=None, alias="runtimeConfig")
+    capabilities: Any = None
+    args: Any = None
+
+    def node_name(self) -> str:
+        """``nodename`` > contents of ``nodename_file`` > hostname (README "`tabby` fields").
+
+        A file that holds something that is not a node name is an error (code 2 naming the
+        file): silently using it would put the pod's block on a node that does not exist."""
+        if self.nodename is not None:
+            return self.nodename
+        try:
+            with open(self.nodename_file, encoding="utf-8") as f:
+                text = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if text:
+            problem = node_name_problem(text)
+            if problem:
+                raise CniError(
+                    Code.UNSUPPORTED_FIELD,
+                    f"unsupported value in nodename_file {self.nodename_file!r}: {text[:100]!r}",
+                    problem,
+                )
+            return text
+        # As the kubelet does: a Node is named by the lower-cased hostname.
+        return socket.gethostname().lower()
+
+    def valid_attachment_set(self) -> set[tuple[str, str]] | None:
+        """GC's valid (containerID, ifname) set, or None when the key is absent.
+
+        Absent means "no information": delete nothing. Only an explicit empty list means
+        everything of this network is stale. ``valid-attachments`` first, the 1.1.0 tag's
+        ``attachments`` as the fallback (libcni sends both)."""
+        for given in (self.valid_attachments, self.attachments):
+            if given is not None:
+                return {(a.container_id, a.ifname) for a in given}
+        return None
+
+    def runtime_value(self, capability: str) -> Any:
+        """A capability's value from runtimeConfig, only if declared (CAP-3, ADD-10).
+
+        Keys are matched case-insensitively (containerd capitalises Go-style). Runtimes at
+        1.0+ strip ``capabilities`` before calling; then whatever runtimeConfig holds was
+        declared."""
+        rc = self.runtime_config
+        if not isinstance(rc, dict) or not rc:
+            return None
+        want = capability.lower()
+        caps = self.capabilities
+        if isinstance(caps, dict) and not any(
+            isinstance(k, str) and k.lower() == want and v for k, v in caps.items()
+        ):
+            return None
+        for k, v in rc.items():
+            if k.lower() == want:
+                return v
+        return None
+
+    def args_ips(self) -> list[object] | None:
+        """``args.cni.ips`` (the convention for specific IPs), or None."""
+        cni = self.args.get("cni") if isinstance(self.args, dict) else None
+        ips = cni.get("ips") if isinstance(cni, dict) else None
+        if not ips:
+            return None
+        if not isinstance(ips, list):
+            raise CniError(Code.INVALID_CONFIG, "args.cni.ips must be a list", repr(ips)[:200])
+        return ips
+
+
+# -- parsing at the edge ------------------------------------------------------------------------
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.startswith(("function-", "function_")) or part in (
+            "json-or-python[json=...]",
+            "list[str]",
+        ):
+            continue  # pydantic's names for validators and union members, not fields
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+_STRUCTURAL = frozenset({"missing", "model_type", "model_attributes_type", "dict_type"})
+#: Fields whose bad value makes the configuration structurally invalid (CFG-4: a plugin
+#: type with path characters is code 7, not 2).
+_STRUCTURAL_FIELDS = frozenset({"ipam.type"})
+
+
+def config_error(exc: ValidationError, prefix: str = "") -> CniError:
+    """The CNI error for the first problem pydantic found (field path and value named)."""
+    first = exc.errors(include_url=False)[0]
+    path = prefix + _path(first["loc"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if path in _STRUCTURAL_FIELDS:
+        return CniError(Code.INVALID_CONFIG, f"invalid {path}", f"{path}: {msg}")
+    if first["type"] in _STRUCTURAL:
+        what = "is required" if first["type"] == "missing" else "must be an object"
+        return CniError(Code.INVALID_CONFIG, f"{path} {what}", msg)
+    value = first.get("input")
+    if first["type"] == "value_error" and isinstance(value, dict):
+        # A rule over several fields of one section (a model validator): name the section.
+        where = path or "the network configuration"
+        return CniError(Code.UNSUPPORTED_FIELD, f"unsupported configuration in {where}: {msg}", msg)
+    shown = repr(value)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return CniError(Code.UNSUPPORTED_FIELD, f"unsupported value for field {path!r}: {shown}", msg)
+
+
+def parse(model: type[M], config: Mapping[str, Any], *, prefix: str = "") -> M:
+    """Validate ``config`` with ``model``; any problem becomes one CniError (code 2 or 7)."""
+    try:
+        return model.model_validate(config)
+    except ValidationError as e:
+        raise config_error(e, prefix) from None

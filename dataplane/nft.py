@@ -1,0 +1,682 @@
+"""The nftables dataplane of NetworkPolicy: one table ``inet tabby``, atomic transactions.
+
+Layout (see DESIGN.md beside this file)::
+
+    table inet tabby
+      set a4-<h> / a6-<h>     pod addresses of one peer selector (plain sets)
+      set b4-<h> / b6-<h>     one ipBlock: cidr minus except (interval sets)
+      set n4-<name>-<h> ...   one container-port name: address . protocol . port
+      map wl-from / wl-to     host veth name -> jump from-<if> / to-<if>
+      chain pi-<h> / pe-<h>   one policy's ingress / egress rules (accept on match)
+      chain to-<if>           endpoint ingress: jump pi-... ; drop (or accept: not isolated)
+      chain from-<if>         endpoint egress:  jump pe-... ; drop (or accept)
+      chain fwd-egress        hook forward, priority filter:     traffic from a pod
+      chain fwd-ingress       hook forward, priority filter + 1: traffic to a pod
+      chain input             hook input, priority filter:       a pod to its node
+      chain nat-postrouting   hook postrouting (srcnat): natOutgoing pools (when any)
+
+Allowing is ``accept``: an accept ends only the base chain it happens in, so pod-to-pod
+traffic on one node passes the sender's egress (``fwd-egress``) and then the receiver's
+ingress (``fwd-ingress``); a drop anywhere is final. Both forward chains and ``input`` start
+with ``ct state established,related accept`` and ``ct state invalid drop``, then dispatch by
+interface name through the verdict maps; a prefixed interface that is in no map (a pod whose
+rules do not exist yet) is dropped. The node's own traffic to its pods (``output``) is not
+policed, so kubelet probes pass.
+
+:class:`PolicyDataplane` keeps what it programmed last and sends only the difference (set
+elements, flushed and refilled chains, map elements) as one transaction; the first apply
+(and ``sync(full=True)``, and any failed difference) replaces the whole table in one
+transaction (``add table; delete table; <everything>``), so a restart never opens a window.
+Everything runs in the network namespace of the calling thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Literal, Protocol
+
+from policy import engine
+from policy.engine import (
+    ClusterState,
+    DesiredState,
+    Element,
+    Endpoint,
+    EndpointProgram,
+    Explanation,
+    Family,
+    IRRule,
+    NatConfig,
+    Pod,
+    PolicyChain,
+    SetDef,
+    Target,
+)
+
+log = logging.getLogger("tabby.node.policy")
+
+DEFAULT_TABLE = "tabby"
+DEFAULT_PREFIX = "cali"
+_FAM = {4: "ip", 6: "ip6"}
+_SET_TYPE = {
+    ("addr", 4): "ipv4_addr",
+    ("addr", 6): "ipv6_addr",
+    ("cidr", 4): "ipv4_addr",
+    ("cidr", 6): "ipv6_addr",
+    ("named-port", 4): "ipv4_addr . inet_proto . inet_service",
+    ("named-port", 6): "ipv6_addr . inet_proto . inet_service",
+}
+
+
+class NftError(RuntimeError):
+    """nft refused a transaction (nothing of it was applied)."""
+
+
+# --- inputs besides the IR --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What one table holds: the policy IR and the NAT pools."""
+
+    ir: DesiredState
+    nat: NatConfig
+
+    def all_sets(self) -> dict[str, SetDef]:
+        sets = dict(self.ir.sets)
+        if self.nat.enabled:
+            for kind in ("nat-src", "pools"):
+                for fam in (4, 6):
+                    name = f"{kind}{fam}"
+                    sets[name] = SetDef(name, fam, "cidr", f"{kind} IP pools")
+        return sets
+
+    def all_elements(self) -> dict[str, frozenset[Element]]:
+        elems = dict(self.ir.elements)
+        if self.nat.enabled:
+            elems.update(self.nat.elements())
+        return elems
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _quote(text: str) -> str:
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else "_" for c in text) + '"'
+
+
+def _element(e: Element) -> str:
+    if isinstance(e, tuple):
+        addr, proto, port = e
+        return f"{addr} . {proto} . {port}"
+    return e
+
+
+def _ports(ranges: Sequence[tuple[int, int]]) -> str:
+    items = [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
+class Renderer:
+    """nft text for one table. Every statement is a flat command (``add ...``), so full and
+    incremental transactions are made of the same pieces."""
+
+    def __init__(self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX) -> None:
+        if not table.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"invalid table name {table!r}")
+        if not prefix or not prefix.isalnum() or len(prefix) > 14:
+            raise ValueError(f"invalid interface prefix {prefix!r}")
+        self.table = table
+        self.prefix = prefix
+        self.t = f"inet {table}"
+
+    # sets
+    def add_set(self, d: SetDef) -> str:
+        flags = " flags interval;" if d.kind == "cidr" else ""
+        return (
+            f"add set {self.t} {d.name} {{ type {_SET_TYPE[(d.kind, d.family)]};{flags}"
+            f" comment {_quote(d.comment[:120])}; }}"
+        )
+
+    def elements(self, verb: str, name: str, elems: Iterable[Element]) -> Iterator[str]:
+        items = sorted(_element(e) for e in elems)
+        for i in range(0, len(items), 2000):
+            yield f"{verb} element {self.t} {name} {{ {', '.join(items[i : i + 2000])} }}"
+
+    # policy chains
+    def rule(self, chain: PolicyChain, r: IRRule) -> str:
+        side = "saddr" if chain.direction == "ingress" else "daddr"
+        parts = []
+        if r.peer_set is not None:
+            assert r.family is not None
+            parts.append(f"{_FAM[r.family]} {side} @{r.peer_set}")
+        elif r.family is not None and r.named_port_set is None:
+            parts.append(f"meta nfproto ipv{r.family}")
+        if r.protocol is not None:
+            parts.append(f"meta l4proto {r.protocol}")
+        if r.ports:
+            parts.append(f"th dport {_ports(r.ports)}")
+        if r.named_port_set is not None:
+            assert r.family is not None
+            parts.append(f"{_FAM[r.family]} daddr . meta l4proto . th dport @{r.named_port_set}")
+        parts.append(f"accept comment {_quote(r.comment)}")
+        return f"add rule {self.t} {chain.name} {' '.join(parts)}"
+
+    def policy_chain_rules(self, c: PolicyChain) -> list[str]:
+        return [self.rule(c, r) for r in c.rules]
+
+    # endpoint chains
+    @staticmethod
+    def ep_chains(iface: str) -> tuple[str, str]:
+        return f"to-{iface}", f"from-{iface}"
+
+    def endpoint_rules(self, p: EndpointProgram) -> list[str]:
+        out = []
+        to, frm = self.ep_chains(p.interface)
+        for chain, jumps, what in ((to, p.ingress, "ingress"), (frm, p.egress, "egress")):
+            if jumps is None:
+                note = _quote(f"{p.endpoint}: no {what} policy")
+                out.append(f"add rule {self.t} {chain} accept comment {note}")
+                continue
+            out.extend(f"add rule {self.t} {chain} jump {j}" for j in jumps)
+            note = _quote(f"{p.endpoint}: {what} not allowed")
+            out.append(f"add rule {self.t} {chain} drop comment {note}")
+        return out
+
+    def map_elements(self, verb: str, ifaces: Iterable[str]) -> list[str]:
+        out: list[str] = []
+        ifaces = sorted(ifaces)
+        if not ifaces:
+            return out
+        if verb == "add":
+            to = ", ".join(f'"{i}" : jump {self.ep_chains(i)[0]}' for i in ifaces)
+            frm = ", ".join(f'"{i}" : jump {self.ep_chains(i)[1]}' for i in ifaces)
+        else:
+            to = frm = ", ".join(f'"{i}"' for i in ifaces)
+        out.append(f"{verb} element {self.t} wl-to {{ {to} }}")
+        out.append(f"{verb} element {self.t} wl-from {{ {frm} }}")
+        return out
+
+    # base chains
+    def base(self, nat: NatConfig) -> list[str]:
+        t, p = self.t, f'"{self.prefix}*"'
+        out = [
+            f"add map {t} wl-to {{ type ifname : verdict; }}",
+            f"add map {t} wl-from {{ type ifname : verdict; }}",
+        ]
+        hooks = (
+            ("fwd-egress", "forward priority filter", "iifname", "wl-from"),
+            ("fwd-ingress", "forward priority filter + 1", "oifname", "wl-to"),
+            ("input", "input priority filter", "iifname", "wl-from"),
+        )
+        for chain, hook, key, vmap in hooks:
+            out.append(f"add chain {t} {chain} {{ type filter hook {hook}; policy accept; }}")
+            out.append(f"add rule {t} {chain} {key} != {p} return")
+            out.append(f"add rule {t} {chain} ct state established,related accept")
+            if chain == "input":
+                out.append(
+                    f"add rule {t} {chain} icmpv6 type {{ nd-router-solicit, nd-neighbor-solicit,"
+                    f" nd-neighbor-advert }} accept"
+                )
+            out.append(f"add rule {t} {chain} ct state invalid drop")
+            out.append(f"add rule {t} {chain} {key} vmap @{vmap}")
+            out.append(
+                f"add rule {t} {chain} drop comment {_quote(f'unknown {self.prefix}* interface')}"
+            )
+        if nat.enabled:
+            hook = "type nat hook postrouting priority srcnat; policy accept;"
+            out.append(f"add chain {t} nat-postrouting {{ {hook} }}")
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                out.append(
+                    f"add rule {t} nat-postrouting {kw} saddr @nat-src{fam}"
+                    f" {kw} daddr != @pools{fam} masquerade"
+                )
+        return out
+
+    # transactions
+    def full(self, snap: Snapshot) -> str:
+        t = self.t
+        out = [f"add table {t}", f"delete table {t}", f"add table {t}"]
+        sets = snap.all_sets()
+        elems = snap.all_elements()
+        for name in sorted(sets):
+            out.append(self.add_set(sets[name]))
+            out.extend(self.elements("add", name, elems[name]))
+        ir = snap.ir
+        for name in sorted(ir.chains):
+            out.append(f"add chain {t} {name}")
+        for iface in sorted(ir.endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        for name in sorted(ir.chains):
+            out.extend(self.policy_chain_rules(ir.chains[name]))
+        for iface in sorted(ir.endpoints):
+            out.extend(self.endpoint_rules(ir.endpoints[iface]))
+        base = self.base(snap.nat)
+        out.extend(base[:2])  # the maps, before their elements
+        out.extend(self.map_elements("add", ir.endpoints))
+        out.extend(base[2:])
+        return "\n".join(out) + "\n"
+
+    def delta(self, old: Snapshot, new: Snapshot) -> list[str] | None:
+        """Commands that turn ``old`` into ``new`` (one transaction); ``None`` when only a
+        full replacement can do it (e.g. NAT switched on or off)."""
+        if old.nat.enabled != new.nat.enabled:
+            return None
+        t = self.t
+        out: list[str] = []
+        late: list[str] = []
+        osets, nsets = old.all_sets(), new.all_sets()
+        oel, nel = old.all_elements(), new.all_elements()
+        for name, d in sorted(nsets.items()):
+            if name in osets and (osets[name].kind, osets[name].family) != (d.kind, d.family):
+                return None
+            if name not in osets:
+                out.append(self.add_set(d))
+                out.extend(self.elements("add", name, nel[name]))
+                continue
+            if oel[name] is nel[name]:
+                continue
+            gone, came = oel[name] - nel[name], nel[name] - oel[name]
+            if gone:
+                out.extend(self.elements("delete", name, gone))
+            if came:
+                out.extend(self.elements("add", name, came))
+        ochains, nchains = old.ir.chains, new.ir.chains
+        oeps, neps = old.ir.endpoints, new.ir.endpoints
+        for name in sorted(nchains.keys() - ochains.keys()):
+            out.append(f"add chain {t} {name}")
+        for iface in sorted(neps.keys() - oeps.keys()):
+            out.extend(f"add chain {t} {ch}" for ch in self.ep_chains(iface))
+        for name, pc in sorted(nchains.items()):
+            if name not in ochains:
+                out.extend(self.policy_chain_rules(pc))
+            elif ochains[name] is not pc and ochains[name] != pc:
+                out.append(f"flush chain {t} {name}")
+                out.extend(self.policy_chain_rules(pc))
+        for iface, p in sorted(neps.items()):
+            if iface not in oeps:
+                out.extend(self.endpoint_rules(p))
+            elif oeps[iface] is not p and oeps[iface] != p:
+                if (oeps[iface].ingress, oeps[iface].egress, oeps[iface].endpoint) == (
+                    p.ingress,
+                    p.egress,
+                    p.endpoint,
+                ):
+                    continue  # only the addresses differ: nothing in the chains
+                out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
+                out.extend(self.endpoint_rules(p))
+        out.extend(self.map_elements("add", neps.keys() - oeps.keys()))
+        removed = sorted(oeps.keys() - neps.keys())
+        late.extend(self.map_elements("delete", removed))
+        for iface in removed:
+            for c in self.ep_chains(iface):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        for name in sorted(ochains.keys() - nchains.keys()):
+            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
+        for name in sorted(osets.keys() - nsets.keys()):
+            late.append(f"delete set {t} {name}")
+        return out + late
+
+
+# --- mechanisms -------------------------------------------------------------------------------
+
+
+class NftBackend(Protocol):
+    name: str
+
+    def run(self, text: str) -> str:
+        """Run ``text`` as one transaction in the calling thread's netns; return the output."""
+        ...
+
+
+class NftCli:
+    """The ``nft`` program: ``nft -f -`` (one transaction per call)."""
+
+    name = "nft-cli"
+
+    def __init__(self, binary: str = "nft", json: bool = False) -> None:
+        self.argv = [binary, *(["-j"] if json else []), "-f", "-"]
+
+    def run(self, text: str) -> str:
+        proc = subprocess.run(self.argv, input=text, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise NftError(proc.stderr.strip()[:4000] or f"nft exited {proc.returncode}")
+        return proc.stdout
+
+
+class LibNftables:
+    """libnftables (the library ``nft`` itself is built on) through ctypes, one context per
+    network namespace (its netlink socket belongs to the namespace it was opened in).
+
+    libnftables waits on its socket with ``select()``, which aborts the whole process
+    (glibc's fd_set check) when the socket's descriptor is >= FD_SETSIZE (1024). A context
+    is therefore only made while the lowest free descriptor is well below that (the socket
+    takes it and keeps it for the context's life); otherwise that namespace is served by
+    the ``nft`` CLI. Contexts live as long as this object: use one per process
+    (``default_backend()``)."""
+
+    name = "libnftables"
+    FD_LIMIT = 1024 - 64
+
+    def __init__(self, library: str = "libnftables.so.1") -> None:
+        lib = ctypes.CDLL(library, use_errno=True)
+        lib.nft_ctx_new.restype = ctypes.c_void_p
+        lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_free.restype = None
+        lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+        lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+        lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+        self._lib = lib
+        self._ctx: dict[str, int | None] = {}  # None: this namespace uses the CLI
+        self._cli = NftCli()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _lowest_free_fd() -> int:
+        fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.close(fd)
+        return fd
+
+    def _context(self) -> int | None:
+        ns = os.readlink("/proc/thread-self/ns/net")
+        if ns in self._ctx:
+            return self._ctx[ns]
+        ctx: int | None = None
+        if self._lowest_free_fd() < self.FD_LIMIT:
+            raw = self._lib.nft_ctx_new(0)
+            if not raw:
+                raise NftError("nft_ctx_new failed")
+            ctx = int(raw)
+            self._lib.nft_ctx_buffer_output(ctx)
+            self._lib.nft_ctx_buffer_error(ctx)
+        else:
+            log.warning("too many open files for libnftables (select); using the nft CLI")
+        self._ctx[ns] = ctx
+        return ctx
+
+    def run(self, text: str) -> str:
+        with self._lock:
+            ctx = self._context()
+            if ctx is not None:
+                rc = self._lib.nft_run_cmd_from_buffer(ctx, text.encode())
+                out = (self._lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
+                err = (self._lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
+        if ctx is None:
+            return self._cli.run(text)
+        if rc != 0:
+            raise NftError(err.strip()[:4000] or f"libnftables returned {rc}")
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for ctx in self._ctx.values():
+                if ctx is not None:
+                    self._lib.nft_ctx_free(ctx)
+            self._ctx.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown: nothing left to do
+            pass
+
+
+_default: NftBackend | None = None
+_default_lock = threading.Lock()
+
+
+def default_backend() -> NftBackend:
+    """The process-wide backend: libnftables when the library loads (it is what ``nft``
+    links against), else the CLI."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            try:
+                _default = LibNftables()
+            except OSError:
+                _default = NftCli()
+        return _default
+
+
+# --- the API tabby-node calls ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    changed: bool
+    full: bool
+    commands: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyCounters:
+    """What the metrics export (``tabby_policy_rules``, ``tabby_policy_apply_duration_seconds``)."""
+
+    endpoints: int = 0
+    policies: int = 0
+    rules: int = 0
+    sets: int = 0
+    set_elements: int = 0
+    applies: int = 0
+    full_applies: int = 0
+    apply_errors: int = 0
+    last_apply_seconds: float = 0.0
+    last_apply_full: bool = False
+    backend: str = ""
+
+
+class PolicyDataplane:
+    """NetworkPolicy on this node: computes the desired state and programs table ``inet
+    tabby`` in the calling thread's network namespace. Thread-safe (one lock).
+
+    * ``sync(state, nat)``: the whole cluster state; the first call replaces the table
+      atomically (a restart never opens a window), later calls send only the difference.
+    * ``add_endpoint(ep, pod)`` / ``remove_endpoint(ns, name)``: one endpoint, before a CNI
+      ADD answers (its chains and its addresses in every set exist when it returns) or after
+      a DEL. Needs a previous ``sync`` (the policies must be known).
+    * ``explain(src, dst, protocol, port)`` on the last synced state; ``counters``.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        iface_prefix: str = DEFAULT_PREFIX,
+        families: Iterable[Family] = (4, 6),
+        table: str = DEFAULT_TABLE,
+        backend: NftBackend | None = None,
+    ) -> None:
+        self.node = node
+        self.families: tuple[Family, ...] = tuple(families)
+        self.renderer = Renderer(table, iface_prefix)
+        self.backend = backend if backend is not None else default_backend()
+        self._lock = threading.RLock()
+        self._state: ClusterState | None = None
+        self._nat = NatConfig()
+        self._programmed: Snapshot | None = None
+        self._counters = PolicyCounters(backend=self.backend.name)
+
+    # state
+    @property
+    def state(self) -> ClusterState | None:
+        return self._state
+
+    @property
+    def counters(self) -> PolicyCounters:
+        return self._counters
+
+    def sync(
+        self, state: ClusterState, nat: NatConfig | None = None, *, full: bool = False
+    ) -> ApplyResult:
+        with self._lock:
+            nat = nat if nat is not None else self._nat
+            if (
+                not full
+                and self._programmed is not None
+                and (state, nat) == (self._state, self._nat)
+            ):
+                return ApplyResult(False, False, 0, 0.0)  # the same inputs: the same table
+            return self._apply(state, nat, full)
+
+    def add_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ApplyResult:
+        with self._lock:
+            if self._state is None or self._programmed is None:
+                raise RuntimeError("add_endpoint before the first sync: policies unknown")
+            start = time.monotonic()
+            ir = engine.add_endpoint(self._programmed.ir, self._state, ep, pod, self.node)
+            state = self._state.with_endpoint(ep, pod)
+            return self._apply(state, self._nat, False, ir, start)
+
+    def remove_endpoint(self, namespace: str, name: str) -> ApplyResult:
+        """``name`` is the endpoint's (WorkloadEndpoint) name."""
+        with self._lock:
+            if self._state is None or self._programmed is None:
+                raise RuntimeError("remove_endpoint before the first sync")
+            start = time.monotonic()
+            ir = engine.remove_endpoint(self._programmed.ir, self._state, namespace, name)
+            state = self._state.without_endpoint(namespace, name)
+            return self._apply(state, self._nat, False, ir, start)
+
+    def explain(
+        self,
+        src: Target,
+        dst: Target,
+        protocol: str = "TCP",
+        port: int | None = None,
+        host_addresses: Iterable[str] = (),
+    ) -> Explanation:
+        """``engine.explain`` on the last synced state, as seen from this node (its
+        ``host_addresses`` reach its pods unpoliced)."""
+        with self._lock:
+            if self._state is None:
+                raise RuntimeError("no state synced yet")
+            return engine.explain(
+                self._state,
+                src,
+                dst,
+                protocol,
+                port,
+                node=self.node,
+                host_addresses=host_addresses,
+            )
+
+    def ruleset(self) -> str:
+        """``nft list table inet tabby`` as nft prints it (tests, debugging)."""
+        return self.backend.run(f"list table {self.renderer.t}")
+
+    def delete_table(self) -> None:
+        """Remove the table (uninstall; tests). tabby-node never calls this on shutdown:
+        the ruleset stays in force until the next start replaces it."""
+        with self._lock:
+            t = self.renderer.t
+            self.backend.run(f"add table {t}\ndelete table {t}\n")
+            self._programmed = None
+
+    # internals
+    def _apply(
+        self,
+        state: ClusterState,
+        nat: NatConfig,
+        full: bool,
+        desired: DesiredState | None = None,
+        start: float | None = None,
+    ) -> ApplyResult:
+        """Program ``state``; ``desired`` is its IR when the caller derived it already."""
+        if start is None:
+            start = time.monotonic()
+        if desired is None:
+            desired = engine.compute(state, self.node, self.families)
+        snap = Snapshot(desired, nat)
+        lines: list[str] | None = None
+        if not full and self._programmed is not None:
+            lines = self.renderer.delta(self._programmed, snap)
+        if lines is not None and not lines:
+            self._state, self._nat = state, nat
+            return ApplyResult(False, False, 0, time.monotonic() - start)
+        done_full = lines is None
+        try:
+            if lines is not None:
+                try:
+                    self.backend.run("\n".join(lines) + "\n")
+                except NftError as exc:
+                    # The kernel differs from what we think we programmed: replace it all.
+                    log.warning("incremental nftables update failed (%s); replacing the table", exc)
+                    self._count_error()
+                    done_full = True
+            if done_full:
+                text = self.renderer.full(snap)
+                lines = text.splitlines()
+                self.backend.run(text)
+        except NftError:
+            self._count_error()
+            raise
+        self._programmed, self._state, self._nat = snap, state, nat
+        seconds = time.monotonic() - start
+        c = self._counters
+        self._counters = dataclasses.replace(
+            c,
+            endpoints=len(desired.endpoints),
+            policies=desired.policies,
+            rules=_rule_count(desired),
+            sets=len(snap.all_sets()),
+            set_elements=sum(len(e) for e in snap.all_elements().values()),
+            applies=c.applies + 1,
+            full_applies=c.full_applies + (1 if done_full else 0),
+            last_apply_seconds=seconds,
+            last_apply_full=done_full,
+        )
+        assert lines is not None
+        return ApplyResult(True, done_full, len(lines), seconds)
+
+    def _count_error(self) -> None:
+        self._counters = dataclasses.replace(
+            self._counters, apply_errors=self._counters.apply_errors + 1
+        )
+
+
+def _rule_count(ir: DesiredState) -> int:
+    """Rules in the policy and endpoint chains (the base chains' fixed rules not counted)."""
+    n = ir.rule_count
+    for p in ir.endpoints.values():
+        for jumps in (p.ingress, p.egress):
+            n += 1 if jumps is None else len(jumps) + 1
+    return n
+
+
+Mechanism = Literal["libnftables", "nft-cli", "nft-cli-json"]
+
+
+def backend_named(name: Mechanism) -> NftBackend:
+    if name == "libnftables":
+        return LibNftables()
+    return NftCli(json=name == "nft-cli-json")
+
+
+__all__ = [
+    "ApplyResult",
+    "LibNftables",
+    "NatConfig",
+    "NftBackend",
+    "NftCli",
+    "NftError",
+    "PolicyCounters",
+    "PolicyDataplane",
+    "Renderer",
+    "Snapshot",
+    "backend_named",
+    "default_backend",
+]

@@ -1,0 +1,13 @@
+"""Kubernetes NetworkPolicy for tabby-node: a pure policy engine and its nftables dataplane.
+
+* :mod:`policy.engine`: typed inputs (policies, namespaces, pods, endpoints)
+  -> :class:`~policy.engine.DesiredState`, an intermediate representation made
+  for incremental programming (named address sets, shared per-policy chains, per-endpoint
+  chains), plus ``explain`` (why is this traffic allowed or not). No I/O.
+* :mod:`dataplane.nft`: renders the IR into the one table ``inet tabby`` and
+  applies it in single atomic transactions (full replacement on start, differences after).
+* :class:`dataplane.nft.PolicyDataplane`: what tabby-node calls.
+* :mod:`policy.inputs`: resource models -> engine inputs.
+
+See ``DESIGN.md`` beside this file for the ruleset layout and the measurements behind it.
+"""

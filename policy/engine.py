@@ -1,0 +1,1097 @@
+"""The NetworkPolicy engine: Kubernetes ``networking.k8s.io/v1`` semantics, pure and typed.
+
+Inputs are small frozen value types (:class:`Policy`, :class:`Namespace`, :class:`Pod`,
+:class:`Endpoint`, gathered in a :class:`ClusterState`); the resource models are converted
+into them by :mod:`policy.inputs`. Two outputs:
+
+* :func:`compute` -> :class:`DesiredState`, the intermediate representation the nftables
+  dataplane programs. It is built for incremental updates:
+
+  - every distinct peer selector (namespace scope + pod selector) is one named *address set*
+    per family whose elements are the matching pods' addresses, so pod churn and label
+    changes change set elements, never rules;
+  - every ``ipBlock`` is one interval set (``cidr`` minus its ``except`` entries);
+  - every container-port name a policy uses is one set of ``address . protocol . port``
+    tuples over all pods that declare it (ingress matches it against the destination, i.e.
+    the selected local pod; egress against the destination too, i.e. the peer pod);
+  - every policy has one chain per direction, shared by all local endpoints it selects;
+  - every local endpoint has one ingress and one egress program: ``None`` (not isolated:
+    everything allowed) or the tuple of policy chains to try before dropping.
+
+  Names are derived from content (hash of the selector / of the policy's identity), so two
+  computations of the same cluster give equal states and a difference is exactly the change.
+* :func:`explain` (and :func:`allowed`): the decision for one (source, destination, port,
+  protocol), evaluated directly from the policies, with which policies select each side and
+  which rule allowed it, for ``tabbyctl policy explain``. :meth:`DesiredState.evaluate`
+  evaluates the IR itself for the same question (tests compare both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+Protocol = Literal["TCP", "UDP", "SCTP"]
+PROTOCOLS: tuple[Protocol, ...] = ("TCP", "UDP", "SCTP")
+Direction = Literal["ingress", "egress"]
+Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
+Family = Literal[4, 6]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Labels = tuple[tuple[str, str], ...]
+
+#: The label every namespace carries (Kubernetes sets it; tabby does too, applied or not).
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _labels(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), str(v)) for k, v in items))
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2s(text.encode(), digest_size=6).hexdigest()
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+    """One ``matchExpressions`` entry."""
+
+    key: str
+    operator: Operator
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            raise ValueError(f"unknown selector operator {self.operator!r}")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs values")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        object.__setattr__(self, "values", tuple(sorted(set(self.values))))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "In":
+            return labels.get(self.key) in self.values
+        if self.operator == "NotIn":
+            # Kubernetes: NotIn also matches when the key is absent.
+            return labels.get(self.key) not in self.values
+        if self.operator == "Exists":
+            return self.key in labels
+        return self.key not in labels
+
+    def text(self) -> str:
+        if self.operator == "Exists":
+            return self.key
+        if self.operator == "DoesNotExist":
+            return f"!{self.key}"
+        op = "in" if self.operator == "In" else "notin"
+        return f"{self.key} {op} ({','.join(self.values)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes label selector; the empty selector matches everything."""
+
+    match_labels: Labels = ()
+    match_expressions: tuple[Requirement, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "match_labels", _labels(self.match_labels))
+        exprs = sorted(set(self.match_expressions), key=lambda r: (r.key, r.operator, r.values))
+        object.__setattr__(self, "match_expressions", tuple(exprs))
+        object.__setattr__(self, "_required", frozenset(self.match_labels))
+
+    @classmethod
+    def of(cls, labels: Mapping[str, str] | None = None, *exprs: Requirement) -> LabelSelector:
+        return cls(_labels(labels or {}), tuple(exprs))
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def matches(self, labels: Mapping[str, str], items: frozenset[tuple[str, str]]) -> bool:
+        """``labels`` and its ``items()`` as a frozenset (callers compute both once)."""
+        required: frozenset[tuple[str, str]] = self._required  # type: ignore[attr-defined]
+        if not required <= items:
+            return False
+        return all(r.matches(labels) for r in self.match_expressions)
+
+    def text(self) -> str:
+        """Canonical text (``kubectl``'s selector syntax); ``""`` for the empty selector."""
+        parts = [f"{k}={v}" for k, v in self.match_labels]
+        parts += [r.text() for r in self.match_expressions]
+        return ",".join(parts)
+
+
+EVERYTHING = LabelSelector()
+
+
+@dataclasses.dataclass(frozen=True)
+class IPBlock:
+    cidr: str
+    except_: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        net = ipaddress.ip_network(self.cidr, strict=False)
+        excepts = [ipaddress.ip_network(e, strict=False) for e in self.except_]
+        for e in excepts:
+            if e.version != net.version:
+                raise ValueError(f"ipBlock except {e} is not of the family of {net}")
+        object.__setattr__(self, "cidr", str(net))
+        object.__setattr__(self, "except_", tuple(sorted({str(e) for e in excepts})))
+
+    @property
+    def network(self) -> IPNetwork:
+        return ipaddress.ip_network(self.cidr)
+
+    @property
+    def family(self) -> Family:
+        return 4 if self.network.version == 4 else 6
+
+    def contains(self, addr: IPAddress) -> bool:
+        if addr not in self.network:
+            return False
+        return not any(addr in ipaddress.ip_network(e) for e in self.except_)
+
+    def prefixes(self) -> tuple[IPNetwork, ...]:
+        """``cidr`` minus every ``except``, as disjoint prefixes (an interval set's elements)."""
+        nets: list[IPNetwork] = [self.network]
+        for raw in self.except_:
+            exc = ipaddress.ip_network(raw)
+            out: list[IPNetwork] = []
+            for n in nets:
+                if not n.overlaps(exc):
+                    out.append(n)
+                elif exc.supernet_of(n):  # type: ignore[arg-type]
+                    continue
+                else:
+                    out.extend(n.address_exclude(exc))  # type: ignore[arg-type]
+            nets = out
+        return tuple(sorted(nets, key=lambda n: (n.network_address, n.prefixlen)))
+
+    def text(self) -> str:
+        return self.cidr + (f" except {','.join(self.except_)}" if self.except_ else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """One entry of ``from``/``to``: selectors (AND when both are set) or an ``ipBlock``."""
+
+    pod_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    ip_block: IPBlock | None = None
+
+    def __post_init__(self) -> None:
+        selectors = self.pod_selector is not None or self.namespace_selector is not None
+        if self.ip_block is not None and selectors:
+            raise ValueError("a peer with ipBlock may not have selectors")
+        if self.ip_block is None and not selectors:
+            raise ValueError("a peer needs podSelector, namespaceSelector or ipBlock")
+
+    def text(self) -> str:
+        if self.ip_block is not None:
+            return f"ipBlock {self.ip_block.text()}"
+        parts = []
+        if self.namespace_selector is not None:
+            parts.append(f"namespaces [{self.namespace_selector.text() or 'all'}]")
+        if self.pod_selector is not None:
+            parts.append(f"pods [{self.pod_selector.text() or 'all'}]")
+        return " and ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class PortSpec:
+    """One entry of ``ports``: ``port`` is a number, a container-port name, or None (all)."""
+
+    protocol: Protocol = "TCP"
+    port: int | str | None = None
+    end_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unsupported protocol {self.protocol!r}")
+        if isinstance(self.port, int) and not 1 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} out of range")
+        if isinstance(self.port, str) and not self.port:
+            raise ValueError("empty port name")
+        if self.end_port is not None:
+            if not isinstance(self.port, int):
+                raise ValueError("endPort needs a numeric port")
+            if not self.port <= self.end_port <= 65535:
+                raise ValueError(f"endPort {self.end_port} must lie in [port, 65535]")
+
+    def text(self) -> str:
+        if self.port is None:
+            return f"{self.protocol}/*"
+        if self.end_port is not None and self.end_port != self.port:
+            return f"{self.protocol}/{self.port}-{self.end_port}"
+        return f"{self.protocol}/{self.port}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """An ingress or egress rule: no peers = all peers, no ports = all ports and protocols."""
+
+    peers: tuple[Peer, ...] = ()
+    ports: tuple[PortSpec, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A NetworkPolicy; ``policy_types`` empty means "not given": the API server's default
+    (``Ingress``, plus ``Egress`` when there are egress rules) applies."""
+
+    namespace: str
+    name: str
+    pod_selector: LabelSelector = EVERYTHING
+    ingress: tuple[Rule, ...] = ()
+    egress: tuple[Rule, ...] = ()
+    policy_types: tuple[Literal["Ingress", "Egress"], ...] = ()
+
+    def __post_init__(self) -> None:
+        for t in self.policy_types:
+            if t not in ("Ingress", "Egress"):
+                raise ValueError(f"unknown policy type {t!r}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def types(self) -> frozenset[Direction]:
+        if self.policy_types:
+            return frozenset("ingress" if t == "Ingress" else "egress" for t in self.policy_types)
+        return frozenset(("ingress", "egress") if self.egress else ("ingress",))
+
+    def rules(self, direction: Direction) -> tuple[Rule, ...]:
+        return self.ingress if direction == "ingress" else self.egress
+
+
+@dataclasses.dataclass(frozen=True)
+class Namespace:
+    name: str
+    labels: Labels = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+    @property
+    def effective_labels(self) -> dict[str, str]:
+        out = dict(self.labels)
+        out[NAMESPACE_NAME_LABEL] = self.name
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerPort:
+    name: str
+    port: int
+    protocol: Protocol = "TCP"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pod:
+    """The labels and named ports a Kubernetes API server holds for a pod."""
+
+    namespace: str
+    name: str
+    labels: Labels = ()
+    ports: tuple[ContainerPort, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """A WorkloadEndpoint: one attachment of a pod on some node. ``addresses`` are bare
+    addresses or host CIDRs (``10.244.0.5`` or ``10.244.0.5/32``); ``labels`` are used when
+    no :class:`Pod` with the same namespace and name is known."""
+
+    namespace: str
+    pod: str
+    node: str
+    interface: str
+    addresses: tuple[str, ...]
+    name: str = ""
+    labels: Labels = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _labels(self.labels))
+        addrs = tuple(str(ipaddress.ip_interface(a).ip) for a in self.addresses)
+        object.__setattr__(self, "addresses", addrs)
+        if not self.name:
+            object.__setattr__(self, "name", f"{self.pod}-{self.interface}")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterState:
+    """Everything the engine needs: all of the cluster's policies, namespaces, pods and
+    endpoints (remote endpoints too: selectors resolve to their addresses)."""
+
+    policies: tuple[Policy, ...] = ()
+    namespaces: tuple[Namespace, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    endpoints: tuple[Endpoint, ...] = ()
+
+    def with_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ClusterState:
+        eps = (*(e for e in self.endpoints if e.key != ep.key), ep)
+        pods = self.pods
+        if pod is not None:
+            pods = tuple(p for p in pods if (p.namespace, p.name) != (pod.namespace, pod.name))
+            pods += (pod,)
+        return dataclasses.replace(self, endpoints=eps, pods=pods)
+
+    def without_endpoint(self, namespace: str, name: str) -> ClusterState:
+        eps = tuple(e for e in self.endpoints if e.key != (namespace, name))
+        return dataclasses.replace(self, endpoints=eps)
+
+
+# --- resolved view ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Member:
+    """An endpoint with its effective labels and named ports resolved."""
+
+    ep: Endpoint
+    labels: Mapping[str, str]
+    items: frozenset[tuple[str, str]]
+    ports: tuple[ContainerPort, ...]
+    addresses: tuple[IPAddress, ...]
+
+    @property
+    def ident(self) -> str:
+        return f"{self.ep.namespace}/{self.ep.pod}"
+
+
+class _View:
+    """The cluster indexed for selector evaluation."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.ns_labels: dict[str, dict[str, str]] = {}
+        for ns in state.namespaces:
+            self.ns_labels[ns.name] = ns.effective_labels
+        pods = {(p.namespace, p.name): p for p in state.pods}
+        self.members: list[_Member] = []
+        self.by_ns: dict[str, list[_Member]] = {}
+        self.by_addr: dict[IPAddress, _Member] = {}
+        cache: dict[Labels, tuple[dict[str, str], frozenset[tuple[str, str]]]] = {}
+        for ep in sorted(state.endpoints, key=lambda e: e.key):
+            pod = pods.get((ep.namespace, ep.pod))
+            raw = pod.labels if pod is not None else ep.labels
+            if raw not in cache:
+                cache[raw] = (dict(raw), frozenset(raw))
+            labels, items = cache[raw]
+            addrs = tuple(ipaddress.ip_address(a) for a in ep.addresses)
+            m = _Member(ep, labels, items, pod.ports if pod is not None else (), addrs)
+            self.members.append(m)
+            self.by_ns.setdefault(ep.namespace, []).append(m)
+            for a in addrs:
+                self.by_addr[a] = m
+            if ep.namespace not in self.ns_labels:
+                self.ns_labels[ep.namespace] = {NAMESPACE_NAME_LABEL: ep.namespace}
+        self._ns_items = {k: frozenset(v.items()) for k, v in self.ns_labels.items()}
+
+    def ns_matches(self, sel: LabelSelector, ns: str) -> bool:
+        labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns})
+        items = self._ns_items.get(ns, frozenset(labels.items()))
+        return sel.matches(labels, items)
+
+    def namespaces(self) -> list[str]:
+        return sorted(self.by_ns)
+
+
+def _member_matches_peer(view: _View, pol: Policy, peer: Peer, m: _Member) -> bool:
+    """Selector peers only (an ipBlock is matched by address)."""
+    if peer.namespace_selector is None:
+        if m.ep.namespace != pol.namespace:
+            return False
+    elif not view.ns_matches(peer.namespace_selector, m.ep.namespace):
+        return False
+    sel = peer.pod_selector if peer.pod_selector is not None else EVERYTHING
+    return sel.matches(m.labels, m.items)
+
+
+def _selects(pol: Policy, m: _Member) -> bool:
+    return m.ep.namespace == pol.namespace and pol.pod_selector.matches(m.labels, m.items)
+
+
+# --- intermediate representation -------------------------------------------------------------
+
+SetKind = Literal["addr", "cidr", "named-port"]
+Element = str | tuple[str, str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SetDef:
+    """A named set: ``addr`` (pod addresses, plain set), ``cidr`` (interval set) or
+    ``named-port`` (``address . protocol . port``). ``comment`` says what it holds."""
+
+    name: str
+    family: Family
+    kind: SetKind
+    comment: str
+    #: What decides membership, for one-endpoint updates: ``addr`` sets the namespace scope
+    #: (a namespace name or a namespace selector) and the pod selector; ``named-port`` sets
+    #: the port name. Not part of equality (the name already encodes it).
+    scope: str | LabelSelector | None = dataclasses.field(default=None, compare=False)
+    pods: LabelSelector | None = dataclasses.field(default=None, compare=False)
+    port_name: str | None = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class IRRule:
+    """One accept rule of a policy chain. All given parts must match:
+
+    ``peer_set``: the peer's address is in it (source for ingress, destination for egress);
+    ``protocol`` (lower case) and ``ports`` (inclusive ranges; empty: any port);
+    ``named_port_set``: ``destination . protocol . destination port`` is in it.
+    ``family`` restricts the rule to IPv4 or IPv6 (None: both).
+    """
+
+    family: Family | None = None
+    peer_set: str | None = None
+    protocol: str | None = None
+    ports: tuple[tuple[int, int], ...] = ()
+    named_port_set: str | None = None
+    comment: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyChain:
+    name: str
+    policy: str
+    direction: Direction
+    rules: tuple[IRRule, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointProgram:
+    """What one local endpoint's two chains do: per direction ``None`` when no policy
+    selects the pod for it (everything allowed), else the policy chains to try, in order,
+    before the drop."""
+
+    interface: str
+    endpoint: str
+    addresses: tuple[str, ...]
+    ingress: tuple[str, ...] | None
+    egress: tuple[str, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DesiredState:
+    """The IR: what the dataplane programs for this node."""
+
+    sets: Mapping[str, SetDef]
+    elements: Mapping[str, frozenset[Element]]
+    chains: Mapping[str, PolicyChain]
+    endpoints: Mapping[str, EndpointProgram]
+    policies: int = 0
+
+    @property
+    def rule_count(self) -> int:
+        return sum(len(c.rules) for c in self.chains.values())
+
+    def evaluate(
+        self,
+        src: str,
+        dst: str,
+        protocol: str,
+        port: int | None,
+        src_iface: str | None,
+        dst_iface: str | None,
+    ) -> bool:
+        """Evaluate the IR for one new connection (as the dataplane would): the egress
+        program of ``src_iface`` (when the source is a local endpoint) and the ingress
+        program of ``dst_iface`` (when the destination is one). Unknown interfaces drop."""
+        for direction, iface in (("egress", src_iface), ("ingress", dst_iface)):
+            if iface is None:
+                continue
+            prog = self.endpoints.get(iface)
+            if prog is None:
+                return False
+            chains = prog.egress if direction == "egress" else prog.ingress
+            if chains is None:
+                continue
+            peer = dst if direction == "egress" else src
+            if not any(self._chain_accepts(c, peer, dst, protocol, port) for c in chains):
+                return False
+        return True
+
+    def _chain_accepts(
+        self, chain: str, peer: str, dst: str, protocol: str, port: int | None
+    ) -> bool:
+        fam = ipaddress.ip_address(peer).version
+        proto = protocol.lower()
+        for r in self.chains[chain].rules:
+            if r.family is not None and r.family != fam:
+                continue
+            if (
+                r.peer_set is not None
+                and peer not in self.elements[r.peer_set]
+                and not self._in_cidr_set(r.peer_set, peer)
+            ):
+                continue
+            if r.protocol is not None and r.protocol != proto:
+                continue
+            if r.ports and (port is None or not any(lo <= port <= hi for lo, hi in r.ports)):
+                continue
+            if r.named_port_set is not None and (
+                port is None or (dst, proto, port) not in self.elements[r.named_port_set]
+            ):
+                continue
+            return True
+        return False
+
+    def _in_cidr_set(self, name: str, addr: str) -> bool:
+        if self.sets[name].kind != "cidr":
+            return False
+        a = ipaddress.ip_address(addr)
+        return any(a in ipaddress.ip_network(str(n)) for n in self.elements[name])
+
+
+def _merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _selector_set_key(pol: Policy, peer: Peer) -> tuple[str, str]:
+    """(canonical key, human comment) of a selector peer's address set."""
+    pod = peer.pod_selector.text() if peer.pod_selector is not None else ""
+    if peer.namespace_selector is None:
+        scope = f"ns={pol.namespace}"
+        comment = f"pods [{pod or 'all'}] in namespace {pol.namespace}"
+    else:
+        scope = f"nssel={peer.namespace_selector.text()}"
+        comment = f"pods [{pod or 'all'}] in namespaces [{peer.namespace_selector.text() or 'all'}]"
+    return f"{scope}|pod={pod}", comment
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_elements(block: IPBlock) -> tuple[str, ...]:
+    """An ipBlock's set elements (``cidr`` minus its ``except``s). Cached: every full
+    compute needs every block's, and ``address_exclude`` was most of a compute's time at
+    200 policies."""
+    return tuple(str(n) for n in block.prefixes())
+
+
+class _Builder:
+    def __init__(self, view: _View, families: frozenset[Family]) -> None:
+        self.view = view
+        self.families = families
+        self.sets: dict[str, SetDef] = {}
+        self.elements: dict[str, frozenset[Element]] = {}
+        # selector set key -> (names per family); members computed once per key
+        self._selector_sets: dict[str, dict[Family, str]] = {}
+        self._named_sets: dict[str, dict[Family, str]] = {}
+
+    def _add_set(self, d: SetDef, elements: Iterable[Element]) -> None:
+        self.sets[d.name] = d
+        self.elements[d.name] = frozenset(elements)
+
+    def selector_sets(self, pol: Policy, peer: Peer) -> dict[Family, str]:
+        key, comment = _selector_set_key(pol, peer)
+        if key in self._selector_sets:
+            return self._selector_sets[key]
+        view = self.view
+        if peer.namespace_selector is None:
+            namespaces = [pol.namespace]
+        else:
+            nssel = peer.namespace_selector
+            namespaces = [ns for ns in view.namespaces() if view.ns_matches(nssel, ns)]
+        podsel = peer.pod_selector if peer.pod_selector is not None else EVERYTHING
+        addrs: dict[Family, list[str]] = {4: [], 6: []}
+        for ns in namespaces:
+            for m in view.by_ns.get(ns, ()):
+                if podsel.matches(m.labels, m.items):
+                    for a in m.addresses:
+                        addrs[4 if a.version == 4 else 6].append(str(a))
+        digest = _digest(key)
+        names: dict[Family, str] = {}
+        for fam in sorted(self.families):
+            name = f"a{fam}-{digest}"
+            scope: str | LabelSelector = (
+                pol.namespace if peer.namespace_selector is None else peer.namespace_selector
+            )
+            self._add_set(SetDef(name, fam, "addr", comment, scope, podsel), addrs[fam])
+            names[fam] = name
+        self._selector_sets[key] = names
+        return names
+
+    def block_set(self, block: IPBlock) -> str:
+        name = f"b{block.family}-{_digest(block.text())}"
+        if name not in self.sets:
+            elems = list(_block_elements(block))
+            self._add_set(SetDef(name, block.family, "cidr", f"ipBlock {block.text()}"), elems)
+        return name
+
+    def named_port_sets(self, port_name: str) -> dict[Family, str]:
+        if port_name in self._named_sets:
+            return self._named_sets[port_name]
+        elems: dict[Family, list[Element]] = {4: [], 6: []}
+        for m in self.view.members:
+            for cp in m.ports:
+                if cp.name == port_name:
+                    for a in m.addresses:
+                        elems[4 if a.version == 4 else 6].append(
+                            (str(a), cp.protocol.lower(), cp.port)
+                        )
+        names: dict[Family, str] = {}
+        safe = "".join(c if c.isalnum() or c == "-" else "_" for c in port_name)[:32]
+        for fam in sorted(self.families):
+            name = f"n{fam}-{safe}-{_digest(port_name)[:4]}"
+            d = SetDef(name, fam, "named-port", f"port name {port_name}", port_name=port_name)
+            self._add_set(d, elems[fam])
+            names[fam] = name
+        self._named_sets[port_name] = names
+        return names
+
+    def policy_chain(self, pol: Policy, direction: Direction) -> PolicyChain:
+        name = _policy_chain_name(pol, direction)
+        out: list[IRRule] = []
+        for ri, rule in enumerate(pol.rules(direction)):
+            comment = f"{pol.key} {direction}[{ri}]"
+            # peer matches: (family, set) pairs; [(None, None)] = any peer
+            peers: list[tuple[Family | None, str | None]] = []
+            if not rule.peers:
+                peers.append((None, None))
+            for peer in rule.peers:
+                if peer.ip_block is not None:
+                    peers.append((peer.ip_block.family, self.block_set(peer.ip_block)))
+                else:
+                    peers.extend(self.selector_sets(pol, peer).items())
+            # port matches: (protocol, ranges, named-port sets per family); [None] = any
+            ports: list[tuple[str | None, tuple[tuple[int, int], ...], str | None]] = []
+            if not rule.ports:
+                ports.append((None, (), None))
+            else:
+                whole = {p.protocol for p in rule.ports if p.port is None}
+                ranges: dict[str, list[tuple[int, int]]] = {}
+                named: set[tuple[str, str]] = set()
+                for p in rule.ports:
+                    if p.protocol in whole:
+                        continue
+                    if isinstance(p.port, int):
+                        hi = p.end_port if p.end_port is not None else p.port
+                        ranges.setdefault(p.protocol, []).append((p.port, hi))
+                    elif isinstance(p.port, str):
+                        named.add((p.protocol, p.port))
+                for proto in PROTOCOLS:
+                    if proto in whole:
+                        ports.append((proto.lower(), (), None))
+                    elif proto in ranges:
+                        ports.append((proto.lower(), _merge_ranges(ranges[proto]), None))
+                for nproto, pname in sorted(named):
+                    ports.append((nproto.lower(), (), pname))
+            for fam, pset in peers:
+                for lproto, rng, portname in ports:
+                    if portname is None:
+                        out.append(IRRule(fam, pset, lproto, rng, None, comment))
+                        continue
+                    for nfam, nset in self.named_port_sets(portname).items():
+                        if fam is None or fam == nfam:
+                            out.append(IRRule(nfam, pset, lproto, (), nset, comment))
+        return PolicyChain(name, pol.key, direction, tuple(out))
+
+
+def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6)) -> DesiredState:
+    """The desired policy state of ``node``'s endpoints (see the module docstring)."""
+    view = _View(state)
+    b = _Builder(view, frozenset(families))
+    # An endpoint without a host interface (not written by tabby) cannot be dispatched to.
+    local = [m for m in view.members if m.ep.node == node and m.ep.interface]
+    policies = sorted(state.policies, key=lambda p: (p.namespace, p.name))
+    chains: dict[str, PolicyChain] = {}
+    selecting: dict[str, dict[Direction, list[str]]] = {m.ep.interface: {} for m in local}
+    local_by_ns: dict[str, list[_Member]] = {}
+    for m in local:
+        local_by_ns.setdefault(m.ep.namespace, []).append(m)
+    for pol in policies:
+        chosen = [m for m in local_by_ns.get(pol.namespace, ()) if _selects(pol, m)]
+        if not chosen:
+            continue
+        for direction in ("ingress", "egress"):
+            if direction not in pol.types:
+                continue
+            chain = b.policy_chain(pol, direction)
+            chains[chain.name] = chain
+            for m in chosen:
+                selecting[m.ep.interface].setdefault(direction, []).append(chain.name)
+    endpoints: dict[str, EndpointProgram] = {}
+    for m in local:
+        sel = selecting[m.ep.interface]
+        ing, egr = sel.get("ingress"), sel.get("egress")
+        endpoints[m.ep.interface] = EndpointProgram(
+            m.ep.interface,
+            f"{m.ep.namespace}/{m.ep.name}",
+            m.ep.addresses,
+            tuple(ing) if ing is not None else None,
+            tuple(egr) if egr is not None else None,
+        )
+    return DesiredState(b.sets, b.elements, chains, endpoints, len(state.policies))
+
+
+def _policy_chain_name(pol: Policy, direction: Direction) -> str:
+    return f"{'pi' if direction == 'ingress' else 'pe'}-{_digest(pol.key)}"
+
+
+def _prune(ir: DesiredState) -> DesiredState:
+    """Drop chains no endpoint jumps to and sets no remaining rule uses (as ``compute``
+    would not have made them)."""
+    used_chains = {
+        c for p in ir.endpoints.values() for js in (p.ingress, p.egress) if js for c in js
+    }
+    chains = {n: c for n, c in ir.chains.items() if n in used_chains}
+    used_sets = {
+        s for c in chains.values() for r in c.rules for s in (r.peer_set, r.named_port_set) if s
+    }
+    if len(chains) == len(ir.chains) and len(used_sets) == len(ir.sets):
+        return ir
+    sets = {n: d for n, d in ir.sets.items() if n in used_sets}
+    elements = {n: e for n, e in ir.elements.items() if n in used_sets}
+    return dataclasses.replace(ir, sets=sets, elements=elements, chains=chains)
+
+
+def add_endpoint(
+    ir: DesiredState, state: ClusterState, ep: Endpoint, pod: Pod | None, node: str
+) -> DesiredState | None:
+    """``compute(state.with_endpoint(ep, pod), node)`` from ``ir == compute(state, node)``
+    without looking at the other endpoints: the new endpoint's addresses join the sets whose
+    selectors match it and, when it is local, it gets its program. ``None`` when that is not
+    enough (the endpoint or its Pod replaces one with other labels, or a policy selecting it
+    has no chain yet): then compute the whole state."""
+    if any(e.key == ep.key for e in state.endpoints):
+        return None
+    known = next((p for p in state.pods if (p.namespace, p.name) == (ep.namespace, ep.pod)), None)
+    if pod is not None and known is not None and pod != known:
+        return None  # relabels every endpoint of the pod
+    src = pod if pod is not None else known
+    raw = src.labels if src is not None else ep.labels
+    labels, items = dict(raw), frozenset(raw)
+    ports = src.ports if src is not None else ()
+    ns_raw: dict[str, str] = {NAMESPACE_NAME_LABEL: ep.namespace}
+    for n in state.namespaces:
+        if n.name == ep.namespace:
+            ns_raw = n.effective_labels
+    ns_items = frozenset(ns_raw.items())
+    addrs = [ipaddress.ip_address(a) for a in ep.addresses]
+    elements = dict(ir.elements)
+    for name, d in ir.sets.items():
+        fam_addrs = [str(a) for a in addrs if a.version == d.family]
+        if not fam_addrs:
+            continue
+        new: list[Element] = []
+        if d.kind == "addr" and d.pods is not None:
+            if isinstance(d.scope, str):
+                in_scope = d.scope == ep.namespace
+            else:
+                in_scope = d.scope is not None and d.scope.matches(ns_raw, ns_items)
+            if in_scope and d.pods.matches(labels, items):
+                new.extend(fam_addrs)
+        elif d.kind == "named-port":
+            new.extend(
+                (a, cp.protocol.lower(), cp.port)
+                for cp in ports
+                if cp.name == d.port_name
+                for a in fam_addrs
+            )
+        if new:
+            elements[name] = elements[name] | frozenset(new)
+    endpoints = ir.endpoints
+    if ep.node == node and ep.interface:
+        chains: dict[Direction, list[str]] = {}
+        for pol in sorted(state.policies, key=lambda p: (p.namespace, p.name)):
+            if pol.namespace != ep.namespace or not pol.pod_selector.matches(labels, items):
+                continue
+            for direction in ("ingress", "egress"):
+                if direction in pol.types:
+                    name = _policy_chain_name(pol, direction)
+                    if name not in ir.chains:
+                        return None
+                    chains.setdefault(direction, []).append(name)
+        ing, egr = chains.get("ingress"), chains.get("egress")
+        endpoints = dict(ir.endpoints)
+        endpoints[ep.interface] = EndpointProgram(
+            ep.interface,
+            f"{ep.namespace}/{ep.name}",
+            ep.addresses,
+            tuple(ing) if ing is not None else None,
+            tuple(egr) if egr is not None else None,
+        )
+    return dataclasses.replace(ir, elements=elements, endpoints=endpoints)
+
+
+def remove_endpoint(
+    ir: DesiredState, state: ClusterState, namespace: str, name: str
+) -> DesiredState:
+    """``compute(state.without_endpoint(namespace, name), node)`` from ``ir``: the
+    endpoint's addresses leave every set, its program goes, and what nothing uses anymore."""
+    ep = next((e for e in state.endpoints if e.key == (namespace, name)), None)
+    if ep is None:
+        return ir
+    gone = set(ep.addresses)
+    elements = dict(ir.elements)
+    for sname, d in ir.sets.items():
+        elems = ir.elements[sname]
+        if d.kind == "addr" and not gone.isdisjoint(elems):
+            elements[sname] = elems - gone
+        elif d.kind == "named-port":
+            drop = {e for e in elems if isinstance(e, tuple) and e[0] in gone}
+            if drop:
+                elements[sname] = elems - drop
+    endpoints = ir.endpoints
+    if ep.interface in endpoints and endpoints[ep.interface].endpoint == f"{namespace}/{name}":
+        endpoints = {k: v for k, v in endpoints.items() if k != ep.interface}
+    return _prune(dataclasses.replace(ir, elements=elements, endpoints=endpoints))
+
+
+# --- direct evaluation and explain ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectionVerdict:
+    """One side of a connection: the source pod's egress or the destination pod's ingress."""
+
+    pod: str
+    direction: Direction
+    selecting: tuple[str, ...]
+    allowed: bool
+    allowed_by: tuple[str, ...]
+    reason: str
+
+    @property
+    def isolated(self) -> bool:
+        return bool(self.selecting)
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    src: str
+    dst: str
+    protocol: str
+    port: int | None
+    egress: DirectionVerdict | None
+    ingress: DirectionVerdict | None
+
+    @property
+    def allowed(self) -> bool:
+        return all(v.allowed for v in (self.egress, self.ingress) if v is not None)
+
+    def lines(self) -> list[str]:
+        what = f"{self.protocol}/{self.port}" if self.port is not None else self.protocol
+        out = [f"{self.src} -> {self.dst} {what}: {'ALLOWED' if self.allowed else 'DENIED'}"]
+        for v in (self.egress, self.ingress):
+            if v is None:
+                continue
+            sel = ", ".join(v.selecting) if v.selecting else "none"
+            out.append(f"  {v.direction} of {v.pod}: selected by {sel}")
+            out.append(f"    {'allowed' if v.allowed else 'denied'}: {v.reason}")
+        return out
+
+
+Target = tuple[str, str] | str
+"""A pod as ``(namespace, name)`` or an address (which may belong to a pod)."""
+
+
+def _port_matches(
+    spec: PortSpec, protocol: str, port: int | None, dst_ports: Sequence[ContainerPort]
+) -> bool:
+    if spec.protocol != protocol:
+        return False
+    if spec.port is None:
+        return True
+    if port is None:
+        return False
+    if isinstance(spec.port, int):
+        hi = spec.end_port if spec.end_port is not None else spec.port
+        return spec.port <= port <= hi
+    return any(
+        cp.name == spec.port and cp.protocol == protocol and cp.port == port for cp in dst_ports
+    )
+
+
+def _peer_matches(
+    view: _View, pol: Policy, peer: Peer, remote: _Member | None, addr: IPAddress
+) -> bool:
+    if peer.ip_block is not None:
+        return peer.ip_block.contains(addr)
+    return remote is not None and _member_matches_peer(view, pol, peer, remote)
+
+
+def _rule_matches(
+    view: _View,
+    pol: Policy,
+    rule: Rule,
+    remote: _Member | None,
+    remote_addr: IPAddress,
+    protocol: str,
+    port: int | None,
+    dst_ports: Sequence[ContainerPort],
+) -> bool:
+    if rule.peers and not any(_peer_matches(view, pol, p, remote, remote_addr) for p in rule.peers):
+        return False
+    return not rule.ports or any(_port_matches(p, protocol, port, dst_ports) for p in rule.ports)
+
+
+def _direction_verdict(
+    view: _View,
+    me: _Member,
+    direction: Direction,
+    remote: _Member | None,
+    remote_addr: IPAddress,
+    protocol: str,
+    port: int | None,
+) -> DirectionVerdict:
+    pols = [
+        p
+        for p in sorted(view.state.policies, key=lambda p: (p.namespace, p.name))
+        if direction in p.types and _selects(p, me)
+    ]
+    names = tuple(p.key for p in pols)
+    if not pols:
+        return DirectionVerdict(
+            me.ident, direction, (), True, (), f"no policy selects the pod for {direction}"
+        )
+    # Named ports resolve on the destination: the selected pod on ingress, the peer on egress.
+    if direction == "ingress":
+        dst_ports: Sequence[ContainerPort] = me.ports
+    else:
+        dst_ports = remote.ports if remote is not None else ()
+    by: list[str] = []
+    for p in pols:
+        for i, rule in enumerate(p.rules(direction)):
+            if _rule_matches(view, p, rule, remote, remote_addr, protocol, port, dst_ports):
+                by.append(f"{p.key} {direction}[{i}]")
+    if by:
+        return DirectionVerdict(me.ident, direction, names, True, tuple(by), f"by {', '.join(by)}")
+    count = sum(len(p.rules(direction)) for p in pols)
+    reason = (
+        f"isolated by {len(pols)} polic{'y' if len(pols) == 1 else 'ies'}"
+        f" and none of their {count} {direction} rule{'s' if count != 1 else ''} matches"
+    )
+    return DirectionVerdict(me.ident, direction, names, False, (), reason)
+
+
+def _resolve(view: _View, t: Target, family: int | None) -> tuple[_Member | None, IPAddress, str]:
+    if isinstance(t, tuple):
+        ns, name = t
+        for m in view.by_ns.get(ns, ()):
+            if m.ep.pod == name and m.addresses:
+                addrs = [a for a in m.addresses if family is None or a.version == family]
+                if addrs:
+                    return m, addrs[0], m.ident
+        raise LookupError(f"no endpoint with an address for pod {ns}/{name}")
+    addr = ipaddress.ip_interface(t).network.network_address
+    owner = view.by_addr.get(addr)
+    return owner, addr, (f"{owner.ident} ({addr})" if owner is not None else str(addr))
+
+
+def explain(
+    state: ClusterState,
+    src: Target,
+    dst: Target,
+    protocol: str = "TCP",
+    port: int | None = None,
+    *,
+    node: str | None = None,
+    host_addresses: Iterable[str] = (),
+) -> Explanation:
+    """Why a new connection ``src -> dst`` (``protocol``/``port``) is allowed or not:
+    the source pod's egress (when the source is a pod) and the destination pod's ingress
+    (when it is one). Addresses that belong to a pod are that pod; a CIDR stands for its
+    first address. ``protocol`` is TCP, UDP, SCTP, or another name (e.g. ICMP: only rules
+    without ports match it). With ``node`` and its ``host_addresses``, traffic from those
+    addresses to a pod on that node is allowed unpoliced, as the dataplane does (kubelet
+    probes)."""
+    view = _View(state)
+    protocol = protocol.upper()
+    fam = None
+    for t in (src, dst):
+        if isinstance(t, str):
+            fam = ipaddress.ip_interface(t).version
+    s_m, s_addr, s_name = _resolve(view, src, fam)
+    d_m, d_addr, d_name = _resolve(view, dst, s_addr.version)
+    egress = ingress = None
+    if s_m is not None:
+        egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port)
+    hosts = {ipaddress.ip_address(a) for a in host_addresses}
+    if d_m is not None and s_m is None and d_m.ep.node == node and s_addr in hosts:
+        why = f"traffic from node {node} to its own pods is not policed"
+        ingress = DirectionVerdict(d_m.ident, "ingress", (), True, (), why)
+    elif d_m is not None:
+        ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port)
+    return Explanation(s_name, d_name, protocol, port, egress, ingress)
+
+
+def allowed(
+    state: ClusterState, src: Target, dst: Target, protocol: str = "TCP", port: int | None = None
+) -> bool:
+    return explain(state, src, dst, protocol, port).allowed
+
+
+def selecting_policies(state: ClusterState, namespace: str, pod: str) -> dict[Direction, list[str]]:
+    """Which policies select a pod, per direction (``tabbyctl policy explain POD``): by the
+    labels of its Pod resource, else of its endpoints."""
+    known = next((p for p in state.pods if (p.namespace, p.name) == (namespace, pod)), None)
+    label_sets = [known.labels] if known is not None else []
+    label_sets += [e.labels for e in state.endpoints if (e.namespace, e.pod) == (namespace, pod)]
+    out: dict[Direction, list[str]] = {"ingress": [], "egress": []}
+    for raw in label_sets[:1]:
+        labels, items = dict(raw), frozenset(raw)
+        for p in sorted(state.policies, key=lambda p: (p.namespace, p.name)):
+            if p.namespace == namespace and p.pod_selector.matches(labels, items):
+                for d in ("ingress", "egress"):
+                    if d in p.types:
+                        out[d].append(p.key)
+    return out
+
+
+# -- NAT: the pools, for natOutgoing -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NatConfig:
+    """IP pools: ``(cidr, nat_outgoing)``. Traffic from a natOutgoing pool to a destination
+    outside every pool is masqueraded."""
+
+    pools: tuple[tuple[str, bool], ...] = ()
+
+    def __post_init__(self) -> None:
+        norm = sorted(
+            {(str(ipaddress.ip_network(c, strict=False)), bool(n)) for c, n in self.pools}
+        )
+        object.__setattr__(self, "pools", tuple(norm))
+
+    @property
+    def enabled(self) -> bool:
+        return any(n for _, n in self.pools)
+
+    def elements(self) -> dict[str, frozenset[Element]]:
+        out: dict[str, set[Element]] = {
+            f"{k}{f}": set() for k in ("nat-src", "pools") for f in (4, 6)
+        }
+        for cidr, nat in self.pools:
+            fam = ipaddress.ip_network(cidr).version
+            out[f"pools{fam}"].add(cidr)
+            if nat:
+                out[f"nat-src{fam}"].add(cidr)
+        return {k: frozenset(v) for k, v in out.items()}

@@ -1,0 +1,501 @@
+"""Resources over a Store: get, list, apply (all or nothing, one commit), delete.
+
+``apply`` works like ``kubectl apply`` for these kinds: the fields a document sets are merged
+into the existing resource (maps key by key, a ``null`` removes a field, lists and scalars
+replace), the result is validated as a whole, and every document of one call is written in
+ONE ``store.commit`` or not at all. A document's ``metadata.resourceVersion`` must equal the
+stored revision (else ``Conflict``); without one the last writer wins. Reads and the commit
+are retried together when another writer got in between (every write is a CAS).
+
+Side effects kept in the same commit:
+
+- a Pod applied or deleted rewrites the stored labels of its WorkloadEndpoints (the labels
+  rule itself is ``resources.wep.effective_labels``);
+- an IPPool is the IPAM pool document: its name and CIDR are unique (a second pool with the
+  same name is the same pool; an overlapping CIDR is refused) and its ``cidr`` and
+  ``blockSize`` cannot change.
+
+Deleting an IPPool is refused while any of its blocks holds an address (checked with the
+other documents, before anything is written); the pool itself is then removed by the IPAM
+core's ``Ipam.delete_pool`` right after the commit (it disables the pool first so that no
+node claims a new block meanwhile). A block that gets an address in between makes that last
+step fail (``Conflict``) with the other deletions done.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import ipaddress
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from pydantic import ValidationError
+
+from datastore.base import Doc, Op, Store
+from datastore.errors import RevisionConflict
+from ipam.core.block import Block
+from resources import wep
+from resources.errors import Conflict, InvalidDocument, NotFound
+from resources.meta import Resource, effective_namespace, problems, show
+from resources.names import namespaced_key, split_namespaced_key
+from resources.storage import (
+    BY_KIND,
+    RESOURCE_KINDS,
+    KindInfo,
+    document,
+    key_of,
+    pool_name,
+    resolve_kind,
+    stored_data,
+    stored_raw,
+    to_resource,
+    validate,
+)
+from resources.tabby import IPPool
+
+RETRIES = 10
+T = TypeVar("T")
+
+
+class Applied(NamedTuple):
+    """One document's outcome: ``created``, ``configured`` or ``unchanged``."""
+
+    label: str
+    action: str
+    resource: Resource
+
+
+class Deleted(NamedTuple):
+    label: str
+    resource: Resource
+
+
+def document_label(index: int, doc: object) -> str:
+    """``Kind/name`` of the ``index``-th document (from 1), else ``document <index>``."""
+    if isinstance(doc, dict):
+        kind, meta = doc.get("kind"), doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if isinstance(kind, str) and kind and isinstance(name, str) and name:
+            return f"{kind}/{name}"
+    return f"document {index}"
+
+
+def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``patch`` merged into (a copy of) ``base``: maps recursively, ``None`` removes a key,
+    everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        elif isinstance(value, dict):
+            out[key] = merge({}, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class _Tx:
+    """Reads through to the store, remembering each document's revision as first read, and
+    buffers writes; ``ops()`` is the one commit that makes them (CAS on those revisions)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.read: dict[tuple[str, str], int | None] = {}
+        self.pending: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self.after: builtins.list[Callable[[], None]] = []  # run after the commit, unlocked
+
+    def get(self, kind: str, key: str) -> tuple[dict[str, Any] | None, int | None]:
+        if (kind, key) not in self.pending:
+            doc = self.store.get(kind, key)
+            self.read.setdefault((kind, key), None if doc is None else doc.revision)
+            if doc is None:
+                return None, None
+            return doc.data, self.read[(kind, key)]
+        return copy.deepcopy(self.pending[(kind, key)]), self.read[(kind, key)]
+
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+        found: dict[str, dict[str, Any] | None] = {}
+        for key, doc in self.store.list(kind, prefix):
+            self.read.setdefault((kind, key), doc.revision)
+            found[key] = doc.data
+        for (k, key), data in self.pending.items():
+            if k == kind and key.startswith(prefix):
+                found[key] = copy.deepcopy(data)
+        return [(key, data) for key, data in sorted(found.items()) if data is not None]
+
+    def put(self, kind: str, key: str, data: dict[str, Any]) -> None:
+        if (kind, key) not in self.read:
+            self.get(kind, key)
+        self.pending[(kind, key)] = data
+
+    def delete(self, kind: str, key: str) -> None:
+        if (kind, key) not in self.read:
+            self.get(kind, key)
+        self.pending[(kind, key)] = None
+
+    def ops(self) -> builtins.list[Op]:
+        return [
+            Op(kind, key, data, self.read[(kind, key)])
+            for (kind, key), data in self.pending.items()
+            if data is not None or self.read[(kind, key)] is not None
+        ]
+
+
+class _Found(NamedTuple):
+    key: str
+    data: dict[str, Any]
+    revision: int | None
+
+
+class ResourceClient:
+    """Resources in ``store``. ``clock`` and ``new_uid`` stamp created resources."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], float] = time.time,
+        new_uid: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.new_uid = new_uid
+
+    # == read =================================================================================
+
+    def get(self, kind: str | KindInfo, name: str, namespace: str | None = None) -> Resource:
+        """One resource (``NotFound`` if absent). A namespaced kind defaults to ``default``."""
+        info = _info(kind)
+        ns = effective_namespace(info.namespaced, {"namespace": namespace})
+        found = self._find(_Tx(self.store), info, name, ns)
+        if found is None:
+            raise NotFound(_missing(info, name, ns))
+        return self._resource(info, found.key, found.data, found.revision)
+
+    def list(self, kind: str | KindInfo, namespace: str | None = None) -> list[Resource]:
+        """Every resource of a kind (of one namespace when given), sorted by namespace and
+        name (IPPools by CIDR)."""
+        info = _info(kind)
+        prefix = namespaced_key(namespace, "") if namespace and info.namespaced else ""
+        pods: dict[str, dict[str, Any]] = {}
+        if info.store_kind == wep.KIND:
+            pods = {k: d.data for k, d in self.store.list(wep.POD_KIND, prefix)}
+        out = []
+        for key, doc in self.store.list(info.store_kind, prefix):
+            data = doc.data
+            if info.store_kind == wep.KIND:
+                data = _with_effective_labels(data, pods.get(_pod_key(key, data)))
+            out.append(to_resource(info, key, doc._replace(data=data), self._where(info, key)))
+        return out
+
+    def _resource(
+        self, info: KindInfo, key: str, data: dict[str, Any], revision: int | None
+    ) -> Resource:
+        if info.store_kind == wep.KIND:
+            pod, _ = _Tx(self.store).get(wep.POD_KIND, _pod_key(key, data))
+            data = _with_effective_labels(data, pod)
+        return to_resource(info, key, Doc(data, revision or 0), self._where(info, key))
+
+    def _where(self, info: KindInfo, key: str) -> str:
+        return self.store.location(info.store_kind, key)
+
+    def _find(self, tx: _Tx, info: KindInfo, name: str, namespace: str | None) -> _Found | None:
+        if info.model is IPPool:
+            for key, data in tx.list("pool"):
+                if pool_name(data, str(data.get("cidr", key))) == name:
+                    return _Found(key, data, tx.read[("pool", key)])
+            return None
+        key = key_of(info, name, namespace)
+        got, rev = tx.get(info.store_kind, key)
+        return None if got is None else _Found(key, got, rev)
+
+    # == apply ================================================================================
+
+    def apply(self, documents: Sequence[object]) -> builtins.list[Applied]:
+        """Apply every document or none (``InvalidDocument``, ``Conflict``)."""
+        return self._transact(
+            lambda tx: [self._apply_one(tx, i, doc) for i, doc in enumerate(documents, 1)]
+        )
+
+    def _transact(self, work: Callable[[_Tx], T]) -> T:
+        for _ in range(RETRIES):
+            with self.store.lock():
+                tx = _Tx(self.store)
+                result = work(tx)
+                ops = tx.ops()
+                if ops:
+                    try:
+                        self.store.commit(ops)
+                    except RevisionConflict:
+                        continue
+            for action in tx.after:
+                action()
+            return result
+        raise Conflict("the store kept changing under this change; nothing was written, retry")
+
+    def _apply_one(self, tx: _Tx, index: int, doc: object) -> Applied:
+        label = document_label(index, doc)
+        if not isinstance(doc, dict):
+            raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
+        info = _document_kind(label, doc)
+        meta = doc.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        namespace = effective_namespace(info.namespaced, meta)
+        found = self._find(tx, info, name, namespace) if isinstance(name, str) and name else None
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        _check_resource_version(info, label, rv, found)
+
+        patch = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
+        base = stored_raw(info, found.key, found.data) if found is not None else {}
+        merged = merge(base, patch)
+        merged_meta = merged.setdefault("metadata", {})
+        if isinstance(merged_meta, dict):
+            merged_meta.pop("resourceVersion", None)
+            old_meta = base.get("metadata") or {}
+            for field, make in (("uid", self.new_uid), ("creationTimestamp", self._now)):
+                merged_meta[field] = old_meta.get(field) or make()
+        full = {"apiVersion": doc.get("apiVersion"), "kind": doc.get("kind"), **merged}
+        try:
+            resource = validate(info, full)
+        except ValidationError as e:
+            raise InvalidDocument(label, problems(e)) from None
+
+        if isinstance(resource, IPPool):
+            key = self._pool_key(tx, label, resource, found)
+        else:
+            key = key_of(info, resource.name, resource.namespace)
+        data = stored_data(info, merged, resource, found.data if found is not None else None)
+        if found is not None and (found.data == data or _same(info, base, resource)):
+            action = "unchanged"  # nothing written (also when only defaults were spelt out)
+        else:
+            action = "configured" if found is not None else "created"
+            tx.put(info.store_kind, key, data)
+            if info.store_kind == wep.POD_KIND:
+                self._relabel_endpoints(tx, key, data)
+        return Applied(label, action, resource)
+
+    def _now(self) -> str:
+        return wep.timestamp(self.clock())
+
+    def _pool_key(self, tx: _Tx, label: str, pool: IPPool, found: _Found | None) -> str:
+        spec = pool.spec
+        if found is not None:
+            old = found.data
+            if spec.cidr != str(old.get("cidr", found.key)):
+                raise InvalidDocument(
+                    label,
+                    [("spec.cidr", f"Forbidden: may not be changed (the pool is {found.key})")],
+                )
+            if spec.blockSize != old.get("block_size"):
+                raise InvalidDocument(
+                    label,
+                    [
+                        (
+                            "spec.blockSize",
+                            f"Forbidden: may not be changed (it is {old.get('block_size')})",
+                        )
+                    ],
+                )
+            return found.key
+        net = spec.network
+        for key, data in tx.list("pool"):
+            try:
+                other = ipaddress.ip_network(str(data.get("cidr", key)))
+            except ValueError:
+                continue
+            if other.version == net.version and other.overlaps(net):
+                raise InvalidDocument(
+                    label,
+                    [
+                        (
+                            "spec.cidr",
+                            f"Invalid value: {show(spec.cidr)}: overlaps IPPool "
+                            f"{pool_name(data, str(other))} ({other})",
+                        )
+                    ],
+                )
+        return spec.cidr
+
+    def _relabel_endpoints(self, tx: _Tx, pod_key: str, pod: dict[str, Any] | None) -> None:
+        """Give the Pod's endpoints its labels (``pod=None``: it was deleted: none)."""
+        namespace, name = split_namespaced_key(pod_key)
+        labels = wep.effective_labels(None, pod) if pod is not None else {}
+        for key, data in tx.list(wep.KIND, namespaced_key(namespace, "")):
+            spec = data.get("spec")
+            if not isinstance(spec, dict) or spec.get("pod") != name:
+                continue
+            meta = data.setdefault("metadata", {})
+            if isinstance(meta, dict) and meta.get("labels") != labels:
+                meta["labels"] = labels
+                tx.put(wep.KIND, key, data)
+
+    # == delete ===============================================================================
+
+    def delete(
+        self,
+        kind: str | KindInfo,
+        name: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str | None = None,
+    ) -> Deleted:
+        """Delete one resource (``NotFound``; ``Conflict`` on a resourceVersion mismatch or
+        an IPPool still in use)."""
+        info = _info(kind)
+        ns = effective_namespace(info.namespaced, {"namespace": namespace})
+        label = f"{info.kind}/{name}"
+        out = self._transact(
+            lambda tx: self._delete_one(tx, info, label, name, ns, resource_version, False)
+        )
+        assert out is not None
+        return out
+
+    def delete_documents(
+        self, documents: Sequence[object], *, ignore_not_found: bool = False
+    ) -> builtins.list[Deleted]:
+        """Delete the resource each document names, all or none."""
+
+        def work(tx: _Tx) -> builtins.list[Deleted]:
+            out = []
+            for i, doc in enumerate(documents, 1):
+                label = document_label(i, doc)
+                if not isinstance(doc, dict):
+                    raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
+                info = _document_kind(label, doc)
+                meta = doc.get("metadata")
+                name = meta.get("name") if isinstance(meta, dict) else None
+                if not isinstance(name, str) or not name:
+                    raise InvalidDocument(label, [("metadata.name", "Required value")])
+                rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                ns = effective_namespace(info.namespaced, meta)
+                done = self._delete_one(tx, info, label, name, ns, rv, ignore_not_found)
+                if done is not None:
+                    out.append(done)
+            return out
+
+        return self._transact(work)
+
+    def _delete_one(
+        self,
+        tx: _Tx,
+        info: KindInfo,
+        label: str,
+        name: str,
+        namespace: str | None,
+        rv: object,
+        ignore_not_found: bool,
+    ) -> Deleted | None:
+        found = self._find(tx, info, name, namespace)
+        if found is None:
+            if ignore_not_found:
+                return None
+            raise NotFound(_missing(info, name, namespace))
+        _check_resource_version(info, label, rv, found)
+        resource = self._resource(info, found.key, found.data, found.revision)
+        if info.model is IPPool:
+            self._delete_pool(tx, label, found)
+        else:
+            tx.delete(info.store_kind, found.key)
+        if info.store_kind == wep.POD_KIND:
+            self._relabel_endpoints(tx, found.key, None)
+        return Deleted(label, resource)
+
+    def _delete_pool(self, tx: _Tx, label: str, found: _Found) -> None:
+        """Refuse while a block of the pool holds an address (checked before anything is
+        written); the deletion itself is the IPAM core's (``Ipam.delete_pool``: it disables
+        the pool first, so no node claims a new block of it meanwhile, then deletes its empty
+        blocks, their affinities and the pool), run after the commit."""
+        cidr = str(found.data.get("cidr", found.key))
+        for key, data in tx.list("block"):
+            block = Block.from_data(data, self.store.location("block", key))
+            if block.pool == cidr and not block.is_empty():
+                raise Conflict(
+                    f"{label}: pool {cidr} is in use: block {key} holds addresses "
+                    "(release them first)"
+                )
+        tx.after.append(lambda: _delete_pool_now(self.store, label, cidr))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _info(kind: str | KindInfo) -> KindInfo:
+    return kind if isinstance(kind, KindInfo) else resolve_kind(kind)
+
+
+def _document_kind(label: str, doc: Mapping[str, Any]) -> KindInfo:
+    kind = doc.get("kind")
+    if kind is None:
+        raise InvalidDocument(label, [("kind", "Required value")])
+    info = BY_KIND.get(kind) if isinstance(kind, str) else None
+    if info is None:
+        known = ", ".join(i.kind for i in RESOURCE_KINDS)
+        raise InvalidDocument(
+            label, [("kind", f"Unsupported value: {show(kind)}: supported kinds: {known}")]
+        )
+    return info
+
+
+def _check_resource_version(info: KindInfo, label: str, rv: object, found: _Found | None) -> None:
+    if rv is None:
+        return
+    if not isinstance(rv, str):
+        raise InvalidDocument(
+            label, [("metadata.resourceVersion", f"Invalid value: {show(rv)}: must be a string")]
+        )
+    if found is None:
+        raise Conflict(
+            f"{label}: metadata.resourceVersion {rv} given but there is no such {info.kind} "
+            "(leave it out to create one)"
+        )
+    if rv != str(found.revision):
+        raise Conflict(
+            f"{label}: the object has been modified (resourceVersion {rv}, now "
+            f"{found.revision}): get it again and re-apply your change"
+        )
+
+
+def _delete_pool_now(store: Store, label: str, cidr: str) -> None:
+    from ipam.core import InvalidConfig, Ipam
+
+    try:
+        Ipam(store, "").delete_pool(cidr)
+    except InvalidConfig as e:
+        raise Conflict(f"{label}: {e}") from None
+
+
+def _same(info: KindInfo, stored: dict[str, Any], resource: Resource) -> bool:
+    """Whether the stored resource reads as ``resource`` (defaults applied)."""
+    try:
+        return validate(info, document(info, stored, None)).wire() == resource.wire()
+    except ValidationError:
+        return False
+
+
+def _missing(info: KindInfo, name: str, namespace: str | None) -> str:
+    where = f" in namespace {namespace}" if info.namespaced and namespace else ""
+    return f"{info.kind} {name!r} not found{where}"
+
+
+def _pod_key(endpoint_key: str, data: Mapping[str, Any]) -> str:
+    namespace, _ = split_namespaced_key(endpoint_key)
+    spec = data.get("spec")
+    pod = spec.get("pod") if isinstance(spec, dict) else None
+    return namespaced_key(namespace, str(pod or ""))
+
+
+def _with_effective_labels(data: dict[str, Any], pod: Mapping[str, Any] | None) -> dict[str, Any]:
+    out = dict(data)
+    meta = dict(out.get("metadata") or {})
+    labels = wep.effective_labels(data, pod)
+    if labels:
+        meta["labels"] = labels
+    else:
+        meta.pop("labels", None)
+    out["metadata"] = meta
+    return out

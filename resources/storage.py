@@ -1,0 +1,195 @@
+"""Where each kind lives in the store, and resource <-> stored document: the one place.
+
+==================  ==========================  =============================================
+kind                store kind, key             stored data
+==================  ==========================  =============================================
+IPPool              ``pool``, its CIDR          the IPAM pool document: ``cidr``,
+                                                ``block_size``, ``disabled`` (read by the
+                                                allocator) beside ``name``, ``ipip_mode``,
+                                                ``vxlan_mode``, ``nat_outgoing``,
+                                                ``node_selector``, ``labels``,
+                                                ``annotations``, ``uid``,
+                                                ``creation_timestamp``
+others              kind in lower case,         ``{"metadata": {...}, "spec": {...}}`` as
+                    ``name`` or                 applied (defaults are applied when read,
+                    ``<namespace>/<name>``      so a later apply merges into what the
+                                                operator set, not into defaults)
+==================  ==========================  =============================================
+
+``metadata.resourceVersion`` is the document's store revision, as a string. A pool that the
+IPAM plugin created from its configuration has no name: it is shown as ``ippool-`` plus its
+CIDR with ``.``, ``:`` and ``/`` as ``-`` (``ippool-10-244-0-0-16``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+
+from datastore.base import Doc
+from datastore.errors import StoreCorrupt
+from resources.errors import UnknownKind
+from resources.k8s import Namespace, NetworkPolicy, Pod
+from resources.meta import Resource, problems
+from resources.names import namespaced_key
+from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
+
+
+class KindInfo(NamedTuple):
+    model: type[Resource]
+    store_kind: str
+    plural: str
+    short: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return self.model.KIND
+
+    @property
+    def api_version(self) -> str:
+        return self.model.API_VERSION
+
+    @property
+    def namespaced(self) -> bool:
+        return self.model.NAMESPACED
+
+
+RESOURCE_KINDS: tuple[KindInfo, ...] = (
+    KindInfo(IPPool, "pool", "ippools"),
+    KindInfo(Node, "node", "nodes"),
+    KindInfo(BGPConfiguration, "bgpconfiguration", "bgpconfigurations"),
+    KindInfo(BGPPeer, "bgppeer", "bgppeers"),
+    KindInfo(NetworkPolicy, "networkpolicy", "networkpolicies", ("netpol",)),
+    KindInfo(Namespace, "namespace", "namespaces", ("ns",)),
+    KindInfo(Pod, "pod", "pods", ("po",)),
+    KindInfo(WorkloadEndpoint, "workloadendpoint", "workloadendpoints", ("wep", "weps")),
+)
+BY_KIND = {i.kind: i for i in RESOURCE_KINDS}
+_ALIASES = {alias: i for i in RESOURCE_KINDS for alias in (i.kind.lower(), i.plural, *i.short)}
+
+
+def resolve_kind(name: str) -> KindInfo:
+    """A kind by singular, plural or short name, any case (``netpol``, ``IPPools``)."""
+    info = _ALIASES.get(name.lower())
+    if info is None:
+        known = ", ".join(i.plural for i in RESOURCE_KINDS)
+        raise UnknownKind(f"unknown resource kind {name!r} (known: {known})")
+    return info
+
+
+def key_of(info: KindInfo, name: str, namespace: str | None) -> str:
+    """The store key of a (non-IPPool) resource."""
+    return namespaced_key(namespace or "", name) if info.namespaced else name
+
+
+# -- IPPool <-> pool document -------------------------------------------------------------
+
+_POOL_OPTIONAL = {
+    # spec field -> pool document key (left out when unset)
+    "ipipMode": "ipip_mode",
+    "vxlanMode": "vxlan_mode",
+    "natOutgoing": "nat_outgoing",
+    "nodeSelector": "node_selector",
+}
+_POOL_META = {
+    "labels": "labels",
+    "annotations": "annotations",
+    "uid": "uid",
+    "creationTimestamp": "creation_timestamp",
+}
+
+
+def pool_name(data: Mapping[str, Any], cidr: str) -> str:
+    """A pool's name: its own, else one derived from its CIDR."""
+    name = data.get("name")
+    if isinstance(name, str) and name:
+        return name
+    return "ippool-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
+
+
+def _pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    cidr = data.get("cidr", key)
+    meta: dict[str, Any] = {"name": pool_name(data, str(cidr))}
+    for field, stored in _POOL_META.items():
+        if stored in data:
+            meta[field] = data[stored]
+    spec: dict[str, Any] = {
+        "cidr": cidr,
+        "blockSize": data.get("block_size"),
+        "disabled": data.get("disabled", False),
+    }
+    for field, stored in _POOL_OPTIONAL.items():
+        if stored in data:
+            spec[field] = data[stored]
+    return {"metadata": meta, "spec": spec}
+
+
+def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+    data = dict(existing or {})  # keep keys the allocator (or a newer tabby) added
+    spec = pool.spec
+    data.update(cidr=spec.cidr, block_size=spec.blockSize, disabled=spec.disabled, name=pool.name)
+    fields = {f: getattr(spec, f) for f in _POOL_OPTIONAL}
+    fields.update({f: getattr(pool.metadata, f) for f in _POOL_META})
+    stored_names = {**_POOL_OPTIONAL, **_POOL_META}
+    for field, value in fields.items():
+        if value is None:
+            data.pop(stored_names[field], None)
+        else:
+            data[stored_names[field]] = value
+    return data
+
+
+# -- the mapping -----------------------------------------------------------------------------
+
+
+def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored document as an applied document (``metadata`` and ``spec``, no defaults
+    added, no ``apiVersion``/``kind``/``resourceVersion``): what ``apply`` merges into."""
+    if info.model is IPPool:
+        return _pool_raw(data, key)
+    return {k: v for k, v in data.items() if k in ("metadata", "spec")}
+
+
+def stored_data(
+    info: KindInfo, raw: Mapping[str, Any], resource: Resource, existing: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """What to store for ``resource``, validated from the applied document ``raw``."""
+    if isinstance(resource, IPPool):
+        return _pool_data(resource, existing)
+    meta = {k: v for k, v in dict(raw.get("metadata") or {}).items() if k != "resourceVersion"}
+    meta["name"] = resource.name
+    if info.namespaced:
+        meta["namespace"] = resource.namespace
+    for field in ("uid", "creationTimestamp"):
+        value = getattr(resource.metadata, field)
+        if value is not None:
+            meta[field] = value
+    out: dict[str, Any] = {"metadata": meta}
+    if "spec" in raw:
+        out["spec"] = raw["spec"]
+    return out
+
+
+def document(info: KindInfo, raw: Mapping[str, Any], revision: int | None) -> dict[str, Any]:
+    """An applied-document form with ``apiVersion``, ``kind`` and ``resourceVersion``."""
+    meta = dict(raw.get("metadata") or {})
+    if revision is not None:
+        meta["resourceVersion"] = str(revision)
+    return {"apiVersion": info.api_version, "kind": info.kind, **raw, "metadata": meta}
+
+
+def validate(info: KindInfo, doc: Mapping[str, Any]) -> Resource:
+    """The model of a full document (raises pydantic's ValidationError)."""
+    return info.model.model_validate(dict(doc))
+
+
+def to_resource(info: KindInfo, key: str, doc: Doc, where: str) -> Resource:
+    """A stored document as its resource (defaults applied); StoreCorrupt if it does not
+    validate (``where`` names its location)."""
+    try:
+        return validate(info, document(info, stored_raw(info, key, doc.data), doc.revision))
+    except ValidationError as e:
+        first = problems(e)[0]
+        raise StoreCorrupt(where, f"not a valid {info.kind}: {first[0]}: {first[1]}") from None

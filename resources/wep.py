@@ -1,0 +1,168 @@
+"""WorkloadEndpoints as the CNI plugin writes them: one per attachment (standard library only,
+so the plugin can use it without importing pydantic).
+
+An endpoint's key is ``<pod namespace>/<name>``, its name Calico-style
+``<node>-k8s-<pod>-<interface>`` with every ``-`` of the parts doubled (unambiguous), or
+``wep-<hash>`` when that would not be a valid name. Its labels are those of the ``v1 Pod`` of
+the same namespace/name whenever that Pod exists (``effective_labels``, the one rule): ADD
+writes them here, and applying or deleting a Pod rewrites the stored labels of the Pod's
+endpoints in the same commit (``resources.client``).
+
+Stored data (``resources.storage``)::
+
+    {"metadata": {"name", "namespace", "labels", "creationTimestamp"},
+     "spec": {"node", "pod", "containerID", "interface", "hostInterface", "ipNetworks"}}
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from datastore.base import Store
+from datastore.errors import RevisionConflict
+from resources.names import dns1123_subdomain, namespaced_key
+
+KIND = "workloadendpoint"
+POD_KIND = "pod"
+RETRIES = 10
+
+
+def endpoint_name(node: str, pod: str, interface: str) -> str:
+    """The endpoint's name (unique per node, pod and interface inside the pod)."""
+    name = (
+        "-k8s-".join(p.replace("-", "--") for p in (node, pod)) + "-" + interface.replace("-", "--")
+    )
+    if dns1123_subdomain(name) is None:
+        return name
+    import hashlib  # only for names that need it
+
+    digest = hashlib.sha256(f"{node}\0{pod}\0{interface}".encode()).hexdigest()
+    return f"wep-{digest[:32]}"
+
+
+def endpoint_key(namespace: str, node: str, pod: str, interface: str) -> str:
+    """The store key (kind ``workloadendpoint``) of one attachment."""
+    return namespaced_key(namespace, endpoint_name(node, pod, interface))
+
+
+def effective_labels(
+    endpoint: Mapping[str, Any] | None, pod: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """An endpoint's labels: its Pod's when the Pod exists, else those stored on it.
+
+    Both arguments are stored document data (``None``: no such document).
+    """
+    source = pod if pod is not None else endpoint
+    labels = ((source or {}).get("metadata") or {}).get("labels")
+    return dict(labels) if isinstance(labels, dict) else {}
+
+
+def endpoint_data(
+    *,
+    namespace: str,
+    node: str,
+    pod: str,
+    container_id: str,
+    interface: str,
+    host_interface: str | None,
+    ip_networks: Sequence[str],
+    labels: Mapping[str, str],
+    created: str | None = None,
+) -> dict[str, Any]:
+    """The stored document of one attachment (``ip_networks``: CIDRs such as
+    ``10.244.0.5/32``)."""
+    meta: dict[str, Any] = {
+        "name": endpoint_name(node, pod, interface),
+        "namespace": namespace,
+        "labels": dict(labels),
+    }
+    if created is not None:
+        meta["creationTimestamp"] = created
+    spec: dict[str, Any] = {
+        "node": node,
+        "pod": pod,
+        "containerID": container_id,
+        "interface": interface,
+        "ipNetworks": list(ip_networks),
+    }
+    if host_interface is not None:
+        spec["hostInterface"] = host_interface
+    return {"metadata": meta, "spec": spec}
+
+
+def timestamp(now: float) -> str:
+    """RFC 3339 UTC, seconds (as Kubernetes writes ``creationTimestamp``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+
+
+def write_endpoint(
+    store: Store,
+    *,
+    namespace: str,
+    node: str,
+    pod: str,
+    container_id: str,
+    interface: str,
+    host_interface: str | None,
+    ip_networks: Sequence[str],
+    clock: Callable[[], float] = time.time,
+) -> str:
+    """Create or replace the attachment's endpoint with its Pod's labels; returns its key.
+
+    The Pod is read again after the write: a Pod applied in between (whose commit could not
+    see this endpoint yet) is caught and its labels written. Every write is a CAS.
+    """
+    key = endpoint_key(namespace, node, pod, interface)
+    pod_key = namespaced_key(namespace, pod)
+    for _ in range(RETRIES):
+        pod_doc = store.get(POD_KIND, pod_key)
+        current = store.get(KIND, key)
+        created = None
+        if current is not None and _spec(current.data).get("containerID") == container_id:
+            created = (current.data.get("metadata") or {}).get("creationTimestamp")
+        data = endpoint_data(
+            namespace=namespace,
+            node=node,
+            pod=pod,
+            container_id=container_id,
+            interface=interface,
+            host_interface=host_interface,
+            ip_networks=ip_networks,
+            labels=effective_labels(None, pod_doc.data if pod_doc is not None else None),
+            created=created or timestamp(clock()),
+        )
+        if current is None or current.data != data:
+            try:
+                store.put(KIND, key, data, current.revision if current is not None else None)
+            except RevisionConflict:
+                continue
+        again = store.get(POD_KIND, pod_key)
+        if _revision(again) == _revision(pod_doc):
+            return key
+    raise RevisionConflict("workload endpoint kept changing", key)
+
+
+def remove_endpoint(store: Store, key: str, container_id: str) -> bool:
+    """Delete the endpoint if it is this container's (a newer sandbox of the same pod may
+    own it by now); False when there was nothing to delete."""
+    for _ in range(RETRIES):
+        current = store.get(KIND, key)
+        if current is None or _spec(current.data).get("containerID") != container_id:
+            return False
+        try:
+            store.delete(KIND, key, current.revision)
+            return True
+        except RevisionConflict:
+            continue
+    raise RevisionConflict("workload endpoint kept changing", key)
+
+
+def _spec(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = data.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def _revision(doc: Any) -> int | None:
+    return None if doc is None else int(doc.revision)

@@ -1,0 +1,760 @@
+"""tabby-node, the node agent (calico-node's role): registration, datastore watch, routing,
+NetworkPolicy, and the CNI calls of the plugins.
+
+Threads::
+
+    watcher      store.sync() -> the cache (a fresh snapshot after a broken watch)
+    heartbeat    this node's liveness document (ttl --node-ttl), every ttl/3; re-registers
+                 the Node if an operator deleted it while the node runs
+    dataplane    the one thread that changes the kernel: on every cache change (debounced)
+                 it recomputes the cluster view and reconciles the routing backend (BIRD or
+                 VXLAN) and the nftables table; it also programs a new pod's policy before
+                 that pod's ADD answers (requests from the CNI threads)
+    cni server   one thread per CNI call (tabby_node.server)
+    http         /metrics, /liveness, /readiness
+
+The dataplane thread lives in tabby-node's own network namespace (the node's), so every
+kernel change lands there even when the CNI thread asking for it has entered a caller's
+namespace. Reconciling reads the kernel and changes only the difference (the overlay
+reconciler, BIRD's configure, nftables transactions), so a restart adopts what is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from bundle import __version__
+from cni_protocol.errors import CniError, Code
+from datastore.base import Doc, Store
+from ipam.core.errors import DatastoreError, RevisionConflict
+from policy.inputs import PolicyInputs, key_pod, pod_model
+from tabby_node.cache import Cache
+from tabby_node.cluster import WATCHED_KINDS, Cluster, Underlay, vxlan_state
+from tabby_node.facts import Facts
+from tabby_node.options import NodeOptions
+from tabby_node.status import RESYNC_SECONDS, write_status
+
+if TYPE_CHECKING:
+    from cni_config.common import DatastoreSettings
+    from dataplane.nodeinfo import NodeAddress
+
+log = logging.getLogger("tabby.node")
+
+TUNNEL_NETWORK = "tabby-tunnel"
+DEBOUNCE_SECONDS = 0.02
+ENDPOINT_WAIT_SECONDS = 10.0
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+
+class Agent:
+    def __init__(self, options: NodeOptions, datastore: DatastoreSettings) -> None:
+        self.options = options
+        self.datastore = datastore
+        self.store: Store | None = None
+        self.cache = Cache()
+        self.stopping = threading.Event()
+        self.requests: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
+        self.facts: Facts | None = None
+        self.policy: Any = None
+        self.routing: Any = None
+        self.server: Any = None
+        self.threads: list[threading.Thread] = []
+        self.last_reconcile: float = 0.0
+        self.reconciles = 0
+        self.reconcile_failures = 0
+        self.loop_beat: dict[str, float] = {}
+        self.problems: dict[str, str] = {}
+        self.in_sync = False
+        self.metrics: Any = None
+        self.http_servers: list[Any] = []
+        self.mtu: int | None = None
+        self.policy_memo = PolicyInputs()
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def node_name(self) -> str:
+        if self.options.nodename:
+            return self.options.nodename
+        from cni_config.common import node_name_problem
+
+        try:
+            with open(self.options.nodename_file, encoding="utf-8") as f:
+                text = f.read().strip()
+        except OSError:
+            text = ""
+        if text and node_name_problem(text) is None:
+            return text
+        return socket.gethostname().lower()
+
+    def discover(self) -> Facts:
+        from dataplane import nodeinfo
+
+        name = self.node_name()
+        v4: NodeAddress | None = None
+        v6: NodeAddress | None = None
+        try:
+            v4 = nodeinfo.detect_address(self.options.node_ip, 4)
+        except nodeinfo.AutodetectError as e:
+            if self.options.backend != "none":
+                raise CniError(
+                    Code.INVALID_CONFIG, "cannot find the node's IPv4 address", str(e)
+                ) from None
+            log.warning("no node IPv4 address (%s); fine for --backend none", e)
+        if self.options.node_ip6:
+            try:
+                v6 = nodeinfo.detect_address(self.options.node_ip6, 6)
+            except nodeinfo.AutodetectError as e:
+                raise CniError(
+                    Code.INVALID_CONFIG, "cannot find the node's IPv6 address", str(e)
+                ) from None
+        uplink = nodeinfo.uplink_mtu([a for a in (v4, v6) if a is not None])
+        ipip = nodeinfo.ipip_support()
+        return Facts(name, v4, v6, uplink, ipip.available, ipip.reason)
+
+    def start(self) -> None:
+        """Everything up to serving: facts, state files, registration, first sync."""
+        from datastore import open_store
+
+        os.makedirs(self.options.run_dir, mode=0o755, exist_ok=True)
+        os.makedirs(self.options.state_dir, mode=0o755, exist_ok=True)
+        self.facts = facts = self.discover()
+        _write_file(self.options.nodename_file, facts.name + "\n")
+        self.store = store = open_store(self.datastore)
+        log.warning(
+            "tabby-node %s: node %s, %s, backend %s, datastore %s",
+            __version__,
+            facts.name,
+            ", ".join(str(a) for a in (facts.ipv4, facts.ipv6) if a) or "no underlay address",
+            self.options.backend,
+            self.datastore.describe(),
+        )
+        self._retry("register", lambda: self.register(store))
+        self._retry("default pools", lambda: self.ensure_default_pools(store))
+        self._spawn("watcher", self._watch)
+        self._spawn("heartbeat", self._heartbeat)
+        if not self.cache.synced.wait(self.datastore.lock_timeout_seconds):
+            log.warning("no datastore snapshot yet: starting with an empty view")
+        self._retry("tunnel addresses", lambda: self.ensure_tunnels(store))
+        self.write_mtu()
+        self.routing = self._routing_backend()
+        self.routing.start()
+        from dataplane.nft import PolicyDataplane
+
+        self.policy = PolicyDataplane(facts.name)
+        self.reconcile(full=True)
+
+    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Datastore work at start-up: retried until it works or tabby-node is stopped
+        (etcd may still be electing a leader, or not be up yet)."""
+        delay = 0.2
+        while True:
+            try:
+                value = fn()
+            except DatastoreError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error(what)
+                if self.stopping.is_set():
+                    raise
+                log.warning("%s: %s (retrying in %.1f s)", what, e, delay)
+                self.problems[f"datastore: {what}"] = str(e)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.problems.pop(f"datastore: {what}", None)
+            return value
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> threading.Thread:
+        t = threading.Thread(target=self._guarded, args=(name, fn), name=name, daemon=True)
+        self.threads.append(t)
+        t.start()
+        return t
+
+    def _guarded(self, name: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("tabby-node: the %s loop failed", name)
+            self.problems[f"loop {name}"] = "crashed (see the log)"
+
+    # -- registration ----------------------------------------------------------------------
+
+    def node_spec(self, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The Node document: the operator's fields (labels, BGP AS, route reflector id)
+        kept, tabby-node's own fields set from what it found."""
+        facts = self.facts
+        assert facts is not None
+        data: dict[str, Any] = json.loads(json.dumps(existing or {}))
+        meta = data.setdefault("metadata", {})
+        meta["name"] = facts.name
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        spec = data.setdefault("spec", {})
+        spec["backend"] = self.options.backend
+        for key, addr in (("ipv4Address", facts.ipv4), ("ipv6Address", facts.ipv6)):
+            if addr is not None:
+                spec[key] = str(addr)
+            else:
+                spec.pop(key, None)
+        return data
+
+    def register(self, store: Store) -> None:
+        facts = self.facts
+        assert facts is not None
+        if facts.ipv4 is not None:
+            for key, doc in store.list("node"):
+                other = str((doc.data.get("spec") or {}).get("ipv4Address") or "")
+                same = other.split("/")[0] == str(facts.ipv4.address)
+                if key != facts.name and same and store.get("heartbeat", key) is not None:
+                    raise CniError(
+                        Code.INVALID_CONFIG,
+                        f"node {key} already has address {facts.ipv4.address}",
+                        "two nodes with one address would break routing: fix --node-ip",
+                    )
+        _cas(store, "node", facts.name, self.node_spec)
+        self.beat(store)
+
+    def beat(self, store: Store) -> None:
+        facts = self.facts
+        assert facts is not None
+        data = {"node": facts.name, "time": time.time(), "pid": os.getpid()}
+        for _ in range(5):
+            current = store.get("heartbeat", facts.name)
+            try:
+                store.put(
+                    "heartbeat",
+                    facts.name,
+                    data,
+                    current.revision if current else None,
+                    ttl=self.options.node_ttl,
+                )
+                return
+            except RevisionConflict:
+                continue
+
+    def _heartbeat(self) -> None:
+        store = self.store
+        assert store is not None
+        period = max(self.options.node_ttl / 3, 1.0)
+        while not self.stopping.wait(period):
+            self.loop_beat["heartbeat"] = time.monotonic()
+            try:
+                self.beat(store)
+                facts = self.facts
+                assert facts is not None
+                if store.get("node", facts.name) is None:
+                    log.warning(
+                        "the Node %s was deleted while it runs: registering again", facts.name
+                    )
+                    self.register(store)
+                    self.ensure_tunnels(store)
+                self.problems.pop("datastore: heartbeat", None)
+            except DatastoreError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error("heartbeat")
+                self.problems["datastore: heartbeat"] = str(e)
+                log.warning("heartbeat: %s", e)
+
+    def ensure_default_pools(self, store: Store) -> None:
+        """A datastore without pools gets the default ones (Calico does the same)."""
+        if store.list("pool"):
+            return
+        from resources.client import ResourceClient
+
+        docs: list[dict[str, Any]] = [
+            {
+                "apiVersion": "tabby.io/v1",
+                "kind": "IPPool",
+                "metadata": {"name": "default-ipv4-ippool"},
+                "spec": {"cidr": self.options.ipv4_pool, "blockSize": 26},
+            }
+        ]
+        if self.options.ipv6_pool:
+            docs.append(
+                {
+                    "apiVersion": "tabby.io/v1",
+                    "kind": "IPPool",
+                    "metadata": {"name": "default-ipv6-ippool"},
+                    "spec": {"cidr": self.options.ipv6_pool, "blockSize": 122},
+                }
+            )
+        try:
+            ResourceClient(store).apply(docs)
+            log.warning("created the default pools: %s", ", ".join(d["spec"]["cidr"] for d in docs))
+        except (RevisionConflict, Exception) as e:  # another node was faster: theirs stand
+            if store.list("pool"):
+                return
+            raise DatastoreError("cannot create the default pools", str(e)) from None
+
+    def _vxlan_families(self, cluster: Cluster) -> list[int]:
+        facts = self.facts
+        assert facts is not None
+        out = []
+        for version, addr in ((4, facts.ipv4), (6, facts.ipv6)):
+            if addr is None:
+                continue
+            if any(
+                p.cidr.version == version and p.encap(self.options.backend)[0] == "vxlan"
+                for p in cluster.pools
+            ):
+                out.append(version)
+        return out
+
+    def ensure_tunnels(self, store: Store) -> None:
+        """The VXLAN tunnel address of each family in use (from IPAM, handle
+        ``vxlan-tunnel-addr-<node>``, out of the node's own block) and the MAC, on the
+        Node (felix's role)."""
+        from dataplane.nodeinfo import vxlan_mac
+        from ipam.core import AssignRequest, Ipam, handle_id
+
+        facts = self.facts
+        assert facts is not None
+        cluster = Cluster.from_docs(self.cache.view(), facts.name)
+        families = self._vxlan_families(cluster)
+        if not families:
+            return
+        ipam = Ipam(store, facts.name)
+        tunnels: dict[int, str] = {}
+        for version in families:
+            device = "vxlan.tabby" if version == 4 else "vxlan-v6.tabby"
+            pools = [
+                str(p.cidr)
+                for p in cluster.pools
+                if p.cidr.version == version
+                and not p.disabled
+                and p.encap(self.options.backend)[0] == "vxlan"
+            ]
+            req = AssignRequest(
+                handle_id=handle_id(TUNNEL_NETWORK, f"vxlan-tunnel-addr-{facts.name}", device),
+                attrs={"node": facts.name, "network": TUNNEL_NETWORK, "purpose": "vxlan-tunnel"},
+                want_v4=version == 4,
+                want_v6=version == 6,
+                v4_pools=pools if version == 4 else (),
+                v6_pools=pools if version == 6 else (),
+            )
+            (alloc,) = ipam.assign(req)
+            tunnels[version] = str(alloc.ip)
+
+        def change(existing: Mapping[str, Any] | None) -> dict[str, Any]:
+            data = self.node_spec(existing)
+            spec = data["spec"]
+            for version, (addr_key, mac_key) in {
+                4: ("ipv4VXLANTunnelAddr", "vxlanTunnelMACAddr"),
+                6: ("ipv6VXLANTunnelAddr", "vxlanTunnelMACAddrV6"),
+            }.items():
+                if version in tunnels:
+                    spec[addr_key] = tunnels[version]
+                    spec[mac_key] = vxlan_mac(facts.name, version)
+                else:
+                    spec.pop(addr_key, None)
+                    spec.pop(mac_key, None)
+            return data
+
+        doc = _cas(store, "node", facts.name, change)
+        self.cache.put_local("node", facts.name, doc)
+
+    def write_mtu(self) -> None:
+        """``<state-dir>/mtu``: what a pod whose conflist says ``"mtu": 0`` gets."""
+        from dataplane.nodeinfo import pod_mtu
+
+        facts = self.facts
+        assert facts is not None
+        cluster = Cluster.from_docs(self.cache.view(), facts.name)
+        families = self._vxlan_families(cluster)
+        ipip = facts.ipip_available and any(
+            p.encap(self.options.backend)[0] == "ipip" for p in cluster.pools
+        )
+        mtu = pod_mtu(facts.uplink_mtu, vxlan=4 in families, vxlan_v6=6 in families, ipip=ipip)
+        self.mtu = mtu
+        _write_file(self.options.mtu_file, f"{mtu}\n")
+
+    # -- the loops -------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        store = self.store
+        assert store is not None
+        delay = 0.2
+        while not self.stopping.is_set():
+            try:
+                for event in store.sync(WATCHED_KINDS, self.stopping):
+                    self.cache.apply(event)
+                    self.loop_beat["watcher"] = time.monotonic()
+                    delay = 0.2
+            except DatastoreError as e:
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error("watch")
+                self.cache.last_error = str(e)
+                log.warning("datastore watch: %s (again in %.1f s)", e, delay)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def run(self) -> None:
+        """The dataplane loop: serve endpoint requests at once, reconcile on change (a
+        burst of watch events debounced into one pass), resync periodically."""
+        next_full = time.monotonic() + RESYNC_SECONDS
+        cache = self.cache
+        while not self.stopping.is_set():
+            self.loop_beat["dataplane"] = time.monotonic()
+            if cache.wake.wait(0.1):
+                cache.wake.clear()
+            self._serve_requests()
+            if cache.changed.is_set():
+                # Debounce, but a CNI call waiting for its pod's rules is never kept
+                # waiting for it, nor for the pass its own endpoint write triggered.
+                until = time.monotonic() + DEBOUNCE_SECONDS
+                while (left := until - time.monotonic()) > 0:
+                    if cache.wake.wait(left):
+                        cache.wake.clear()
+                        self._serve_requests()
+                cache.changed.clear()
+                self._serve_requests()
+                self.reconcile()
+            if time.monotonic() >= next_full:
+                next_full = time.monotonic() + RESYNC_SECONDS
+                self.reconcile(full=True)
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                fn, reply = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                reply.put((True, fn()))
+            except BaseException as e:  # handed to the waiting CNI thread
+                reply.put((False, e))
+
+    def on_dataplane_thread(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run ``fn`` on the dataplane thread (the node's network namespace) and wait."""
+        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self.requests.put((fn, reply))
+        self.cache.wake.set()
+        ok, value = reply.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
+    def reconcile(self, *, full: bool = False) -> None:
+        facts = self.facts
+        assert facts is not None
+        start = time.monotonic()
+        docs = self.cache.view()
+        cluster = Cluster.from_docs(docs, facts.name)
+        self._ipip_notice(cluster)
+        ok = True
+        try:
+            self.routing.reconcile(cluster, full=full)
+        except Exception as e:
+            ok = False
+            self.problems["routing"] = str(e)
+            log.exception("routing reconcile failed")
+        else:
+            self.problems.pop("routing", None)
+        try:
+            self.policy_sync(docs, cluster, full=full)
+        except Exception as e:
+            ok = False
+            self.problems["policy"] = str(e)
+            log.exception("policy reconcile failed")
+        else:
+            self.problems.pop("policy", None)
+        self.reconciles += 1
+        if not ok:
+            self.reconcile_failures += 1
+        self.in_sync = ok
+        self.last_reconcile = time.monotonic() - start
+        if self.metrics is not None:
+            self.metrics.reconciled(self.last_reconcile, ok)
+        self._write_status(cluster)
+
+    def _ipip_notice(self, cluster: Cluster) -> None:
+        """A pool asks for IP-in-IP on a kernel without it: said once in the log, and kept
+        in the status (node status) and in readiness while it lasts; the pool's routes stay
+        direct."""
+        facts = self.facts
+        assert facts is not None
+        wanted = [str(p.cidr) for p in cluster.pools if p.encap(self.options.backend)[0] == "ipip"]
+        if not wanted or facts.ipip_available:
+            self.problems.pop("ipip", None)
+            return
+        text = (
+            f"pool(s) {', '.join(wanted)} ask for IP-in-IP, which this kernel cannot do "
+            f"({facts.ipip_reason}); their routes stay direct"
+        )
+        if self.problems.get("ipip") != text:
+            log.warning("%s", text)
+        self.problems["ipip"] = text
+
+    def policy_sync(
+        self, docs: Mapping[str, Mapping[str, Doc]], cluster: Cluster, full: bool
+    ) -> None:
+        state, nat = self.policy_memo.convert(docs)
+        result = self.policy.sync(state, nat, full=full)
+        if self.metrics is not None:  # metrics
+            self.metrics.policy_applied(result)
+
+    def _write_status(self, cluster: Cluster) -> None:
+        facts = self.facts
+        assert facts is not None
+        status = {
+            "node": facts.name,
+            "backend": self.options.backend,
+            "node_ip": str(facts.ipv4.address) if facts.ipv4 else None,
+            "node_ip6": str(facts.ipv6.address) if facts.ipv6 else None,
+            "mtu": self.mtu,
+            "ipip": {"available": facts.ipip_available, "reason": facts.ipip_reason},
+            "updated": time.time(),
+            "problems": dict(self.problems),
+            "pid": os.getpid(),
+        }
+        status.update(self.routing.status(cluster))
+        try:
+            write_status(self.options.run_dir, status)
+        except OSError as e:
+            log.warning("cannot write the status file: %s", e)
+
+    # -- the no-window path: a pod's policy before its ADD answers -----------------------------
+
+    def endpoint_added(self, key: str, data: dict[str, Any], revision: int) -> None:
+        """The plugin recorded an endpoint (in a CNI thread): program its policy now."""
+
+        def program() -> None:
+            self.cache.put_local("workloadendpoint", key, Doc(data, revision))
+            self._program_endpoint(key, data)
+
+        self.on_dataplane_thread(program, ENDPOINT_WAIT_SECONDS)
+
+    def _program_endpoint(self, key: str, data: dict[str, Any]) -> None:
+        from policy import inputs
+
+        if self.policy is None or self.policy.state is None:
+            return  # the first full sync will include it
+        pod = self.cache.view().get("pod", {}).get(key_pod(data))
+        model = pod_model(key_pod(data), pod) if pod is not None else None
+        result = self.policy.add_endpoint(
+            inputs.endpoint(data), inputs.pod(model) if model is not None else None
+        )
+        if self.metrics is not None:  # metrics
+            self.metrics.policy_applied(result)
+
+    def endpoint_removed(self, key: str) -> None:
+        def unprogram() -> None:
+            self.cache.put_local("workloadendpoint", key, None)
+            if self.policy is not None and self.policy.state is not None:
+                namespace, _, name = key.partition("/")
+                result = self.policy.remove_endpoint(namespace, name)
+                if self.metrics is not None:  # metrics
+                    self.metrics.policy_applied(result)
+
+        self.on_dataplane_thread(unprogram, ENDPOINT_WAIT_SECONDS)
+
+    # -- routing backends ------------------------------------------------------------------
+
+    def _routing_backend(self) -> Any:
+        facts = self.facts
+        assert facts is not None
+        if self.options.backend == "bird":
+            from tabby_node.routing import BirdRouting
+
+            return BirdRouting(self)
+        if self.options.backend == "vxlan":
+            from tabby_node.routing import VxlanRouting
+
+            return VxlanRouting(self)
+        from tabby_node.routing import NoRouting
+
+        return NoRouting(self)
+
+    def underlay(self) -> Underlay:
+        facts = self.facts
+        assert facts is not None
+        return Underlay(
+            ipv4=_interface(facts.ipv4),
+            ipv6=_interface(facts.ipv6),
+            uplink_v4=facts.ipv4.interface if facts.ipv4 else None,
+            uplink_v6=facts.ipv6.interface if facts.ipv6 else None,
+            mtu=facts.uplink_mtu,
+        )
+
+    def vxlan_state(self, cluster: Cluster) -> Any:
+        facts = self.facts
+        assert facts is not None
+        return vxlan_state(cluster, facts.name, self.underlay(), self.options.backend)
+
+    # -- stop ------------------------------------------------------------------------------
+
+    def stop(self, *, stop_bird: bool = True) -> None:
+        self.stopping.set()
+        if self.server is not None:
+            self.server.stop()
+        from tabby_node import http
+
+        http.stop(self)
+        if self.routing is not None:
+            with contextlib.suppress(Exception):
+                self.routing.stop(stop_bird=stop_bird)
+        for t in self.threads:
+            t.join(timeout=2)
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _interface(addr: NodeAddress | None) -> Any:
+    if addr is None:
+        return None
+    return ipaddress.ip_interface(f"{addr.address}/{addr.prefixlen}")
+
+
+def _write_file(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _cas(
+    store: Store, kind: str, key: str, change: Callable[[Mapping[str, Any] | None], dict[str, Any]]
+) -> Doc:
+    """The core's compare-and-swap (``ipam.core.cas.update``) over ``change(data)``;
+    returns what the document holds afterwards."""
+    from ipam.core.cas import update
+
+    written: list[dict[str, Any]] = []
+
+    def apply(doc: Doc | None) -> dict[str, Any] | None:
+        data = change(doc.data if doc is not None else None)
+        written[:] = [data]
+        return None if doc is not None and doc.data == data else data
+
+    rev = update(store, kind, key, apply)
+    assert rev is not None
+    return Doc(written[0], rev)
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _signals(agent: Agent) -> Iterator[None]:
+    def on_signal(signum: int, _frame: object) -> None:
+        agent.stopping.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from cni_protocol import log as cni_log
+    from tabby_node import options as node_options
+
+    try:
+        options, datastore = node_options.parse(argv)
+    except CniError as e:
+        print(f"tabby-node: {e}", file=sys.stderr)
+        return 2
+    cni_log.setup_resident(options.log_level, options.log_file)
+    if os.geteuid() != 0:
+        print("tabby-node: must run as root", file=sys.stderr)
+        return 1
+    from tabby_node.server import NodeServer, warm_up
+
+    t0 = time.perf_counter()
+    warm_up()
+    agent = Agent(options, datastore)
+    server = NodeServer(
+        options.socket_path, endpoints=AgentEndpoints(agent), mtu_file=options.mtu_file
+    )
+    if options.metrics_port:  # metrics: before start-up, so that start-up is counted too
+        from tabby_node import metrics
+
+        agent.metrics = server.metrics = metrics.create(agent)
+    try:
+        server.claim()
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 1
+    with _signals(agent):
+        try:
+            agent.start()
+        except (CniError, DatastoreError) as e:
+            print(f"tabby-node: {e}", file=sys.stderr)
+            server.stop()
+            agent.stop()
+            return 1
+        except Exception as e:
+            log.exception("tabby-node failed to start")
+            print(f"tabby-node: failed to start: {type(e).__name__}: {e}", file=sys.stderr)
+            server.stop()
+            agent.stop()
+            return 1
+        if agent.stopping.is_set():
+            server.stop()
+            agent.stop()
+            return 0
+        from tabby_node import http
+
+        http.start(agent)
+        server.bind()
+        agent.server = server
+        agent._spawn("cni server", server.serve_forever)
+        log.warning(
+            "tabby-node %s serving %s (ready in %.0f ms)",
+            __version__,
+            options.socket_path,
+            (time.perf_counter() - t0) * 1000,
+        )
+        try:
+            agent.run()
+        finally:
+            agent.stop()
+            log.warning("tabby-node stopped after %d calls", server.served)
+    return 0
+
+
+class AgentEndpoints:
+    """tabby-node's endpoint recorder: the plugin's (the WorkloadEndpoint in the datastore),
+    then the pod's policy programmed by the agent before the ADD answers."""
+
+    def __init__(self, agent: Agent) -> None:
+        from cni_plugin.plugin import DatastoreEndpoints
+
+        self.agent = agent
+        self.inner = DatastoreEndpoints()
+
+    def added(self, args: Any, conf: Any, addresses: Any, host_ifname: str) -> None:
+        key, doc = self.inner.record(args, conf, addresses, host_ifname)
+        if doc is None:
+            return
+        try:
+            self.agent.endpoint_added(key, doc.data, doc.revision)
+        except Exception as e:
+            raise CniError(
+                Code.DATAPLANE, "cannot program the pod's network policy", str(e)
+            ) from None
+
+    def removed(self, args: Any, conf: Any) -> None:
+        key = self.inner.erase(args, conf)
+        if key is not None:
+            with contextlib.suppress(Exception):
+                self.agent.endpoint_removed(key)

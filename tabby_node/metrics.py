@@ -1,0 +1,671 @@
+"""tabby-node's Prometheus metrics: ``/metrics`` on ``--metrics-port`` (tabby_node.http).
+
+One :class:`Metrics` per tabby-node, with a registry of its own (never the library's global
+one). Two kinds of numbers:
+
+* events, counted where they happen through the hooks the node calls: a CNI call served
+  (:meth:`Metrics.cni_request`, from the call server), a reconcile pass
+  (:meth:`Metrics.reconciled`), a routing pass (:meth:`Metrics.routes`), a policy apply
+  (:meth:`Metrics.policy_applied`), a datastore error the agent caught
+  (:meth:`Metrics.datastore_error`);
+* state, read at scrape time by a collector from what the agent already holds: the IPAM
+  gauges from the cache's pool and block documents (through the very views ``tabbyctl ipam
+  show`` uses, recomputed only when the cache changed), BGP sessions from BIRD's control
+  socket, the nftables counters, the watch's resyncs, the etcd store's transaction counters.
+
+Only tabby-node imports this module: the per-call binaries never load prometheus_client
+(tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
+``TABBY_NODE_SOCKET=off``) is not counted anywhere.
+
+Every name and its meaning: :data:`CATALOGUE` (the README's metrics table is made from it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bundle import __version__
+
+if TYPE_CHECKING:
+    from datastore.base import Doc, Store
+
+log = logging.getLogger("tabby.node")
+
+#: The CNI verbs a node serves; anything else a client sends is counted as "other".
+VERBS = ("ADD", "DEL", "CHECK", "GC", "STATUS")
+#: CNI call latency: resolves 5 ms to 5 s (and the lock timeouts above).
+CNI_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RECONCILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: Route kinds the routing backends report (``routes(programmed, ...)``).
+ROUTE_KINDS = ("block", "borrowed", "blackhole", "tunnel")
+#: BGP states always exported (zero when no session is in them).
+BGP_STATES = ("Established", "Active", "Connect", "OpenSent", "OpenConfirm", "Idle")
+#: Datastore operations whose errors the agent counts (pre-set to zero).
+DATASTORE_OPS = (
+    "register",
+    "default_pools",
+    "tunnel_addresses",
+    "heartbeat",
+    "watch",
+    "health_check",
+    "cni",
+)
+#: CNI result codes that mean the datastore failed the call (try again later, corrupt).
+DATASTORE_CODES = (11, 101)
+
+#: name -> (type, labels, help). Every metric tabby-node exports (process_* aside).
+CATALOGUE: dict[str, tuple[str, str, str]] = {
+    # CNI calls
+    "tabby_cni_requests_total": (
+        "counter",
+        "verb, code",
+        "CNI calls served by tabby-node (either binary), by verb and result code (0 = success)",
+    ),
+    "tabby_cni_request_duration_seconds": (
+        "histogram",
+        "verb",
+        "time tabby-node spent on one CNI call",
+    ),
+    "tabby_cni_requests_in_flight": ("gauge", "", "CNI calls being served now"),
+    # IPAM (from the datastore cache)
+    "tabby_ipam_pool_size": ("gauge", "pool", "addresses in the pool"),
+    "tabby_ipam_pool_reserved": (
+        "gauge",
+        "pool",
+        "reserved addresses of the pool not in use (the reserved list of --conf)",
+    ),
+    "tabby_ipam_pool_addresses_in_use": ("gauge", "pool", "allocations in the pool, every node"),
+    "tabby_ipam_pool_addresses_free": ("gauge", "pool", "size - in use - reserved"),
+    "tabby_ipam_pool_blocks": ("gauge", "pool", "blocks of the pool, every node"),
+    "tabby_ipam_pool_disabled": ("gauge", "pool", "1 when the pool serves no new addresses"),
+    "tabby_ipam_addresses_in_use": (
+        "gauge",
+        "pool, node",
+        "allocations held by this node (pods and tunnel addresses), its own blocks or borrowed",
+    ),
+    "tabby_ipam_addresses_borrowed": (
+        "gauge",
+        "pool, node",
+        "allocations held by this node in blocks not affine to it",
+    ),
+    "tabby_ipam_blocks": ("gauge", "pool, node", "blocks affine to this node"),
+    # routing
+    "tabby_routes_programmed": (
+        "gauge",
+        "kind",
+        "kernel routes tabby-node programmed: block, borrowed, blackhole, tunnel",
+    ),
+    "tabby_neighbours_programmed": ("gauge", "", "VXLAN neighbour entries programmed"),
+    "tabby_fdb_entries_programmed": ("gauge", "", "VXLAN FDB entries programmed"),
+    "tabby_dataplane_changes_total": (
+        "counter",
+        "kind, action",
+        "kernel objects added, replaced or removed by the routing reconciler",
+    ),
+    "tabby_dataplane_problems": (
+        "gauge",
+        "type",
+        "items the last routing pass could not program (conflict: not tabby's; failure)",
+    ),
+    "tabby_bgp_peers": ("gauge", "state", "BGP sessions by BIRD state"),
+    "tabby_bgp_announced_prefixes": (
+        "gauge",
+        "kind",
+        "prefixes this node announces over BGP: block, borrowed",
+    ),
+    "tabby_bird_up": ("gauge", "", "1 while the supervised BIRD runs (bird backend)"),
+    "tabby_bird_restarts_total": ("counter", "", "times BIRD was started again after it died"),
+    # reconcile
+    "tabby_reconcile_passes_total": ("counter", "", "reconcile passes (routing + policy)"),
+    "tabby_reconcile_failures_total": ("counter", "", "reconcile passes that failed"),
+    "tabby_reconcile_duration_seconds": ("histogram", "", "duration of one reconcile pass"),
+    "tabby_dataplane_in_sync": ("gauge", "", "1 when the last reconcile pass succeeded"),
+    # policy
+    "tabby_policy_endpoints": ("gauge", "", "pod endpoints with policy programmed"),
+    "tabby_policy_networkpolicies": (
+        "gauge",
+        "",
+        "NetworkPolicies in the cluster the engine knows",
+    ),
+    "tabby_policy_rules": ("gauge", "", "nftables rules in the policy and endpoint chains"),
+    "tabby_policy_sets": ("gauge", "", "nftables sets"),
+    "tabby_policy_set_elements": ("gauge", "", "elements in the nftables sets"),
+    "tabby_policy_applies_total": ("counter", "mode", "nftables transactions: full, incremental"),
+    "tabby_policy_apply_errors_total": ("counter", "", "nftables transactions that failed"),
+    "tabby_policy_apply_duration_seconds": (
+        "histogram",
+        "",
+        "time to compute and program one policy change",
+    ),
+    "tabby_policy_last_apply_duration_seconds": ("gauge", "", "duration of the last apply"),
+    # datastore
+    "tabby_datastore_errors_total": (
+        "counter",
+        "op",
+        "datastore errors tabby-node met: register, default_pools, tunnel_addresses, "
+        "heartbeat, watch, health_check, cni (a served call answered 11 or 101)",
+    ),
+    "tabby_datastore_watch_resyncs_total": (
+        "counter",
+        "",
+        "full snapshots the watch read (the first one, and one after every broken watch)",
+    ),
+    "tabby_datastore_synced": ("gauge", "", "1 when the watch has a snapshot and no error"),
+    "tabby_datastore_transactions_total": ("counter", "", "etcd transactions the agent sent"),
+    "tabby_datastore_conflicts_total": (
+        "counter",
+        "",
+        "compare-and-swap conflicts the agent met (then retried)",
+    ),
+    "tabby_datastore_retried_writes_total": (
+        "counter",
+        "outcome",
+        "writes retried after an unknown outcome: applied, unknown",
+    ),
+    # the node
+    "tabby_node_up": ("gauge", "", "1: tabby-node runs"),
+    "tabby_node_info": ("gauge", "node, version, backend", "always 1; who this node is"),
+    "tabby_node_start_time_seconds": ("gauge", "", "when tabby-node started (Unix time)"),
+    "tabby_node_problems": ("gauge", "", "problems tabby-node reports in node status"),
+    "tabby_cluster_nodes": ("gauge", "", "live nodes this node sees (itself included)"),
+}
+
+
+def _help(name: str) -> str:
+    return CATALOGUE[name][2]
+
+
+def result_code(rc: int, out: bytes) -> str:
+    """The CNI result code of a finished call: "0" on success, else the error JSON's code."""
+    if rc == 0:
+        return "0"
+    try:
+        code = json.loads(out).get("code")
+    except (ValueError, AttributeError):
+        return "unknown"
+    return str(code) if type(code) is int else "unknown"
+
+
+def verb_label(command: str) -> str:
+    return command if command in VERBS else "other"
+
+
+def op_label(what: str) -> str:
+    return what.strip().replace(" ", "_").replace("-", "_") or "unknown"
+
+
+# -- the datastore cache as a read-only store, for the IPAM views ------------------------------
+
+
+class SnapshotStore:
+    """The cache's documents as the read-only part of the Store contract: enough for
+    ``ipam.core.Ipam``'s views (``pool_usage``, ``block_usage``, ``allocations``)."""
+
+    def __init__(self, docs: Mapping[str, Mapping[str, Doc]]) -> None:
+        self.docs = docs
+
+    def get(self, kind: str, key: str) -> Doc | None:
+        return (self.docs.get(kind) or {}).get(key)
+
+    def list_keys(self, kind: str) -> list[str]:
+        return sorted(self.docs.get(kind) or {})
+
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
+        return sorted(
+            (k, d) for k, d in (self.docs.get(kind) or {}).items() if k.startswith(prefix)
+        )
+
+    def location(self, kind: str, key: str) -> str:
+        return f"cache:{kind}/{key}"
+
+    def __getattr__(self, name: str) -> Any:  # lock, put, delete, commit, sync...
+        raise AttributeError(f"the metrics' cache view is read-only (no {name})")
+
+
+class IpamNumbers:
+    """The IPAM gauges of one cache version. Pool-wide numbers and the blocks are
+    ``ipam.core``'s views (what ``tabbyctl ipam show`` prints); an allocation belongs to the
+    node its attributes name, else to its block's node (as ``tabbyctl`` shows it), counted
+    from the block documents the views could read."""
+
+    def __init__(
+        self,
+        docs: Mapping[str, Mapping[str, Doc]],
+        node: str | None,
+        reserved: Sequence[str],
+    ) -> None:
+        from ipam.core import Ipam
+
+        ipam = Ipam(cast("Store", SnapshotStore(docs)), "")
+        self.pools = ipam.pool_usage(reserved)
+        names = [p.cidr for p in self.pools]
+        self.node = node
+        self.in_use = dict.fromkeys(names, 0)
+        self.borrowed = dict.fromkeys(names, 0)
+        self.blocks = dict.fromkeys(names, 0)
+        if node is None:
+            return
+        readable = {b.cidr: b for b in ipam.block_usage(reserved) if b.pool in self.in_use}
+        for cidr, doc in (docs.get("block") or {}).items():
+            block = readable.get(cidr)
+            if block is None:
+                continue  # unreadable, or outside every pool: not in the views either
+            if block.node == node:
+                self.blocks[block.pool] += 1
+            for alloc in doc.data.get("allocations") or ():
+                if alloc is None:
+                    continue
+                holder = (alloc.get("attrs") or {}).get("node") or block.node
+                if holder == node:
+                    self.in_use[block.pool] += 1
+                    if block.node != node:
+                        self.borrowed[block.pool] += 1
+
+
+def conf_reserved(path: str | None) -> list[str]:
+    """The ``reserved`` list of a conflist's tabby ipam section (what ``tabbyctl ipam show
+    --conf`` counts as reserved); [] without one."""
+    if not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return []
+    plugins = doc.get("plugins") if isinstance(doc, dict) else None
+    for p in plugins if isinstance(plugins, list) else [doc]:
+        if isinstance(p, dict) and p.get("type") == "tabby":
+            ipam = p.get("ipam")
+            reserved = ipam.get("reserved") if isinstance(ipam, dict) else None
+            if isinstance(reserved, list) and all(isinstance(r, str) for r in reserved):
+                return list(reserved)
+    return []
+
+
+# -- the metrics -------------------------------------------------------------------------------
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics.collect_state()
+
+
+class Metrics:
+    """tabby-node's metrics. ``agent`` may be None (tests; then only the hooks count)."""
+
+    def __init__(self, agent: Any = None, *, reserved: Sequence[str] = ()) -> None:
+        # no *_created series (this process has no other prometheus_client user)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.agent = agent
+        self.reserved = list(reserved)
+        self.started = time.time()
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.cni_requests = Counter(
+            "tabby_cni_requests", _help("tabby_cni_requests_total"), ["verb", "code"], registry=r
+        )
+        self.cni_duration = Histogram(
+            "tabby_cni_request_duration_seconds",
+            _help("tabby_cni_request_duration_seconds"),
+            ["verb"],
+            buckets=CNI_BUCKETS,
+            registry=r,
+        )
+        for verb in VERBS:
+            self.cni_requests.labels(verb=verb, code="0")
+            self.cni_duration.labels(verb=verb)
+        self.reconcile_passes = Counter(
+            "tabby_reconcile_passes", _help("tabby_reconcile_passes_total"), registry=r
+        )
+        self.reconcile_failures = Counter(
+            "tabby_reconcile_failures", _help("tabby_reconcile_failures_total"), registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "tabby_reconcile_duration_seconds",
+            _help("tabby_reconcile_duration_seconds"),
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.in_sync = Gauge(
+            "tabby_dataplane_in_sync", _help("tabby_dataplane_in_sync"), registry=r
+        )
+        self.routes_programmed = Gauge(
+            "tabby_routes_programmed", _help("tabby_routes_programmed"), ["kind"], registry=r
+        )
+        for kind in ROUTE_KINDS:
+            self.routes_programmed.labels(kind=kind)
+        self.neighbours = Gauge(
+            "tabby_neighbours_programmed", _help("tabby_neighbours_programmed"), registry=r
+        )
+        self.fdb = Gauge(
+            "tabby_fdb_entries_programmed", _help("tabby_fdb_entries_programmed"), registry=r
+        )
+        self.changes = Counter(
+            "tabby_dataplane_changes",
+            _help("tabby_dataplane_changes_total"),
+            ["kind", "action"],
+            registry=r,
+        )
+        self.problems = Gauge(
+            "tabby_dataplane_problems", _help("tabby_dataplane_problems"), ["type"], registry=r
+        )
+        for kind in ("conflict", "failure"):
+            self.problems.labels(type=kind)
+        self.policy_apply = Histogram(
+            "tabby_policy_apply_duration_seconds",
+            _help("tabby_policy_apply_duration_seconds"),
+            buckets=APPLY_BUCKETS,
+            registry=r,
+        )
+        self.datastore_errors = Counter(
+            "tabby_datastore_errors", _help("tabby_datastore_errors_total"), ["op"], registry=r
+        )
+        for op in DATASTORE_OPS:
+            self.datastore_errors.labels(op=op)
+        r.register(_StateCollector(self))
+        ProcessCollector(registry=r)
+        self._bird: Any = None
+        self._ipam_lock = threading.Lock()
+        self._ipam_key: tuple[int, str | None] | None = None
+        self._ipam: IpamNumbers | None = None
+        self._nodes = 0
+
+    # -- hooks (the agent, the routing backends, the call server) -------------------------------
+
+    def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None:
+        """One CNI call served (called where its exit status and stdout are known)."""
+        try:
+            verb = verb_label(command)
+            code = result_code(rc, out)
+            self.cni_requests.labels(verb=verb, code=code).inc()
+            self.cni_duration.labels(verb=verb).observe(seconds)
+            if code in {str(c) for c in DATASTORE_CODES}:
+                self.datastore_errors.labels(op="cni").inc()
+        except Exception:  # a metric never fails a call
+            log.exception("metrics: cannot count a CNI call")
+
+    def reconciled(self, seconds: float, ok: bool) -> None:
+        self.reconcile_passes.inc()
+        if not ok:
+            self.reconcile_failures.inc()
+        self.reconcile_duration.observe(seconds)
+        self.in_sync.set(1 if ok else 0)
+
+    def routes(self, programmed: Mapping[str, int], changes: Any) -> None:
+        """A routing pass: what is programmed now, and what this pass changed."""
+        for kind, n in programmed.items():
+            if kind == "fdb":
+                self.fdb.set(n)
+                continue
+            if kind == "tunnel":
+                self.neighbours.set(n)
+            self.routes_programmed.labels(kind=kind).set(n)
+        counts = getattr(changes, "counts", None)
+        if callable(counts):
+            for kind, actions in counts().items():
+                for action, n in actions.items():
+                    if n:
+                        self.changes.labels(kind=kind, action=action).inc(n)
+        self.problems.labels(type="conflict").set(len(getattr(changes, "conflicts", ())))
+        self.problems.labels(type="failure").set(len(getattr(changes, "failures", ())))
+
+    def bird(self, supervisor: Any) -> None:
+        """The BIRD supervisor (bird backend): sessions and restarts are read at scrape."""
+        self._bird = supervisor
+
+    def policy_applied(self, result: Any) -> None:
+        """A policy sync or endpoint change (an ``ApplyResult``): its duration when it
+        programmed something."""
+        if result is not None and getattr(result, "changed", False):
+            self.policy_apply.observe(float(result.seconds))
+
+    def datastore_error(self, op: str) -> None:
+        self.datastore_errors.labels(op=op_label(op)).inc()
+
+    # -- exposition ----------------------------------------------------------------------------
+
+    def exposition(self, accept: str | None) -> tuple[str, bytes]:
+        """(content type, body) for a scrape: Prometheus text, or OpenMetrics if asked."""
+        encoder, content_type = choose_encoder(accept or "")
+        return content_type, encoder(self.registry)
+
+    # -- state read at scrape time -----------------------------------------------------------
+
+    def collect_state(self) -> Iterator[Metric]:
+        for section in (
+            self._node_families,
+            self._ipam_families,
+            self._bgp_families,
+            self._policy_families,
+            self._datastore_families,
+        ):
+            try:
+                yield from section()
+            except Exception as e:  # a scrape shows what it can
+                log.warning("metrics: %s failed: %s", section.__name__.strip("_"), e)
+
+    def _node_families(self) -> Iterator[Metric]:
+        agent = self.agent
+        yield _gauge("tabby_node_up", 1)
+        info = GaugeMetricFamily(
+            "tabby_node_info", _help("tabby_node_info"), labels=["node", "version", "backend"]
+        )
+        if agent is not None:
+            facts = getattr(agent, "facts", None)
+            name = facts.name if facts is not None else (agent.options.nodename or "")
+            info.add_metric([name, __version__, agent.options.backend], 1)
+        yield info
+        yield _gauge("tabby_node_start_time_seconds", self.started)
+        problems = len(getattr(agent, "problems", {}) or {}) if agent is not None else 0
+        yield _gauge("tabby_node_problems", problems)
+        server = getattr(agent, "server", None) if agent is not None else None
+        inflight = len(getattr(server, "inflight", ()) or ())
+        yield _gauge("tabby_cni_requests_in_flight", inflight)
+
+    def _ipam_numbers(self) -> IpamNumbers | None:
+        agent = self.agent
+        cache = getattr(agent, "cache", None) if agent is not None else None
+        if cache is None:
+            return None
+        facts = getattr(agent, "facts", None)
+        node = facts.name if facts is not None else None
+        with self._ipam_lock:
+            key = (cache.version, node)
+            if self._ipam is None or key != self._ipam_key:
+                docs = cache.view()
+                self._ipam = IpamNumbers(docs, node, self.reserved)
+                self._nodes = _live_nodes(docs, node)
+                self._ipam_key = key
+            return self._ipam
+
+    def _ipam_families(self) -> Iterator[Metric]:
+        numbers = self._ipam_numbers()
+        fams = {
+            name: GaugeMetricFamily(name, _help(name), labels=["pool"])
+            for name in (
+                "tabby_ipam_pool_size",
+                "tabby_ipam_pool_reserved",
+                "tabby_ipam_pool_addresses_in_use",
+                "tabby_ipam_pool_addresses_free",
+                "tabby_ipam_pool_blocks",
+                "tabby_ipam_pool_disabled",
+            )
+        }
+        per_node = {
+            name: GaugeMetricFamily(name, _help(name), labels=["pool", "node"])
+            for name in (
+                "tabby_ipam_addresses_in_use",
+                "tabby_ipam_addresses_borrowed",
+                "tabby_ipam_blocks",
+            )
+        }
+        if numbers is not None:
+            for p in numbers.pools:
+                fams["tabby_ipam_pool_size"].add_metric([p.cidr], p.total)
+                fams["tabby_ipam_pool_reserved"].add_metric([p.cidr], p.reserved)
+                fams["tabby_ipam_pool_addresses_in_use"].add_metric([p.cidr], p.in_use)
+                fams["tabby_ipam_pool_addresses_free"].add_metric([p.cidr], p.free)
+                fams["tabby_ipam_pool_blocks"].add_metric([p.cidr], p.blocks)
+                fams["tabby_ipam_pool_disabled"].add_metric([p.cidr], 1 if p.disabled else 0)
+                if numbers.node is not None:
+                    labels = [p.cidr, numbers.node]
+                    per_node["tabby_ipam_addresses_in_use"].add_metric(
+                        labels, numbers.in_use[p.cidr]
+                    )
+                    per_node["tabby_ipam_addresses_borrowed"].add_metric(
+                        labels, numbers.borrowed[p.cidr]
+                    )
+                    per_node["tabby_ipam_blocks"].add_metric(labels, numbers.blocks[p.cidr])
+        yield from fams.values()
+        yield from per_node.values()
+        yield _gauge("tabby_cluster_nodes", self._nodes if numbers is not None else 0)
+
+    def _bgp_families(self) -> Iterator[Metric]:
+        states = dict.fromkeys(BGP_STATES, 0)
+        bird = self._bird
+        up = 0
+        restarts = 0
+        announced = {"block": 0, "borrowed": 0}
+        if bird is not None:
+            restarts = int(getattr(bird, "restarts", 0))
+            up = 1 if bird.running() else 0
+            if up:
+                try:
+                    for peer in bird.peers():
+                        states[peer.state] = states.get(peer.state, 0) + 1
+                except Exception as e:
+                    log.debug("metrics: no BGP sessions from BIRD: %s", e)
+            routing = self.agent.routing if self.agent is not None else None
+            if routing is not None:
+                announced = routing.announced()
+        peers = GaugeMetricFamily("tabby_bgp_peers", _help("tabby_bgp_peers"), labels=["state"])
+        for state, n in states.items():
+            peers.add_metric([state], n)
+        yield peers
+        prefixes = GaugeMetricFamily(
+            "tabby_bgp_announced_prefixes", _help("tabby_bgp_announced_prefixes"), labels=["kind"]
+        )
+        for kind, n in announced.items():
+            prefixes.add_metric([kind], n)
+        yield prefixes
+        yield _gauge("tabby_bird_up", up)
+        yield CounterMetricFamily(
+            "tabby_bird_restarts", _help("tabby_bird_restarts_total"), value=restarts
+        )
+
+    def _policy_families(self) -> Iterator[Metric]:
+        policy = getattr(self.agent, "policy", None) if self.agent is not None else None
+        c = getattr(policy, "counters", None)
+        yield _gauge("tabby_policy_endpoints", c.endpoints if c else 0)
+        yield _gauge("tabby_policy_networkpolicies", c.policies if c else 0)
+        yield _gauge("tabby_policy_rules", c.rules if c else 0)
+        yield _gauge("tabby_policy_sets", c.sets if c else 0)
+        yield _gauge("tabby_policy_set_elements", c.set_elements if c else 0)
+        yield _gauge("tabby_policy_last_apply_duration_seconds", c.last_apply_seconds if c else 0)
+        applies = CounterMetricFamily(
+            "tabby_policy_applies", _help("tabby_policy_applies_total"), labels=["mode"]
+        )
+        full = c.full_applies if c else 0
+        applies.add_metric(["full"], full)
+        applies.add_metric(["incremental"], (c.applies - full) if c else 0)
+        yield applies
+        yield CounterMetricFamily(
+            "tabby_policy_apply_errors",
+            _help("tabby_policy_apply_errors_total"),
+            value=c.apply_errors if c else 0,
+        )
+
+    def _datastore_families(self) -> Iterator[Metric]:
+        agent = self.agent
+        cache = getattr(agent, "cache", None) if agent is not None else None
+        resyncs = cache.resyncs if cache is not None else 0
+        synced = cache is not None and cache.synced.is_set() and cache.last_error is None
+        yield CounterMetricFamily(
+            "tabby_datastore_watch_resyncs",
+            _help("tabby_datastore_watch_resyncs_total"),
+            value=resyncs,
+        )
+        yield _gauge("tabby_datastore_synced", 1 if synced else 0)
+        stats = getattr(getattr(agent, "store", None), "stats", None)
+        stats = dict(stats) if isinstance(stats, dict) else {}
+        yield CounterMetricFamily(
+            "tabby_datastore_transactions",
+            _help("tabby_datastore_transactions_total"),
+            value=stats.get("txns", 0),
+        )
+        yield CounterMetricFamily(
+            "tabby_datastore_conflicts",
+            _help("tabby_datastore_conflicts_total"),
+            value=stats.get("conflicts", 0),
+        )
+        retried = CounterMetricFamily(
+            "tabby_datastore_retried_writes",
+            _help("tabby_datastore_retried_writes_total"),
+            labels=["outcome"],
+        )
+        retried.add_metric(["applied"], stats.get("resolved", 0))
+        retried.add_metric(["unknown"], stats.get("unknown", 0))
+        yield retried
+
+
+def _gauge(name: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, _help(name), value=value)
+
+
+def _live_nodes(docs: Mapping[str, Mapping[str, Doc]], me: str | None) -> int:
+    """Nodes with a Node document and a live heartbeat (this node always counts itself), as
+    ``Cluster.alive`` has them."""
+    live = set(docs.get("heartbeat") or {}) | ({me} if me else set())
+    return len(set(docs.get("node") or {}) & live)
+
+
+def create(agent: Any) -> Metrics:
+    """The metrics of a running tabby-node (``agent.main``): pool reservations from
+    ``--conf``'s ipam section, as ``tabbyctl ipam show --conf`` counts them."""
+    return Metrics(agent, reserved=conf_reserved(agent.options.conf))
+
+
+def metric_names(registry: CollectorRegistry) -> set[str]:
+    """Every family and sample name the registry exports now (tests, conf-examples)."""
+    names: set[str] = set()
+    for family in registry.collect():
+        names.add(family.name)
+        names.update(s.name for s in family.samples)
+        if family.type == "counter":
+            names.add(family.name + "_total")
+        elif family.type == "histogram":
+            names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
+__all__ = [
+    "CATALOGUE",
+    "IpamNumbers",
+    "Metrics",
+    "SnapshotStore",
+    "conf_reserved",
+    "create",
+    "metric_names",
+    "result_code",
+]

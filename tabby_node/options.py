@@ -1,0 +1,199 @@
+"""tabby-node's settings: one pydantic model, filled from flags > environment > defaults.
+
+PRODUCT's table (README "tabby-node"): every flag has a ``TABBY_*`` variable. The datastore
+settings are resolved by the one module that does it for tabbyctl too
+(``ipam.config.resolve_datastore``: flag > env > ``--conf``'s ipam section > defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, ValidationError
+
+from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section, config_error
+from cni_protocol.errors import CniError
+from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
+from tabby_node import DEFAULT_RUN_DIR
+
+DEFAULT_STATE_DIR = "/var/lib/tabby"
+DEFAULT_V4_POOL = "10.244.0.0/16"
+
+
+def _method(version: int) -> AfterValidator:
+    def check(value: str) -> str:
+        from dataplane.nodeinfo import parse_method
+
+        parse_method(value, version)  # ValueError names the problem
+        return value
+
+    return AfterValidator(check)
+
+
+def _cidr(version: int) -> AfterValidator:
+    def check(value: str) -> str:
+        try:
+            net = ipaddress.ip_network(value, strict=True)
+        except ValueError as e:
+            raise ValueError(f"not a CIDR: {e}") from None
+        if net.version != version:
+            raise ValueError(f"not an IPv{version} CIDR")
+        return str(net)
+
+    return AfterValidator(check)
+
+
+class NodeOptions(Section):
+    """What one tabby-node runs with (flags are the field names with ``-``)."""
+
+    nodename: NodeName | None = None
+    node_ip: Annotated[str, _method(4)] = "first-found"
+    node_ip6: Annotated[str, _method(6)] | None = None
+    backend: Literal["bird", "vxlan", "none"] = "bird"
+    state_dir: AbsPath = DEFAULT_STATE_DIR
+    run_dir: AbsPath = DEFAULT_RUN_DIR
+    socket: AbsPath | None = None
+    metrics_port: int = Field(default=9091, ge=0, le=65535)
+    health_port: int = Field(default=9099, ge=0, le=65535)
+    node_ttl: float = Field(default=90.0, ge=3, le=86400)
+    ipv4_pool: Annotated[str, _cidr(4)] = DEFAULT_V4_POOL
+    ipv6_pool: Annotated[str, _cidr(6)] | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_file: AbsPath | None = DEFAULT_LOG_FILE
+    conf: AbsPath | None = None
+
+    @property
+    def socket_path(self) -> str:
+        return self.socket or os.path.join(self.run_dir, "node.sock")
+
+    @property
+    def nodename_file(self) -> str:
+        return os.path.join(self.state_dir, "nodename")
+
+    @property
+    def mtu_file(self) -> str:
+        return os.path.join(self.state_dir, "mtu")
+
+
+#: option -> environment variable (README "tabby-node in cluster mode").
+ENV = {
+    "nodename": "TABBY_NODENAME",
+    "node_ip": "TABBY_NODE_IP",
+    "node_ip6": "TABBY_NODE_IP6",
+    "backend": "TABBY_BACKEND",
+    "state_dir": "TABBY_STATE_DIR",
+    "run_dir": "TABBY_RUN_DIR",
+    "socket": "TABBY_NODE_SOCKET",
+    "metrics_port": "TABBY_METRICS_PORT",
+    "health_port": "TABBY_HEALTH_PORT",
+    "node_ttl": "TABBY_NODE_TTL",
+    "ipv4_pool": "TABBY_IPV4_POOL",
+    "ipv6_pool": "TABBY_IPV6_POOL",
+    "log_level": "TABBY_LOG_LEVEL",
+    "log_file": "TABBY_NODE_LOG_FILE",
+    "conf": "TABBY_CONF",
+}
+_NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
+
+
+def parser() -> argparse.ArgumentParser:
+    from cni_config.resolve import SOURCES
+
+    p = argparse.ArgumentParser(
+        prog="tabby-node",
+        description="tabby's node agent: serves the CNI plugins' calls, registers the node, "
+        "routes pods between nodes (BIRD or VXLAN), enforces NetworkPolicy (nftables)",
+    )
+    helps = {
+        "nodename": "this node's name (default: <state-dir>/nodename, else the hostname)",
+        "node_ip": "underlay IPv4: ADDR[/LEN], first-found, interface=REGEX, "
+        "skip-interface=REGEX, cidr=CIDR or can-reach=ADDR (default first-found)",
+        "node_ip6": "underlay IPv6, same methods (default: none)",
+        "backend": "bird (BGP), vxlan or none (default bird)",
+        "state_dir": f"where nodename and mtu are written (default {DEFAULT_STATE_DIR})",
+        "run_dir": f"socket, BIRD config and control socket (default {DEFAULT_RUN_DIR})",
+        "socket": "the plugins' socket (default <run-dir>/node.sock)",
+        "metrics_port": "Prometheus /metrics port, 0 = off (default 9091)",
+        "health_port": "/liveness and /readiness port, 0 = off (default 9099)",
+        "node_ttl": "seconds without a heartbeat before other nodes withdraw this "
+        "node's routes (default 90)",
+        "ipv4_pool": f"default IPv4 pool created when the datastore has none ({DEFAULT_V4_POOL})",
+        "ipv6_pool": "default IPv6 pool created when the datastore has none (default: none)",
+        "log_level": "debug, info, warning or error (default info)",
+        "log_file": f"log file (default {DEFAULT_LOG_FILE}; '' = stderr only)",
+        "conf": "conflist whose tabby ipam section gives datastore settings "
+        "(default: none; flags and TABBY_* variables win)",
+    }
+    for name in NodeOptions.model_fields:
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{helps.get(name, '')} [env {ENV[name]}]",
+        )
+    group = p.add_argument_group("datastore (flag > environment > --conf > default)")
+    for name, (flag, var) in SOURCES.items():
+        group.add_argument(flag, dest=f"ds_{name}", default=None, help=f"[env {var}]")
+    return p
+
+
+def parse(
+    argv: Sequence[str] | None, env: Mapping[str, str] | None = None
+) -> tuple[NodeOptions, DatastoreSettings]:
+    """Options and datastore settings; a bad value raises CniError naming its flag."""
+    env = os.environ if env is None else env
+    ns = parser().parse_args(argv)
+    given: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in NodeOptions.model_fields:
+        value = getattr(ns, name)
+        where = "--" + name.replace("_", "-")
+        if value is None and env.get(ENV[name]):
+            value, where = env[ENV[name]], ENV[name]
+        if value is None:
+            continue
+        if name in _NUMBERS:
+            try:
+                value = _NUMBERS[name](value)
+            except ValueError:
+                pass  # the model names it
+        if name == "log_file" and value == "":
+            value = None
+        given[name], origin[name] = value, where
+    try:
+        options = NodeOptions.model_validate(given)
+    except ValidationError as e:
+        err = config_error(e)
+        field = str(e.errors(include_url=False)[0]["loc"][0])
+        raise CniError(
+            err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
+        ) from None
+    section = _conf_section(options.conf)
+    from cni_config.resolve import SOURCES, resolve_datastore
+
+    flags = {name: getattr(ns, f"ds_{name}") for name in SOURCES}
+    return options, resolve_datastore(section, flags, env)
+
+
+def _conf_section(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    import json
+
+    from cni_protocol.errors import Code
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CniError(Code.INVALID_CONFIG, f"cannot read --conf {path}", str(e)) from None
+    plugins = doc.get("plugins") if isinstance(doc, dict) else None
+    for p in plugins if isinstance(plugins, list) else [doc]:
+        if isinstance(p, dict) and p.get("type") == "tabby":
+            section = p.get("ipam")
+            return section if isinstance(section, dict) else {}
+    raise CniError(Code.INVALID_CONFIG, f"--conf {path} has no plugin of type tabby")

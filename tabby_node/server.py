@@ -1,0 +1,319 @@
+"""tabby-node: serve CNI calls for the thin binaries, with pyroute2 and the IPAM warm.
+
+Each connection is one CNI call, handled in its own thread. The thread enters the
+*caller's* network namespace (an fd passed over the socket) before doing anything, so the
+host-side work lands where the binary was run, never in the node process's own namespace;
+setns(2) is per thread, so concurrent calls do not disturb each other. When a ``tabby`` ADD
+delegates to ``tabby-ipam`` the IPAM runs in-process through the very same handlers the
+binary would run, so results are identical; any other IPAM type is exec'd as the spec says.
+What a call writes to stderr (a delegate's stderr, tabby's warnings) is captured per call
+and relayed to the caller with the answer. One tabby-node per run directory (the socket's
+directory): a second one exits with one line instead of racing the first for the socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from bundle import __version__
+from cni_plugin import plugin
+from cni_protocol import skel
+from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
+
+log = logging.getLogger("tabby.node")
+_U32x2 = struct.Struct("!II")
+_U32x3 = struct.Struct("!III")
+_PEERCRED = struct.Struct("3i")
+MAX_HEADER = 1 << 20
+MAX_STDIN = 16 << 20
+#: Seconds a client has to send its whole request (its own limit to be accepted is 2 s).
+REQUEST_WITHIN = 10.0
+#: In the run directory: held (flock) by the tabby-node that serves it, while it runs.
+LOCK_NAME = "tabby-node.lock"
+
+
+def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
+    buf = bytearray(first)
+    while len(buf) < n:
+        chunk = conn.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("client closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+class InProcessIpam:
+    """tabby-node's IPAM invoker: tabby-ipam runs in this thread through the very same
+    handlers the binary would run (same stdin, same env with CNI_COMMAND changed), so the
+    results are identical; any other IPAM type is exec'd as the spec says."""
+
+    def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
+        if ipam_type != "tabby-ipam":
+            return plugin.ExecIpam().start(ipam_type, command, args)
+        from cni_protocol.invoke import delegate_env, parse_output
+        from ipam.plugin import HANDLERS
+
+        rc, out = skel.run(HANDLERS, delegate_env(args.env, command), args.stdin)
+        return lambda: parse_output(ipam_type, command, rc, out)
+
+
+def node_handlers(
+    endpoints: plugin.EndpointRecorder | None = None, mtu_file: str | None = None
+) -> skel.Handlers:
+    """tabby's handlers as tabby-node runs them: tabby-ipam in-process, the endpoint
+    recorder the agent gives (it programs a new pod's policy before the ADD answers), and
+    the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
+    return plugin.Plugin(
+        ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file, validate_first=True
+    ).handlers()
+
+
+def execute(
+    role: str,
+    env: dict[str, str],
+    stdin: bytes,
+    netns_fd: int,
+    mnt_fd: int | None = None,
+    handlers: skel.Handlers | None = None,
+) -> tuple[int, bytes]:
+    """Run one CNI call in the calling thread, inside the caller's network namespace (and
+    mount namespace, when it differs from ours: then paths in env and config mean what
+    they mean to the caller). The thread must not be reused after a mount switch."""
+    from cni_protocol import log as cni_log
+    from dataplane.netns import THREAD_NETNS, enter_mount_namespace, setns
+
+    st = os.fstat(netns_fd)
+    caller_ns = (st.st_dev, st.st_ino)
+    home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if mnt_fd is not None:
+            mine, theirs = os.stat("/proc/thread-self/ns/mnt"), os.fstat(mnt_fd)
+            if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+                enter_mount_namespace(mnt_fd)
+        setns(netns_fd)
+        try:
+            if role == "tabby-ipam":
+                from ipam import plugin as ipam_plugin
+
+                return skel.run(
+                    ipam_plugin.HANDLERS,
+                    env,
+                    stdin,
+                    own_netns=caller_ns,
+                    before_dispatch=ipam_plugin.configure_logging,
+                )
+            return skel.run(
+                handlers if handlers is not None else node_handlers(),
+                env,
+                stdin,
+                own_netns=caller_ns,
+                before_dispatch=plugin.configure_logging,
+            )
+        finally:
+            setns(home)
+            cni_log.end_call()
+    finally:
+        os.close(home)
+
+
+class NodeServer:
+    def __init__(
+        self,
+        path: str,
+        endpoints: plugin.EndpointRecorder | None = None,
+        mtu_file: str | None = None,
+    ) -> None:
+        self.path = path
+        self.handlers = node_handlers(endpoints, mtu_file)
+        self.sock: socket.socket | None = None
+        self.stopping = threading.Event()
+        self.inflight: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+        self.served = 0
+        self.run_dir_lock: FileLock | None = None
+        #: tabby_node.metrics.Metrics, or None: counts every call served
+        self.metrics: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def claim(self) -> None:
+        """Own the socket's directory (one tabby-node per run directory); SystemExit with
+        one line when another tabby-node holds it."""
+        if self.run_dir_lock is None:
+            directory = os.path.dirname(self.path)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self._claim_run_dir(directory)
+
+    def bind(self) -> None:
+        self.claim()
+        if os.path.lexists(self.path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+            except OSError:
+                os.unlink(self.path)  # stale socket of a dead node
+            else:
+                raise SystemExit(f"tabby-node: another tabby-node serves {self.path}")
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        self.sock = sock
+
+    def _claim_run_dir(self, directory: str) -> None:
+        """Hold the run directory's lock for as long as this node runs. Probing the socket
+        alone races: two nodes starting together both find no live socket, both bind, and
+        the first one ends up serving a path the second one unlinked."""
+        lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise SystemExit(
+                f"tabby-node: another tabby-node is running in {directory} "
+                f"(it holds {lock.lock_file})"
+            ) from None
+        self.run_dir_lock = lock
+
+    def serve_forever(self) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(0.5)
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self.stopping.is_set():
+                    break
+                raise
+            conn.settimeout(None)
+            t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
+            with self.lock:
+                self.inflight.add(t)
+            t.start()
+
+    def stop(self, grace: float = 30.0) -> None:
+        """Stop accepting (new calls fall back in-process), finish the calls in flight."""
+        self.stopping.set()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        if self.sock is not None:
+            self.sock.close()
+        deadline = time.monotonic() + grace
+        while True:
+            with self.lock:
+                alive = [t for t in self.inflight if t.is_alive()]
+            if not alive or time.monotonic() > deadline:
+                break
+            alive[0].join(timeout=0.1)
+        if self.run_dir_lock is not None:
+            self.run_dir_lock.release()
+            self.run_dir_lock = None
+
+    # -- one call ------------------------------------------------------------------------
+
+    def _peer_ok(self, conn: socket.socket) -> bool:
+        raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        _pid, uid, _gid = _PEERCRED.unpack(raw)
+        return uid in (0, os.geteuid())
+
+    def _handle(self, conn: socket.socket) -> None:
+        from cni_protocol import log as cni_log
+
+        fds: list[int] = []
+        call = ""
+        try:
+            if not self._peer_ok(conn):
+                log.warning("refused a connection from a non-root peer")
+                return
+            conn.settimeout(REQUEST_WITHIN)
+            first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
+            if not first:
+                log.debug("a client connected and left without a request")
+                return
+            head = _recv_exact(conn, 12, first[:12]) if len(first) < 12 else first[:12]
+            if head[:4] != MAGIC:
+                conn.sendall(REJECT + b"not a tabby-node request")
+                return
+            hlen, slen = _U32x2.unpack(head[4:])
+            if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 2:
+                conn.sendall(REJECT + b"malformed request")
+                return
+            body = _recv_exact(conn, hlen + slen, first[12:])
+            version, role, env = decode_header(body[:hlen])
+            stdin = body[hlen:]
+            if version != __version__:
+                conn.sendall(REJECT + f"tabby-node is {__version__}".encode())
+                return
+            netns_fd, mnt_fd = fds
+            if _ns_kind(netns_fd) != "net" or _ns_kind(mnt_fd) != "mnt":
+                conn.sendall(REJECT + b"not namespace fds")
+                return
+            # A client that gave up waiting has shut its side down: this send fails, and the
+            # call, which the client now runs itself, is not started here.
+            conn.sendall(ACCEPT)
+            call = f"{role} {env.get('CNI_COMMAND', '')} {env.get('CNI_CONTAINERID', '')[:12]}"
+            conn.settimeout(None)
+            cni_log.begin_stderr_capture()
+            started = time.monotonic()
+            try:
+                rc, out = execute(role, env, stdin, netns_fd, mnt_fd, self.handlers)
+            finally:
+                err = cni_log.end_stderr_capture(MAX_STDERR)
+            if self.metrics is not None:  # metrics
+                self.metrics.cni_request(
+                    env.get("CNI_COMMAND", ""), rc, out, time.monotonic() - started
+                )
+            conn.sendall(_U32x3.pack(rc, len(out), len(err)) + out + err)
+            with self.lock:
+                self.served += 1
+        except (EOFError, ConnectionError, TimeoutError) as e:
+            # Probes, a caller killed or timed out mid-call: normal life for a daemon.
+            if call:
+                log.info("the caller of %s left before its answer (%s)", call, _why(e))
+            else:
+                log.debug("a client left before its call was accepted (%s)", _why(e))
+        except Exception:
+            log.exception("tabby-node: a call failed outside the CNI error path")
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            with self.lock:
+                self.inflight.discard(threading.current_thread())
+
+
+def _why(e: BaseException) -> str:
+    return str(e) or type(e).__name__
+
+
+def _ns_kind(fd: int) -> str:
+    """ "net" or "mnt" for a namespace fd (its /proc link reads "net:[4026531840]")."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").partition(":")[0]
+    except OSError:
+        return ""
+
+
+def warm_up() -> None:
+    """Import everything a call needs now, so no call pays for it."""
+    import dataplane  # noqa: F401
+    from cni_plugin import plugin  # noqa: F401
+    from dataplane import linux  # noqa: F401  (pyroute2)
+    from ipam import plugin as ipam_plugin  # noqa: F401

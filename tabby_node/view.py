@@ -1,0 +1,113 @@
+"""The agent as its parts see it: the interfaces between tabby-node's modules.
+
+The routing backends, the HTTP endpoints and the metrics collector read the running agent;
+the agent builds them. So that no module imports the agent (which imports them all), they
+take it as an :class:`AgentView`, and the agent's parts as the protocols below. The agent
+(``tabby_node.agent.Agent``) satisfies them; mypy checks it where the agent hands itself
+over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from http.server import ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bird import BirdSupervisor
+    from cni_config.common import DatastoreSettings
+    from dataplane.nft import ApplyResult, PolicyDataplane
+    from dataplane.overlay import Changes
+    from dataplane.overlay_model import DesiredState
+    from datastore.base import Store
+    from tabby_node.cache import Cache
+    from tabby_node.cluster import Cluster
+    from tabby_node.facts import Facts
+    from tabby_node.options import NodeOptions
+    from tabby_node.server import NodeServer
+
+
+class MetricsHooks(Protocol):
+    """What the agent's parts tell the metrics (``tabby_node.metrics.Metrics``)."""
+
+    def reconciled(self, seconds: float, ok: bool) -> None: ...
+
+    def routes(self, programmed: Mapping[str, int], changes: Changes) -> None: ...
+
+    def bird(self, supervisor: BirdSupervisor) -> None: ...
+
+    def policy_applied(self, result: ApplyResult | None) -> None: ...
+
+    def datastore_error(self, op: str) -> None: ...
+
+    def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None: ...
+
+    def exposition(self, accept: str | None) -> tuple[str, bytes]: ...
+
+
+class RoutingBackend(Protocol):
+    """``--backend``: what reaches other nodes' pods (``tabby_node.routing``)."""
+
+    def start(self) -> None: ...
+
+    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None: ...
+
+    def status(self, cluster: Cluster) -> dict[str, Any]: ...
+
+    def readiness(self) -> list[str]: ...
+
+    def announced(self) -> dict[str, int]:
+        """Prefixes announced over BGP, by kind (``block``, ``borrowed``)."""
+        ...
+
+    def stop(self, *, stop_bird: bool = True) -> None: ...
+
+
+class AgentView(Protocol):
+    """The running agent, read-only, as its parts need it."""
+
+    @property
+    def options(self) -> NodeOptions: ...
+
+    @property
+    def datastore(self) -> DatastoreSettings: ...
+
+    @property
+    def facts(self) -> Facts | None: ...
+
+    @property
+    def cache(self) -> Cache: ...
+
+    @property
+    def store(self) -> Store | None: ...
+
+    @property
+    def problems(self) -> dict[str, str]: ...
+
+    @property
+    def loop_beat(self) -> dict[str, float]: ...
+
+    @property
+    def reconciles(self) -> int: ...
+
+    @property
+    def in_sync(self) -> bool: ...
+
+    @property
+    def routing(self) -> RoutingBackend | None: ...
+
+    @property
+    def policy(self) -> PolicyDataplane | None: ...
+
+    @property
+    def server(self) -> NodeServer | None: ...
+
+    @property
+    def metrics(self) -> MetricsHooks | None: ...
+
+    @property
+    def http_servers(self) -> list[ThreadingHTTPServer]: ...
+
+    def vxlan_state(self, cluster: Cluster) -> DesiredState:
+        """The kernel state the vxlan backend wants on this node."""
+        ...

@@ -1,0 +1,315 @@
+"""``tabbyctl policy explain``: which NetworkPolicies select a pod, and why a connection is
+allowed or denied.
+
+Computed from the datastore's resources with the engine tabby-node enforces: the documents
+are read from the store and turned into the engine's inputs by the same function tabby-node
+runs on its cache (``policy.inputs.PolicyInputs``, then
+``policy.inputs.cluster_state``); the answer is ``engine.explain`` and
+``engine.selecting_policies``. A document tabby-node would skip (it does not validate) is
+skipped here too, with the same warning on stderr.
+
+Targets: a pod as ``NAMESPACE/NAME`` (a bare ``NAME`` is in ``default``), an address, or a
+CIDR (which stands for its first address, as in the engine). Traffic from a node's own
+addresses to a pod on that node is reported unpoliced, as tabby-node enforces it (kubelet
+probes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tabbyctl.common import output_option
+
+if TYPE_CHECKING:
+    from datastore.base import Store
+    from policy.engine import ClusterState, DirectionVerdict, Target
+
+#: The store kinds the policy engine reads (as tabby-node's cache holds them).
+POLICY_KINDS = ("networkpolicy", "namespace", "pod", "workloadendpoint")
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+class ExplainError(Exception):
+    """An answer that cannot be given (unknown pod, bad target or port): one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyCluster:
+    """The engine's view of the cluster, and every node's own addresses."""
+
+    state: ClusterState
+    node_addresses: dict[str, tuple[str, ...]]
+
+
+def _node_addresses(data: dict[str, Any]) -> tuple[str, ...]:
+    spec = data.get("spec") or {}
+    out = []
+    for key in ("ipv4Address", "ipv6Address", "ipv4VXLANTunnelAddr", "ipv6VXLANTunnelAddr"):
+        value = spec.get(key)
+        if isinstance(value, str) and value:
+            try:
+                out.append(str(ipaddress.ip_interface(value).ip))
+            except ValueError:
+                continue
+    return tuple(out)
+
+
+def read_cluster(store: Store) -> PolicyCluster:
+    """The policy inputs in ``store``, converted exactly as tabby-node converts them."""
+    from policy.inputs import PolicyInputs
+
+    docs = {kind: dict(store.list(kind)) for kind in POLICY_KINDS}
+    state, _nat = PolicyInputs().convert(docs)
+    nodes = {key: _node_addresses(doc.data) for key, doc in store.list("node")}
+    return PolicyCluster(state, nodes)
+
+
+# -- parsing the operator's words ---------------------------------------------------------------
+
+
+def parse_pod(text: str, what: str = "pod") -> tuple[str, str]:
+    ns, sep, name = text.partition("/")
+    if not sep:
+        ns, name = "default", text
+    if not ns or not name or "/" in name:
+        raise ExplainError(f"{what} {text!r}: expected NAMESPACE/NAME")
+    return ns, name
+
+
+def parse_target(text: str, what: str) -> Target:
+    """A pod (``NAMESPACE/NAME``), an address or a CIDR."""
+    try:
+        ipaddress.ip_interface(text)
+    except ValueError:
+        if ":" in text or re.fullmatch(r"[0-9.]+(/[0-9]*)?", text):
+            raise ExplainError(f"{what} {text!r}: not a valid address or CIDR") from None
+        return parse_pod(text, what)
+    return text
+
+
+def parse_port(text: str) -> tuple[int | str, str]:
+    """``P[/PROTO]``: a port number or a container-port name, TCP when no protocol."""
+    port, sep, proto = text.partition("/")
+    proto = proto.upper() if sep else "TCP"
+    if proto not in PROTOCOLS:
+        raise ExplainError(f"--port {text!r}: protocol must be one of {', '.join(PROTOCOLS)}")
+    if port.isdigit():
+        number = int(port)
+        if not 1 <= number <= 65535:
+            raise ExplainError(f"--port {text!r}: a port number is 1..65535")
+        return number, proto
+    if not port:
+        raise ExplainError(f"--port {text!r}: expected P/PROTO, e.g. 80/TCP or http/TCP")
+    return port, proto
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+def _pod_known(state: ClusterState, pod: tuple[str, str]) -> bool:
+    return any((p.namespace, p.name) == pod for p in state.pods) or any(
+        (e.namespace, e.pod) == pod for e in state.endpoints
+    )
+
+
+def _first_address(t: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_interface(t).network.network_address
+
+
+def _pod_of(state: ClusterState, t: Target) -> tuple[str, str] | None:
+    """The pod a target is (a pod, or an address that belongs to a pod's endpoint)."""
+    if isinstance(t, tuple):
+        return t
+    addr = _first_address(t)
+    for e in state.endpoints:
+        if any(ipaddress.ip_address(a) == addr for a in e.addresses):
+            return (e.namespace, e.pod)
+    return None
+
+
+def _node_of(state: ClusterState, pod: tuple[str, str] | None) -> str | None:
+    for e in sorted(state.endpoints, key=lambda e: e.key):
+        if (e.namespace, e.pod) == pod and e.addresses:
+            return e.node
+    return None
+
+
+def _named_port(state: ClusterState, dst: Target, name: str, protocol: str) -> int:
+    pod = _pod_of(state, dst)
+    where = f"pod {pod[0]}/{pod[1]}" if pod else f"{dst} (not a pod)"
+    for p in state.pods:
+        if (p.namespace, p.name) == pod:
+            for cp in p.ports:
+                if cp.name == name and cp.protocol == protocol:
+                    return cp.port
+    raise ExplainError(f"the destination {where} declares no container port {name!r} ({protocol})")
+
+
+def _verdict(v: DirectionVerdict | None) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {
+        "pod": v.pod,
+        "direction": v.direction,
+        "selected_by": list(v.selecting),
+        "isolated": v.isolated,
+        "allowed": v.allowed,
+        "allowed_by": list(v.allowed_by),
+        "reason": v.reason,
+    }
+
+
+def _label(t: Target) -> str:
+    return f"{t[0]}/{t[1]}" if isinstance(t, tuple) else t
+
+
+def explain(
+    cluster: PolicyCluster,
+    pod: str,
+    *,
+    to: str | None = None,
+    from_: str | None = None,
+    port: str | None = None,
+) -> dict[str, Any]:
+    """The answer to ``tabbyctl policy explain POD [--to|--from X] [--port P/PROTO]``."""
+    from policy import engine
+
+    if to is not None and from_ is not None:
+        raise ExplainError("give --to or --from, not both")
+    state = cluster.state
+    me = parse_pod(pod)
+    label = f"{me[0]}/{me[1]}"
+    if not _pod_known(state, me):
+        raise ExplainError(f"pod {label} not found: no Pod resource and no WorkloadEndpoint")
+    selected = engine.selecting_policies(state, *me)
+    out: dict[str, Any] = {
+        "pod": label,
+        "policies": selected,
+        "isolated": {d: bool(names) for d, names in selected.items()},
+        "traffic": None,
+    }
+    if to is None and from_ is None:
+        if port is not None:
+            raise ExplainError("--port goes with --to or --from")
+        return out
+    src: Target
+    dst: Target
+    if to is not None:
+        src, dst = me, parse_target(to, "--to")
+    else:
+        src, dst = parse_target(str(from_), "--from"), me
+    for t in (src, dst):
+        if isinstance(t, tuple) and not _pod_known(state, t):
+            raise ExplainError(
+                f"pod {_label(t)} not found: no Pod resource and no WorkloadEndpoint"
+            )
+    protocol, number, port_name = "TCP", None, None
+    if port is not None:
+        value, protocol = parse_port(port)
+        if isinstance(value, str):
+            port_name = value
+            number = _named_port(state, dst, value, protocol)
+        else:
+            number = value
+    node = _node_of(state, _pod_of(state, dst))
+    hosts: Iterable[str] = cluster.node_addresses.get(node or "", ())
+    try:
+        ex = engine.explain(state, src, dst, protocol, number, node=node, host_addresses=hosts)
+    except LookupError as e:
+        raise ExplainError(
+            f"{e.args[0] if e.args else e}: its traffic cannot be evaluated"
+        ) from None
+    out["traffic"] = {
+        "src": ex.src,
+        "dst": ex.dst,
+        "protocol": ex.protocol,
+        "port": ex.port,
+        "port_name": port_name,
+        "allowed": ex.allowed,
+        "egress": _verdict(ex.egress),
+        "ingress": _verdict(ex.ingress),
+        "summary": ex.lines(),
+    }
+    return out
+
+
+def explain_lines(answer: dict[str, Any]) -> list[str]:
+    lines = [f"pod {answer['pod']}"]
+    for d in ("ingress", "egress"):
+        names = answer["policies"][d]
+        if names:
+            lines.append(f"  {d}: isolated, selected by {', '.join(names)}")
+        else:
+            lines.append(f"  {d}: not isolated (no policy selects it for {d}): all allowed")
+    traffic = answer["traffic"]
+    if traffic is None:
+        return lines
+    lines.append("")
+    lines += traffic["summary"]
+    if traffic["port_name"]:
+        lines.append(
+            f"  (port {traffic['port_name']} is {traffic['port']}/{traffic['protocol']}"
+            " on the destination pod)"
+        )
+    if traffic["port"] is None and not traffic["allowed"]:
+        lines.append(
+            "  (without --port only rules that allow every port count: give --port P/PROTO)"
+        )
+    return lines
+
+
+# -- the commands -------------------------------------------------------------------------------
+
+
+@click.group("policy")
+def policy_group() -> None:
+    """NetworkPolicy: which policies select a pod, and why traffic is allowed or not."""
+
+
+@policy_group.command("explain")
+@click.argument("pod")
+@click.option("--to", "to", metavar="POD|CIDR|IP", help="the peer POD sends to")
+@click.option("--from", "from_", metavar="POD|CIDR|IP", help="the peer POD receives from")
+@click.option(
+    "--port",
+    metavar="P/PROTO",
+    help="destination port (number or container-port name) and protocol, e.g. 80/TCP, "
+    "53/UDP, http (TCP when no protocol); without it only rules that allow every port count",
+)
+@output_option
+@click.pass_obj
+def explain_cmd(
+    obj: Any, pod: str, to: str | None, from_: str | None, port: str | None, output: str
+) -> None:
+    """Which policies select POD (NAMESPACE/NAME) for ingress and egress; with --to or
+    --from, whether a new connection is allowed and by which rule, or which isolation denies
+    it. Computed from the datastore with the engine tabby-node enforces.
+
+    Exit status 0 for any answer, allowed or denied; 1 when no answer can be given.
+    """
+    from tabbyctl.common import emit, operator_errors
+    from tabbyctl.resources import open_resource_store
+
+    if to is not None and from_ is not None:
+        raise click.UsageError("give --to or --from, not both")
+    if port is not None and to is None and from_ is None:
+        raise click.UsageError("--port goes with --to or --from")
+    with operator_errors():
+        try:
+            store = open_resource_store(obj)
+            try:
+                answer = explain(read_cluster(store), pod, to=to, from_=from_, port=port)
+            finally:
+                store.close()
+        except ExplainError as e:
+            raise click.ClickException(str(e)) from None
+    lines = explain_lines(answer)
+    if answer["traffic"] is not None:
+        answer["traffic"] = {k: v for k, v in answer["traffic"].items() if k != "summary"}
+    emit(output, answer, lines)

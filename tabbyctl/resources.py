@@ -1,0 +1,443 @@
+"""tabbyctl's resource commands: ``apply``, ``get``, ``delete``, ``datastore migrate``.
+
+A thin click layer over ``resources.client.ResourceClient``. Files are YAML or JSON,
+one or many documents (a ``kind: List`` is unpacked). Errors are one line on stderr and exit
+status 1, nothing written. Registered on the ``tabbyctl`` group by ``tabbyctl.cli``.
+
+How tabbyctl finds the datastore is ``open_resource_store`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from datastore.base import Store
+    from resources.client import ResourceClient
+    from resources.meta import Resource
+    from resources.storage import KindInfo
+
+OUTPUTS = ("table", "json", "yaml")
+
+
+# -- the datastore seam ------------------------------------------------------------------------
+
+
+def open_resource_store(obj: Any) -> Store:
+    """THE place tabbyctl's resource commands get their store from.
+
+    ``obj`` is the ``tabbyctl`` group's context object; today its ``settings()`` (the
+    conflist named by ``--conf`` and the datastore flags, see ``tabbyctl.views``) name
+    the datastore, opened with ``datastore.open_store``.
+    """
+    from datastore import open_store
+
+    return open_store(obj.settings().datastore)
+
+
+@contextmanager
+def _client(obj: Any) -> Iterator[ResourceClient]:
+    """A ResourceClient over the datastore, closed afterwards; failures become one line."""
+    from resources.client import ResourceClient
+
+    with _errors():
+        store = open_resource_store(obj)
+        try:
+            yield ResourceClient(store)
+        finally:
+            store.close()
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """Resource, store and configuration failures become one line and exit 1."""
+    from resources.errors import ResourceError
+    from tabbyctl.common import operator_errors
+
+    with operator_errors():
+        try:
+            yield
+        except ResourceError as e:
+            raise click.ClickException(str(e)) from None
+
+
+# -- reading files -------------------------------------------------------------------------------
+
+
+class _NotResources(click.ClickException):
+    pass
+
+
+def _yaml() -> Any:
+    import yaml  # type: ignore[import-untyped, unused-ignore]
+
+    return yaml
+
+
+def _loader() -> Any:
+    """A safe YAML loader that keeps timestamps as strings (``creationTimestamp``)."""
+    yaml = _yaml()
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc, name-defined, unused-ignore]
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    return Loader
+
+
+def load_documents(text: str, source: str) -> list[object]:
+    """Every document of a YAML or JSON text (``kind: List`` items unpacked)."""
+    docs: list[object] | None = None
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            data = json.loads(text)
+            docs = data if isinstance(data, list) else [data]
+        except ValueError:
+            docs = None  # may still be YAML flow style
+    if docs is None:
+        yaml = _yaml()
+        try:
+            docs = [d for d in yaml.load_all(text, Loader=_loader()) if d is not None]
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" (line {where.line + 1})" if where is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise _NotResources(f"{source}: not YAML or JSON{at}: {problem}") from None
+    out: list[object] = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind") == "List" and "items" in doc:
+            items = doc["items"]
+            out.extend(items if isinstance(items, list) else [items])
+        else:
+            out.append(doc)
+    if out and not any(isinstance(d, dict) for d in out):
+        raise _NotResources(f"{source}: not YAML or JSON resource documents")
+    return out
+
+
+def _read_files(files: Sequence[str]) -> list[object]:
+    docs: list[object] = []
+    for path in files:
+        try:
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+        except OSError as e:
+            raise click.ClickException(f"cannot read {path}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise _NotResources(f"{path}: not YAML or JSON (not UTF-8 text)") from None
+        docs.extend(load_documents(text, "standard input" if path == "-" else path))
+    if not docs:
+        raise click.ClickException(f"no documents in {', '.join(files)}")
+    return docs
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _dump(output: str, data: Any) -> None:
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(_yaml().safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+
+
+def _labels(r: Resource) -> str:
+    from resources.meta import format_labels
+
+    return format_labels(r.metadata.labels)
+
+
+def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
+    """Table headers and row of each kind (``Any``: the kind's model)."""
+    kind = info.kind
+    if kind == "IPPool":
+        return ["NAME", "CIDR", "BLOCK SIZE", "IPIP", "VXLAN", "NAT", "DISABLED", "SELECTOR"], (
+            lambda r: [
+                r.name,
+                r.spec.cidr,
+                r.spec.blockSize,
+                r.spec.ipipMode or "-",
+                r.spec.vxlanMode or "-",
+                str(r.spec.natOutgoing).lower(),
+                str(r.spec.disabled).lower(),
+                r.spec.nodeSelector,
+            ]
+        )
+    if kind == "Node":
+        return ["NAME", "BACKEND", "IPV4", "IPV6", "ASN", "RR CLUSTER", "LABELS"], (
+            lambda r: [
+                r.name,
+                r.spec.backend,
+                r.spec.ipv4Address,
+                r.spec.ipv6Address,
+                r.spec.bgp.asNumber if r.spec.bgp else None,
+                r.spec.bgp.routeReflectorClusterID if r.spec.bgp else None,
+                _labels(r),
+            ]
+        )
+    if kind == "BGPConfiguration":
+        return ["NAME", "ASN", "MESH", "LOG"], (
+            lambda r: [
+                r.name,
+                r.spec.asNumber,
+                str(r.spec.nodeToNodeMeshEnabled).lower(),
+                r.spec.logSeverityScreen,
+            ]
+        )
+    if kind == "BGPPeer":
+        return ["NAME", "PEER IP", "ASN", "PEER SELECTOR", "NODE", "NODE SELECTOR"], (
+            lambda r: [
+                r.name,
+                r.spec.peerIP,
+                r.spec.asNumber,
+                r.spec.peerSelector,
+                r.spec.node,
+                r.spec.nodeSelector or ("-" if r.spec.node else "(all nodes)"),
+            ]
+        )
+    if kind == "NetworkPolicy":
+        return ["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY TYPES"], (
+            lambda r: [
+                r.namespace,
+                r.name,
+                _selector(r.spec.podSelector),
+                ",".join(r.spec.policyTypes),
+            ]
+        )
+    if kind == "Namespace":
+        return ["NAME", "LABELS"], lambda r: [r.name, _labels(r)]
+    if kind == "Pod":
+        return ["NAMESPACE", "NAME", "LABELS", "NAMED PORTS"], (
+            lambda r: [
+                r.namespace,
+                r.name,
+                _labels(r),
+                ",".join(f"{n}:{port}/{proto}" for n, proto, port in r.named_ports()) or "-",
+            ]
+        )
+    return [
+        "NAMESPACE",
+        "NAME",
+        "NODE",
+        "POD",
+        "INTERFACE",
+        "HOST INTERFACE",
+        "NETWORKS",
+        "LABELS",
+    ], (
+        lambda r: [
+            r.namespace,
+            r.name,
+            r.spec.node,
+            r.spec.pod,
+            r.spec.interface,
+            r.spec.hostInterface,
+            ",".join(r.spec.ipNetworks) or "-",
+            _labels(r),
+        ]
+    )
+
+
+def _selector(sel: Any) -> str:
+    parts = [f"{k}={v}" for k, v in sorted((sel.matchLabels or {}).items())]
+    for e in sel.matchExpressions or ():
+        values = ",".join(e.values or ())
+        parts.append(f"{e.key} {e.operator}" + (f" ({values})" if values else ""))
+    return ",".join(parts) or "<all>"
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+_FILES = click.option(
+    "-f",
+    "--filename",
+    "files",
+    multiple=True,
+    metavar="FILE",
+    help="YAML or JSON file of resources, - for standard input (repeatable)",
+)
+
+
+@click.command("apply")
+@_FILES
+@click.pass_obj
+def apply_cmd(obj: Any, files: tuple[str, ...]) -> None:
+    """Create or update resources from YAML or JSON, all or nothing.
+
+    The fields a document sets are merged into an existing resource (as kubectl apply does);
+    a metadata.resourceVersion must match the stored one. One invalid document fails the
+    whole file: nothing is written.
+    """
+    if not files:
+        raise click.UsageError("give -f FILE (or -f - for standard input)")
+    docs = _read_files(files)
+    with _client(obj) as client:
+        applied = client.apply(docs)
+    for a in applied:
+        click.echo(f"{a.label} {a.action}")
+
+
+@click.command("get")
+@click.argument("kind")
+@click.argument("name", required=False)
+@click.option(
+    "-n", "--namespace", help="namespace of a namespaced kind (default: all; with a NAME: default)"
+)
+@click.option("-o", "--output", type=click.Choice(OUTPUTS), default="table", show_default=True)
+@click.pass_obj
+def get_cmd(obj: Any, kind: str, name: str | None, namespace: str | None, output: str) -> None:
+    """Show resources of KIND (singular, plural or short name: ippool, nodes, netpol, ns,
+    pods, wep, ...), or the one named NAME."""
+    from resources.storage import resolve_kind
+    from tabbyctl.views import table
+
+    with _client(obj) as client:
+        info = resolve_kind(kind)
+        if name is not None:
+            items = [client.get(info, name, namespace)]
+        else:
+            items = client.list(info, namespace)
+    if output != "table":
+        if name is not None:
+            _dump(output, items[0].wire())
+        else:
+            _dump(output, {"apiVersion": "v1", "kind": "List", "items": [r.wire() for r in items]})
+        return
+    if not items:
+        where = f" in namespace {namespace}" if namespace and info.namespaced else ""
+        click.echo(f"no {info.plural} found{where}")
+        return
+    headers, row = _columns(info)
+    for line in table(headers, [row(r) for r in items]):
+        click.echo(line)
+
+
+@click.command("delete")
+@click.argument("kind", required=False)
+@click.argument("name", required=False)
+@_FILES
+@click.option("-n", "--namespace", help="namespace of a namespaced kind (default: default)")
+@click.option("--ignore-not-found", is_flag=True, help="a resource that does not exist is no error")
+@click.option(
+    "--release-blocks",
+    is_flag=True,
+    help="delete node only: also release every address block the node holds",
+)
+@click.pass_obj
+def delete_cmd(
+    obj: Any,
+    kind: str | None,
+    name: str | None,
+    files: tuple[str, ...],
+    namespace: str | None,
+    ignore_not_found: bool,
+    release_blocks: bool,
+) -> None:
+    """Delete KIND NAME, or every resource named in -f FILE (all or nothing).
+
+    Deleting a Node does not free its address blocks unless --release-blocks is given.
+    """
+    from resources.errors import NotFound
+    from resources.storage import resolve_kind
+
+    if bool(files) == bool(kind):
+        raise click.UsageError("give KIND NAME or -f FILE")
+    if files:
+        if release_blocks:
+            raise click.UsageError("--release-blocks goes with: delete node NAME")
+        docs = _read_files(files)
+        with _client(obj) as client:
+            deleted = client.delete_documents(docs, ignore_not_found=ignore_not_found)
+        for d in deleted:
+            click.echo(f"{d.label} deleted")
+        return
+    if name is None:
+        raise click.UsageError("give the NAME of the resource to delete")
+    with _client(obj) as client:
+        info = resolve_kind(str(kind))
+        if release_blocks and info.kind != "Node":
+            raise click.UsageError("--release-blocks goes with: delete node NAME")
+        try:
+            click.echo(f"{client.delete(info, name, namespace).label} deleted")
+        except NotFound:
+            if not (ignore_not_found or release_blocks):
+                raise
+        if release_blocks:
+            click.echo(_release_node(client.store, name))
+
+
+def _release_node(store: Store, node: str) -> str:
+    """Release every block (and address) the node holds: ``Ipam.release_node``."""
+    from ipam.core import Ipam
+
+    done = Ipam(store, "").release_node(node)
+    summary = (
+        f"node {node}: released {len(done.addresses)} address(es) of {len(done.released)} "
+        f"attachment(s), deleted {len(done.deleted_blocks)} empty block(s), "
+        f"{len(done.unaffined_blocks)} block(s) still in use now affine to no node"
+    )
+    if done.errors:
+        raise click.ClickException(f"{summary}; errors: {'; '.join(done.errors)}")
+    return summary
+
+
+@click.group("datastore")
+def datastore() -> None:
+    """Move tabby's state between datastores."""
+
+
+@datastore.command("migrate")
+@click.option("--to", "to", type=click.Choice(["etcdv3", "file"]), required=True)
+@click.option("--etcd-endpoints", help="target etcd endpoints (comma-separated URLs)")
+@click.option("--etcd-prefix", help="target key prefix (default /tabby)")
+@click.option("--etcd-ca-cert-file", help="target etcd CA certificate")
+@click.option("--etcd-cert-file", help="target etcd client certificate")
+@click.option("--etcd-key-file", help="target etcd client key")
+@click.option("--to-data-dir", help="target file store directory (--to file)")
+@click.pass_obj
+def migrate(obj: Any, /, to: str, to_data_dir: str | None, **etcd: str | None) -> None:
+    """Copy this node's datastore (pools, blocks, affinities, handles, resources, workload
+    endpoints) into another one, which must hold no tabby data yet.
+
+    The node's CNI calls wait while the copy runs; switch the node's conflist to the new
+    datastore afterwards.
+    """
+    from cni_config.resolve import resolve_datastore
+    from datastore import open_store
+    from resources.migrate import copy_store
+
+    if to == "file" and not to_data_dir:
+        raise click.UsageError("--to file needs --to-data-dir DIR")
+    flags: dict[str, str | None] = {"datastore_type": to, **etcd}
+    if to == "file":
+        flags["data_dir"] = to_data_dir
+    with _errors():
+        settings = resolve_datastore(None, flags, {})
+        source = open_resource_store(obj)
+        try:
+            target = open_store(settings)
+            try:
+                counts = copy_store(source, target)
+            finally:
+                target.close()
+        finally:
+            source.close()
+    total = sum(counts.values())
+    for kind, n in counts.items():
+        click.echo(f"{kind:<18} {n}")
+    click.echo(f"copied {total} documents to {settings.describe()}")
+
+
+COMMANDS: tuple[click.Command, ...] = (apply_cmd, get_cmd, delete_cmd, datastore)
