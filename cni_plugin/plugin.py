@@ -22,6 +22,7 @@ from dataplane.names import host_veth_name
 if TYPE_CHECKING:
     from cni_plugin.config import PluginConf
     from dataplane.model import Dataplane, SetupResult, SetupSpec
+    from datastore.base import Doc
 
 logger = logging.getLogger("tabby.plugin")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -90,7 +91,7 @@ class DatastoreEndpoints:
 
     def record(
         self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
-    ) -> tuple[str, Any]:
+    ) -> tuple[str, Doc | None]:
         """Write the endpoint; returns its key and the document as stored (None if it
         vanished at once)."""
         from resources.wep import KIND, write_endpoint

@@ -1,28 +1,38 @@
-"""Resource models (``resources``) -> the policy engine's inputs.
+"""The datastore's resources (``resources``) -> the policy engine's inputs.
 
 The models already carry the API server's defaulting and validation (``policyTypes``, a
 port's protocol, ``except`` inside ``cidr``, ...); this module only changes representation.
-WorkloadEndpoints may come as models or as their stored documents (``resources.wep``).
+It takes the models typed but imports them only for type checking: the engine's side
+(``policy.engine``) stays free of pydantic.
 
-The models are taken duck-typed (``Any``, attribute access as in ``resources.k8s`` and
-``resources.tabby``) so this module imports nothing from the datastore library; the
-unit tests run it on the real models.
+:class:`PolicyInputs` turns a snapshot of the datastore (``resources.index.Documents``) into
+the engine's :class:`~policy.engine.ClusterState`, converting each document once per revision.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar, cast
 
-from datastore.base import Doc
-from datastore.errors import DatastoreError
 from policy import engine
+from resources.index import ENDPOINTS, NAMESPACES, PODS, POLICIES, POOLS, Documents, Kind
 
-log = logging.getLogger("tabby.policy")
+if TYPE_CHECKING:
+    from resources.k8s import (
+        LabelSelector,
+        Namespace,
+        NetworkPolicy,
+        NetworkPolicyPeer,
+        NetworkPolicyPort,
+        Pod,
+    )
+    from resources.tabby import IPPool, WorkloadEndpoint
+
+M = TypeVar("M")
+V = TypeVar("V")
 
 
-def selector(sel: Any) -> engine.LabelSelector:
+def selector(sel: LabelSelector) -> engine.LabelSelector:
     exprs = tuple(
         engine.Requirement(e.key, e.operator, tuple(e.values or ()))
         for e in sel.matchExpressions or ()
@@ -30,7 +40,7 @@ def selector(sel: Any) -> engine.LabelSelector:
     return engine.LabelSelector(tuple((sel.matchLabels or {}).items()), exprs)
 
 
-def _peer(p: Any) -> engine.Peer:
+def _peer(p: NetworkPolicyPeer) -> engine.Peer:
     if p.ipBlock is not None:
         block = engine.IPBlock(p.ipBlock.cidr, tuple(p.ipBlock.except_ or ()))
         return engine.Peer(ip_block=block)
@@ -40,11 +50,11 @@ def _peer(p: Any) -> engine.Peer:
     )
 
 
-def _port(p: Any) -> engine.PortSpec:
+def _port(p: NetworkPolicyPort) -> engine.PortSpec:
     return engine.PortSpec(p.protocol, p.port, p.endPort)
 
 
-def policy(np: Any) -> engine.Policy:
+def policy(np: NetworkPolicy) -> engine.Policy:
     spec = np.spec
     ingress = tuple(
         engine.Rule(tuple(_peer(x) for x in r.from_ or ()), tuple(_port(x) for x in r.ports or ()))
@@ -64,11 +74,11 @@ def policy(np: Any) -> engine.Policy:
     )
 
 
-def namespace(ns: Any) -> engine.Namespace:
+def namespace(ns: Namespace) -> engine.Namespace:
     return engine.Namespace(ns.metadata.name or "", tuple((ns.metadata.labels or {}).items()))
 
 
-def pod(p: Any) -> engine.Pod:
+def pod(p: Pod) -> engine.Pod:
     ports = tuple(
         engine.ContainerPort(name, number, proto) for name, proto, number in p.named_ports()
     )
@@ -80,21 +90,9 @@ def pod(p: Any) -> engine.Pod:
     )
 
 
-def endpoint(wep: Any) -> engine.Endpoint:
-    """A WorkloadEndpoint model or its stored document. One without ``hostInterface`` gets
-    an empty interface: its addresses count for selectors, but no chain is made for it."""
-    if isinstance(wep, Mapping):
-        meta = wep.get("metadata") or {}
-        spec = wep.get("spec") or {}
-        return engine.Endpoint(
-            str(meta.get("namespace") or "default"),
-            str(spec.get("pod") or ""),
-            str(spec.get("node") or ""),
-            str(spec.get("hostInterface") or ""),
-            tuple(str(a) for a in spec.get("ipNetworks") or ()),
-            str(meta.get("name") or ""),
-            tuple((meta.get("labels") or {}).items()),
-        )
+def endpoint(wep: WorkloadEndpoint) -> engine.Endpoint:
+    """One without ``hostInterface`` gets an empty interface: its addresses count for
+    selectors, but no chain is made for it."""
     return engine.Endpoint(
         wep.metadata.namespace or "default",
         wep.spec.pod,
@@ -107,10 +105,10 @@ def endpoint(wep: Any) -> engine.Endpoint:
 
 
 def cluster_state(
-    policies: Iterable[Any],
-    namespaces: Iterable[Any],
-    pods: Iterable[Any],
-    endpoints: Iterable[Any],
+    policies: Iterable[NetworkPolicy],
+    namespaces: Iterable[Namespace],
+    pods: Iterable[Pod],
+    endpoints: Iterable[WorkloadEndpoint],
 ) -> engine.ClusterState:
     return engine.ClusterState(
         tuple(policy(p) for p in policies),
@@ -120,78 +118,47 @@ def cluster_state(
     )
 
 
-def nat(pools: Iterable[Any]) -> engine.NatConfig:
+def nat(pools: Iterable[IPPool]) -> engine.NatConfig:
     """NAT input from the IP pools (disabled pools still count as pool space)."""
     return engine.NatConfig(tuple((p.spec.cidr, p.spec.natOutgoing) for p in pools))
 
 
-# -- the datastore -> the engine's inputs, converted once per document revision ----------------
-
-
-def key_pod(data: Mapping[str, Any]) -> str:
-    meta = data.get("metadata") or {}
-    spec = data.get("spec") or {}
-    return f"{meta.get('namespace', '')}/{spec.get('pod', '')}"
-
-
-def pod_model(key: str, doc: Doc) -> Any:
-    from resources.storage import BY_KIND, to_resource
-
-    try:
-        return to_resource(BY_KIND["Pod"], key, doc, f"pod {key}")
-    except DatastoreError:
-        return None
+def pod_key(wep: WorkloadEndpoint) -> str:
+    """The key (``<namespace>/<name>``) of the Pod an endpoint belongs to."""
+    return f"{wep.metadata.namespace or 'default'}/{wep.spec.pod}"
 
 
 class PolicyInputs:
-    """The policy engine's inputs from the cache, converted document by document and kept
-    per (kind, key, revision): a pass converts only what changed since the last one (a
-    revision is never reused for a key). Parsing every policy on every watch event cost
-    ~35 ms per pass at 200 policies, on every node, for every pod added anywhere. A fresh
-    object converts everything (``tabbyctl policy explain`` does that); a document that
-    does not validate is skipped and logged."""
+    """The policy engine's inputs from a snapshot of the datastore, converted document by
+    document and kept per (kind, key, revision): a pass converts only what changed since the
+    last one (a revision is never reused for a key). Converting every policy on every watch
+    event cost ~35 ms per pass at 200 policies, on every node, for every pod added anywhere.
+    A fresh object converts everything (``tabbyctl policy explain`` does that)."""
 
     def __init__(self) -> None:
-        self.memo: dict[tuple[str, str], tuple[int, Any]] = {}
+        self._memo: dict[str, dict[str, tuple[int, object]]] = {}
 
-    def convert(self, docs: Mapping[str, Mapping[str, Doc]]) -> tuple[Any, Any]:
-        seen: set[tuple[str, str]] = set()
-
-        def each(kind: str, store_kind: str, fn: Callable[[Any], Any]) -> list[Any]:
-            from resources.storage import BY_KIND, to_resource
-
-            out = []
-            for key, doc in sorted((docs.get(store_kind) or {}).items()):
-                seen.add((store_kind, key))
-                hit = self.memo.get((store_kind, key))
-                if hit is None or hit[0] != doc.revision:
-                    try:
-                        value = fn(to_resource(BY_KIND[kind], key, doc, f"{store_kind} {key}"))
-                    except DatastoreError as e:
-                        log.warning("skipping %s %s: %s", kind, key, e)
-                        value = None
-                    hit = self.memo[(store_kind, key)] = (doc.revision, value)
-                if hit[1] is not None:
-                    out.append(hit[1])
-            return out
-
-        endpoints = []
-        for key, doc in sorted((docs.get("workloadendpoint") or {}).items()):
-            seen.add(("workloadendpoint", key))
-            hit = self.memo.get(("workloadendpoint", key))
-            if hit is None or hit[0] != doc.revision:
-                hit = self.memo[("workloadendpoint", key)] = (
-                    doc.revision,
-                    endpoint(doc.data),
-                )
-            endpoints.append(hit[1])
+    def convert(self, docs: Documents) -> tuple[engine.ClusterState, engine.NatConfig]:
         state = engine.ClusterState(
-            tuple(each("NetworkPolicy", "networkpolicy", policy)),
-            tuple(each("Namespace", "namespace", namespace)),
-            tuple(each("Pod", "pod", pod)),
-            tuple(endpoints),
+            tuple(self._each(docs, POLICIES, policy)),
+            tuple(self._each(docs, NAMESPACES, namespace)),
+            tuple(self._each(docs, PODS, pod)),
+            tuple(self._each(docs, ENDPOINTS, endpoint)),
         )
-        nat_config = nat(each("IPPool", "pool", lambda model: model))
-        for gone in set(self.memo) - seen:
-            del self.memo[gone]
-        return state, nat_config
+        pools = [e.value for _, e in sorted(docs.of(POOLS).items())]
+        return state, nat(pools)
+
+    def _each(self, docs: Documents, kind: Kind[M], fn: Callable[[M], V]) -> list[V]:
+        old = self._memo.get(kind.name, {})
+        memo: dict[str, tuple[int, object]] = {}
+        out: list[V] = []
+        for key, entry in sorted(docs.of(kind).items()):
+            hit = old.get(key)
+            if hit is not None and hit[0] == entry.revision:
+                value = cast("V", hit[1])  # converted by this very function
+            else:
+                value = fn(entry.value)
+            memo[key] = (entry.revision, value)
+            out.append(value)
+        self._memo[kind.name] = memo
+        return out

@@ -294,7 +294,7 @@ class Pod(Resource):
 
     spec: PodSpec = Field(default_factory=PodSpec)
 
-    def named_ports(self) -> list[tuple[str, str, int]]:
+    def named_ports(self) -> list[tuple[str, Protocol, int]]:
         """``(name, protocol, containerPort)`` of every named port, for resolving a policy's
         named ports (two containers may use the same name: it then stands for both)."""
         return [

@@ -111,6 +111,11 @@ class IPPoolSpec(StrictModel):
     def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
         return ipaddress.ip_network(self.cidr)
 
+    @property
+    def block_size(self) -> int:
+        """``blockSize``, defaulted by validation (never None on a validated model)."""
+        return self.blockSize or DEFAULT_BLOCK_SIZE[self.network.version]
+
 
 class IPPool(Resource):
     """Stored as the IPAM ``pool`` document keyed by its CIDR (``resources.storage``)."""

@@ -32,22 +32,38 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bundle import __version__
 from cni_protocol.errors import CniError, Code
 from datastore.base import Doc, Store
 from ipam.core.errors import DatastoreError, RevisionConflict
-from policy.inputs import PolicyInputs, key_pod, pod_model
-from tabby_node.cache import Cache
-from tabby_node.cluster import WATCHED_KINDS, Cluster, Underlay, vxlan_state
+from policy.inputs import PolicyInputs, pod_key
+from resources.heartbeat import Heartbeat
+from resources.index import ENDPOINTS, HEARTBEATS, NODES, PODS, Documents
+from tabby_node.cache import WATCHED_KINDS, Cache
+from tabby_node.cluster import Cluster, Underlay, vxlan_state
 from tabby_node.facts import Facts
 from tabby_node.options import NodeOptions
 from tabby_node.status import RESYNC_SECONDS, write_status
 
 if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
+
     from cni_config.common import DatastoreSettings
+    from cni_plugin.config import PluginConf
+    from cni_protocol import skel
+    from dataplane.model import IPAddress
+    from dataplane.nft import PolicyDataplane
     from dataplane.nodeinfo import NodeAddress
+    from dataplane.overlay_model import DesiredState
+    from tabby_node.metrics import Metrics
+    from tabby_node.server import NodeServer
+    from tabby_node.view import RoutingBackend
+
+T = TypeVar("T")
+#: A function for the dataplane thread, and where its outcome goes (ok, value or exception).
+Request = tuple[Callable[[], object], "queue.Queue[tuple[bool, object]]"]
 
 log = logging.getLogger("tabby.node")
 
@@ -66,11 +82,11 @@ class Agent:
         self.store: Store | None = None
         self.cache = Cache()
         self.stopping = threading.Event()
-        self.requests: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
+        self.requests: queue.Queue[Request] = queue.Queue()
         self.facts: Facts | None = None
-        self.policy: Any = None
-        self.routing: Any = None
-        self.server: Any = None
+        self.policy: PolicyDataplane | None = None
+        self.routing: RoutingBackend | None = None
+        self.server: NodeServer | None = None
         self.threads: list[threading.Thread] = []
         self.last_reconcile: float = 0.0
         self.reconciles = 0
@@ -78,8 +94,8 @@ class Agent:
         self.loop_beat: dict[str, float] = {}
         self.problems: dict[str, str] = {}
         self.in_sync = False
-        self.metrics: Any = None
-        self.http_servers: list[Any] = []
+        self.metrics: Metrics | None = None
+        self.http_servers: list[ThreadingHTTPServer] = []
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
 
@@ -149,14 +165,14 @@ class Agent:
             log.warning("no datastore snapshot yet: starting with an empty view")
         self._retry("tunnel addresses", lambda: self.ensure_tunnels(store))
         self.write_mtu()
-        self.routing = self._routing_backend()
-        self.routing.start()
+        self.routing = routing = self._routing_backend()
+        routing.start()
         from dataplane.nft import PolicyDataplane
 
         self.policy = PolicyDataplane(facts.name)
         self.reconcile(full=True)
 
-    def _retry(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped
         (etcd may still be electing a leader, or not be up yet)."""
         delay = 0.2
@@ -213,10 +229,10 @@ class Agent:
         facts = self.facts
         assert facts is not None
         if facts.ipv4 is not None:
-            for key, doc in store.list("node"):
-                other = str((doc.data.get("spec") or {}).get("ipv4Address") or "")
+            for key, entry in Documents.read(store, (NODES,)).of(NODES).items():
+                other = entry.value.spec.ipv4Address or ""
                 same = other.split("/")[0] == str(facts.ipv4.address)
-                if key != facts.name and same and store.get("heartbeat", key) is not None:
+                if key != facts.name and same and store.get(HEARTBEATS.name, key) is not None:
                     raise CniError(
                         Code.INVALID_CONFIG,
                         f"node {key} already has address {facts.ipv4.address}",
@@ -228,12 +244,12 @@ class Agent:
     def beat(self, store: Store) -> None:
         facts = self.facts
         assert facts is not None
-        data = {"node": facts.name, "time": time.time(), "pid": os.getpid()}
+        data = Heartbeat(facts.name, time.time(), os.getpid()).to_data()
         for _ in range(5):
-            current = store.get("heartbeat", facts.name)
+            current = store.get(HEARTBEATS.name, facts.name)
             try:
                 store.put(
-                    "heartbeat",
+                    HEARTBEATS.name,
                     facts.name,
                     data,
                     current.revision if current else None,
@@ -272,7 +288,7 @@ class Agent:
             return
         from resources.client import ResourceClient
 
-        docs: list[dict[str, Any]] = [
+        docs: list[dict[str, object]] = [
             {
                 "apiVersion": "tabby.io/v1",
                 "kind": "IPPool",
@@ -291,7 +307,11 @@ class Agent:
             )
         try:
             ResourceClient(store).apply(docs)
-            log.warning("created the default pools: %s", ", ".join(d["spec"]["cidr"] for d in docs))
+            cidrs = [
+                self.options.ipv4_pool,
+                *([self.options.ipv6_pool] if self.options.ipv6_pool else []),
+            ]
+            log.warning("created the default pools: %s", ", ".join(cidrs))
         except (RevisionConflict, Exception) as e:  # another node was faster: theirs stand
             if store.list("pool"):
                 return
@@ -320,7 +340,7 @@ class Agent:
 
         facts = self.facts
         assert facts is not None
-        cluster = Cluster.from_docs(self.cache.view(), facts.name)
+        cluster = Cluster.from_documents(self.cache.view(), facts.name)
         families = self._vxlan_families(cluster)
         if not families:
             return
@@ -370,7 +390,7 @@ class Agent:
 
         facts = self.facts
         assert facts is not None
-        cluster = Cluster.from_docs(self.cache.view(), facts.name)
+        cluster = Cluster.from_documents(self.cache.view(), facts.name)
         families = self._vxlan_families(cluster)
         ipip = facts.ipip_available and any(
             p.encap(self.options.backend)[0] == "ipip" for p in cluster.pools
@@ -435,25 +455,26 @@ class Agent:
             except BaseException as e:  # handed to the waiting CNI thread
                 reply.put((False, e))
 
-    def on_dataplane_thread(self, fn: Callable[[], Any], timeout: float) -> Any:
+    def on_dataplane_thread(self, fn: Callable[[], None], timeout: float) -> None:
         """Run ``fn`` on the dataplane thread (the node's network namespace) and wait."""
-        reply: queue.Queue[Any] = queue.Queue(maxsize=1)
+        reply: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=1)
         self.requests.put((fn, reply))
         self.cache.wake.set()
         ok, value = reply.get(timeout=timeout)
         if not ok:
+            assert isinstance(value, BaseException)
             raise value
-        return value
 
     def reconcile(self, *, full: bool = False) -> None:
         facts = self.facts
         assert facts is not None
         start = time.monotonic()
         docs = self.cache.view()
-        cluster = Cluster.from_docs(docs, facts.name)
+        cluster = Cluster.from_documents(docs, facts.name)
         self._ipip_notice(cluster)
         ok = True
         try:
+            assert self.routing is not None
             self.routing.reconcile(cluster, full=full)
         except Exception as e:
             ok = False
@@ -496,9 +517,8 @@ class Agent:
             log.warning("%s", text)
         self.problems["ipip"] = text
 
-    def policy_sync(
-        self, docs: Mapping[str, Mapping[str, Doc]], cluster: Cluster, full: bool
-    ) -> None:
+    def policy_sync(self, docs: Documents, cluster: Cluster, full: bool) -> None:
+        assert self.policy is not None
         state, nat = self.policy_memo.convert(docs)
         result = self.policy.sync(state, nat, full=full)
         if self.metrics is not None:  # metrics
@@ -507,7 +527,8 @@ class Agent:
     def _write_status(self, cluster: Cluster) -> None:
         facts = self.facts
         assert facts is not None
-        status = {
+        assert self.routing is not None
+        status: dict[str, object] = {
             "node": facts.name,
             "backend": self.options.backend,
             "node_ip": str(facts.ipv4.address) if facts.ipv4 else None,
@@ -526,31 +547,33 @@ class Agent:
 
     # -- the no-window path: a pod's policy before its ADD answers -----------------------------
 
-    def endpoint_added(self, key: str, data: dict[str, Any], revision: int) -> None:
+    def endpoint_added(self, key: str, doc: Doc) -> None:
         """The plugin recorded an endpoint (in a CNI thread): program its policy now."""
 
         def program() -> None:
-            self.cache.put_local("workloadendpoint", key, Doc(data, revision))
-            self._program_endpoint(key, data)
+            self.cache.put_local(ENDPOINTS.name, key, doc)
+            self._program_endpoint(key)
 
         self.on_dataplane_thread(program, ENDPOINT_WAIT_SECONDS)
 
-    def _program_endpoint(self, key: str, data: dict[str, Any]) -> None:
+    def _program_endpoint(self, key: str) -> None:
         from policy import inputs
 
         if self.policy is None or self.policy.state is None:
             return  # the first full sync will include it
-        pod = self.cache.view().get("pod", {}).get(key_pod(data))
-        model = pod_model(key_pod(data), pod) if pod is not None else None
+        wep = self.cache.get(ENDPOINTS, key)
+        if wep is None:
+            return  # did not parse (logged): the next pass leaves it out as well
+        pod = self.cache.get(PODS, pod_key(wep))
         result = self.policy.add_endpoint(
-            inputs.endpoint(data), inputs.pod(model) if model is not None else None
+            inputs.endpoint(wep), inputs.pod(pod) if pod is not None else None
         )
         if self.metrics is not None:  # metrics
             self.metrics.policy_applied(result)
 
     def endpoint_removed(self, key: str) -> None:
         def unprogram() -> None:
-            self.cache.put_local("workloadendpoint", key, None)
+            self.cache.put_local(ENDPOINTS.name, key, None)
             if self.policy is not None and self.policy.state is not None:
                 namespace, _, name = key.partition("/")
                 result = self.policy.remove_endpoint(namespace, name)
@@ -561,7 +584,7 @@ class Agent:
 
     # -- routing backends ------------------------------------------------------------------
 
-    def _routing_backend(self) -> Any:
+    def _routing_backend(self) -> RoutingBackend:
         facts = self.facts
         assert facts is not None
         if self.options.backend == "bird":
@@ -579,15 +602,16 @@ class Agent:
     def underlay(self) -> Underlay:
         facts = self.facts
         assert facts is not None
+        v4, v6 = facts.ipv4, facts.ipv6
         return Underlay(
-            ipv4=_interface(facts.ipv4),
-            ipv6=_interface(facts.ipv6),
+            ipv4=ipaddress.IPv4Interface(f"{v4.address}/{v4.prefixlen}") if v4 else None,
+            ipv6=ipaddress.IPv6Interface(f"{v6.address}/{v6.prefixlen}") if v6 else None,
             uplink_v4=facts.ipv4.interface if facts.ipv4 else None,
             uplink_v6=facts.ipv6.interface if facts.ipv6 else None,
             mtu=facts.uplink_mtu,
         )
 
-    def vxlan_state(self, cluster: Cluster) -> Any:
+    def vxlan_state(self, cluster: Cluster) -> DesiredState:
         facts = self.facts
         assert facts is not None
         return vxlan_state(cluster, facts.name, self.underlay(), self.options.backend)
@@ -612,12 +636,6 @@ class Agent:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-def _interface(addr: NodeAddress | None) -> Any:
-    if addr is None:
-        return None
-    return ipaddress.ip_interface(f"{addr.address}/{addr.prefixlen}")
 
 
 def _write_file(path: str, text: str) -> None:
@@ -742,18 +760,24 @@ class AgentEndpoints:
         self.agent = agent
         self.inner = DatastoreEndpoints()
 
-    def added(self, args: Any, conf: Any, addresses: Any, host_ifname: str) -> None:
+    def added(
+        self,
+        args: skel.CmdArgs,
+        conf: PluginConf,
+        addresses: list[IPAddress],
+        host_ifname: str,
+    ) -> None:
         key, doc = self.inner.record(args, conf, addresses, host_ifname)
         if doc is None:
             return
         try:
-            self.agent.endpoint_added(key, doc.data, doc.revision)
+            self.agent.endpoint_added(key, doc)
         except Exception as e:
             raise CniError(
                 Code.DATAPLANE, "cannot program the pod's network policy", str(e)
             ) from None
 
-    def removed(self, args: Any, conf: Any) -> None:
+    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
         key = self.inner.erase(args, conf)
         if key is not None:
             with contextlib.suppress(Exception):

@@ -1,21 +1,27 @@
-"""tabby-node's mirror of the datastore: the documents it watches, fed by ``store.sync``."""
+"""tabby-node's mirror of the datastore: the documents it watches, fed by ``store.sync`` and
+parsed once per revision (``resources.index``)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TypeVar
 
-from datastore.base import Doc
-from tabby_node.cluster import WATCHED_KINDS
+from datastore.base import Doc, SyncEvent
+from resources.index import HEARTBEATS, POLICY, ROUTING, Documents, Index, Kind
+
+T = TypeVar("T")
+
+#: The store kinds tabby-node watches: routing's, then policy's.
+WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY))
 
 
 class Cache:
-    """A mirror of the watched documents, fed by ``store.sync``; ``version`` grows with
-    every change and ``changed`` wakes the dataplane thread."""
+    """The watched documents, typed; ``version`` grows with every change, ``changed`` and
+    ``wake`` wake the dataplane thread."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.docs: dict[str, dict[str, Doc]] = {k: {} for k in WATCHED_KINDS}
+        self.index = Index((*ROUTING, *POLICY))
         self.version = 0
         self.synced = threading.Event()
         #: Set when a document changed that the dataplane depends on (a reconcile is due).
@@ -25,41 +31,46 @@ class Cache:
         self.resyncs = 0
         self.last_error: str | None = None
 
-    def apply(self, event: Any) -> None:
+    def apply(self, event: SyncEvent) -> None:
         with self.lock:
             if event.type == "snapshot":
-                self.docs = {k: dict(event.snapshot.get(k, {})) for k in WATCHED_KINDS}
                 self.resyncs += 1
-            elif event.type == "put" and event.doc is not None:
-                docs = self.docs.setdefault(event.kind, {})
-                refresh = event.kind == "heartbeat" and event.key in docs
-                docs[event.key] = event.doc
-                if refresh:
-                    # A live node's heartbeat renewed: nothing the dataplane depends on
-                    # changed (a node appearing or expiring does). No reconcile for it:
-                    # with many nodes these are most of the watch events.
-                    self.last_error = None
-                    self.synced.set()
-                    return
-            elif event.type == "delete":
-                self.docs.setdefault(event.kind, {}).pop(event.key, None)
-            self.version += 1
+            elif (
+                event.type == "put"
+                and event.kind == HEARTBEATS.name
+                and self.index.has(event.kind, event.key)
+            ):
+                # A live node's heartbeat renewed: nothing the dataplane depends on changed
+                # (a node appearing or expiring does). No reconcile for it: with many nodes
+                # these are most of the watch events.
+                self.index.apply(event)
+                self.last_error = None
+                self.synced.set()
+                return
+            changed = self.index.apply(event)
+            if changed:
+                self.version += 1
             self.last_error = None
         self.synced.set()
-        self.changed.set()
-        self.wake.set()
+        if changed:
+            self.changed.set()
+            self.wake.set()
 
     def put_local(self, kind: str, key: str, doc: Doc | None) -> None:
         """What this node just wrote, ahead of the watch (which will say the same)."""
         with self.lock:
             if doc is None:
-                self.docs.setdefault(kind, {}).pop(key, None)
+                changed = self.index.delete(kind, key)
             else:
-                current = self.docs.setdefault(kind, {}).get(key)
-                if current is None or current.revision <= doc.revision:
-                    self.docs[kind][key] = doc
-            self.version += 1
+                changed = self.index.put(kind, key, doc)
+            if changed:
+                self.version += 1
 
-    def view(self) -> dict[str, dict[str, Doc]]:
+    def get(self, kind: Kind[T], key: str) -> T | None:
+        """One document, typed (no snapshot of the rest)."""
         with self.lock:
-            return {k: dict(v) for k, v in self.docs.items()}
+            return self.index.get(kind, key)
+
+    def view(self) -> Documents:
+        with self.lock:
+            return self.index.snapshot()

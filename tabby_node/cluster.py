@@ -1,7 +1,8 @@
 """What the datastore says about the cluster, read for routing: a pure module.
 
-``Cluster.from_docs(docs)`` turns the documents tabby-node watches (Nodes, heartbeats,
-pools, blocks, the BGP configuration and peers) into typed facts:
+``Cluster.from_documents(docs, me)`` turns the documents tabby-node watches (Nodes,
+heartbeats, pools, blocks, the BGP configuration and peers: already parsed, once per
+revision, by ``resources.index``) into the facts routing needs:
 
 - which nodes are alive (their Node exists and their heartbeat has not expired; a node
   always counts itself), with their underlay and tunnel addresses, AS and labels;
@@ -23,7 +24,7 @@ import dataclasses
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dataplane.model import IPAddress, IPNetwork
 from dataplane.overlay_model import (
@@ -36,15 +37,22 @@ from dataplane.overlay_model import (
     VxlanDevice,
     normalise_mac,
 )
-from datastore.base import Doc
+from resources.index import (
+    BGP_CONFIGURATIONS,
+    BGP_PEERS,
+    BLOCKS,
+    HEARTBEATS,
+    NODES,
+    POOLS,
+    Documents,
+)
+
+if TYPE_CHECKING:
+    from ipam.core.block import Block
+    from resources.tabby import BGPPeer, IPPool, Node
 
 DEFAULT_AS = 64512  # the BGPConfiguration model's default; a cluster without one uses it
-#: Kinds tabby-node watches (policy adds the namespaced ones).
-ROUTING_KINDS = ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
-POLICY_KINDS = ("networkpolicy", "namespace", "pod", "workloadendpoint")
-WATCHED_KINDS = (*ROUTING_KINDS, *POLICY_KINDS)
 
-Docs = Mapping[str, Mapping[str, Doc]]
 log = logging.getLogger("tabby.node")
 
 
@@ -142,34 +150,27 @@ class Cluster:
     peers: tuple[PeerSpec, ...] = ()
 
     @classmethod
-    def from_docs(cls, docs: Docs, me: str) -> Cluster:
-        """The cluster view from the watched documents. Resources are read through their
-        models (``resources``: the defaults, such as AS 64512 and the mesh on, are
-        theirs), blocks through the IPAM core's block document; a document that does not
-        validate is left out and logged."""
-        from resources.storage import BY_KIND
-
-        live = set((docs.get("heartbeat") or {}).keys()) | {me}
-        nodes = {}
-        for name, model in _models(docs, "node", BY_KIND["Node"]):
-            nodes[name] = dataclasses.replace(_node(name, model), alive=name in live)
-        pools = tuple(_pool(m) for _, m in _models(docs, "pool", BY_KIND["IPPool"]))
+    def from_documents(cls, docs: Documents, me: str) -> Cluster:
+        """The cluster view from the watched documents (those that did not parse are left
+        out: ``resources.index`` logged them). The resources' defaults, such as AS 64512
+        and the mesh on, are their models'."""
+        live = set(docs.raw(HEARTBEATS.name)) | {me}  # alive while the document exists
+        nodes = {
+            name: _node(name, e.value, alive=name in live)
+            for name, e in sorted(docs.of(NODES).items())
+        }
+        pools = tuple(_pool(e.value) for _, e in sorted(docs.of(POOLS).items()))
         blocks: list[BlockInfo] = []
         borrowed: list[Borrowed] = []
-        for key, doc in sorted((docs.get("block") or {}).items()):
-            got = _block(key, doc)
-            if got is None:
-                continue
-            block, held = got
+        for _, entry in sorted(docs.of(BLOCKS).items()):
+            block, held = _block(entry.value)
             blocks.append(block)
             borrowed.extend(held)
         from resources.tabby import BGPConfigurationSpec
 
-        config: dict[str, Any] = dict(
-            _models(docs, "bgpconfiguration", BY_KIND["BGPConfiguration"])
-        )
-        bgp = config["default"].spec if "default" in config else BGPConfigurationSpec()
-        peers = tuple(_peer(k, m) for k, m in _models(docs, "bgppeer", BY_KIND["BGPPeer"]))
+        config = docs.get(BGP_CONFIGURATIONS, "default")
+        bgp = config.spec if config is not None else BGPConfigurationSpec()
+        peers = tuple(_peer(k, e.value) for k, e in sorted(docs.of(BGP_PEERS).items()))
         return cls(
             nodes=nodes,
             pools=tuple(sorted(pools, key=lambda p: (p.cidr.version, p.cidr))),
@@ -194,22 +195,7 @@ class Cluster:
         return [b for b in self.blocks if b.node == node]
 
 
-def _models(docs: Docs, store_kind: str, info: Any) -> list[tuple[str, Any]]:
-    from ipam.core.errors import StoreCorrupt
-    from resources.storage import to_resource
-
-    out = []
-    for key, doc in sorted((docs.get(store_kind) or {}).items()):
-        try:
-            out.append((key, to_resource(info, key, doc, f"{store_kind} {key}")))
-        except StoreCorrupt as e:
-            log.warning("ignoring %s", e)
-        except (ValueError, TypeError) as e:  # e.g. "metadata" that is not a map
-            log.warning("ignoring %s %s: not a valid %s: %s", store_kind, key, info.kind, e)
-    return out
-
-
-def _node(name: str, node: Any) -> NodeInfo:
+def _node(name: str, node: Node, *, alive: bool) -> NodeInfo:
     spec = node.spec
     bgp = spec.bgp
     return NodeInfo(
@@ -231,14 +217,15 @@ def _node(name: str, node: Any) -> NodeInfo:
         ipip_v4=ipaddress.IPv4Address(bgp.ipv4IPIPTunnelAddr)
         if bgp and bgp.ipv4IPIPTunnelAddr
         else None,
+        alive=alive,
     )
 
 
-def _pool(pool: Any) -> PoolInfo:
+def _pool(pool: IPPool) -> PoolInfo:
     spec = pool.spec
     return PoolInfo(
         cidr=ipaddress.ip_network(spec.cidr),
-        block_size=spec.blockSize,
+        block_size=spec.block_size,
         vxlan_mode=spec.vxlanMode,
         ipip_mode=spec.ipipMode,
         nat_outgoing=spec.natOutgoing,
@@ -247,17 +234,9 @@ def _pool(pool: Any) -> PoolInfo:
     )
 
 
-def _block(key: str, doc: Doc) -> tuple[BlockInfo, list[Borrowed]] | None:
+def _block(blk: Block) -> tuple[BlockInfo, list[Borrowed]]:
     """A block (the IPAM core's document: the one authority on its affinity) and the
     addresses other nodes than its owner hold in it."""
-    from ipam.core.block import Block
-    from ipam.core.errors import StoreCorrupt
-
-    try:
-        blk = Block.from_data(doc.data, f"block {key}")
-    except StoreCorrupt as e:
-        log.warning("ignoring %s", e)
-        return None
     owner = blk.node
     held = []
     for ordinal, alloc in enumerate(blk.allocations):
@@ -269,7 +248,7 @@ def _block(key: str, doc: Doc) -> tuple[BlockInfo, list[Borrowed]] | None:
     return BlockInfo(blk.network, blk.pool, owner), held
 
 
-def _peer(name: str, peer: Any) -> PeerSpec:
+def _peer(name: str, peer: BGPPeer) -> PeerSpec:
     spec = peer.spec
     return PeerSpec(
         name=name,

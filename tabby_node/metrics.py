@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -44,7 +44,12 @@ from prometheus_client.registry import Collector
 from bundle import __version__
 
 if TYPE_CHECKING:
+    from bird import BirdSupervisor
+    from dataplane.nft import ApplyResult
+    from dataplane.overlay import Changes
     from datastore.base import Doc, Store
+    from resources.index import Documents
+    from tabby_node.view import AgentView
 
 log = logging.getLogger("tabby.node")
 
@@ -236,7 +241,7 @@ class SnapshotStore:
     def location(self, kind: str, key: str) -> str:
         return f"cache:{kind}/{key}"
 
-    def __getattr__(self, name: str) -> Any:  # lock, put, delete, commit, sync...
+    def __getattr__(self, name: str) -> object:  # lock, put, delete, commit, sync...
         raise AttributeError(f"the metrics' cache view is read-only (no {name})")
 
 
@@ -246,15 +251,11 @@ class IpamNumbers:
     node its attributes name, else to its block's node (as ``tabbyctl`` shows it), counted
     from the block documents the views could read."""
 
-    def __init__(
-        self,
-        docs: Mapping[str, Mapping[str, Doc]],
-        node: str | None,
-        reserved: Sequence[str],
-    ) -> None:
+    def __init__(self, docs: Documents, node: str | None, reserved: Sequence[str]) -> None:
         from ipam.core import Ipam
+        from resources.index import BLOCKS
 
-        ipam = Ipam(cast("Store", SnapshotStore(docs)), "")
+        ipam = Ipam(cast("Store", SnapshotStore(docs.raw_kinds())), "")
         self.pools = ipam.pool_usage(reserved)
         names = [p.cidr for p in self.pools]
         self.node = node
@@ -264,13 +265,13 @@ class IpamNumbers:
         if node is None:
             return
         readable = {b.cidr: b for b in ipam.block_usage(reserved) if b.pool in self.in_use}
-        for cidr, doc in (docs.get("block") or {}).items():
+        for cidr, entry in docs.of(BLOCKS).items():
             block = readable.get(cidr)
             if block is None:
                 continue  # unreadable, or outside every pool: not in the views either
             if block.node == node:
                 self.blocks[block.pool] += 1
-            for alloc in doc.data.get("allocations") or ():
+            for alloc in entry.value.allocations:
                 if alloc is None:
                     continue
                 holder = (alloc.get("attrs") or {}).get("node") or block.node
@@ -314,7 +315,7 @@ class _StateCollector(Collector):
 class Metrics:
     """tabby-node's metrics. ``agent`` may be None (tests; then only the hooks count)."""
 
-    def __init__(self, agent: Any = None, *, reserved: Sequence[str] = ()) -> None:
+    def __init__(self, agent: AgentView | None = None, *, reserved: Sequence[str] = ()) -> None:
         # no *_created series (this process has no other prometheus_client user)
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.agent = agent
@@ -385,7 +386,7 @@ class Metrics:
             self.datastore_errors.labels(op=op)
         r.register(_StateCollector(self))
         ProcessCollector(registry=r)
-        self._bird: Any = None
+        self._bird: BirdSupervisor | None = None
         self._ipam_lock = threading.Lock()
         self._ipam_key: tuple[int, str | None] | None = None
         self._ipam: IpamNumbers | None = None
@@ -412,7 +413,7 @@ class Metrics:
         self.reconcile_duration.observe(seconds)
         self.in_sync.set(1 if ok else 0)
 
-    def routes(self, programmed: Mapping[str, int], changes: Any) -> None:
+    def routes(self, programmed: Mapping[str, int], changes: Changes) -> None:
         """A routing pass: what is programmed now, and what this pass changed."""
         for kind, n in programmed.items():
             if kind == "fdb":
@@ -421,24 +422,21 @@ class Metrics:
             if kind == "tunnel":
                 self.neighbours.set(n)
             self.routes_programmed.labels(kind=kind).set(n)
-        counts = getattr(changes, "counts", None)
-        if callable(counts):
-            for kind, actions in counts().items():
-                for action, n in actions.items():
-                    if n:
-                        self.changes.labels(kind=kind, action=action).inc(n)
-        self.problems.labels(type="conflict").set(len(getattr(changes, "conflicts", ())))
-        self.problems.labels(type="failure").set(len(getattr(changes, "failures", ())))
+        for kind, actions in changes.counts().items():
+            for action, n in actions.items():
+                if n:
+                    self.changes.labels(kind=kind, action=action).inc(n)
+        self.problems.labels(type="conflict").set(len(changes.conflicts))
+        self.problems.labels(type="failure").set(len(changes.failures))
 
-    def bird(self, supervisor: Any) -> None:
+    def bird(self, supervisor: BirdSupervisor) -> None:
         """The BIRD supervisor (bird backend): sessions and restarts are read at scrape."""
         self._bird = supervisor
 
-    def policy_applied(self, result: Any) -> None:
-        """A policy sync or endpoint change (an ``ApplyResult``): its duration when it
-        programmed something."""
-        if result is not None and getattr(result, "changed", False):
-            self.policy_apply.observe(float(result.seconds))
+    def policy_applied(self, result: ApplyResult | None) -> None:
+        """A policy sync or endpoint change: its duration when it programmed something."""
+        if result is not None and result.changed:
+            self.policy_apply.observe(result.seconds)
 
     def datastore_error(self, op: str) -> None:
         self.datastore_errors.labels(op=op_label(op)).inc()
@@ -472,24 +470,21 @@ class Metrics:
             "tabby_node_info", _help("tabby_node_info"), labels=["node", "version", "backend"]
         )
         if agent is not None:
-            facts = getattr(agent, "facts", None)
+            facts = agent.facts
             name = facts.name if facts is not None else (agent.options.nodename or "")
             info.add_metric([name, __version__, agent.options.backend], 1)
         yield info
         yield _gauge("tabby_node_start_time_seconds", self.started)
-        problems = len(getattr(agent, "problems", {}) or {}) if agent is not None else 0
-        yield _gauge("tabby_node_problems", problems)
-        server = getattr(agent, "server", None) if agent is not None else None
-        inflight = len(getattr(server, "inflight", ()) or ())
-        yield _gauge("tabby_cni_requests_in_flight", inflight)
+        yield _gauge("tabby_node_problems", len(agent.problems) if agent is not None else 0)
+        server = agent.server if agent is not None else None
+        yield _gauge("tabby_cni_requests_in_flight", len(server.inflight) if server else 0)
 
     def _ipam_numbers(self) -> IpamNumbers | None:
         agent = self.agent
-        cache = getattr(agent, "cache", None) if agent is not None else None
-        if cache is None:
+        if agent is None:
             return None
-        facts = getattr(agent, "facts", None)
-        node = facts.name if facts is not None else None
+        cache = agent.cache
+        node = agent.facts.name if agent.facts is not None else None
         with self._ipam_lock:
             key = (cache.version, node)
             if self._ipam is None or key != self._ipam_key:
@@ -548,7 +543,7 @@ class Metrics:
         restarts = 0
         announced = {"block": 0, "borrowed": 0}
         if bird is not None:
-            restarts = int(getattr(bird, "restarts", 0))
+            restarts = bird.restarts
             up = 1 if bird.running() else 0
             if up:
                 try:
@@ -575,8 +570,8 @@ class Metrics:
         )
 
     def _policy_families(self) -> Iterator[Metric]:
-        policy = getattr(self.agent, "policy", None) if self.agent is not None else None
-        c = getattr(policy, "counters", None)
+        policy = self.agent.policy if self.agent is not None else None
+        c = policy.counters if policy is not None else None
         yield _gauge("tabby_policy_endpoints", c.endpoints if c else 0)
         yield _gauge("tabby_policy_networkpolicies", c.policies if c else 0)
         yield _gauge("tabby_policy_rules", c.rules if c else 0)
@@ -598,7 +593,7 @@ class Metrics:
 
     def _datastore_families(self) -> Iterator[Metric]:
         agent = self.agent
-        cache = getattr(agent, "cache", None) if agent is not None else None
+        cache = agent.cache if agent is not None else None
         resyncs = cache.resyncs if cache is not None else 0
         synced = cache is not None and cache.synced.is_set() and cache.last_error is None
         yield CounterMetricFamily(
@@ -607,8 +602,8 @@ class Metrics:
             value=resyncs,
         )
         yield _gauge("tabby_datastore_synced", 1 if synced else 0)
-        stats = getattr(getattr(agent, "store", None), "stats", None)
-        stats = dict(stats) if isinstance(stats, dict) else {}
+        store_stats = getattr(agent.store, "stats", None) if agent is not None else None
+        stats: dict[str, int] = dict(store_stats) if isinstance(store_stats, dict) else {}
         yield CounterMetricFamily(
             "tabby_datastore_transactions",
             _help("tabby_datastore_transactions_total"),
@@ -633,14 +628,16 @@ def _gauge(name: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, _help(name), value=value)
 
 
-def _live_nodes(docs: Mapping[str, Mapping[str, Doc]], me: str | None) -> int:
-    """Nodes with a Node document and a live heartbeat (this node always counts itself), as
+def _live_nodes(docs: Documents, me: str | None) -> int:
+    """Nodes with a Node and a live heartbeat (this node always counts itself), as
     ``Cluster.alive`` has them."""
-    live = set(docs.get("heartbeat") or {}) | ({me} if me else set())
-    return len(set(docs.get("node") or {}) & live)
+    from resources.index import HEARTBEATS, NODES
+
+    live = set(docs.raw(HEARTBEATS.name)) | ({me} if me else set())
+    return len(set(docs.of(NODES)) & live)
 
 
-def create(agent: Any) -> Metrics:
+def create(agent: AgentView) -> Metrics:
     """The metrics of a running tabby-node (``agent.main``): pool reservations from
     ``--conf``'s ipam section, as ``tabbyctl ipam show --conf`` counts them."""
     return Metrics(agent, reserved=conf_reserved(agent.options.conf))

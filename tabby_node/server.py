@@ -19,7 +19,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
@@ -27,6 +27,9 @@ from bundle import __version__
 from cni_plugin import plugin
 from cni_protocol import skel
 from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
+
+if TYPE_CHECKING:
+    from tabby_node.view import MetricsHooks
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
@@ -140,7 +143,7 @@ class NodeServer:
         self.served = 0
         self.run_dir_lock: FileLock | None = None
         #: tabby_node.metrics.Metrics, or None: counts every call served
-        self.metrics: Any = None
+        self.metrics: MetricsHooks | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ over.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from tabby_node.cluster import Cluster
     from tabby_node.facts import Facts
     from tabby_node.options import NodeOptions
-    from tabby_node.server import NodeServer
 
 
 class MetricsHooks(Protocol):
@@ -43,6 +43,15 @@ class MetricsHooks(Protocol):
     def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None: ...
 
     def exposition(self, accept: str | None) -> tuple[str, bytes]: ...
+
+
+class CallServer(Protocol):
+    """The CNI call server (``tabby_node.server.NodeServer``), as the metrics read it."""
+
+    @property
+    def inflight(self) -> set[threading.Thread]:
+        """The calls being served now."""
+        ...
 
 
 class RoutingBackend(Protocol):
@@ -100,7 +109,7 @@ class AgentView(Protocol):
     def policy(self) -> PolicyDataplane | None: ...
 
     @property
-    def server(self) -> NodeServer | None: ...
+    def server(self) -> CallServer | None: ...
 
     @property
     def metrics(self) -> MetricsHooks | None: ...

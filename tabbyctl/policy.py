@@ -29,9 +29,8 @@ from tabbyctl.common import output_option
 if TYPE_CHECKING:
     from datastore.base import Store
     from policy.engine import ClusterState, DirectionVerdict, Target
+    from resources.tabby import Node
 
-#: The store kinds the policy engine reads (as tabby-node's cache holds them).
-POLICY_KINDS = ("networkpolicy", "namespace", "pod", "workloadendpoint")
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 
 
@@ -47,12 +46,16 @@ class PolicyCluster:
     node_addresses: dict[str, tuple[str, ...]]
 
 
-def _node_addresses(data: dict[str, Any]) -> tuple[str, ...]:
-    spec = data.get("spec") or {}
+def _node_addresses(node: Node) -> tuple[str, ...]:
+    spec = node.spec
     out = []
-    for key in ("ipv4Address", "ipv6Address", "ipv4VXLANTunnelAddr", "ipv6VXLANTunnelAddr"):
-        value = spec.get(key)
-        if isinstance(value, str) and value:
+    for value in (
+        spec.ipv4Address,
+        spec.ipv6Address,
+        spec.ipv4VXLANTunnelAddr,
+        spec.ipv6VXLANTunnelAddr,
+    ):
+        if value:
             try:
                 out.append(str(ipaddress.ip_interface(value).ip))
             except ValueError:
@@ -63,10 +66,11 @@ def _node_addresses(data: dict[str, Any]) -> tuple[str, ...]:
 def read_cluster(store: Store) -> PolicyCluster:
     """The policy inputs in ``store``, converted exactly as tabby-node converts them."""
     from policy.inputs import PolicyInputs
+    from resources.index import NODES, POLICY, Documents
 
-    docs = {kind: dict(store.list(kind)) for kind in POLICY_KINDS}
+    docs = Documents.read(store, (*POLICY, NODES))
     state, _nat = PolicyInputs().convert(docs)
-    nodes = {key: _node_addresses(doc.data) for key, doc in store.list("node")}
+    nodes = {key: _node_addresses(e.value) for key, e in docs.of(NODES).items()}
     return PolicyCluster(state, nodes)
 
 

@@ -25,8 +25,9 @@ from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from ipam.core.block import Block
 from resources.client import ResourceClient
+from resources.index import ROUTING, Documents
 from tabby_node.agent import Agent, Facts
-from tabby_node.cluster import ROUTING_KINDS, Cluster, Underlay
+from tabby_node.cluster import Cluster, Underlay
 from tabby_node.options import NodeOptions
 
 Backend = Literal["bird", "vxlan", "none"]
@@ -198,10 +199,10 @@ class World:
     # -- reading -------------------------------------------------------------------------
 
     def docs(self) -> dict[str, dict[str, Doc]]:
-        return {kind: dict(self.store.list(kind)) for kind in ROUTING_KINDS}
+        return {k.name: dict(self.store.list(k.name)) for k in ROUTING}
 
     def cluster(self, me: str) -> Cluster:
-        return Cluster.from_docs(self.docs(), me)
+        return cluster_of(self.docs(), me)
 
     def block_of(self, node: str, version: int = 4, *, pool: str | None = None) -> IPNetwork:
         """The (first) block affine to ``node`` of IP ``version`` (in ``pool``)."""
@@ -223,6 +224,11 @@ class World:
         assert spec is not None
         key = "vxlanTunnelMACAddr" if version == 4 else "vxlanTunnelMACAddrV6"
         return str(spec.data["spec"][key])
+
+
+def cluster_of(docs: Mapping[str, Mapping[str, Doc]], me: str) -> Cluster:
+    """The cluster view of stored documents, as tabby-node's cache would give it."""
+    return Cluster.from_documents(Documents.from_raw(docs), me)
 
 
 def _address(text: str | None, uplink: str) -> NodeAddress | None:

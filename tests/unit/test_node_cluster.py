@@ -27,12 +27,11 @@ from ipam.core.model import Reserved
 from tabby_node.cluster import (
     DEFAULT_AS,
     Borrowed,
-    Cluster,
     PeerSpec,
     PoolInfo,
     vxlan_state,
 )
-from tests.unit.cluster_world import API, World, ip, net
+from tests.unit.cluster_world import API, World, cluster_of, ip, net
 
 V4_POOL = "10.244.0.0/16"
 V6_POOL = "fd10::/48"
@@ -286,26 +285,26 @@ def test_an_invalid_document_is_skipped_not_fatal(
 ) -> None:
     w = three_nodes()
     docs = w.docs()
-    good = Cluster.from_docs(docs, "a")
+    good = cluster_of(docs, "a")
     docs.setdefault(kind, {})[key] = Doc(data, 999)  # e.g. written with etcdctl
-    with caplog.at_level(logging.WARNING, logger="tabby.node"):
-        seen = Cluster.from_docs(docs, "a")
+    with caplog.at_level(logging.WARNING):
+        seen = cluster_of(docs, "a")
     assert seen == good
-    assert any("ignoring" in r.getMessage() for r in caplog.records)
+    assert any("skipping" in r.getMessage() for r in caplog.records)
 
 
 def test_all_invalid_documents_at_once_leave_the_valid_ones() -> None:
     w = three_nodes()
     docs = w.docs()
-    good = Cluster.from_docs(docs, "a")
+    good = cluster_of(docs, "a")
     for kind, key, data in BAD_DOCS:
         docs.setdefault(kind, {})[key] = Doc(data, 999)
-    assert Cluster.from_docs(docs, "a") == good
-    assert vxlan_state(Cluster.from_docs(docs, "a"), "a", w.underlay("a")) == state(w, "a")
+    assert cluster_of(docs, "a") == good
+    assert vxlan_state(cluster_of(docs, "a"), "a", w.underlay("a")) == state(w, "a")
 
 
 def test_missing_kinds_are_an_empty_cluster() -> None:
-    c = Cluster.from_docs({}, "a")
+    c = cluster_of({}, "a")
     assert (c.nodes, c.pools, c.blocks, c.borrowed, c.peers) == ({}, (), (), (), ())
     assert c.as_number == DEFAULT_AS
     assert c.mesh
@@ -352,7 +351,7 @@ def test_the_result_does_not_depend_on_document_order() -> None:
     w = three_nodes()
     w.pod("b", w.free_address(w.block_of("c")))
     docs = w.docs()
-    want = vxlan_state(Cluster.from_docs(docs, "a"), "a", w.underlay("a"))
+    want = vxlan_state(cluster_of(docs, "a"), "a", w.underlay("a"))
     rng = random.Random(7)
     for _ in range(5):
         shuffled = {}
@@ -360,7 +359,7 @@ def test_the_result_does_not_depend_on_document_order() -> None:
             items = list(docs[kind].items())
             rng.shuffle(items)
             shuffled[kind] = dict(items)
-        assert vxlan_state(Cluster.from_docs(shuffled, "a"), "a", w.underlay("a")) == want
+        assert vxlan_state(cluster_of(shuffled, "a"), "a", w.underlay("a")) == want
 
 
 def test_cross_subnet_routes_directly_only_within_the_subnet() -> None:

@@ -39,8 +39,8 @@ from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from tabby_node import http, metrics, server
 from tabby_node.agent import Agent, Facts
+from tabby_node.cache import WATCHED_KINDS
 from tabby_node.client import try_node
-from tabby_node.cluster import WATCHED_KINDS
 from tabby_node.metrics import CATALOGUE, Metrics, metric_names
 from tabby_node.options import NodeOptions
 from tabby_node.server import NodeServer
@@ -587,10 +587,13 @@ def test_metric_names_handles_suffixes() -> None:
 
 
 def test_cluster_nodes_counts_live_nodes_as_the_cluster_view_does() -> None:
-    doc = Doc({"metadata": {}}, 1)
+    def node(name: str) -> Doc:
+        return Doc({"metadata": {"name": name}}, 1)
+
+    beat = Doc({"metadata": {}}, 1)  # liveness is the document's existence, not its content
     snapshot = {
-        "node": {"node-a": doc, "node-b": doc, "node-c": doc},
-        "heartbeat": {"node-a": doc, "node-b": doc, "node-gone": doc},
+        "node": {n: node(n) for n in ("node-a", "node-b", "node-c")},
+        "heartbeat": {"node-a": beat, "node-b": beat, "node-gone": beat},
     }
     for me, live in (("node-c", 3), ("node-d", 2)):
         agent = make_agent(me)

@@ -24,9 +24,8 @@ from bird import (
 )
 from ipam.core.block import Block
 from ipam.core.model import Reserved
-from tabby_node.cluster import Cluster
 from tabby_node.routing import bird_config
-from tests.unit.cluster_world import API, World, ip, net
+from tests.unit.cluster_world import API, World, cluster_of, ip, net
 
 V4_POOL = "10.244.0.0/16"
 V6_POOL = "fd10::/48"
@@ -464,7 +463,7 @@ def test_the_config_does_not_depend_on_document_order() -> None:
     want = {me: render(config(w, me)) for me in "abcd"}
     reversed_docs = {k: dict(reversed(list(v.items()))) for k, v in reversed(docs.items())}
     for me in "abcd":
-        got = bird_config(Cluster.from_docs(reversed_docs, me), me)
+        got = bird_config(cluster_of(reversed_docs, me), me)
         assert got is not None
         assert render(got) == want[me]
 

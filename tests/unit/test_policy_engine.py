@@ -488,19 +488,22 @@ def test_adapter_from_resource_models() -> None:
         )
     )
     assert pod.ports == (ContainerPort("dns", 53, "UDP"),)
-    ep = adapter.endpoint(
-        {
-            "metadata": {"name": "n1-k8s-a-eth0", "namespace": "x", "labels": {"pod": "a"}},
-            "spec": {
-                "node": "n1",
-                "pod": "a",
-                "containerID": "c1",
-                "interface": "eth0",
-                "hostInterface": "cali0123456789a",
-                "ipNetworks": ["10.244.0.5/32"],
-            },
-        }
-    )
+    from resources.tabby import WorkloadEndpoint
+
+    wep = {
+        "apiVersion": "tabby.io/v1",
+        "kind": "WorkloadEndpoint",
+        "metadata": {"name": "n1-k8s-a-eth0", "namespace": "x", "labels": {"pod": "a"}},
+        "spec": {
+            "node": "n1",
+            "pod": "a",
+            "containerID": "c1",
+            "interface": "eth0",
+            "hostInterface": "cali0123456789a",
+            "ipNetworks": ["10.244.0.5/32"],
+        },
+    }
+    ep = adapter.endpoint(WorkloadEndpoint.model_validate(wep))
     assert ep == Endpoint(
         "x", "a", "n1", "cali0123456789a", ("10.244.0.5",), "n1-k8s-a-eth0", (("pod", "a"),)
     )

@@ -1,0 +1,264 @@
+"""The datastore's documents as typed objects, parsed once per revision.
+
+A document leaves the JSON edge here: :class:`Index` keeps, for every watched document, what
+the store holds (its :class:`~datastore.base.Doc`, which the IPAM core's views still read)
+and the typed object parsed from it, the first time that revision is seen. A revision is
+never reused for a key, so an object parsed once is good until the next write. Readers take
+a :class:`Documents` snapshot and ask it for a kind by its typed handle::
+
+    docs = index.snapshot()
+    for name, entry in docs.of(NODES).items():      # Mapping[str, Entry[Node]]
+        entry.value.spec.ipv4Address, entry.revision
+
+Kinds and what they parse into: resources through their models (``IPPool``, ``Node``,
+``BGPConfiguration``, ``BGPPeer``, ``NetworkPolicy``, ``Namespace``, ``Pod``,
+``WorkloadEndpoint``: defaults applied, validated), blocks through the IPAM core
+(:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`. A
+document that does not parse is left out of the typed view and logged once per revision
+(its raw document stays, so the IPAM views can still report it).
+
+Measured (2-core VM): parsing a WorkloadEndpoint through its model ~28 µs, a Pod ~22 µs, a
+Node ~35 µs; the engine conversions after it cost as much. Parsed once per revision, a pass
+over 1,000 nodes no longer validates 1,000 documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from datastore.base import Doc, SyncEvent
+from datastore.errors import StoreCorrupt
+
+if TYPE_CHECKING:
+    from datastore.base import Store
+    from ipam.core.block import Block
+    from resources.heartbeat import Heartbeat
+    from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
+
+log = logging.getLogger("tabby.resources")
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry(Generic[T_co]):
+    """One document: the typed object and the store revision it was parsed from."""
+
+    value: T_co
+    revision: int
+
+
+class Kind(Generic[T_co]):
+    """A store kind and how its documents become typed objects."""
+
+    __slots__ = ("label", "name", "parse")
+
+    def __init__(self, name: str, parse: Callable[[str, Doc], T_co], label: str = "") -> None:
+        self.name = name
+        self.parse = parse
+        self.label = label or name  #: as operators call it (``NetworkPolicy``)
+
+    def __repr__(self) -> str:
+        return f"Kind({self.name})"
+
+
+def _resource(label: str, store_kind: str) -> Kind[Any]:
+    """The kind of a resource model, parsed through ``resources.storage`` (the model class
+    is looked up by name when the first document arrives, so that importing this module
+    does not import pydantic; its annotation below says which model it is)."""
+
+    def parse(key: str, doc: Doc) -> object:
+        from resources.storage import BY_KIND, to_resource
+
+        return to_resource(BY_KIND[label], key, doc, f"{store_kind} {key}")
+
+    return Kind(store_kind, parse, label)
+
+
+def _block(key: str, doc: Doc) -> Block:
+    from ipam.core.block import Block
+
+    return Block.from_data(doc.data, f"block {key}")
+
+
+def _heartbeat(key: str, doc: Doc) -> Heartbeat:
+    from resources.heartbeat import Heartbeat
+
+    return Heartbeat.from_data(doc.data, f"heartbeat {key}")
+
+
+NODES: Kind[Node] = _resource("Node", "node")
+HEARTBEATS: Kind[Heartbeat] = Kind("heartbeat", _heartbeat)
+POOLS: Kind[IPPool] = _resource("IPPool", "pool")
+BLOCKS: Kind[Block] = Kind("block", _block)
+BGP_CONFIGURATIONS: Kind[BGPConfiguration] = _resource("BGPConfiguration", "bgpconfiguration")
+BGP_PEERS: Kind[BGPPeer] = _resource("BGPPeer", "bgppeer")
+POLICIES: Kind[NetworkPolicy] = _resource("NetworkPolicy", "networkpolicy")
+NAMESPACES: Kind[Namespace] = _resource("Namespace", "namespace")
+PODS: Kind[Pod] = _resource("Pod", "pod")
+ENDPOINTS: Kind[WorkloadEndpoint] = _resource("WorkloadEndpoint", "workloadendpoint")
+
+ALL: tuple[Kind[object], ...] = (
+    NODES,
+    HEARTBEATS,
+    POOLS,
+    BLOCKS,
+    BGP_CONFIGURATIONS,
+    BGP_PEERS,
+    POLICIES,
+    NAMESPACES,
+    PODS,
+    ENDPOINTS,
+)
+BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
+#: What routing reads, and what policy reads (tabby-node watches both).
+ROUTING: tuple[Kind[object], ...] = tuple(
+    BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
+)
+POLICY: tuple[Kind[object], ...] = tuple(
+    BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
+)
+
+
+class Documents:
+    """A read-only snapshot of an :class:`Index` (what one reconcile pass works on)."""
+
+    __slots__ = ("_raw", "_typed")
+
+    def __init__(
+        self,
+        typed: Mapping[str, Mapping[str, Entry[object]]],
+        raw: Mapping[str, Mapping[str, Doc]],
+    ) -> None:
+        self._typed = typed
+        self._raw = raw
+
+    def of(self, kind: Kind[T]) -> Mapping[str, Entry[T]]:
+        """The documents of ``kind`` that parsed, by key."""
+        return cast("Mapping[str, Entry[T]]", self._typed.get(kind.name, {}))
+
+    def get(self, kind: Kind[T], key: str) -> T | None:
+        entry = self.of(kind).get(key)
+        return None if entry is None else entry.value
+
+    def raw(self, kind: str) -> Mapping[str, Doc]:
+        """The documents of a store kind as stored (also those that did not parse)."""
+        return self._raw.get(kind, {})
+
+    def raw_kinds(self) -> Mapping[str, Mapping[str, Doc]]:
+        return self._raw
+
+    @classmethod
+    def read(cls, store: Store, kinds: Iterable[Kind[object]]) -> Documents:
+        """A snapshot straight from a store (tabbyctl: no watch, parse what is read)."""
+        kinds = tuple(kinds)
+        return cls.from_raw({k.name: dict(store.list(k.name)) for k in kinds}, kinds)
+
+    @classmethod
+    def from_raw(
+        cls, raw: Mapping[str, Mapping[str, Doc]], kinds: Iterable[Kind[object]] = ()
+    ) -> Documents:
+        """A snapshot of stored documents, parsed now (``kinds``: every known one)."""
+        index = Index(kinds or ALL)
+        index.replace(raw)
+        return index.snapshot()
+
+
+class Index:
+    """The typed mirror of some kinds of the datastore (not thread-safe: the caller locks).
+
+    ``apply(event)`` takes ``store.sync`` events; ``put``/``delete`` what the caller just
+    wrote itself. Each returns whether anything changed.
+    """
+
+    def __init__(self, kinds: Iterable[Kind[object]]) -> None:
+        self.kinds = tuple(kinds)
+        self._kinds = {k.name: k for k in self.kinds}
+        self._typed: dict[str, dict[str, Entry[object]]] = {k: {} for k in self._kinds}
+        self._raw: dict[str, dict[str, Doc]] = {k: {} for k in self._kinds}
+        #: (kind, key) -> revision that did not parse: logged once, not parsed again.
+        self._bad: dict[tuple[str, str], int] = {}
+        self.parsed = 0  # documents parsed so far (tests, metrics)
+
+    def apply(self, event: SyncEvent) -> bool:
+        if event.type == "snapshot":
+            self.replace(event.snapshot or {})
+            return True
+        if event.type == "put" and event.doc is not None:
+            return self.put(event.kind, event.key, event.doc)
+        if event.type == "delete":
+            return self.delete(event.kind, event.key)
+        return False
+
+    def replace(self, snapshot: Mapping[str, Mapping[str, Doc]]) -> None:
+        """Everything anew (a fresh snapshot): entries whose revision did not change keep
+        their parsed object."""
+        old_typed = self._typed
+        self._typed = {k: {} for k in self._kinds}
+        self._raw = {k: {} for k in self._kinds}
+        bad = self._bad
+        self._bad = {}
+        for name in self._kinds:
+            before = old_typed[name]
+            for key, doc in (snapshot.get(name) or {}).items():
+                self._raw[name][key] = doc
+                entry = before.get(key)
+                if entry is not None and entry.revision == doc.revision:
+                    self._typed[name][key] = entry
+                elif bad.get((name, key)) == doc.revision:
+                    self._bad[(name, key)] = doc.revision
+                else:
+                    self._parse(name, key, doc)
+
+    def put(self, kind: str, key: str, doc: Doc) -> bool:
+        """Take a document (from the watch, or what the caller just wrote); an older
+        revision than the one held is ignored."""
+        if kind not in self._kinds:
+            return False
+        current = self._raw[kind].get(key)
+        if current is not None and current.revision >= doc.revision:
+            return False
+        self._raw[kind][key] = doc
+        self._typed[kind].pop(key, None)
+        self._bad.pop((kind, key), None)
+        self._parse(kind, key, doc)
+        return True
+
+    def delete(self, kind: str, key: str) -> bool:
+        if kind not in self._kinds:
+            return False
+        self._typed[kind].pop(key, None)
+        self._bad.pop((kind, key), None)
+        return self._raw[kind].pop(key, None) is not None
+
+    def get(self, kind: Kind[T], key: str) -> T | None:
+        entry = self._typed.get(kind.name, {}).get(key)
+        return None if entry is None else cast("T", entry.value)
+
+    def has(self, kind: str, key: str) -> bool:
+        return key in self._raw.get(kind, {})
+
+    def snapshot(self) -> Documents:
+        return Documents(
+            {k: dict(v) for k, v in self._typed.items()},
+            {k: dict(v) for k, v in self._raw.items()},
+        )
+
+    def _parse(self, kind: str, key: str, doc: Doc) -> None:
+        self.parsed += 1
+        handle = self._kinds[kind]
+        try:
+            value = handle.parse(key, doc)
+        except StoreCorrupt as e:
+            log.warning("skipping %s %s: %s", handle.label, key, e.reason)
+        except (ValueError, TypeError) as e:  # e.g. "metadata" that is not a map
+            log.warning("skipping %s %s: %s", handle.label, key, e)
+        else:
+            self._typed[kind][key] = Entry(value, doc.revision)
+            return
+        self._bad[(kind, key)] = doc.revision
