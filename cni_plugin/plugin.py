@@ -20,8 +20,11 @@ from cni_protocol.errors import CniError, Code
 from dataplane.names import host_veth_name
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from cni_plugin.config import PluginConf
     from dataplane.model import Dataplane, SetupResult, SetupSpec
+    from datastore import opened
     from datastore.base import Doc
 
 logger = logging.getLogger("tabby.plugin")
@@ -120,13 +123,13 @@ class DatastoreEndpoints:
             return key if remove_endpoint(store, key, args.container_id) else None
 
 
-def _open_store(conf: PluginConf) -> Any:
+def _open_store(conf: PluginConf) -> opened:
     from datastore import opened
 
     return opened(conf.ipam)
 
 
-def _store_errors() -> Any:
+def _store_errors() -> AbstractContextManager[None]:
     from ipam.cni_codes import cni_errors
 
     return cni_errors()

@@ -8,11 +8,14 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from tabby_node import DEFAULT_RUN_DIR
+
+if TYPE_CHECKING:
+    from tabbyctl.views import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,9 +89,9 @@ class Ctx:
         self.data_dir = data_dir
         self.node = node
         self.datastore = datastore or {}
-        self._settings: Any = None
+        self._settings: Settings | None = None
 
-    def settings(self) -> Any:
+    def settings(self) -> Settings:
         if self._settings is None:
             from tabbyctl.views import load_settings
 

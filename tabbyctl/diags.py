@@ -44,7 +44,7 @@ from typing import Any
 import click
 
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
-from tabbyctl.common import run_dir_option
+from tabbyctl.common import Ctx, run_dir_option
 
 LOG_LINES = 2000
 COMMAND_TIMEOUT = 20.0
@@ -388,7 +388,7 @@ def register(cli: click.Group) -> None:
     help="how many of the last log lines to include",
 )
 @click.pass_obj
-def diags_cmd(obj: Any, out_dir: str, run_dir: str, log_file: str, log_lines: int) -> None:
+def diags_cmd(obj: Ctx, out_dir: str, run_dir: str, log_file: str, log_lines: int) -> None:
     """One tarball for a bug report: versions, node status, BIRD's configuration and
     sessions, routes, neighbours, FDB, the nftables ruleset, the last log lines and the IPAM
     view of this node. No TLS keys or certificates; secrets are redacted."""

@@ -21,9 +21,12 @@ import datetime as dt
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from bird import PeerStatus
 
 from tabbyctl.common import output_option, run_dir_option
 
@@ -47,7 +50,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _live_peers(ctl: str) -> list[Any]:
+def _live_peers(ctl: str) -> list[PeerStatus]:
     from bird import read_peers
 
     return list(read_peers(ctl, timeout=BIRD_TIMEOUT_SECONDS))
@@ -109,7 +112,7 @@ def _vxlan_row(v: Mapping[str, Any]) -> dict[str, Any]:
 def node_status(
     run_dir: str,
     *,
-    read_peers: Callable[[str], list[Any]] | None = None,
+    read_peers: Callable[[str], list[PeerStatus]] | None = None,
     pid_alive: Callable[[int], bool] = _pid_alive,
     clock: Callable[[], float] = time.time,
 ) -> tuple[dict[str, Any], list[str]]:

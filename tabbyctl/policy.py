@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tabbyctl.common import output_option
+from tabbyctl.common import Ctx, output_option
 
 if TYPE_CHECKING:
     from datastore.base import Store
@@ -289,7 +289,7 @@ def policy_group() -> None:
 @output_option
 @click.pass_obj
 def explain_cmd(
-    obj: Any, pod: str, to: str | None, from_: str | None, port: str | None, output: str
+    obj: Ctx, pod: str, to: str | None, from_: str | None, port: str | None, output: str
 ) -> None:
     """Which policies select POD (NAMESPACE/NAME) for ingress and egress; with --to or
     --from, whether a new connection is allowed and by which rule, or which isolation denies

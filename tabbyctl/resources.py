@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from resources.client import ResourceClient
     from resources.meta import Resource
     from resources.storage import KindInfo
+    from tabbyctl.common import Ctx
 
 OUTPUTS = ("table", "json", "yaml")
 
@@ -29,7 +30,7 @@ OUTPUTS = ("table", "json", "yaml")
 # -- the datastore seam ------------------------------------------------------------------------
 
 
-def open_resource_store(obj: Any) -> Store:
+def open_resource_store(obj: Ctx) -> Store:
     """THE place tabbyctl's resource commands get their store from.
 
     ``obj`` is the ``tabbyctl`` group's context object; today its ``settings()`` (the
@@ -42,7 +43,7 @@ def open_resource_store(obj: Any) -> Store:
 
 
 @contextmanager
-def _client(obj: Any) -> Iterator[ResourceClient]:
+def _client(obj: Ctx) -> Iterator[ResourceClient]:
     """A ResourceClient over the datastore, closed afterwards; failures become one line."""
     from resources.client import ResourceClient
 
@@ -273,7 +274,7 @@ _FILES = click.option(
 @click.command("apply")
 @_FILES
 @click.pass_obj
-def apply_cmd(obj: Any, files: tuple[str, ...]) -> None:
+def apply_cmd(obj: Ctx, files: tuple[str, ...]) -> None:
     """Create or update resources from YAML or JSON, all or nothing.
 
     The fields a document sets are merged into an existing resource (as kubectl apply does);
@@ -297,7 +298,7 @@ def apply_cmd(obj: Any, files: tuple[str, ...]) -> None:
 )
 @click.option("-o", "--output", type=click.Choice(OUTPUTS), default="table", show_default=True)
 @click.pass_obj
-def get_cmd(obj: Any, kind: str, name: str | None, namespace: str | None, output: str) -> None:
+def get_cmd(obj: Ctx, kind: str, name: str | None, namespace: str | None, output: str) -> None:
     """Show resources of KIND (singular, plural or short name: ippool, nodes, netpol, ns,
     pods, wep, ...), or the one named NAME."""
     from resources.storage import resolve_kind
@@ -337,7 +338,7 @@ def get_cmd(obj: Any, kind: str, name: str | None, namespace: str | None, output
 )
 @click.pass_obj
 def delete_cmd(
-    obj: Any,
+    obj: Ctx,
     kind: str | None,
     name: str | None,
     files: tuple[str, ...],
@@ -407,7 +408,7 @@ def datastore() -> None:
 @click.option("--etcd-key-file", help="target etcd client key")
 @click.option("--to-data-dir", help="target file store directory (--to file)")
 @click.pass_obj
-def migrate(obj: Any, /, to: str, to_data_dir: str | None, **etcd: str | None) -> None:
+def migrate(obj: Ctx, /, to: str, to_data_dir: str | None, **etcd: str | None) -> None:
     """Copy this node's datastore (pools, blocks, affinities, handles, resources, workload
     endpoints) into another one, which must hold no tabby data yet.
 
