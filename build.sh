@@ -14,6 +14,7 @@
 #   /opt/cni/bin/tabby-ipam      -> /opt/tabby/tabby
 #   /usr/local/bin/tabbyctl      -> /opt/tabby/tabby
 #   /usr/local/bin/tabby-node    -> /opt/tabby/tabby
+#   /usr/local/bin/tabby-kube-controllers -> /opt/tabby/tabby
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
@@ -95,6 +96,7 @@ ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$CNI_BIN/tabby"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$CNI_BIN/tabby-ipam"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabbyctl"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-node"
+ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-kube-controllers"
 
 if [ -n "$DESTDIR" ]; then
   say "staged under $DESTDIR"

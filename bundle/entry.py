@@ -1,6 +1,7 @@
 """Process entry for every tabby program, chosen by the name it was exec'd as.
 
-One frozen bundle serves ``tabby``, ``tabby-ipam``, ``tabbyctl`` and ``tabby-node`` (Calico
+One frozen bundle serves ``tabby``, ``tabby-ipam``, ``tabbyctl``, ``tabby-node`` and
+``tabby-kube-controllers`` (Calico
 does the same with calico/calico-ipam): ``/opt/cni/bin/tabby`` and ``tabby-ipam`` are
 symlinks into the bundle. Everything heavy is imported only by the role that needs it;
 VERSION imports nothing beyond the skel.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-ROLES = ("tabby", "tabby-ipam", "tabbyctl", "tabby-node")
+ROLES = ("tabby", "tabby-ipam", "tabbyctl", "tabby-node", "tabby-kube-controllers")
 ABOUT = {
     "tabby": "tabby CNI plugin: Calico-style veth + /32 routes, delegates IPAM",
     "tabby-ipam": "tabby-ipam CNI IPAM plugin: node-affine address blocks",
@@ -134,6 +135,8 @@ def main() -> None:
         main_ctl()
     elif role == "tabby-node":
         main_node()
+    elif role == "tabby-kube-controllers":
+        main_controllers()
     else:
         _exit_now(cni_main(role))
 
@@ -161,3 +164,9 @@ def main_node() -> None:
     from tabby_node.agent import main as node
 
     sys.exit(node())
+
+
+def main_controllers() -> None:
+    from kube_controllers.controller import main as controllers
+
+    sys.exit(controllers())

@@ -68,3 +68,23 @@ def datastore_of(config: Mapping[str, Any]) -> DatastoreSettings:
     if section is not None and not isinstance(section, Mapping):
         raise CniError(Code.INVALID_CONFIG, "ipam must be an object", repr(section)[:200])
     return parse(DatastoreSettings, section or {}, prefix="ipam.")
+
+
+def tabby_ipam_section(path: str | None) -> dict[str, Any] | None:
+    """The ``ipam`` section of the tabby plugin in conflist ``path`` (``--conf`` of the
+    daemons); None without a path. A file without a tabby plugin is a CniError (code 7)."""
+    if path is None:
+        return None
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CniError(Code.INVALID_CONFIG, f"cannot read --conf {path}", str(e)) from None
+    plugins = doc.get("plugins") if isinstance(doc, dict) else None
+    for p in plugins if isinstance(plugins, list) else [doc]:
+        if isinstance(p, dict) and p.get("type") == "tabby":
+            section = p.get("ipam")
+            return section if isinstance(section, dict) else {}
+    raise CniError(Code.INVALID_CONFIG, f"--conf {path} has no plugin of type tabby")

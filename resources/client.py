@@ -37,8 +37,8 @@ from pydantic import ValidationError
 from datastore.base import Doc, Op, Store
 from datastore.errors import RevisionConflict
 from ipam.core.block import Block
-from resources import wep
-from resources.errors import Conflict, InvalidDocument, NotFound
+from resources import mirror, wep
+from resources.errors import Conflict, InvalidDocument, NotFound, NotOwned
 from resources.meta import Resource, effective_namespace, problems, show
 from resources.names import namespaced_key, split_namespaced_key
 from resources.storage import (
@@ -153,7 +153,9 @@ class _Found(NamedTuple):
 
 
 class ResourceClient:
-    """Resources in ``store``. ``clock`` and ``new_uid`` stamp created resources."""
+    """Resources in ``store``. ``clock`` and ``new_uid`` stamp created resources; ``owner``
+    is who writes (``resources.mirror``: the operator, or the controllers mirroring
+    Kubernetes), and what the other owner keeps is refused (``NotOwned``)."""
 
     def __init__(
         self,
@@ -161,10 +163,12 @@ class ResourceClient:
         *,
         clock: Callable[[], float] = time.time,
         new_uid: Callable[[], str] = lambda: str(uuid.uuid4()),
+        owner: str = mirror.OPERATOR,
     ) -> None:
         self.store = store
         self.clock = clock
         self.new_uid = new_uid
+        self.owner = owner
 
     # == read =================================================================================
 
@@ -216,10 +220,16 @@ class ResourceClient:
 
     # == apply ================================================================================
 
-    def apply(self, documents: Sequence[object]) -> builtins.list[Applied]:
-        """Apply every document or none (``InvalidDocument``, ``Conflict``)."""
+    def apply(
+        self, documents: Sequence[object], *, replace: bool = False
+    ) -> builtins.list[Applied]:
+        """Apply every document or none (``InvalidDocument``, ``Conflict``, ``NotOwned``).
+        ``replace``: each document is the whole resource (the controllers' mirror), not
+        fields merged into what is stored."""
         return self._transact(
-            lambda tx: [self._apply_one(tx, i, doc) for i, doc in enumerate(documents, 1)]
+            lambda tx: [
+                self._apply_one(tx, i, doc, replace=replace) for i, doc in enumerate(documents, 1)
+            ]
         )
 
     def _transact(self, work: Callable[[_Tx], T]) -> T:
@@ -238,7 +248,7 @@ class ResourceClient:
             return result
         raise Conflict("the store kept changing under this change; nothing was written, retry")
 
-    def _apply_one(self, tx: _Tx, index: int, doc: object) -> Applied:
+    def _apply_one(self, tx: _Tx, index: int, doc: object, *, replace: bool = False) -> Applied:
         label = document_label(index, doc)
         if not isinstance(doc, dict):
             raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
@@ -252,13 +262,15 @@ class ResourceClient:
 
         patch = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
         base = stored_raw(info, found.key, found.data) if found is not None else {}
-        merged = merge(base, patch)
+        merged = merge({} if replace else base, patch)
         merged_meta = merged.setdefault("metadata", {})
         if isinstance(merged_meta, dict):
             merged_meta.pop("resourceVersion", None)
             old_meta = base.get("metadata") or {}
             for field, make in (("uid", self.new_uid), ("creationTimestamp", self._now)):
-                merged_meta[field] = old_meta.get(field) or make()
+                given = merged_meta.get(field) if replace else None
+                merged_meta[field] = given or old_meta.get(field) or make()
+        self._check_owner(label, info, found, merged)
         full = {"apiVersion": doc.get("apiVersion"), "kind": doc.get("kind"), **merged}
         try:
             resource = validate(info, full)
@@ -281,6 +293,31 @@ class ResourceClient:
 
     def _now(self) -> str:
         return wep.timestamp(self.clock())
+
+    def _check_owner(
+        self, label: str, info: KindInfo, found: _Found | None, new: Mapping[str, Any] | None
+    ) -> None:
+        """``resources.mirror``'s rules for a write (``new``: the document to store, None
+        for a delete) of ``found``."""
+        was = mirror.is_mirrored(found.data if found is not None else None)
+        will = new is not None and mirror.is_mirrored(new)
+        if self.owner == mirror.OPERATOR:
+            if not was and not will:
+                return
+            if was and will and new is not None and found is not None and info.kind == "Node":
+                old_meta = stored_raw(info, found.key, found.data).get("metadata") or {}
+                new_meta = new.get("metadata") or {}
+                if all(old_meta.get(f) == new_meta.get(f) for f in ("labels", "annotations")):
+                    return  # spec.bgp of a mirrored Node: the operator's to set
+            raise NotOwned(mirror.refusal(label, self.owner))
+        if new is None:  # a delete: only what the controllers marked
+            if found is not None and not was:
+                raise NotOwned(mirror.refusal(label, self.owner))
+            return
+        if not will:
+            raise NotOwned(f"{label}: the controllers write marked resources only")
+        if found is not None and not was and info.kind != "Node":  # a Node: tabby-node's
+            raise NotOwned(mirror.refusal(label, self.owner))
 
     def _pool_key(self, tx: _Tx, label: str, pool: IPPool, found: _Found | None) -> str:
         spec = pool.spec
@@ -396,6 +433,7 @@ class ResourceClient:
                 return None
             raise NotFound(_missing(info, name, namespace))
         _check_resource_version(info, label, rv, found)
+        self._check_owner(label, info, found, None)
         resource = self._resource(info, found.key, found.data, found.revision)
         if info.model is IPPool:
             self._delete_pool(tx, label, found)

@@ -7,8 +7,11 @@
      +-- UnknownKind           a kind name tabby does not know
      +-- NotFound              get/delete of a resource that does not exist
      +-- Conflict              a resourceVersion that does not match, a name or CIDR in use,
-                               a change that is not allowed (a pool's cidr), or the store kept
-                               changing under an apply
+     |                         a change that is not allowed (a pool's cidr), or the store kept
+     |                         changing under an apply
+     +-- NotOwned              a resource another owner keeps: one mirrored from Kubernetes
+                               changed with tabbyctl, or one an operator made changed by the
+                               controllers (``resources.mirror``)
 """
 
 from __future__ import annotations
@@ -42,4 +45,8 @@ class NotFound(ResourceError):
 
 
 class Conflict(ResourceError):
+    pass
+
+
+class NotOwned(ResourceError):
     pass

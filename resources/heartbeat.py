@@ -1,7 +1,12 @@
-"""A node's liveness document (kind ``heartbeat``, key: the node's name), written by
-tabby-node with a ttl: while it exists the node counts as alive (standard library only).
+"""Liveness documents (kind ``heartbeat``), written with a ttl: while one exists, its writer
+counts as alive (standard library only).
 
-Stored data: ``{"node": <name>, "time": <unix seconds>, "pid": <tabby-node's pid>}``.
+- key ``<node name>``: tabby-node on that node;
+- key ``_kube-controllers`` (not a node name: a DNS-1123 name has no ``_``): the leading
+  tabby-kube-controllers. While it lives, tabby-node holds a pod's ADD until the pod's
+  labels are mirrored (bounded), so that no pod is reachable against a policy for a moment.
+
+Stored data: ``{"node": <key>, "time": <unix seconds>, "pid": <the writer's pid>}``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Mapping
 from datastore.errors import StoreCorrupt
 
 KIND = "heartbeat"
+CONTROLLERS_KEY = "_kube-controllers"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -265,6 +265,15 @@ class Container(StrictModel):
 
 class PodSpec(StrictModel):
     containers: list[Container] = Field(default_factory=list)
+    nodeName: str | None = None
+
+    @model_validator(mode="after")
+    def _node_name(self) -> PodSpec:
+        if self.nodeName is not None:
+            why = names.dns1123_subdomain(self.nodeName)
+            if why is not None:
+                raise FieldError(why, "nodeName", value=self.nodeName)
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> PodSpec:
@@ -284,8 +293,25 @@ class PodSpec(StrictModel):
         return self
 
 
+class PodIP(StrictModel):
+    ip: str
+
+    @model_validator(mode="after")
+    def _address(self) -> PodIP:
+        try:
+            ipaddress.ip_address(self.ip)
+        except ValueError:
+            raise FieldError("must be an IP address", "ip", value=self.ip) from None
+        return self
+
+
+class PodStatus(StrictModel):
+    podIPs: list[PodIP] | None = None
+
+
 class Pod(Resource):
-    """The labels and named ports a Kubernetes API server would hold for a pod; applying
+    """The labels and named ports a Kubernetes API server would hold for a pod, and (in
+    Kubernetes mode, mirrored by tabby-kube-controllers) its node and addresses; applying
     one creates no pod. Its CNI attachments (WorkloadEndpoints) take its labels."""
 
     API_VERSION: ClassVar[str] = "v1"
@@ -293,6 +319,11 @@ class Pod(Resource):
     NAMESPACED: ClassVar[bool] = True
 
     spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus | None = None
+
+    def addresses(self) -> list[str]:
+        """``status.podIPs`` (empty until the kubelet reports them)."""
+        return [p.ip for p in self.status.podIPs or ()] if self.status is not None else []
 
     def named_ports(self) -> list[tuple[str, Protocol, int]]:
         """``(name, protocol, containerPort)`` of every named port, for resolving a policy's

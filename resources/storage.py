@@ -149,7 +149,7 @@ def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, A
     added, no ``apiVersion``/``kind``/``resourceVersion``): what ``apply`` merges into."""
     if info.model is IPPool:
         return _pool_raw(data, key)
-    return {k: v for k, v in data.items() if k in ("metadata", "spec")}
+    return {k: v for k, v in data.items() if k in ("metadata", "spec", "status")}
 
 
 def stored_data(
@@ -167,8 +167,9 @@ def stored_data(
         if value is not None:
             meta[field] = value
     out: dict[str, Any] = {"metadata": meta}
-    if "spec" in raw:
-        out["spec"] = raw["spec"]
+    for part in ("spec", "status"):  # status: a mirrored Pod's addresses
+        if part in raw:
+            out[part] = raw[part]
     return out
 
 

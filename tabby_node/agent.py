@@ -70,6 +70,8 @@ log = logging.getLogger("tabby.node")
 TUNNEL_NETWORK = "tabby-tunnel"
 DEBOUNCE_SECONDS = 0.02
 ENDPOINT_WAIT_SECONDS = 10.0
+#: How long a pod's ADD waits for tabby-kube-controllers to mirror the pod's labels.
+MIRROR_WAIT_SECONDS = 10.0
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -767,6 +769,7 @@ class AgentEndpoints:
         addresses: list[IPAddress],
         host_ifname: str,
     ) -> None:
+        self.wait_mirrored(args)
         key, doc = self.inner.record(args, conf, addresses, host_ifname)
         if doc is None:
             return
@@ -776,6 +779,35 @@ class AgentEndpoints:
             raise CniError(
                 Code.DATAPLANE, "cannot program the pod's network policy", str(e)
             ) from None
+
+    def wait_mirrored(self, args: skel.CmdArgs) -> None:
+        """No window: in Kubernetes mode the pod's rules must come from its labels, which
+        tabby-kube-controllers mirror. Hold the ADD (bounded) until they are here; with the
+        controllers down the pod starts at once, unlabelled until they arrive."""
+        from cni_protocol.args import parse_cni_args
+
+        cni_args = parse_cni_args(args.args)
+        name = cni_args.get("K8S_POD_NAME", "")
+        if not name:
+            return
+        namespace = cni_args.get("K8S_POD_NAMESPACE") or "default"
+        uid = cni_args.get("K8S_POD_UID", "")
+        started = time.monotonic()
+        if not self.agent.cache.wait_mirrored(namespace, name, uid, MIRROR_WAIT_SECONDS):
+            log.warning(
+                "pod %s/%s: its labels were not mirrored within %.0f s: starting it with what "
+                "the datastore has (its rules follow when they arrive)",
+                namespace,
+                name,
+                MIRROR_WAIT_SECONDS,
+            )
+        elif time.monotonic() - started > 0.05:
+            log.info(
+                "pod %s/%s: waited %.0f ms for its labels",
+                namespace,
+                name,
+                (time.monotonic() - started) * 1000,
+            )
 
     def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
         key = self.inner.erase(args, conf)

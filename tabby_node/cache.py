@@ -4,10 +4,12 @@ parsed once per revision (``resources.index``)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import TypeVar
 
 from datastore.base import Doc, SyncEvent
-from resources.index import HEARTBEATS, POLICY, ROUTING, Documents, Index, Kind
+from resources.heartbeat import CONTROLLERS_KEY
+from resources.index import HEARTBEATS, NAMESPACES, PODS, POLICY, ROUTING, Documents, Index, Kind
 
 T = TypeVar("T")
 
@@ -21,6 +23,8 @@ class Cache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        #: Notified on every change (``wait_mirrored`` waits on it).
+        self.updated = threading.Condition(self.lock)
         self.index = Index((*ROUTING, *POLICY))
         self.version = 0
         self.synced = threading.Event()
@@ -50,6 +54,7 @@ class Cache:
             changed = self.index.apply(event)
             if changed:
                 self.version += 1
+                self.updated.notify_all()
             self.last_error = None
         self.synced.set()
         if changed:
@@ -65,11 +70,34 @@ class Cache:
                 changed = self.index.put(kind, key, doc)
             if changed:
                 self.version += 1
+                self.updated.notify_all()
 
     def get(self, kind: Kind[T], key: str) -> T | None:
         """One document, typed (no snapshot of the rest)."""
         with self.lock:
             return self.index.get(kind, key)
+
+    def wait_mirrored(self, namespace: str, name: str, uid: str, timeout: float) -> bool:
+        """Wait until the Pod ``namespace/name`` (of this ``uid``, when given) and its
+        Namespace are in the cache, so that a new pod's rules are made from its labels.
+        True at once when tabby-kube-controllers are not running (nothing mirrors them:
+        the pod starts with what the datastore has); False when ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        with self.updated:
+            while True:
+                if not self.index.has(HEARTBEATS.name, CONTROLLERS_KEY):
+                    return True
+                pod = self.index.get(PODS, f"{namespace}/{name}")
+                if (
+                    pod is not None
+                    and (not uid or pod.metadata.uid == uid)
+                    and self.index.has(NAMESPACES.name, namespace)
+                ):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.updated.wait(left)
 
     def view(self) -> Documents:
         with self.lock:

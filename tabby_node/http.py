@@ -1,5 +1,5 @@
-"""tabby-node's HTTP endpoints: ``/liveness`` and ``/readiness`` on ``--health-port``,
-Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics).
+"""tabby-node's HTTP endpoints (served by ``daemon.http``): ``/liveness`` and ``/readiness``
+on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics).
 
 Both answer 200 or 503 with ``{"ready": bool, "reasons": [...]}`` (``reasons`` empty when
 ready). Liveness fails only when tabby-node's own loops are stuck. Readiness is 200 only when
@@ -11,12 +11,10 @@ Calico counts them, or the VXLAN state programmed) and the dataplane matches the
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from datastore.base import Store
@@ -96,49 +94,17 @@ class Health:
         return reasons
 
 
-def _handler(agent: AgentView, health: Health) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "tabby-node"
-
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path in ("/liveness", "/readiness"):
-                try:
-                    reasons = health.liveness() if path == "/liveness" else health.readiness()
-                except Exception as e:  # a probe must always get an answer
-                    reasons = [f"health check failed: {e}"]
-                body = json.dumps({"ready": not reasons, "reasons": reasons}).encode()
-                self._send(200 if not reasons else 503, "application/json", body)
-            elif path == "/metrics" and agent.metrics is not None:
-                ctype, body = agent.metrics.exposition(self.headers.get("Accept"))
-                self._send(200, ctype, body)
-            else:
-                self._send(404, "text/plain", b"not found\n")
-
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return Handler
-
-
 def _serve(agent: AgentView, host: str, port: int, health: Health, what: str) -> None:
+    from daemon.http import Endpoints, serve
+
+    metrics = agent.metrics.exposition if agent.metrics is not None else None
     try:
-        server = ThreadingHTTPServer((host, port), _handler(agent, health))
+        server = serve(host, port, Endpoints(health.liveness, health.readiness, metrics), what)
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
         agent.problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
         return
-    server.daemon_threads = True
     agent.http_servers.append(server)
-    thread = threading.Thread(target=server.serve_forever, name=f"http {what}", daemon=True)
-    thread.start()
 
 
 def start(agent: AgentView) -> None:
@@ -158,7 +124,6 @@ def start(agent: AgentView) -> None:
 
 
 def stop(agent: AgentView) -> None:
-    for server in agent.http_servers:
-        server.shutdown()
-        server.server_close()
-    agent.http_servers.clear()
+    from daemon.http import stop as stop_servers
+
+    stop_servers(agent.http_servers)

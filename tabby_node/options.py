@@ -172,28 +172,9 @@ def parse(
         raise CniError(
             err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
         ) from None
-    section = _conf_section(options.conf)
-    from cni_config.resolve import SOURCES, resolve_datastore
+    from cni_config.resolve import SOURCES, resolve_datastore, tabby_ipam_section
+
+    section = tabby_ipam_section(options.conf)
 
     flags = {name: getattr(ns, f"ds_{name}") for name in SOURCES}
     return options, resolve_datastore(section, flags, env)
-
-
-def _conf_section(path: str | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    import json
-
-    from cni_protocol.errors import Code
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CniError(Code.INVALID_CONFIG, f"cannot read --conf {path}", str(e)) from None
-    plugins = doc.get("plugins") if isinstance(doc, dict) else None
-    for p in plugins if isinstance(plugins, list) else [doc]:
-        if isinstance(p, dict) and p.get("type") == "tabby":
-            section = p.get("ipam")
-            return section if isinstance(section, dict) else {}
-    raise CniError(Code.INVALID_CONFIG, f"--conf {path} has no plugin of type tabby")

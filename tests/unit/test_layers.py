@@ -26,6 +26,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "bundle": (0, "version"),  # bundle/__init__.py holds only __version__
     "cni_protocol": (1, "foundations"),
     "datastore": (1, "foundations"),
+    "daemon": (1, "foundations"),
     "ipam.core": (2, "IPAM core"),
     "resources": (3, "resources"),
     "cni_config": (4, "configuration and policy"),

@@ -1,0 +1,330 @@
+"""An in-memory Kubernetes API server for tests of tabby-kube-controllers without a real one.
+
+What it does as the real API server does: collections with one global resourceVersion
+counter; list (with ``limit``/``continue``) returns the collection's version; watch from a
+version sends every later event of that collection, bookmarks on request, and a ``410 Gone``
+(an ERROR event, or the status when the watch starts) for a version older than the
+compacted one; get/create/update with optimistic concurrency (409 on a stale
+resourceVersion or an existing name); a cluster-wide pod collection (``/api/v1/pods``) over
+the namespaced ones. What it adds for tests: :meth:`FakeApi.compact` (forget history),
+:meth:`FakeApi.break_watches` (end every open watch, as a restart of the API server does),
+:meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Obj = dict[str, Any]
+
+#: collection path -> (kind, namespaced)
+COLLECTIONS = {
+    "/api/v1/namespaces": ("Namespace", False),
+    "/api/v1/nodes": ("Node", False),
+    "/api/v1/pods": ("Pod", True),
+    "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
+    "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
+}
+_NAMESPACED_PATHS = {
+    "pods": "/api/v1/pods",
+    "networkpolicies": "/apis/networking.k8s.io/v1/networkpolicies",
+    "leases": "/apis/coordination.k8s.io/v1/leases",
+}
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.compacted = 0
+        self.objects: dict[str, dict[str, Obj]] = {c: {} for c in COLLECTIONS}
+        self.history: dict[str, list[tuple[int, str, Obj]]] = {c: [] for c in COLLECTIONS}
+        self.generation = 0  # break_watches() ends the watches of older generations
+        self.requests: list[str] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    # -- state, for the tests -----------------------------------------------------------------
+
+    def _key(self, obj: Obj) -> str:
+        meta = obj["metadata"]
+        return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+    def put(self, collection: str, obj: Obj) -> Obj:
+        """Create or replace (no concurrency check): what a user of kubectl would do."""
+        with self.lock:
+            obj = copy.deepcopy(obj)
+            key = self._key(obj)
+            existed = key in self.objects[collection]
+            self.rv += 1
+            meta = obj["metadata"]
+            meta["resourceVersion"] = str(self.rv)
+            meta.setdefault("uid", f"uid-{self.rv}")
+            if existed:
+                meta["uid"] = self.objects[collection][key]["metadata"]["uid"]
+            self.objects[collection][key] = obj
+            self.history[collection].append((self.rv, "MODIFIED" if existed else "ADDED", obj))
+            self.lock.notify_all()
+            return copy.deepcopy(obj)
+
+    def delete(self, collection: str, key: str) -> None:
+        with self.lock:
+            obj = self.objects[collection].pop(key)
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.history[collection].append((self.rv, "DELETED", obj))
+            self.lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget every event so far: a watch from an older version gets 410 Gone."""
+        with self.lock:
+            self.compacted = self.rv
+            for events in self.history.values():
+                events.clear()
+
+    def break_watches(self) -> None:
+        with self.lock:
+            self.generation += 1
+            self.lock.notify_all()
+
+    def bookmark(self) -> None:
+        """Advance the version without a change of any watched collection (then open
+        watches with bookmarks get one)."""
+        with self.lock:
+            self.rv += 1
+            self.lock.notify_all()
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def route(self, path: str) -> tuple[str, str | None, str | None]:
+        """(collection, namespace, name) of a URL path."""
+        parts = path.strip("/").split("/")
+        for prefix, (_, _) in COLLECTIONS.items():
+            pparts = prefix.strip("/").split("/")
+            if parts[: len(pparts)] == pparts and len(parts) <= len(pparts) + 1:
+                name = parts[len(pparts)] if len(parts) > len(pparts) else None
+                return prefix, None, name
+        # /api/v1/namespaces/<ns>/<plural>[/<name>], /apis/<g>/<v>/namespaces/<ns>/<plural>...
+        if "namespaces" in parts:
+            i = parts.index("namespaces")
+            if len(parts) > i + 2:
+                namespace, plural = parts[i + 1], parts[i + 2]
+                name = parts[i + 3] if len(parts) > i + 3 else None
+                return _NAMESPACED_PATHS[plural], namespace, name
+        raise KeyError(path)
+
+    def serve(self) -> str:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _json(self, code: int, body: Obj) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _body(self) -> Obj:
+                n = int(self.headers.get("Content-Length") or 0)
+                data = json.loads(self.rfile.read(n) or b"{}")
+                assert isinstance(data, dict)
+                return data
+
+            def do_GET(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                query = dict(urllib.parse.parse_qsl(url.query))
+                api.requests.append(f"GET {url.path}{'?watch' if 'watch' in query else ''}")
+                try:
+                    collection, namespace, name = api.route(url.path)
+                except KeyError:
+                    self._json(404, _status(404, "NotFound", url.path))
+                    return
+                if name is not None:
+                    key = f"{namespace}/{name}" if namespace else name
+                    with api.lock:
+                        obj = api.objects[collection].get(key)
+                    if obj is None:
+                        self._json(404, _status(404, "NotFound", key))
+                    else:
+                        self._json(200, obj)
+                    return
+                if query.get("watch") in ("true", "1"):
+                    self._watch(collection, query)
+                    return
+                with api.lock:
+                    items = [
+                        copy.deepcopy(o)
+                        for k, o in sorted(api.objects[collection].items())
+                        if namespace is None or k.startswith(namespace + "/")
+                    ]
+                    version = str(api.rv)
+                limit = int(query.get("limit") or 0)
+                start = int(query.get("continue") or 0)
+                page = items[start : start + limit] if limit else items[start:]
+                more = str(start + limit) if limit and start + limit < len(items) else ""
+                meta = {"resourceVersion": version, **({"continue": more} if more else {})}
+                self._json(200, {"kind": "List", "metadata": meta, "items": page})
+
+            def _watch(self, collection: str, query: dict[str, str]) -> None:
+                since = int(query.get("resourceVersion") or 0)
+                bookmarks = query.get("allowWatchBookmarks") == "true"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+                def send(event: Obj) -> None:
+                    raw = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+                    self.wfile.flush()
+
+                with api.lock:
+                    generation = api.generation
+                    if since < api.compacted:
+                        send({"type": "ERROR", "object": _status(410, "Expired", "too old")})
+                        self.wfile.write(b"0\r\n\r\n")
+                        return
+                sent = since
+                try:
+                    while True:
+                        with api.lock:
+                            if api.generation != generation:
+                                break
+                            events = [e for e in api.history[collection] if e[0] > sent]
+                            out: list[Obj]
+                            if events:
+                                out = [{"type": t, "object": o} for _, t, o in events]
+                                sent = events[-1][0]
+                            elif bookmarks and api.rv > sent:
+                                sent = api.rv
+                                book = {"metadata": {"resourceVersion": str(sent)}}
+                                out = [{"type": "BOOKMARK", "object": book}]
+                            else:
+                                api.lock.wait(0.2)
+                                continue
+                        for event in out:
+                            send(event)
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
+            def do_POST(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                api.requests.append(f"POST {url.path}")
+                collection, namespace, _ = api.route(url.path)
+                obj = self._body()
+                obj["metadata"]["namespace"] = namespace or obj["metadata"].get("namespace")
+                with api.lock:
+                    if api._key(obj) in api.objects[collection]:
+                        self._json(409, _status(409, "AlreadyExists", api._key(obj)))
+                        return
+                self._json(201, api.put(collection, obj))
+
+            def do_PUT(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                api.requests.append(f"PUT {url.path}")
+                collection, namespace, name = api.route(url.path)
+                obj = self._body()
+                key = f"{namespace}/{name}" if namespace else str(name)
+                with api.lock:
+                    current = api.objects[collection].get(key)
+                    if current is None:
+                        self._json(404, _status(404, "NotFound", key))
+                        return
+                    given = obj.get("metadata", {}).get("resourceVersion")
+                    if given != current["metadata"]["resourceVersion"]:
+                        self._json(409, _status(409, "Conflict", "the object has been modified"))
+                        return
+                    self._json(200, api.put(collection, obj))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.break_watches()
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _status(code: int, reason: str, message: str) -> Obj:
+    return {
+        "kind": "Status",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+
+
+@contextmanager
+def fake_api() -> Iterator[tuple[FakeApi, str]]:
+    api = FakeApi()
+    url = api.serve()
+    try:
+        yield api, url
+    finally:
+        api.stop()
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels or {}},
+    }
+
+
+def pod(
+    ns: str,
+    name: str,
+    labels: dict[str, str] | None = None,
+    *,
+    node: str = "node-1",
+    ips: tuple[str, ...] = (),
+    ports: tuple[tuple[str, int], ...] = (),
+) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+                }
+            ],
+        },
+        "status": {"phase": "Running", "podIPs": [{"ip": ip} for ip in ips]},
+    }
+
+
+def policy(ns: str, name: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
+
+
+def node(name: str, labels: dict[str, str] | None = None) -> Obj:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
