@@ -164,6 +164,7 @@ class Controllers:
     def _leadership(self, leading: bool) -> None:
         if leading:
             self.leading.set()
+            self._beat()  # tabby-node waits for mirrored pods from now on
             self.full_sync()
         else:
             self.leading.clear()
@@ -242,18 +243,28 @@ class Controllers:
 
     # -- housekeeping ------------------------------------------------------------------------------
 
+    def _ipam_every(self) -> float:
+        """The ipam pass: every 30 s, more often when a grace is short (a grace of a few
+        seconds is meant to end in a few seconds)."""
+        shortest = min(self.options.node_grace, self.options.leak_grace)
+        return max(1.0, min(IPAM_EVERY, shortest / 3))
+
     def _housekeeping(self, stop: threading.Event) -> None:
-        next_ipam = time.monotonic() + IPAM_EVERY
+        next_ipam = time.monotonic() + self._ipam_every()
         next_resync = time.monotonic() + RESYNC_EVERY
-        while not stop.wait(HEARTBEAT_EVERY):
+        tick = min(HEARTBEAT_EVERY, self._ipam_every())
+        next_beat = 0.0
+        while not stop.wait(tick):
             self.loop_beat["housekeeping"] = time.monotonic()
             if not self.leading.is_set():
                 continue
-            self._beat()
             now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_EVERY
+                self._beat()
             synced = all(r.synced.is_set() for r in self.reflectors.values())
             if self.ipam is not None and synced and now >= next_ipam:
-                next_ipam = now + IPAM_EVERY
+                next_ipam = now + self._ipam_every()
                 try:
                     self.ipam.run_once()
                     self.problems.pop("ipam", None)

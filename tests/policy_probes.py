@@ -69,10 +69,24 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def netns_path(netns: str) -> str:
+    """A namespace by name (``/run/netns/<name>``) or by path (a pod's in a Kubernetes lab
+    node: ``/proc/<holder>/root/run/netns/cni-...``)."""
+    return netns if netns.startswith("/") else f"/run/netns/{netns}"
+
+
 def start_server(netns: str, ports: Iterable[int] = (80, 81)) -> subprocess.Popen[str]:
     """The TCP+UDP server inside namespace ``netns``, listening when this returns."""
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", netns, sys.executable, "-c", SERVER, *map(str, ports)],
+        [
+            "nsenter",
+            f"--net={netns_path(netns)}",
+            "--",
+            sys.executable,
+            "-c",
+            SERVER,
+            *list(map(str, ports)),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -99,7 +113,7 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
 
 def in_netns(netns: str, fn: Callable[[], T]) -> T:
     """``fn()`` on a thread that entered namespace ``netns``."""
-    with open_netns(f"/run/netns/{netns}") as handle:
+    with open_netns(netns_path(netns)) as handle:
         return run_in_netns(handle.fd, fn)
 
 

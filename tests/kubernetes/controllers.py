@@ -1,0 +1,186 @@
+"""tabby-kube-controllers in a Kubernetes lab, as an operator runs them: with the service
+account and RBAC of manifests/tabby.yaml (so every test also proves the least privilege is
+enough), two replicas on two nodes electing a leader on their Lease, the lab's etcd
+datastore. Started with the installed binary, stopped by PID."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab.cluster import http_get
+from lab.kubernetes.cluster import KubeLab
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "manifests" / "tabby.yaml"
+NAMESPACE = "tabby-system"
+ACCOUNT = "tabby-kube-controllers"
+BINARY = "/usr/local/bin/tabby-kube-controllers"
+RBAC_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+}
+HEALTH_PORT = 9098
+METRICS_PORT = 9094
+
+
+def rbac_documents() -> list[dict[str, Any]]:
+    """The manifest's namespace, service accounts and RBAC (what the controllers run as)."""
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if isinstance(d, dict)]
+    return [d for d in docs if d.get("kind") in RBAC_KINDS]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+@dataclasses.dataclass
+class Replica:
+    identity: str
+    node: str
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclasses.dataclass
+class Controllers:
+    kube: KubeLab
+    node_grace: float = 3.0
+    leak_grace: float = 5.0
+    kubeconfig: Path | None = None
+    replicas: dict[str, Replica] = dataclasses.field(default_factory=dict)
+
+    def install(self) -> None:
+        self.kube.apply(rbac_documents())
+        self.kubeconfig = self.kube.kubeconfig_for_service_account(NAMESPACE, ACCOUNT)
+
+    def argv(self, identity: str) -> list[str]:
+        assert self.kubeconfig is not None
+        return [
+            BINARY,
+            *("--kubeconfig", str(self.kubeconfig)),
+            *("--lease-namespace", NAMESPACE, "--identity", identity),
+            *("--node-grace", str(self.node_grace), "--leak-grace", str(self.leak_grace)),
+            *("--health-port", str(HEALTH_PORT), "--metrics-port", str(METRICS_PORT)),
+            *("--log-level", "debug"),
+            *self.kube.datastore_flags(),
+        ]
+
+    def start(self, identity: str, node: str) -> Replica:
+        replica = Replica(identity, node)
+        replica.proc = self.kube.spawn_on(
+            node, self.argv(identity), f"controllers-{identity}.log", mount=False
+        )
+        self.replicas[identity] = replica
+        return replica
+
+    def stop(self, identity: str, sig: int = signal.SIGTERM) -> None:
+        replica = self.replicas.pop(identity)
+        proc = replica.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop_all(self) -> None:
+        for identity in list(self.replicas):
+            self.stop(identity)
+
+    def signal(self, identity: str, sig: int) -> None:
+        proc = self.replicas[identity].proc
+        assert proc is not None
+        os.kill(proc.pid, sig)
+
+    # -- what a replica says ----------------------------------------------------------------------
+
+    def _get(self, identity: str, port: int, path: str) -> tuple[int, bytes]:
+        replica = self.replicas[identity]
+        netns = self.kube.node(replica.node).netns
+        return http_get(netns, f"http://127.0.0.1:{port}{path}", timeout=3)
+
+    def metrics(self, identity: str) -> dict[str, float]:
+        code, body = self._get(identity, METRICS_PORT, "/metrics")
+        return parse_metrics(body.decode()) if code == 200 else {}
+
+    def ready(self, identity: str) -> tuple[bool, list[str]]:
+        code, body = self._get(identity, HEALTH_PORT, "/readiness")
+        try:
+            reasons = json.loads(body).get("reasons", [])
+        except ValueError:
+            reasons = [body.decode(errors="replace")[:200]]
+        return code == 200, reasons
+
+    def leader(self) -> str | None:
+        for identity in self.replicas:
+            if self.metrics(identity).get("tabby_controllers_leader") == 1.0:
+                return identity
+        return None
+
+    def wait_leader(self, timeout: float = 60) -> str:
+        return self.kube.wait_for("a leading tabby-kube-controllers", self.leader, timeout)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        for identity in self.replicas:
+            self.kube.wait_for(
+                f"{identity} ready", lambda i=identity: self.ready(i)[0] or None, timeout
+            )
+
+    def log(self, identity: str) -> str:
+        replica = self.replicas[identity]
+        path = Path(self.kube.node(replica.node).workdir) / f"controllers-{identity}.log"
+        try:
+            return path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+
+def tabby_get(kube: KubeLab, kind: str, name: str | None = None, namespace: str | None = None) -> Any:
+    """``tabbyctl get`` as JSON (None when the resource does not exist)."""
+    args = ["get", kind, *([name] if name else []), "-o", "json"]
+    if namespace:
+        args += ["-n", namespace]
+    proc = kube.tabbyctl(*args)
+    if proc.returncode != 0:
+        if "not found" in proc.stderr:
+            return None
+        raise AssertionError(f"tabbyctl {' '.join(args)}: {proc.stderr.strip()}")
+    return json.loads(proc.stdout)
+
+
+def eventually(what: str, check: Any, timeout: float = 10.0, interval: float = 0.1) -> float:
+    """Seconds until ``check()`` is true; AssertionError naming ``what`` after ``timeout``."""
+    start = time.monotonic()
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except AssertionError as e:
+            last = e
+        if last is True:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s (last: {last})")
+        time.sleep(interval)
