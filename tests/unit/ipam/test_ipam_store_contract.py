@@ -269,6 +269,40 @@ def test_lock_released_after_exception(store: Store) -> None:
         pass
 
 
+def test_lock_of_one_object_serialises_its_threads(store: Store) -> None:
+    """One store object serving several threads (as in tabby-node): while one thread holds
+    the lock, another waits for it (LockTimeout if it is not let go in time), never taken for
+    a re-entry; a file-store commit from a thread without the lock waits for it too."""
+    short = _with_timeout(store, 0.5)
+    held = threading.Event()
+    done = threading.Event()
+
+    def holder() -> None:
+        with short.lock():
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert held.wait(5)
+        _assert_times_out(short, 0.5)
+        if isinstance(short, FileStore):
+            with pytest.raises(LockTimeout):
+                short.commit([Op("pool", "p", {}, None)])
+            assert short.get("pool", "p") is None
+    finally:
+        done.set()
+        t.join()
+    try:
+        with short.lock():
+            pass
+        assert short.commit([Op("pool", "p", {}, None)])[0] > 0
+    finally:
+        if short is not store:
+            short.close()
+
+
 # -- corruption ---------------------------------------------------------------------------
 
 
