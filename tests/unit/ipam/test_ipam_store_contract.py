@@ -556,6 +556,27 @@ def test_kinds_are_the_documented_ones() -> None:
     )
 
 
+def test_layouts_are_the_documented_ones(tmp_path: Path) -> None:
+    """Where each kind lives in the file store and in etcd (the modules' docstrings): data
+    already stored depends on it."""
+    files = FileStore(str(tmp_path))
+    etcd = EtcdStore(["http://127.0.0.1:1"], prefix="/p", lock_dir=str(tmp_path))
+    ipam = {"pool": "pools", "block": "blocks", "handle": "handles", "affinity": "affinities"}
+    resources = {
+        "node": "nodes",
+        "bgpconfiguration": "bgpconfigurations",
+        "bgppeer": "bgppeers",
+        "networkpolicy": "networkpolicies",
+        "namespace": "namespaces",
+        "pod": "pods",
+        "workloadendpoint": "workloadendpoints",
+    }
+    for kind, plural in {**ipam, **resources, "heartbeat": "heartbeats"}.items():
+        assert files.location(kind, "k") == f"{tmp_path}/{plural}/k.json"
+        group = "ipam/v1/" if kind in ipam else "resources/v1/" if kind in resources else ""
+        assert etcd.location(kind, "k") == f"etcd:/p/{group}{plural}/k"
+
+
 # == the extended contract (cluster mode) ==================================================
 
 KEY_OF = {
