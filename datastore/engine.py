@@ -360,6 +360,8 @@ class Engine:
     def delete(self, kind: str, key: str, expected_revision: int) -> None:
         check_kind(kind)
         check_key(key)
+        if type(expected_revision) is not int:  # a Write with None would only assert absence
+            raise TypeError(f"delete needs the document's revision, not {expected_revision!r}")
         self._apply([Write(kind, key, None, expected_revision)])
 
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]:

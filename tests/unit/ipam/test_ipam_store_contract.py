@@ -177,6 +177,15 @@ def test_rejects_unknown_kind_empty_key_and_non_json(store: Store) -> None:
     assert store.get("pool", "p") is None
 
 
+def test_delete_needs_a_revision(store: Store) -> None:
+    """``delete(..., None)`` is a programming error, not an assertion that nothing is there."""
+    store.put("pool", "p", {}, None)
+    for stored in ("p", "missing"):
+        with pytest.raises(TypeError, match="revision"):
+            store.delete("pool", stored, None)  # type: ignore[arg-type]
+    assert store.get("pool", "p") is not None
+
+
 def test_check_usable_on_fresh_store(store: Store) -> None:
     store.check_usable()
     store.put("pool", "p", {}, None)
