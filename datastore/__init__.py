@@ -1,4 +1,5 @@
-"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd``.
+"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd``,
+and ``engine``, what the three share.
 
 ``open_store(settings)`` is the one place a store is built. This package re-exports only the
 contract and imports the implementation the settings name when it is called, so importing

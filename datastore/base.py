@@ -1,7 +1,9 @@
 """The store contract: generic JSON documents by kind and key, every write compare-and-swap.
 
 The core and the resource layer talk only to this protocol; ``memory``, ``file`` and ``etcd``
-implement it, and ``datastore.open_store(settings)`` builds the configured one.
+implement it, each over ``engine`` (what they share: argument checks, encoding, the
+compare-and-swap rule, listing order, the lock session, sync bookkeeping), and
+``datastore.open_store(settings)`` builds the configured one.
 
 Rules every implementation keeps (checked by ``tests/unit/ipam/test_ipam_store_contract.py``
 against each of them):
@@ -80,16 +82,16 @@ class _Record:
     __slots__ = ()
     _fields: tuple[str, ...] = ()
 
-    def __init__(self, *args: Any) -> None:
+    def __init__(self, *args: object) -> None:
         if len(args) != len(self._fields):
             raise TypeError(f"{type(self).__name__} takes {len(self._fields)} arguments")
         for name, value in zip(self._fields, args, strict=True):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
-    def _tuple(self) -> tuple[Any, ...]:
+    def _tuple(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self._fields)
 
     def __eq__(self, other: object) -> bool:
@@ -164,9 +166,9 @@ class Store(Protocol):
         kind: str,
         key: str,
         data: dict[str, Any],
-        expected_revision: int | None,
+        expected_revision: int | None,  # None: create (the document must not exist)
         *,
-        ttl: float | None = None,
+        ttl: float | None = None,  # seconds the document lives unless written again
     ) -> int: ...
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None: ...

@@ -164,21 +164,20 @@ class WatchEvent:
 
 
 class WatchResponse:
+    """One ``result`` of the watch stream, read from the gateway's JSON."""
+
     __slots__ = ("canceled", "compact_revision", "events", "reason", "revision")
 
-    def __init__(
-        self,
-        revision: int,
-        events: list[WatchEvent],
-        compact_revision: int,
-        canceled: bool,
-        reason: str,
-    ) -> None:
-        self.revision = revision
-        self.events = events
-        self.compact_revision = compact_revision  # > 0: history gone; the watch was cancelled
-        self.canceled = canceled
-        self.reason = reason
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.revision = _int(result.get("header", {}).get("revision"))
+        self.events = [
+            WatchEvent(ev.get("type") or "PUT", kv_from_json(ev.get("kv") or {}))
+            for ev in result.get("events", ())
+        ]
+        # > 0: history gone; the watch was cancelled
+        self.compact_revision = _int(result.get("compact_revision"))
+        self.canceled = bool(result.get("canceled"))
+        self.reason = str(result.get("cancel_reason", ""))
 
 
 def b64(data: bytes) -> str:
@@ -457,6 +456,54 @@ def _reason(e: BaseException) -> str:
     return str(text)
 
 
+class _Rotation:
+    """One call's way through the endpoints within its deadline. Each attempt gets a share
+    of the time left (a member that hangs must not eat the whole deadline when others may
+    answer); after a failure the next endpoint, and once every endpoint failed, a short pause
+    (50 ms, doubling up to 0.5 s). ``cancel`` ends it (``EtcdCancelled``) at the next attempt
+    or during a pause."""
+
+    __slots__ = ("cancel", "deadline", "failures", "index", "last", "n", "urls")
+
+    def __init__(
+        self, urls: list[str], index: int, deadline: float, cancel: threading.Event | None
+    ) -> None:
+        self.urls = urls
+        self.n = len(urls)
+        self.index = index
+        self.deadline = deadline
+        self.cancel = cancel
+        self.failures = 0
+        self.last = "no attempt"
+
+    def attempt(self, giving_up: str) -> float:
+        """The deadline of the next attempt; ``EtcdUnavailable("<giving_up> (<last error>)")``
+        once the call's deadline has passed."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise EtcdCancelled("cancelled")
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise EtcdUnavailable(self.urls, f"{giving_up} ({self.last})")
+        left = self.deadline - now
+        return now + (left if self.n == 1 else max(left / self.n, min(left, 1.0)))
+
+    def failed(self, reason: str) -> None:
+        """The attempt failed: move on to the next endpoint (pausing after a full round)."""
+        self.last = reason
+        self.failures += 1
+        self.index = (self.index + 1) % self.n
+        if self.failures % self.n:
+            return
+        pause = min(
+            0.05 * (2 ** (self.failures // self.n - 1)), 0.5, self.deadline - time.monotonic()
+        )
+        if pause > 0:
+            if self.cancel is not None:
+                self.cancel.wait(pause)
+            else:
+                time.sleep(pause)
+
+
 # == the client ==========================================================================
 
 
@@ -542,21 +589,12 @@ class EtcdClient:
             deadline = time.monotonic() + self.timeout
         payload = json.dumps(body, separators=(",", ":")).encode()
         local = self._local
-        n = len(self.endpoints)
-        index: int = getattr(local, "index", self._preferred)
-        failures = 0
+        tries = _Rotation(self.urls, getattr(local, "index", self._preferred), deadline, cancel)
         ambiguous = False
-        last = "no attempt"
         cap = CANCEL_CONNECT if cancel is not None else None
         while True:
-            if cancel is not None and cancel.is_set():
-                raise EtcdCancelled("cancelled")
-            now = time.monotonic()
-            if now >= deadline:
-                raise EtcdUnavailable(self.urls, f"no answer within the deadline ({last})")
-            # a member that hangs must not eat the whole deadline when others may answer
-            left = deadline - now
-            attempt_deadline = now + (left if n == 1 else max(left / n, min(left, 1.0)))
+            attempt_deadline = tries.attempt("no answer within the deadline")
+            index = tries.index
             conn: _Conn | None = getattr(local, "conn", None)
             try:
                 if conn is None or conn.sock is None or conn.ep is not self.endpoints[index]:
@@ -590,22 +628,13 @@ class EtcdClient:
                 cls = EtcdCompacted if code == COMPACTED else EtcdRequestError
                 raise cls(conn.ep.url, status, code, message)
             except _Transient as e:
-                last = str(e)
                 if e.sent and not idempotent:
                     ambiguous = True
                 stale = getattr(local, "conn", None)
                 if stale is not None and stale.sock is None:
                     self._drop(stale)
                     local.conn = None
-                failures += 1
-                index = (index + 1) % n
-                if failures % n == 0:  # every endpoint failed once: back off a little
-                    pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
-                    if pause > 0:
-                        if cancel is not None:
-                            cancel.wait(pause)
-                        else:
-                            time.sleep(pause)
+                tries.failed(str(e))
 
     def close(self) -> None:
         """Close every connection (a running watch ends with ``EtcdUnavailable``)."""
@@ -744,18 +773,10 @@ class EtcdClient:
             self._drop(conn)
 
     def _open_watch(self, payload: bytes, deadline: float, stop: threading.Event) -> _Conn:
-        n = len(self.endpoints)
-        index = self._preferred
-        last = "no attempt"
-        failures = 0
+        tries = _Rotation(self.urls, self._preferred, deadline, stop)
         while True:
-            if stop.is_set():
-                raise EtcdCancelled("cancelled")
-            now = time.monotonic()
-            if now >= deadline:
-                raise EtcdUnavailable(self.urls, f"watch not started ({last})")
-            left = deadline - now
-            attempt_deadline = now + (left if n == 1 else max(left / n, min(left, 1.0)))
+            attempt_deadline = tries.attempt("watch not started")
+            index = tries.index
             conn: _Conn | None = None
             try:
                 conn = self._connect(index, attempt_deadline, CANCEL_CONNECT)
@@ -780,15 +801,9 @@ class EtcdClient:
                 self._preferred = index
                 return conn
             except _Transient as e:
-                last = str(e)
                 if conn is not None:
                     self._drop(conn)
-                failures += 1
-                index = (index + 1) % n
-                if failures % n == 0:
-                    pause = min(0.05 * (2 ** (failures // n - 1)), 0.5, deadline - time.monotonic())
-                    if pause > 0:
-                        stop.wait(pause)
+                tries.failed(str(e))
 
     def _read_watch(self, conn: _Conn, stop: threading.Event) -> Iterator[WatchResponse]:
         stream = bytearray()  # de-chunked bytes not yet split into lines
@@ -846,19 +861,7 @@ def _watch_response(url: str, line: bytes) -> WatchResponse | None:
         message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
         raise EtcdUnavailable([url], f"watch: {message}")
     result = msg.get("result")
-    if not isinstance(result, dict):
-        return None
-    events = [
-        WatchEvent(ev.get("type") or "PUT", kv_from_json(ev.get("kv") or {}))
-        for ev in result.get("events", ())
-    ]
-    return WatchResponse(
-        _int(result.get("header", {}).get("revision")),
-        events,
-        _int(result.get("compact_revision")),
-        bool(result.get("canceled")),
-        str(result.get("cancel_reason", "")),
-    )
+    return WatchResponse(result) if isinstance(result, dict) else None
 
 
 def _error_of(data: bytes) -> tuple[int, str]:

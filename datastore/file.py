@@ -1,5 +1,9 @@
 """The default store: one JSON file per document under ``data_dir``.
 
+What is common to every store (argument checks, encoding, compare-and-swap and its errors,
+listing order, the lock session, sync bookkeeping) is ``datastore.engine``; this module keeps
+paths, ``O_NOFOLLOW`` opens, temp files, fsync, and the poller of ``sync``.
+
 Layout (``data_dir`` and every directory 0700, files 0600)::
 
     <data_dir>/lock                      flock(2) target; non-empty = a writer may have died
@@ -30,11 +34,14 @@ opened with O_NOFOLLOW: a symlinked data_dir, kind directory or document is refu
 Revisions are ``max(previous + 1, wall clock in µs)``: increasing per key and, unless the
 clock steps back, not reused after a delete and re-create.
 
-One FileStore object is meant for one thread (the lock session lives on the object); separate
-objects, threads and processes are serialised by the flock. Writers hold ``lock()`` (the core
-always does); an unlocked ``put`` works, but may race with the temp-file cleanup. ``commit``
-takes the lock itself unless the caller holds it, checks every revision, then writes one
-document after the other; if a write fails it puts back what it had written, then raises.
+``lock()`` is the engine's session: the process's thread lock for ``<data_dir>/lock``, then
+its flock, so separate objects, threads and processes are serialised. The session belongs to
+the thread that took it: a FileStore object may serve several threads, each with its own
+session; taking the lock again in the thread that holds it is a ``RuntimeError``. Writers
+hold ``lock()`` (the core always does); an unlocked ``put`` or ``delete`` works, but may race
+with the temp-file cleanup. ``commit`` takes the lock itself unless the calling thread holds
+it, checks every revision, then writes one document after the other; if a write fails it
+puts back what it had written, then raises.
 
 ``sync`` polls every 0.2 s: a kind directory is listed again when its mtime changed (or is
 less than two seconds old: the kernel's timestamps are coarse), when one of its documents
@@ -47,50 +54,31 @@ from __future__ import annotations
 
 import builtins
 import errno
-import fcntl
 import json
 import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import Any, NamedTuple
+from collections.abc import Iterator
 
-from datastore.base import (
-    Doc,
-    Op,
-    SyncEvent,
-    check_key,
-    check_kind,
-    check_ops,
-    check_ttl,
-    sync_kinds,
+from datastore.base import Doc, SyncEvent
+from datastore.engine import (
+    LOCK_FLAGS,
+    PLURALS,
+    Engine,
+    Reported,
+    StoreLock,
+    Write,
+    loads,
+    log_warning,
+    note_failure,
+    reason,
+    refused,
 )
-from datastore.errors import (
-    InvalidConfig,
-    LockTimeout,
-    RevisionConflict,
-    StoreCorrupt,
-    StoreError,
-    StoreUnavailable,
-)
+from datastore.errors import InvalidConfig, StoreCorrupt, StoreError, StoreUnavailable
 
 FORMAT = 1
-DIRS = {
-    "pool": "pools",
-    "block": "blocks",
-    "handle": "handles",
-    "affinity": "affinities",
-    "node": "nodes",
-    "bgpconfiguration": "bgpconfigurations",
-    "bgppeer": "bgppeers",
-    "networkpolicy": "networkpolicies",
-    "namespace": "namespaces",
-    "pod": "pods",
-    "workloadendpoint": "workloadendpoints",
-    "heartbeat": "heartbeats",
-}
+DIRS = PLURALS  # kind -> directory under data_dir
 LOCK_NAME = "lock"
 TTL_MARKER = ".ttl"
 POLL = 0.2  # sync: seconds between polls
@@ -99,7 +87,6 @@ _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _MARK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_NAME = 255
 
@@ -144,42 +131,22 @@ def unescape_name(name: str) -> str | None:
         return None
 
 
-def _log_warning(msg: str, *args: object) -> None:
-    import logging  # only on unusual paths: logging costs ~4 ms of start-up
-
-    logging.getLogger("tabby.ipam").warning(msg, *args)
-
-
-class _FileLock:
-    def __init__(self, store: FileStore) -> None:
-        self._store = store
-
-    def __enter__(self) -> None:
-        self._store._acquire()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._store._release()
-
-
-class FileStore:
+class FileStore(Engine):
     """Store over a directory tree; see the module docstring for layout and guarantees."""
 
     def __init__(self, data_dir: str, *, lock_timeout: float = 30.0) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.lock_timeout = float(lock_timeout)
-        self._lock_fd: int | None = None
-        self._plock: threading.Lock | None = None
-        self._dirty = False
+        self.lock_path = os.path.join(self.data_dir, LOCK_NAME)
+        self._held = threading.local()
 
     # -- paths and directories ----------------------------------------------------------
 
     def location(self, kind: str, key: str) -> str:
-        return os.path.join(self.data_dir, DIRS[kind], escape_key(key))
+        return self._path(kind, escape_key(key))
+
+    def _path(self, kind: str, name: str) -> str:
+        return os.path.join(self.data_dir, DIRS[kind], name)
 
     def _make_data_dir(self) -> None:
         missing = []
@@ -236,103 +203,51 @@ class FileStore:
         finally:
             os.close(root)
 
-    # -- lock ---------------------------------------------------------------------------
+    # -- lock (the engine's session; what is the file store's own) ------------------------
 
-    def lock(self) -> _FileLock:
-        return _FileLock(self)
-
-    def _acquire(self) -> None:
-        if self._lock_fd is not None:
-            raise RuntimeError("FileStore.lock() is not re-entrant")
-        lock_path = os.path.join(self.data_dir, LOCK_NAME)
+    def _open_lock_file(self) -> int:
         root = self._open_root(create=True)
         if root is None:  # pragma: no cover - created just above
             raise StoreUnavailable(self.data_dir, "missing")
         try:
-            st = os.fstat(root)
-            if st.st_mode & 0o077:
+            if os.fstat(root).st_mode & 0o077:
                 try:
                     os.fchmod(root, 0o700)
                 except OSError:
                     pass
-            fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=root)
+            return os.open(LOCK_NAME, LOCK_FLAGS, 0o600, dir_fd=root)
         except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StoreCorrupt(lock_path, "is a symlink (refused)") from None
-            raise StoreUnavailable(lock_path, e.strerror or str(e)) from None
+            raise refused(self.lock_path, e) from None
         finally:
             os.close(root)
-        deadline = time.monotonic() + self.lock_timeout
-        # Threads of one process (tabby-node serves calls concurrently) queue on a thread
-        # lock first: they wake as soon as it is free instead of polling the flock.
-        plock = _process_lock(self.data_dir)
-        if not plock.acquire(timeout=self.lock_timeout):
-            os.close(fd)
-            raise LockTimeout(
-                lock_path, f"held by another call for more than {self.lock_timeout} s"
-            )
-        self._plock = plock
-        delay = 0.001
-        while True:
+
+    def _locked(self, session: StoreLock) -> None:
+        """A non-empty lock file: a writer died in its session; its temp files go."""
+        assert session.fd is not None
+        if os.fstat(session.fd).st_size > 0:
+            self._remove_temp_files()
+            os.ftruncate(session.fd, 0)
+
+    def _unlocking(self, session: StoreLock) -> None:
+        if session.dirty and session.fd is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                now = time.monotonic()
-                if now >= deadline:
-                    os.close(fd)
-                    self._release_plock()
-                    raise LockTimeout(
-                        lock_path, f"held by another process for more than {self.lock_timeout} s"
-                    ) from None
-                time.sleep(min(delay, deadline - now))
-                delay = min(delay * 2, 0.005)
-            except OSError as e:
-                os.close(fd)
-                self._release_plock()
-                raise StoreUnavailable(lock_path, e.strerror or str(e)) from None
-        self._lock_fd = fd
-        self._dirty = False
-        try:
-            if os.fstat(fd).st_size > 0:
-                self._remove_temp_files()
-                os.ftruncate(fd, 0)
-        except BaseException:
-            self._release()
-            raise
-
-    def _release(self) -> None:
-        fd = self._lock_fd
-        if fd is None:
-            return
-        self._lock_fd = None
-        try:
-            if self._dirty:
-                os.ftruncate(fd, 0)
-        except OSError:
-            pass
-        finally:
-            self._dirty = False
-            os.close(fd)  # closing drops the flock
-            self._release_plock()
-
-    def _release_plock(self) -> None:
-        plock, self._plock = self._plock, None
-        if plock is not None:
-            plock.release()
+                os.ftruncate(session.fd, 0)
+            except OSError:
+                pass
 
     def _mark_dirty(self) -> None:
-        if self._lock_fd is not None:
-            if not self._dirty:
-                os.pwrite(self._lock_fd, b"writing\n", 0)
-                self._dirty = True
+        session = self._holding()
+        if session is not None and session.fd is not None:
+            if not session.dirty:
+                os.pwrite(session.fd, b"writing\n", 0)
+                session.dirty = True
             return
         # A write outside lock() (not done by the core): mark and leave it marked.
         root = self._open_root(create=True)
         if root is None:  # pragma: no cover
             return
         try:
-            fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=root)
+            fd = os.open(LOCK_NAME, LOCK_FLAGS, 0o600, dir_fd=root)
             try:
                 os.pwrite(fd, b"writing\n", 0)
             finally:
@@ -357,13 +272,11 @@ class FileStore:
             finally:
                 os.close(dfd)
         if removed:
-            _log_warning("removed %d temp file(s) left by a killed writer", removed)
+            log_warning("removed %d temp file(s) left by a killed writer", removed)
 
-    # -- documents ------------------------------------------------------------------------
+    # -- reads ----------------------------------------------------------------------------
 
-    def get(self, kind: str, key: str) -> Doc | None:
-        check_kind(kind)
-        check_key(key)
+    def _get(self, kind: str, key: str) -> Doc | None:
         name = escape_key(key)
         dfd = self._kind_fd(kind, create=False)
         if dfd is None:
@@ -375,19 +288,19 @@ class FileStore:
 
     def _read(self, dfd: int, kind: str, key: str, name: str) -> _Raw | None:
         """The document file as stored (expired or not), or None if there is none."""
-        path = os.path.join(self.data_dir, DIRS[kind], name)
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
         except FileNotFoundError:
             return None
         except OSError as e:
+            path = self._path(kind, name)
             if e.errno == errno.ELOOP:
                 raise StoreCorrupt(path, "is a symlink (refused)") from None
-            raise StoreCorrupt(path, e.strerror or str(e)) from None
+            raise StoreCorrupt(path, reason(e)) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise StoreCorrupt(path, "not a regular file")
+                raise StoreCorrupt(self._path(kind, name), "not a regular file")
             chunks = []
             while True:
                 chunk = os.read(fd, max(st.st_size + 1, 4096))
@@ -395,15 +308,12 @@ class FileStore:
                     break
                 chunks.append(chunk)
         except OSError as e:
-            raise StoreCorrupt(path, e.strerror or str(e)) from None
+            raise StoreCorrupt(self._path(kind, name), reason(e)) from None
         finally:
             os.close(fd)
         raw = b"".join(chunks)
-        try:
-            doc = json.loads(raw)
-        except ValueError:  # includes UnicodeDecodeError
-            reason = "empty file" if not raw else f"truncated or not JSON ({len(raw)} bytes)"
-            raise StoreCorrupt(path, reason) from None
+        path = self._path(kind, name)
+        doc = loads(path, raw, empty="empty file", garbage="truncated or not JSON")
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise StoreCorrupt(path, f"not a format-{FORMAT} document")
         rev = doc.get("revision")
@@ -417,15 +327,13 @@ class FileStore:
             raise StoreCorrupt(path, "bad expiry stamp")
         return _Raw(Doc(data, rev), expires, raw)
 
-    def _names(self, dfd: int, kind: str) -> list[str]:
+    def _names(self, dfd: int, kind: str) -> builtins.list[str]:
         try:
             return os.listdir(dfd)
         except OSError as e:
-            path = os.path.join(self.data_dir, DIRS[kind])
-            raise StoreCorrupt(path, e.strerror or str(e)) from None
+            raise StoreCorrupt(os.path.join(self.data_dir, DIRS[kind]), reason(e)) from None
 
-    def list_keys(self, kind: str) -> list[str]:
-        check_kind(kind)
+    def _keys(self, kind: str) -> builtins.list[str]:
         dfd = self._kind_fd(kind, create=False)
         if dfd is None:
             return []
@@ -446,11 +354,9 @@ class FileStore:
                 keys.append(key)
         finally:
             os.close(dfd)
-        keys.sort()
         return keys
 
-    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
-        check_kind(kind)
+    def _items(self, kind: str, prefix: str) -> builtins.list[tuple[str, Doc]]:
         dfd = self._kind_fd(kind, create=False)
         if dfd is None:
             return []
@@ -465,45 +371,73 @@ class FileStore:
                     out.append((key, doc))
         finally:
             os.close(dfd)
-        out.sort(key=lambda item: item[0])
         return out
 
-    def put(
-        self,
-        kind: str,
-        key: str,
-        data: dict[str, Any],
-        expected_revision: int | None,
-        *,
-        ttl: float | None = None,
-    ) -> int:
-        check_kind(kind)
-        check_key(key)
-        check_ttl(ttl)
-        name = escape_key(key)
-        dfd = self._kind_fd(kind, create=True)
-        if dfd is None:  # pragma: no cover - created just above
-            raise StoreUnavailable(os.path.join(self.data_dir, DIRS[kind]), "missing")
+    # -- writes ---------------------------------------------------------------------------
+
+    def _commit(self, writes: builtins.list[Write]) -> builtins.list[int]:
+        if self._holding() is not None:
+            return self._apply(writes)
+        with self.lock():
+            return self._apply(writes)
+
+    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
+        creating = {w.kind for w in writes if w.value is not None}
+        fds: dict[str, int | None] = {}
         try:
-            raw = self._read(dfd, kind, key, name)
-            path = os.path.join(self.data_dir, DIRS[kind], name)
-            _check_revision(path, _live(raw), expected_revision)
-            rev, payload = _payload(kind, key, data, raw, ttl)
-            if ttl is not None:
-                self._mark_ttl(dfd, kind)
-            self._write(dfd, name, path, payload)
-            return rev
+            found: list[tuple[int | None, str, _Raw | None]] = []  # dfd, file name, file
+            for w in writes:
+                if w.kind not in fds:
+                    fds[w.kind] = self._kind_fd(w.kind, create=w.kind in creating)
+                dfd = fds[w.kind]
+                name = escape_key(w.key)
+                found.append(
+                    (dfd, name, None if dfd is None else self._read(dfd, w.kind, w.key, name))
+                )
+            self._compare(writes, [_revision(raw) for _, _, raw in found])
+            steps: list[_Step] = []
+            revisions = []
+            for w, (dfd, name, raw) in zip(writes, found, strict=True):
+                if w.value is None:
+                    if w.expected is not None and dfd is not None:
+                        steps.append(_Step(dfd, w.kind, name, raw, None))
+                    revisions.append(0)
+                    continue
+                if dfd is None:  # pragma: no cover - created above
+                    raise StoreUnavailable(os.path.join(self.data_dir, DIRS[w.kind]), "missing")
+                rev, payload = _payload(w, w.value, raw)
+                steps.append(_Step(dfd, w.kind, name, raw, payload))
+                revisions.append(rev)
+                if w.ttl is not None:
+                    self._mark_ttl(dfd, w.kind)
+            self._execute(steps)
+            return revisions
         finally:
-            os.close(dfd)
+            for fd in fds.values():
+                if fd is not None:
+                    os.close(fd)
+
+    def _execute(self, steps: builtins.list[_Step]) -> None:
+        """Write the files one after the other; if one fails, put back the ones done."""
+        done: list[_Step] = []
+        try:
+            for step in steps:
+                if step.payload is not None:
+                    self._write(step.dfd, step.kind, step.name, step.payload)
+                else:
+                    self._unlink(step.dfd, step.kind, step.name)
+                done.append(step)
+        except StoreError:
+            self._undo(done)
+            raise
 
     def _mark_ttl(self, dfd: int, kind: str) -> None:
         try:
             os.close(os.open(TTL_MARKER, _MARK_FLAGS, 0o600, dir_fd=dfd))
         except OSError as e:
-            path = os.path.join(self.data_dir, DIRS[kind], TTL_MARKER)
-            raise StoreUnavailable(path, e.strerror or str(e)) from None
+            raise StoreUnavailable(self._path(kind, TTL_MARKER), reason(e)) from None
 
-    def _write(self, dfd: int, name: str, path: str, payload: bytes) -> None:
+    def _write(self, dfd: int, kind: str, name: str, payload: bytes) -> None:
         tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         try:
             self._mark_dirty()
@@ -523,127 +457,48 @@ class FileStore:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
-            raise StoreUnavailable(path, e.strerror or str(e)) from None
+            raise StoreUnavailable(self._path(kind, name), reason(e)) from None
 
-    def _unlink(self, dfd: int, name: str, path: str) -> None:
+    def _unlink(self, dfd: int, kind: str, name: str) -> None:
         try:
             self._mark_dirty()
             os.unlink(name, dir_fd=dfd)
             os.fsync(dfd)
         except OSError as e:
-            raise StoreUnavailable(path, e.strerror or str(e)) from None
-
-    def delete(self, kind: str, key: str, expected_revision: int) -> None:
-        check_kind(kind)
-        check_key(key)
-        name = escape_key(key)
-        path = os.path.join(self.data_dir, DIRS[kind], name)
-        dfd = self._kind_fd(kind, create=False)
-        if dfd is None:
-            raise RevisionConflict("document vanished", path)
-        try:
-            current = _live(self._read(dfd, kind, key, name))
-            if current is None:
-                raise RevisionConflict("document vanished", path)
-            _check_revision(path, current, expected_revision)
-            self._unlink(dfd, name, path)
-        finally:
-            os.close(dfd)
-
-    def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
-        check_ops(ops)
-        if not ops:
-            return []
-        held = self._lock_fd is not None
-        if not held:
-            self._acquire()
-        try:
-            return self._commit(ops)
-        finally:
-            if not held:
-                self._release()
-
-    def _commit(self, ops: Sequence[Op]) -> builtins.list[int]:
-        fds: dict[str, int | None] = {}
-        try:
-            for op in ops:
-                if op.kind not in fds:
-                    create = any(o.kind == op.kind and o.data is not None for o in ops)
-                    fds[op.kind] = self._kind_fd(op.kind, create=create)
-            plan: list[_Step] = []
-            for op in ops:
-                dfd = fds[op.kind]
-                name = escape_key(op.key)
-                path = os.path.join(self.data_dir, DIRS[op.kind], name)
-                raw = None if dfd is None else self._read(dfd, op.kind, op.key, name)
-                _check_revision(path, _live(raw), op.expected_revision)
-                if op.data is not None:
-                    rev, payload = _payload(op.kind, op.key, op.data, raw, None)
-                    plan.append(_Step(dfd, name, path, raw, payload, rev))
-                elif op.expected_revision is not None:
-                    plan.append(_Step(dfd, name, path, raw, None, 0))
-                else:
-                    plan.append(_Step(None, name, path, raw, None, 0))  # asserts absence only
-            done: list[_Step] = []
-            try:
-                for step in plan:
-                    if step.dfd is None:
-                        continue
-                    if step.payload is not None:
-                        self._write(step.dfd, step.name, step.path, step.payload)
-                    else:
-                        self._unlink(step.dfd, step.name, step.path)
-                    done.append(step)
-            except StoreError:
-                self._undo(done)
-                raise
-            return [step.revision for step in plan]
-        finally:
-            for fd in fds.values():
-                if fd is not None:
-                    os.close(fd)
+            raise StoreUnavailable(self._path(kind, name), reason(e)) from None
 
     def _undo(self, done: builtins.list[_Step]) -> None:
         """Put back what a failed commit had written (best effort: the disk just failed)."""
         for step in reversed(done):
-            assert step.dfd is not None
             try:
                 if step.before is not None:
-                    self._write(step.dfd, step.name, step.path, step.before.payload)
+                    self._write(step.dfd, step.kind, step.name, step.before.payload)
                 else:
-                    self._unlink(step.dfd, step.name, step.path)
+                    self._unlink(step.dfd, step.kind, step.name)
             except StoreError as e:
-                _log_warning("commit failed and could not be undone: %s", e)
+                log_warning("commit failed and could not be undone: %s", e)
 
     # -- sync -----------------------------------------------------------------------------
 
-    def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
-        wanted = sync_kinds(kinds)
-        return self._sync(wanted, stop)
-
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
-        watch = _Poller(self, kinds)
+        reported = Reported()
+        watch = _Poller(self, kinds, reported)
         fresh = True
         failure = ""
         while not stop.is_set():
             events: list[SyncEvent] = []
             try:
                 if fresh:
-                    events.append(SyncEvent("snapshot", "", "", None, watch.snapshot()))
+                    events.append(reported.snapshot(watch.snapshot()))
                     fresh = False
                     failure = ""
                 else:
                     events = watch.poll()
             except (OSError, StoreError) as e:
                 fresh = True
-                if str(e) != failure:
-                    failure = str(e)
-                    _log_warning("sync of %s: %s (polling on)", self.data_dir, e)
+                failure = note_failure(failure, f"sync of {self.data_dir}: {e} (polling on)")
             yield from events
             stop.wait(POLL)
-
-    def close(self) -> None:
-        """Nothing to release: no connection, and the lock lives only inside ``lock()``."""
 
     # -- health -------------------------------------------------------------------------
 
@@ -659,7 +514,7 @@ class FileStore:
                 raise StoreUnavailable(parent, "cannot create the data directory here") from None
             return
         except OSError as e:
-            raise StoreCorrupt(self.data_dir, e.strerror or str(e)) from None
+            raise StoreCorrupt(self.data_dir, reason(e)) from None
         _check_dir(self.data_dir, st)
         entries = [(LOCK_NAME, False)] + [(d, True) for d in DIRS.values()]
         for name, is_dir in entries:
@@ -669,7 +524,7 @@ class FileStore:
             except FileNotFoundError:
                 continue
             except OSError as e:
-                raise StoreCorrupt(path, e.strerror or str(e)) from None
+                raise StoreCorrupt(path, reason(e)) from None
             if is_dir:
                 _check_dir(path, st)
             elif not stat.S_ISREG(st.st_mode):
@@ -690,26 +545,36 @@ def _check_dir(path: str, st: os.stat_result) -> None:
 def _dir_error(path: str, e: OSError) -> StoreCorrupt:
     if e.errno in (errno.ELOOP, errno.ENOTDIR):
         return StoreCorrupt(path, "not a directory (symlinks are refused)")
-    return StoreCorrupt(path, e.strerror or str(e))
+    return StoreCorrupt(path, reason(e))
 
 
-class _Raw(NamedTuple):
+# Plain slotted classes, not NamedTuples: a NamedTuple costs ~200 µs of import.
+
+
+class _Raw:
     """A document file as read: the document, its expiry stamp, the bytes (to restore)."""
 
-    doc: Doc
-    expires: float | None
-    payload: bytes
+    __slots__ = ("doc", "expires", "payload")
+
+    def __init__(self, doc: Doc, expires: float | None, payload: bytes) -> None:
+        self.doc = doc
+        self.expires = expires
+        self.payload = payload
 
 
-class _Step(NamedTuple):
-    """One planned write of a commit (``dfd`` None: nothing to write)."""
+class _Step:
+    """One file a commit writes (``payload``) or removes (None); ``before``: what it held."""
 
-    dfd: int | None
-    name: str
-    path: str
-    before: _Raw | None
-    payload: bytes | None
-    revision: int
+    __slots__ = ("before", "dfd", "kind", "name", "payload")
+
+    def __init__(
+        self, dfd: int, kind: str, name: str, before: _Raw | None, payload: bytes | None
+    ) -> None:
+        self.dfd = dfd
+        self.kind = kind
+        self.name = name
+        self.before = before
+        self.payload = payload
 
 
 def _live(raw: _Raw | None) -> Doc | None:
@@ -718,46 +583,53 @@ def _live(raw: _Raw | None) -> Doc | None:
     return raw.doc
 
 
-def _payload(
-    kind: str, key: str, data: dict[str, Any], before: _Raw | None, ttl: float | None
-) -> tuple[int, bytes]:
-    """The next revision and the file content for a write (``before``: the file replaced)."""
-    if not isinstance(data, dict):
-        raise TypeError(f"document data must be a dict, not {type(data).__name__}")
+def _revision(raw: _Raw | None) -> int | None:
+    doc = _live(raw)
+    return None if doc is None else doc.revision
+
+
+def _payload(w: Write, value: bytes, before: _Raw | None) -> tuple[int, bytes]:
+    """The next revision and the file content for a write (``before``: the file replaced).
+    The data is ``value`` as the engine encoded it, not encoded again."""
     rev = max(before.doc.revision + 1 if before else 1, time.time_ns() // 1000)
-    doc: dict[str, Any] = {"format": FORMAT, "kind": kind, "key": key, "revision": rev}
-    if ttl is not None:
-        doc["expires"] = round(time.time() + ttl, 6)
-    doc["data"] = data
-    return rev, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    head = f'{{"format":{FORMAT},"kind":"{w.kind}","key":{json.dumps(w.key)},"revision":{rev}'
+    if w.ttl is not None:
+        head += f',"expires":{json.dumps(round(time.time() + w.ttl, 6))}'
+    return rev, f'{head},"data":'.encode() + value + b"}"
 
 
-class _File(NamedTuple):
+class _File:
     """What the poller knows of one document file."""
 
-    sig: tuple[int, int, int]  # inode, mtime, size: every write is a new inode
-    key: str
-    doc: Doc | None  # None: unreadable (skipped, logged once)
-    expires: float | None
+    __slots__ = ("doc", "expires", "key", "sig")
+
+    def __init__(
+        self, sig: tuple[int, int, int], key: str, doc: Doc | None, expires: float | None
+    ) -> None:
+        self.sig = sig  # inode, mtime, size: every write is a new inode
+        self.key = key
+        self.doc = doc  # None: unreadable (skipped, logged once)
+        self.expires = expires
 
 
 class _Poller:
-    """``FileStore.sync``'s state: the files of each kind as last seen, and the documents
-    last reported."""
+    """``FileStore.sync``'s state: the files of each kind as last seen (what was reported is
+    the engine's ``Reported``)."""
 
-    def __init__(self, store: FileStore, kinds: tuple[str, ...]) -> None:
+    def __init__(self, store: FileStore, kinds: tuple[str, ...], reported: Reported) -> None:
         self.store = store
         self.kinds = kinds
+        self.reported = reported
         self.files: dict[str, dict[str, _File]] = {}
         self.dirs: dict[str, tuple[int, int] | None] = {}
-        self.docs: dict[str, dict[str, Doc]] = {}
 
     def snapshot(self) -> dict[str, dict[str, Doc]]:
         self.files = {}
+        docs = {}
         for kind in self.kinds:
             self._scan(kind)
-            self.docs[kind] = self._view(kind)
-        return {kind: dict(docs) for kind, docs in self.docs.items()}
+            docs[kind] = self._view(kind)
+        return docs
 
     def poll(self) -> list[SyncEvent]:
         events: list[SyncEvent] = []
@@ -767,19 +639,11 @@ class _Poller:
                 self._scan(kind)
             elif not any(f.expires is not None and f.expires <= now for f in self._live(kind)):
                 continue
-            new = self._view(kind)
-            old = self.docs[kind]
-            for key in sorted(old.keys() - new.keys()):
-                events.append(SyncEvent("delete", kind, key, None, None))
-            for key in sorted(new):
-                before = old.get(key)
-                if before is None or before.revision != new[key].revision:
-                    events.append(SyncEvent("put", kind, key, new[key], None))
-            self.docs[kind] = new
+            events += self.reported.changes(kind, self._view(kind))
         return events
 
     def _live(self, kind: str) -> Iterator[_File]:
-        known = self.docs[kind]
+        known = self.reported.docs[kind]
         return (f for f in self.files[kind].values() if f.key in known)
 
     def _changed(self, kind: str) -> bool:
@@ -821,7 +685,7 @@ class _Poller:
                     try:
                         raw = self.store._read(dfd, kind, key, entry.name)
                     except StoreCorrupt as e:
-                        _log_warning("sync: left out %s", e)
+                        log_warning("sync: left out %s", e)
                         new[entry.name] = _File(sig, key, None, None)
                         continue
                     if raw is not None:
@@ -837,27 +701,3 @@ class _Poller:
             for f in self.files[kind].values()
             if f.doc is not None and (f.expires is None or f.expires > now)
         }
-
-
-def _check_revision(path: str, current: Doc | None, expected: int | None) -> None:
-    if expected is None:
-        if current is not None:
-            raise RevisionConflict("document already exists", path)
-    elif current is None:
-        raise RevisionConflict("document vanished", path)
-    elif current.revision != expected:
-        raise RevisionConflict(
-            "document changed", f"{path}: revision {current.revision}, expected {expected}"
-        )
-
-
-_process_locks: dict[str, threading.Lock] = {}
-_process_locks_guard = threading.Lock()
-
-
-def _process_lock(data_dir: str) -> threading.Lock:
-    with _process_locks_guard:
-        lock = _process_locks.get(data_dir)
-        if lock is None:
-            lock = _process_locks[data_dir] = threading.Lock()
-        return lock

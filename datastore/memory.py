@@ -1,12 +1,18 @@
 """In-memory Store with the same semantics as the file and etcd stores (tests, dry runs).
 
-Documents are kept JSON-encoded, so every ``get`` returns a fresh copy and a non-JSON value
-fails at ``put`` exactly as it would on disk. Revisions come from one counter for the whole
-store (as etcd's revision does: every op of one ``commit`` gets the same one), so they are
-never reused for a key. A document written with a ttl expires on the store's clock
-(``time.monotonic`` unless given); expired documents are dropped, and their deletion
-published to ``sync`` iterators, by the next operation that looks (or by the iterators
-themselves, which wake at least every 0.2 s).
+What is common to every store (argument checks, encoding, compare-and-swap, listing order,
+the lock session, sync bookkeeping) is ``datastore.engine``; this module keeps dicts and
+subscribers.
+
+Documents are kept JSON-encoded (``engine.encode``), so every ``get`` returns a fresh copy
+and a non-JSON value fails at ``put`` exactly as it would on disk. Revisions come from one
+counter for the whole store (as etcd's revision does: every op of one ``commit`` gets the
+same one), so they are never reused for a key. A document written with a ttl expires on the
+store's clock (``time.monotonic`` unless given); expired documents are dropped, and their
+deletion published to ``sync`` iterators, by the next operation that looks (or by the
+iterators themselves, which wake at least every 0.2 s). ``lock()`` is a ``threading.Lock``
+of the store object with the lock timeout; taking it again in the same thread waits, then
+raises ``LockTimeout`` (tests use that to stand for another holder).
 """
 
 from __future__ import annotations
@@ -16,40 +22,26 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
-from datastore.base import (
-    KINDS,
-    Doc,
-    Op,
-    SyncEvent,
-    check_key,
-    check_kind,
-    check_ops,
-    check_ttl,
-    sync_kinds,
-)
-from datastore.errors import LockTimeout, RevisionConflict, StoreCorrupt
-
-if TYPE_CHECKING:
-    from datastore.base import Store
+from datastore.base import KINDS, Doc, SyncEvent
+from datastore.engine import Engine, Reported, Write
+from datastore.errors import StoreCorrupt
 
 POLL = 0.2  # longest sleep of a sync iterator between looks at ``stop`` and expiries
 
 
 class _Entry:
-    __slots__ = ("expires", "revision", "text")
+    __slots__ = ("expires", "revision", "value")
 
-    def __init__(self, text: str, revision: int, expires: float | None) -> None:
-        self.text = text
+    def __init__(self, value: bytes, revision: int, expires: float | None) -> None:
+        self.value = value
         self.revision = revision
         self.expires = expires
 
 
 class _Sub:
-    """One ``sync`` iterator: the kinds it watches and the events not yet taken."""
+    """One ``sync`` iterator: the kinds it watches and the changes not yet taken."""
 
     __slots__ = ("events", "kinds", "resync")
 
@@ -59,30 +51,14 @@ class _Sub:
         self.resync = False
 
 
-class _MemoryLock:
-    def __init__(self, store: MemoryStore) -> None:
-        self._store = store
-
-    def __enter__(self) -> None:
-        if not self._store._mutex.acquire(timeout=self._store.lock_timeout):
-            raise LockTimeout("memory:lock", f"not acquired within {self._store.lock_timeout} s")
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._store._mutex.release()
-
-
-class MemoryStore:
+class MemoryStore(Engine):
     """Dict-backed store; thread-safe; its lock is a ``threading.Lock`` with a timeout."""
 
     def __init__(
         self, *, lock_timeout: float = 30.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.lock_timeout = lock_timeout
+        self.lock_path = "memory:lock"
         self.clock = clock
         self._mutex = threading.Lock()
         self._guard = threading.Lock()  # protects everything below; lock() is separate
@@ -94,105 +70,62 @@ class MemoryStore:
         self._subs: list[_Sub] = []
         self.unusable: str | None = None  # tests: set a reason to make check_usable fail
 
-    def lock(self) -> _MemoryLock:
-        return _MemoryLock(self)
+    def _thread_lock(self) -> threading.Lock:
+        return self._mutex  # this object's own: two memory stores are two stores
 
     def location(self, kind: str, key: str) -> str:
         return f"memory:{kind}/{key}"
 
     # -- reads ----------------------------------------------------------------------------
 
-    def get(self, kind: str, key: str) -> Doc | None:
-        check_kind(kind)
-        check_key(key)
+    def _get(self, kind: str, key: str) -> Doc | None:
         with self._guard:
             self._purge()
             self._check_corrupt(kind, key)
             entry = self._docs[kind].get(key)
         return None if entry is None else _doc(entry)
 
-    def list_keys(self, kind: str) -> list[str]:
-        check_kind(kind)
+    def _keys(self, kind: str) -> builtins.list[str]:
         with self._guard:
             self._purge()
             keys = set(self._docs[kind])
             keys.update(k for (c, k) in self._corrupt if c == kind)
-        return sorted(keys)
+        return builtins.list(keys)
 
-    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
-        check_kind(kind)
+    def _items(self, kind: str, prefix: str) -> builtins.list[tuple[str, Doc]]:
         with self._guard:
             self._purge()
             bad = sorted(k for (c, k) in self._corrupt if c == kind and k.startswith(prefix))
             if bad:
                 raise StoreCorrupt(self.location(kind, bad[0]), "corrupt (injected)")
             items = [(k, e) for k, e in self._docs[kind].items() if k.startswith(prefix)]
-        items.sort(key=lambda item: item[0])
         return [(k, _doc(e)) for k, e in items]
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(
-        self,
-        kind: str,
-        key: str,
-        data: dict[str, Any],
-        expected_revision: int | None,
-        *,
-        ttl: float | None = None,
-    ) -> int:
-        check_kind(kind)
-        check_key(key)
-        check_ttl(ttl)
-        text = _encode(data)
+    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
         with self._guard:
             self._purge()
-            self._check_corrupt(kind, key)
-            current = self._docs[kind].get(key)
-            _check_revision(self.location(kind, key), current, expected_revision)
-            self._rev += 1
-            self._set(kind, key, text, ttl)
-            return self._rev
-
-    def delete(self, kind: str, key: str, expected_revision: int) -> None:
-        check_kind(kind)
-        check_key(key)
-        with self._guard:
-            self._purge()
-            self._check_corrupt(kind, key)
-            current = self._docs[kind].get(key)
-            if current is None:
-                raise RevisionConflict("document vanished", self.location(kind, key))
-            _check_revision(self.location(kind, key), current, expected_revision)
-            self._remove(kind, key)
-
-    def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
-        check_ops(ops)
-        texts = [None if op.data is None else _encode(op.data) for op in ops]
-        with self._guard:
-            self._purge()
-            for op in ops:
-                self._check_corrupt(op.kind, op.key)
-            for op in ops:
-                current = self._docs[op.kind].get(op.key)
-                _check_revision(self.location(op.kind, op.key), current, op.expected_revision)
-            if not any(op.data is not None or op.expected_revision is not None for op in ops):
-                return [0] * len(ops)
+            for w in writes:
+                self._check_corrupt(w.kind, w.key)
+            self._compare(writes, [_revision(self._docs[w.kind].get(w.key)) for w in writes])
+            if not any(w.changes for w in writes):
+                return [0] * len(writes)
             self._rev += 1
             out = []
-            for op, text in zip(ops, texts, strict=True):
-                if text is not None:
-                    self._set(op.kind, op.key, text, None)
+            for w in writes:
+                if w.value is not None:
+                    self._set(w.kind, w.key, w.value, w.ttl)
                     out.append(self._rev)
                 else:
-                    if op.expected_revision is not None:
-                        self._remove(op.kind, op.key)
+                    if w.expected is not None:
+                        self._remove(w.kind, w.key)
                     out.append(0)
             return out
 
-    def _set(self, kind: str, key: str, text: str, ttl: float | None) -> None:
+    def _set(self, kind: str, key: str, value: bytes, ttl: float | None) -> None:
         expires = None if ttl is None else self.clock() + ttl
-        entry = _Entry(text, self._rev, expires)
+        entry = _Entry(value, self._rev, expires)
         self._docs[kind][key] = entry
         if expires is None:
             self._expiring.pop((kind, key), None)
@@ -227,18 +160,15 @@ class MemoryStore:
 
     # -- sync -----------------------------------------------------------------------------
 
-    def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
-        wanted = sync_kinds(kinds)
-        return self._sync(wanted, stop)
-
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
         sub = _Sub(kinds)
+        reported = Reported()
         with self._guard:
             self._purge()
-            snap = self._snapshot(kinds)
+            first = reported.snapshot(self._snapshot(kinds))
             self._subs.append(sub)
         try:
-            yield snap
+            yield first
             while not stop.is_set():
                 with self._guard:
                     self._purge()
@@ -248,11 +178,16 @@ class MemoryStore:
                     if sub.resync:
                         sub.resync = False
                         sub.events.clear()
-                        pending: list[SyncEvent] = [self._snapshot(kinds)]
+                        pending: list[SyncEvent | None] = [reported.snapshot(self._snapshot(kinds))]
                     else:
-                        pending = [_event(k, key, e) for k, key, e in sub.events]
+                        pending = [
+                            reported.change(kind, key, None if e is None else _doc(e))
+                            for kind, key, e in sub.events
+                        ]
                         sub.events.clear()
-                yield from pending
+                for event in pending:
+                    if event is not None:
+                        yield event
         finally:
             with self._guard:
                 self._subs.remove(sub)
@@ -262,20 +197,16 @@ class MemoryStore:
             return POLL
         return max(0.0, min(POLL, min(self._expiring.values()) - self.clock()))
 
-    def _snapshot(self, kinds: tuple[str, ...]) -> SyncEvent:
-        snap = {
+    def _snapshot(self, kinds: tuple[str, ...]) -> dict[str, dict[str, Doc]]:
+        return {
             kind: {key: _doc(e) for key, e in sorted(self._docs[kind].items())} for kind in kinds
         }
-        return SyncEvent("snapshot", "", "", None, snap)
 
-    # -- health, life cycle ---------------------------------------------------------------
+    # -- health ---------------------------------------------------------------------------
 
     def check_usable(self) -> None:
         if self.unusable is not None:
             raise StoreCorrupt("memory:", self.unusable)
-
-    def close(self) -> None:
-        """Nothing to release (iterators end on their ``stop``)."""
 
     # -- test helpers ---------------------------------------------------------------------
 
@@ -300,36 +231,10 @@ class MemoryStore:
             self._cond.notify_all()
 
 
-def _encode(data: dict[str, Any]) -> str:
-    if not isinstance(data, dict):
-        raise TypeError(f"document data must be a dict, not {type(data).__name__}")
-    return json.dumps(data, separators=(",", ":"), allow_nan=False)
-
-
 def _doc(entry: _Entry) -> Doc:
-    data: dict[str, Any] = json.loads(entry.text)
-    return Doc(data, entry.revision)
+    """A fresh copy (the value was encoded by this store: no need to check it)."""
+    return Doc(json.loads(entry.value), entry.revision)
 
 
-def _event(kind: str, key: str, entry: _Entry | None) -> SyncEvent:
-    if entry is None:
-        return SyncEvent("delete", kind, key, None, None)
-    return SyncEvent("put", kind, key, _doc(entry), None)
-
-
-def _check_revision(where: str, current: _Entry | None, expected: int | None) -> None:
-    if expected is None:
-        if current is not None:
-            raise RevisionConflict("document already exists", where)
-    elif current is None:
-        raise RevisionConflict("document vanished", where)
-    elif current.revision != expected:
-        raise RevisionConflict(
-            "document changed", f"{where}: revision {current.revision}, expected {expected}"
-        )
-
-
-if TYPE_CHECKING:  # mypy checks that this store keeps the protocol (file and etcd: open_store)
-
-    def _conforms(store: MemoryStore) -> Store:
-        return store
+def _revision(entry: _Entry | None) -> int | None:
+    return None if entry is None else entry.revision

@@ -177,6 +177,15 @@ def test_rejects_unknown_kind_empty_key_and_non_json(store: Store) -> None:
     assert store.get("pool", "p") is None
 
 
+def test_delete_needs_a_revision(store: Store) -> None:
+    """``delete(..., None)`` is a programming error, not an assertion that nothing is there."""
+    store.put("pool", "p", {}, None)
+    for stored in ("p", "missing"):
+        with pytest.raises(TypeError, match="revision"):
+            store.delete("pool", stored, None)  # type: ignore[arg-type]
+    assert store.get("pool", "p") is not None
+
+
 def test_check_usable_on_fresh_store(store: Store) -> None:
     store.check_usable()
     store.put("pool", "p", {}, None)
@@ -267,6 +276,40 @@ def test_lock_released_after_exception(store: Store) -> None:
     short = _with_timeout(store, 0.2)
     with short.lock():
         pass
+
+
+def test_lock_of_one_object_serialises_its_threads(store: Store) -> None:
+    """One store object serving several threads (as in tabby-node): while one thread holds
+    the lock, another waits for it (LockTimeout if it is not let go in time), never taken for
+    a re-entry; a file-store commit from a thread without the lock waits for it too."""
+    short = _with_timeout(store, 0.5)
+    held = threading.Event()
+    done = threading.Event()
+
+    def holder() -> None:
+        with short.lock():
+            held.set()
+            done.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert held.wait(5)
+        _assert_times_out(short, 0.5)
+        if isinstance(short, FileStore):
+            with pytest.raises(LockTimeout):
+                short.commit([Op("pool", "p", {}, None)])
+            assert short.get("pool", "p") is None
+    finally:
+        done.set()
+        t.join()
+    try:
+        with short.lock():
+            pass
+        assert short.commit([Op("pool", "p", {}, None)])[0] > 0
+    finally:
+        if short is not store:
+            short.close()
 
 
 # -- corruption ---------------------------------------------------------------------------
@@ -520,6 +563,27 @@ def test_kinds_are_the_documented_ones() -> None:
         "workloadendpoint",
         "heartbeat",
     )
+
+
+def test_layouts_are_the_documented_ones(tmp_path: Path) -> None:
+    """Where each kind lives in the file store and in etcd (the modules' docstrings): data
+    already stored depends on it."""
+    files = FileStore(str(tmp_path))
+    etcd = EtcdStore(["http://127.0.0.1:1"], prefix="/p", lock_dir=str(tmp_path))
+    ipam = {"pool": "pools", "block": "blocks", "handle": "handles", "affinity": "affinities"}
+    resources = {
+        "node": "nodes",
+        "bgpconfiguration": "bgpconfigurations",
+        "bgppeer": "bgppeers",
+        "networkpolicy": "networkpolicies",
+        "namespace": "namespaces",
+        "pod": "pods",
+        "workloadendpoint": "workloadendpoints",
+    }
+    for kind, plural in {**ipam, **resources, "heartbeat": "heartbeats"}.items():
+        assert files.location(kind, "k") == f"{tmp_path}/{plural}/k.json"
+        group = "ipam/v1/" if kind in ipam else "resources/v1/" if kind in resources else ""
+        assert etcd.location(kind, "k") == f"etcd:/p/{group}{plural}/k"
 
 
 # == the extended contract (cluster mode) ==================================================
