@@ -343,6 +343,7 @@ def kubelet_config(kn: KubeNode, ca: Path, serving_cert: Path, serving_key: Path
         "serializeImagePulls": False,
         "rotateCertificates": False,
         "serverTLSBootstrap": False,
+        "nodeStatusUpdateFrequency": "2s",  # Ready shows within seconds, not 10 s
         "nodeStatusReportFrequency": "20s",
         "imageGCHighThresholdPercent": 100,
         "evictionHard": {"memory.available": "100Mi"},
