@@ -18,6 +18,7 @@ import shlex
 import signal
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lab.kubernetes import build
@@ -133,8 +134,17 @@ class Shell:
         return str(proc.stdout)
 
 
-def _step(echo: Echo, n: int, text: str) -> None:
-    echo(f"[{n}/{TOTAL}] {text}")
+def _in_use(lab: KubeLab) -> int:
+    """Pod addresses tabby has allocated (tunnel addresses are not pods')."""
+    proc = lab.tabbyctl("ipam", "show", "-o", "json")
+    if proc.returncode != 0:
+        raise LabError(f"tabbyctl ipam show failed: {proc.stderr.strip()}")
+    rows = json.loads(proc.stdout)["allocations"]
+    return sum(1 for a in rows if a.get("purpose") == "workload")
+
+
+def _step(echo: Echo, n: int, text: str, started: float) -> None:
+    echo(f"[{n}/{TOTAL}] {text}   (+{time.monotonic() - started:.0f} s)")
 
 
 def _ensure_kubernetes(echo: Echo) -> None:
@@ -157,10 +167,11 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
     ok = False
     interrupted = False
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    started = time.monotonic()
     try:
         with INTERRUPTS.installed():
             echo(f"tabby Kubernetes demo {lab.prefix}: 3 nodes, backend {backend}")
-            _step(echo, 1, "Kubernetes binaries")
+            _step(echo, 1, "Kubernetes binaries", started)
             _ensure_kubernetes(echo)
             echo(f"      {lab.binary('kubectl').parent}")
             _step(
@@ -168,6 +179,7 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
                 2,
                 "the cluster: etcd, control plane on node-1, containerd + kubelet + "
                 "tabby-node on every node",
+                started,
             )
             lab.build()
             echo(
@@ -176,7 +188,9 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
                 f"{shlex.join(lab.kubectl_argv())}`"
             )
             sh.kubectl("get", "nodes", "-o", "wide")
-            _step(echo, 3, f"a Deployment of {REPLICAS} web servers, scheduled by Kubernetes")
+            _step(
+                echo, 3, f"a Deployment of {REPLICAS} web servers, scheduled by Kubernetes", started
+            )
             sh.kubectl("create", "namespace", NAMESPACE)
             deployment = lab.web_deployment("web", NAMESPACE, REPLICAS)
             echo(f"      (image {lab.busybox.ref if lab.busybox else '?'}: busybox httpd)")
@@ -186,7 +200,7 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
             pods = lab.wait_pods(NAMESPACE, "app=web", REPLICAS)
             nodes = sorted({p.node for p in pods})
             echo(f"      {len(pods)} pods on {', '.join(nodes)}, addresses from tabby")
-            _step(echo, 4, "every pod reaches every other pod (kubectl exec ... wget)")
+            _step(echo, 4, "every pod reaches every other pod (kubectl exec ... wget)", started)
             echo(
                 "      $ kubectl exec -n demo POD -- sh -c 'for ip in ...; do "
                 "timeout 3 wget -q -O /dev/null http://$ip/; done'   (one exec per pod)"
@@ -198,10 +212,17 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
                     echo(f"      unreachable: {f}")
                 raise LabError(f"{len(fails)} of {paths} paths unreachable")
             echo(f"      {paths} paths across {len(nodes)} nodes, all reachable")
-            _step(echo, 5, "tabby's view: blocks affine to each node, one endpoint per pod")
+            _step(
+                echo, 5, "tabby's view: blocks affine to each node, one endpoint per pod", started
+            )
             sh.tabbyctl("ipam", "show")
             sh.tabbyctl("get", "workloadendpoints", "-n", NAMESPACE)
-            _step(echo, 6, "a NetworkPolicy: only the pod labelled role=client may reach role=db")
+            _step(
+                echo,
+                6,
+                "a NetworkPolicy: only the pod labelled role=client may reach role=db",
+                started,
+            )
             closed = _policy(lab, sh, pods, echo)
             if keep:
                 ok = closed
@@ -211,14 +232,21 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
                 )
                 while True:
                     time.sleep(3600)
-            _step(echo, 7, f"deleting namespace {NAMESPACE}: every pod's address released")
-            sh.kubectl("delete", "namespace", NAMESPACE, "--timeout=180s")
+            _step(echo, 7, "deleting the Deployment: every pod's address released", started)
+            sh.kubectl("delete", "deployment", "-n", NAMESPACE, "web", "--wait=false")
+            echo(
+                "      (kubelet stops each pod's sandbox within seconds: tabby's DEL releases "
+                "its address; kubelet 1.20 may keep the pod object Terminating for up to a "
+                "minute, until its container GC runs)"
+            )
+            lab.wait_for("every address released", lambda: _in_use(lab) == 0, 120)
             sh.tabbyctl("ipam", "show")
             left = sum(
                 lab.run_on(n.name, ["ip", "-o", "link"], mount=False).stdout.count(" cali")
                 for n in lab.nodes
             )
             echo(f"      host-side cali* interfaces left on the nodes: {left}")
+            sh.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
             ok = closed and left == 0
     except KeyboardInterrupt:
         interrupted = not keep or not ok
@@ -227,7 +255,7 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
         echo(f"demo failed: {e}")
         ok = False
     finally:
-        _step(echo, TOTAL, "removing everything the demo made")
+        _step(echo, TOTAL, "removing everything the demo made", started)
         problems = lab.teardown()
         for p in problems:
             echo(f"      left behind: {p}")
@@ -249,7 +277,7 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
 def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     """Label a db pod (node-1) and a client pod (another node), apply the policy with
     kubectl, mirror it into tabby; then client -> db open, every other pod -> db closed,
-    and the paths to the other pods still open."""
+    and every path to the other pods still open (each pod probes all others at once)."""
     db = next(p for p in pods if p.node == lab.nodes[0].name)
     client = next(p for p in pods if p.node != db.node)
     others = [p for p in pods if p not in (db, client)]
@@ -257,13 +285,19 @@ def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     sh.kubectl("label", "pod", "-n", NAMESPACE, client.name, "role=client")
     sh.kubectl("apply", "-f", "-", input=json.dumps(POLICY))
     mirror_kubernetes_into_tabby(lab, NAMESPACE, echo)
+
+    def answers(src: KubePod) -> dict[str, bool]:
+        return lab.probe_http(src, [p.ip for p in pods if p is not src], timeout=2)
+
     deadline = time.monotonic() + 15
-    while True:
-        blocked = [p for p in others if not lab.probe_http(p, [db.ip], timeout=2)[db.ip]]
-        if len(blocked) == len(others) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    allowed = lab.probe_http(client, [db.ip])[db.ip]
+    with ThreadPoolExecutor(max_workers=len(pods)) as pool:
+        while True:  # until every node enforces it (within a second or two)
+            seen = dict(zip([p.name for p in pods], pool.map(answers, pods), strict=True))
+            blocked = [p for p in others if not seen[p.name][db.ip]]
+            if len(blocked) == len(others) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    allowed = seen[client.name][db.ip]
     echo(
         f"      {client.label} (role=client) -> {db.label} (role=db): "
         f"{'open' if allowed else 'CLOSED (wrong)'}"
@@ -271,10 +305,6 @@ def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     for p in others:
         shut = p in blocked
         echo(f"      {p.label} -> {db.label}: {'closed' if shut else 'OPEN (wrong)'}")
-    targets = [p.ip for p in pods if p is not db]
-    still = all(
-        all(lab.probe_http(src, [ip for ip in targets if ip != src.ip]).values())
-        for src in (db, client, others[0])
-    )
-    echo(f"      paths to the other pods: {'open' if still else 'some CLOSED (wrong)'}")
+    still = all(ok for p in pods for ip, ok in seen[p.name].items() if ip != db.ip)
+    echo(f"      every path to the other pods: {'open' if still else 'some CLOSED (wrong)'}")
     return allowed and len(blocked) == len(others) and still
