@@ -64,19 +64,6 @@ TOOLS = {
     "nft": "nftables",
     "gcc": "gcc",
 }
-APT_PACKAGES = (
-    "containerd",
-    "runc",
-    "containernetworking-plugins",
-    "busybox-static",
-    "gcc",
-    "libc6-dev",
-    "openssl",
-    "util-linux",
-    "etcd-server",
-    "bird2",
-    "nftables",
-)
 #: The busybox image's web server: sh as PID 1 exits on SIGTERM (httpd there would ignore it).
 HTTPD = ["/bin/sh", "-c", "trap 'exit 0' TERM; httpd -f -p 80 -h /www & wait"]
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL for Kubernetes' daemons
@@ -260,14 +247,18 @@ class KubeLab(Lab):
         """The cache's kubectl (the server's version) with the admin kubeconfig (or
         ``kubeconfig``), run in a node's network namespace (node-1 by default)."""
         netns = self._netns_of(node)
-        proc = run(
-            ["nsenter", f"--net=/run/netns/{netns}", "--", *self.kubectl_argv(kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            input=input,
-            env=knode.frozen_env(),
-        )
+        argv = ["nsenter", f"--net=/run/netns/{netns}", "--", *self.kubectl_argv(kubeconfig)]
+        try:
+            proc = run(
+                [*argv, *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                env=knode.frozen_env(),
+            )
+        except subprocess.TimeoutExpired:
+            raise LabError(f"kubectl {' '.join(args[:3])} took more than {timeout:.0f} s") from None
         if check and proc.returncode != 0:
             raise LabError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[-800:]}")
         return proc
@@ -397,7 +388,8 @@ class KubeLab(Lab):
             'then echo "ok $ip"; else echo "no $ip"; fi; done'
         )
         proc = self.exec(src, ["sh", "-c", script], timeout=30 + timeout * len(addresses))
-        seen = dict(line.split()[::-1] for line in proc.stdout.splitlines() if " " in line)
+        words = [line.split() for line in proc.stdout.splitlines()]
+        seen = {w[1]: w[0] for w in words if len(w) == 2}
         return {a: seen.get(a) == "ok" for a in addresses}
 
     def http_matrix(self, pods: list[KubePod], timeout: float = 30) -> list[str]:
@@ -848,7 +840,7 @@ class KubeLab(Lab):
             found += [
                 f"namespace {n}" for n in os.listdir("/run/netns") if n.startswith(self.prefix)
             ]
-        after = host_state()
+        after = host_state() if self._host_before else {}  # (none when build() never began)
         for kind, names in after.items():
             for name in sorted(names - self._host_before.get(kind, set())):
                 if _looks_like_tabby(name, self.prefix):

@@ -9,7 +9,7 @@ comes up. A test that needs one backend only says so with
 ``@pytest.mark.parametrize("kube_lab", ["bird"], indirect=True)``.
 
 Needs root, the installed binaries (./build.sh --no-demo), Kubernetes built by
-``python -m lab.kubernetes.build`` and the Debian packages of lab.kubernetes.cluster.APT_PACKAGES
+``python -m lab.kubernetes.build`` and the Debian packages lab.kubernetes.cluster.TOOLS names
 (tests/run.sh does all of it): ``.venv/bin/pytest --run-kubernetes tests/kubernetes``.
 Without --run-kubernetes the tier is skipped; with it, anything missing is a failure.
 """
