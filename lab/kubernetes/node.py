@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -173,33 +174,28 @@ def namespace_mounts(pid: int) -> list[str]:
 def setup_script(kn: KubeNode, move_dir: str) -> str:
     """What the holder's namespaces get once (module docstring), as one shell script run
     inside them. ``move_dir``: an empty directory of the lab's to park the cgroup
-    hierarchies in while /sys is replaced."""
+    hierarchies in while /sys is replaced. ``-n`` everywhere: libmount would otherwise touch
+    the machine's /run/mount/utab before the node has a /run of its own."""
     lines = ["set -e"]
     for point in namespace_mounts(kn.pid):
-        lines.append(f"umount -l {_q(point)} 2>/dev/null || true")
+        lines.append(f"umount -n -l {shlex.quote(point)} 2>/dev/null || true")
     lines += [
-        f"mount --rbind /sys/fs/cgroup {_q(move_dir)}",
-        "umount -l /sys",
-        "mount -t sysfs sysfs /sys",
-        f"mount --move {_q(move_dir)} /sys/fs/cgroup",
+        f"mount -n --rbind /sys/fs/cgroup {shlex.quote(move_dir)}",
+        "umount -n -l /sys",
+        "mount -n -t sysfs sysfs /sys",
+        f"mount -n --move {shlex.quote(move_dir)} /sys/fs/cgroup",
     ]
     tag = f"tabby-lab-{kn.name}"
     for d in PRIVATE_DIRS:
-        lines.append(f"mount -t tmpfs -o mode=0755 {tag} {d}")
+        lines.append(f"mount -n -t tmpfs -o mode=0755 {tag} {d}")
     lines.append("mkdir -p /run/kernel-tunables")
     for key, value in KERNEL_TUNABLES.items():
         name = key.replace("/", ".")
         lines += [
             f"echo {value} > /run/kernel-tunables/{name}",
-            f"mount --bind /run/kernel-tunables/{name} /proc/sys/{key}",
+            f"mount -n --bind /run/kernel-tunables/{name} /proc/sys/{key}",
         ]
     return "\n".join(lines) + "\n"
-
-
-def _q(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 def prepare(
