@@ -454,6 +454,8 @@ class KubeLab(Lab):
 
     def check_tools(self) -> None:
         """What the lab runs, before anything is made (one line naming what is missing)."""
+        if os.geteuid() != 0:
+            raise LabError("the Kubernetes lab needs root (namespaces, mounts, cgroups)")
         missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
         if not os.access(knode.DEBIAN_LOOPBACK, os.X_OK):
             missing.append("containernetworking-plugins")
