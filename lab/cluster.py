@@ -25,6 +25,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -181,7 +182,9 @@ class Lab:
             raise
         self._ip("link", "set", "lo", "up", ns=name)
 
-    def spawn(self, argv: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, argv: list[str], log_path: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """A daemon, recorded before an interrupt can be raised (stopped by PID)."""
         with INTERRUPTS.deferred(), open(log_path, "ab") as log:
             # A session of its own: a Ctrl-C at the terminal reaches the demo (which tears the
@@ -192,6 +195,7 @@ class Lab:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
             self.processes.append(proc)
         return proc
@@ -200,6 +204,11 @@ class Lab:
 
     def build(self) -> None:
         """Underlay, nodes, etcd; then tabby-node on every node (ready when this returns)."""
+        self.build_underlay()
+        self.start_agents()
+
+    def build_underlay(self) -> None:
+        """The fabric bridge, the node namespaces plugged into it, etcd on the first nodes."""
         self._locks_before = _lock_files()
         if not self.workdir:
             self.workdir = tempfile.mkdtemp(prefix=f"{self.prefix}-")
@@ -240,6 +249,9 @@ class Lab:
             self.nodes.append(node)
             self._plug(node)
         self.start_etcd()
+
+    def start_agents(self) -> None:
+        """tabby-node on every node; returns when each serves its socket."""
         for node in self.nodes:
             self.start_agent(node)
         for node in self.nodes:
@@ -660,10 +672,15 @@ def lab_cluster(**kwargs: Any) -> Iterator[Lab]:
 
 
 def http_get(
-    netns: str, url: str, timeout: float = 3, body: bytes | None = None
+    netns: str,
+    url: str,
+    timeout: float = 3,
+    body: bytes | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, bytes]:
     """GET ``url`` (POST ``body`` when given) from inside namespace ``netns`` (a thread that
-    entered it and ends): (HTTP status, body), status 0 when nothing answered."""
+    entered it and ends): (HTTP status, body), status 0 when nothing answered. ``context``:
+    the TLS context of an https URL."""
     import threading
     import urllib.error
     import urllib.request
@@ -680,7 +697,7 @@ def http_get(
             os.close(fd)
         try:
             request = urllib.request.Request(url, data=body)  # noqa: S310 (the lab's URL)
-            with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as r:  # noqa: S310
                 result.append((int(r.status), bytes(r.read())))
         except urllib.error.HTTPError as e:
             result.append((int(e.code), bytes(e.read())))

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite: build + install the binaries, then every tier.
 #
-#   bash tests/run.sh               build, install, run unit + privileged + e2e + cluster
-#                                    tiers, then the e2e tier again through tabby-node
+#   bash tests/run.sh               build, install, run unit + privileged + e2e + cluster +
+#                                    Kubernetes tiers, then the e2e tier again through tabby-node
 #   bash tests/run.sh --no-build    reuse the installed binaries
+#   bash tests/run.sh --no-kubernetes   skip the Kubernetes tier (and building Kubernetes,
+#                                    ~7 min the first time on a machine)
 #   bash tests/run.sh --unit        unit tier only (no root needed, no build)
 #   any other arguments go to pytest (e.g. -k dataplane, -x)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
-BUILD=1 UNIT_ONLY=0 args=()
+BUILD=1 UNIT_ONLY=0 KUBERNETES=1 args=()
 for a in "$@"; do
   case "$a" in
     --no-build) BUILD=0 ;;
+    --no-kubernetes) KUBERNETES=0 ;;
     --unit) UNIT_ONLY=1; BUILD=0 ;;
     *) args+=("$a") ;;
   esac
@@ -49,8 +52,18 @@ if [ "${TABBY_SKIP_DEPS:-0}" != 1 ]; then
   fi
 fi
 PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/build.sh
+# The Kubernetes tier: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+# kubectl built from Debian's kubernetes source package when this machine has not built them
+# yet (~7 min, once; cached under /var/cache/tabby/kubernetes), and what the lab runs
+# besides (containerd, runc, Debian's loopback plugin, busybox-static and gcc for the
+# images: install-deps.sh above; openssl, etcd, BIRD, nftables: the list above).
+kube_args=()
+if [ "$KUBERNETES" = 1 ]; then
+  .venv/bin/python -m lab.kubernetes.build
+  kube_args=(--run-kubernetes)
+fi
 # Every tier with the binaries standing alone (the default: no daemon; the cluster tier
 # runs tabby-node on its nodes), then the e2e tier again with tabby-node serving the calls
 # (the whole e2e tier passes both ways).
-.venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}"
+.venv/bin/python -m pytest --run-privileged --run-e2e "${kube_args[@]}" "${args[@]}"
 TABBY_E2E_NODE=1 .venv/bin/python -m pytest --run-privileged --run-e2e "${args[@]}" tests/e2e

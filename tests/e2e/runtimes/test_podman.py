@@ -107,7 +107,7 @@ def test_published_port_on_localhost_reaches_container(podman: Podman, node: Nod
         timeout=10,
     )
     assert "200 OK" in reply, reply
-    assert "tabby-e2e-httpd" in reply, reply
+    assert "tabby-httpd" in reply, reply
     podman("rm", "--force", "--time", "0", web)
     assert not any(c.startswith("CNI-DN-") for c in node.cni_chains()), node.cni_chains()
     assert node.tcp_get("127.0.0.1", HOST_PORT, b"", timeout=2).returncode != 0

@@ -1,8 +1,8 @@
-/* pause: the sandbox process of tabby's e2e pods.
+/* pause: the sandbox process of the labs' pods (Kubernetes lab, e2e runtime tier).
  *
  * Holds a pod's namespaces open and does nothing else: sleeps until SIGTERM or SIGINT (exit 0),
  * reaps any child that gets re-parented to it (it is PID 1 in its PID namespace).
- * Built static by ../build.sh so the image needs no libc.
+ * Built static by lab/kubernetes/images.py (gcc -static) so the image needs no libc.
  */
 #include <signal.h>
 #include <stdio.h>

@@ -1,0 +1,50 @@
+"""The Kubernetes tier: a real Kubernetes 1.20 (lab.kubernetes.cluster.KubeLab: control plane
+on node-1, containerd + kubelet + tabby-node on 3 nodes, a 3-member etcd) with tabby as its
+pod network, driven with kubectl.
+
+``kube_lab`` is one cluster per backend (bird, vxlan) for the whole session, built when the
+first test needs it; pytest runs every test of one backend before it builds the next, and
+tears each cluster down (then checks the machine: nothing may be left) before the next one
+comes up. A test that needs one backend only says so with
+``@pytest.mark.parametrize("kube_lab", ["bird"], indirect=True)``.
+
+Needs root, the installed binaries (./build.sh --no-demo), Kubernetes built by
+``python -m lab.kubernetes.build`` and the Debian packages lab.kubernetes.cluster.TOOLS names
+(tests/run.sh does all of it): ``.venv/bin/pytest --run-kubernetes tests/kubernetes``.
+Without --run-kubernetes the tier is skipped; with it, anything missing is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from lab.kubernetes import build
+from lab.kubernetes.cluster import KubeLab
+from lab.proc import LabError
+
+BACKENDS = ("bird", "vxlan")
+
+
+def _prerequisites() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("the Kubernetes tier needs root")
+    if build.find_binaries() is None:
+        pytest.fail("Kubernetes is not built: python -m lab.kubernetes.build (tests/run.sh does)")
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def kube_lab(request: pytest.FixtureRequest) -> Iterator[KubeLab]:
+    _prerequisites()
+    lab = KubeLab(backend=request.param)
+    try:
+        try:
+            lab.build()
+        except LabError as e:
+            pytest.fail(f"the {request.param} cluster did not come up: {e}")
+        yield lab
+    finally:
+        problems = lab.teardown()
+        assert not problems, f"the {request.param} cluster left things behind: {problems}"
