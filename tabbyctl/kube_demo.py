@@ -2,8 +2,10 @@
 of a real Kubernetes.
 
 A 3-node Kubernetes 1.20 on the namespace lab (lab.kubernetes.cluster): etcd on the nodes,
-the control plane on node-1, containerd + kubelet + tabby-node on every node. The demo
-shows the nodes Ready, creates a Deployment whose pods Kubernetes schedules on every node
+the control plane on node-1, containerd + kubelet + tabby-node on every node, and
+tabby-kube-controllers (two replicas, the manifest's service account and RBAC) carrying
+namespaces, pods and NetworkPolicies from the API into tabby's datastore. The demo shows
+the nodes Ready, creates a Deployment whose pods Kubernetes schedules on every node
 with tabby's addresses, proves every pod reaches every other across nodes (``kubectl
 exec``), applies a NetworkPolicy with kubectl and shows the protected pod closed to every
 pod but its client while the other paths stay open, deletes the namespace (every address
@@ -13,16 +15,14 @@ released), and removes everything it made, also on Ctrl-C. It prints each comman
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from lab.kubernetes import build
 from lab.kubernetes.cluster import KubeLab, KubePod
+from lab.kubernetes.controllers import Controllers
 from lab.proc import INTERRUPTS, Echo, LabError
 
 NAMESPACE = "demo"
@@ -42,71 +42,6 @@ POLICY = {
     },
 }
 TOTAL = 8
-
-
-def mirror_kubernetes_into_tabby(lab: KubeLab, namespace: str, echo: Echo) -> None:
-    """STAND-IN for tabby-kube-controllers (Kubernetes mode), until they land:
-    copies what the API server holds for ``namespace`` into tabby's datastore with
-    ``tabbyctl apply``: the v1 Namespace (labels), its v1 Pods (labels, container ports) and
-    its NetworkPolicies. tabby-node reads only its datastore; this is the one place the
-    demo bridges the two, once, and the controllers replace it (they also watch)."""
-    ns = lab.kubectl_json("get", "namespace", namespace)
-    docs: list[dict[str, Any]] = [
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": ns["metadata"].get("labels") or {}},
-        }
-    ]
-    for pod in lab.kubectl_json("get", "pods", "-n", namespace)["items"]:
-        meta = pod["metadata"]
-        docs.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": meta["name"],
-                    "namespace": namespace,
-                    "labels": meta.get("labels") or {},
-                },
-                "spec": {
-                    "containers": [
-                        {
-                            "name": c["name"],
-                            "ports": [
-                                {k: p[k] for k in ("name", "containerPort", "protocol") if k in p}
-                                for p in c.get("ports") or []
-                            ],
-                        }
-                        for c in pod["spec"]["containers"]
-                    ]
-                },
-            }
-        )
-    for policy in lab.kubectl_json("get", "networkpolicies", "-n", namespace)["items"]:
-        meta = policy["metadata"]
-        docs.append(
-            {
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {"name": meta["name"], "namespace": namespace},
-                "spec": policy["spec"],
-            }
-        )
-    with tempfile.NamedTemporaryFile(
-        "w", suffix=".json", dir=lab.workdir, delete=False, encoding="utf-8"
-    ) as f:
-        f.write("\n---\n".join(json.dumps(d) for d in docs))
-        path = f.name
-    kinds = sorted({d["kind"] for d in docs})
-    echo(f"      (stand-in for tabby-kube-controllers: {len(docs)} documents, {', '.join(kinds)})")
-    echo(f"      $ tabbyctl apply -f {os.path.basename(path)}")
-    try:
-        proc = lab.tabbyctl("apply", "-f", path)
-    finally:
-        os.unlink(path)
-    if proc.returncode != 0:
-        raise LabError(f"tabbyctl apply failed: {proc.stderr.strip()}")
 
 
 class Shell:
@@ -182,6 +117,13 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
                 started,
             )
             lab.build()
+            echo("      tabby-kube-controllers: 2 replicas (node-1, node-2), one Lease")
+            controllers = Controllers(lab)
+            controllers.install()
+            controllers.start("demo-1", lab.nodes[0].name)
+            controllers.start("demo-2", lab.nodes[1].name)
+            echo(f"      leader: {controllers.wait_leader()}")
+            controllers.wait_ready()
             echo(
                 "      kubectl below is "
                 f"`nsenter --net=/run/netns/{lab.nodes[0].netns} -- "
@@ -276,7 +218,7 @@ def run(backend: str, keep: bool, cni_bin: str, echo: Echo) -> int:
 
 def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     """Label a db pod (node-1) and a client pod (another node), apply the policy with
-    kubectl, mirror it into tabby; then client -> db open, every other pod -> db closed,
+    kubectl; then client -> db open, every other pod -> db closed,
     and every path to the other pods still open (each pod probes all others at once)."""
     db = next(p for p in pods if p.node == lab.nodes[0].name)
     client = next(p for p in pods if p.node != db.node)
@@ -284,7 +226,7 @@ def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     sh.kubectl("label", "pod", "-n", NAMESPACE, db.name, "role=db")
     sh.kubectl("label", "pod", "-n", NAMESPACE, client.name, "role=client")
     sh.kubectl("apply", "-f", "-", input=json.dumps(POLICY))
-    mirror_kubernetes_into_tabby(lab, NAMESPACE, echo)
+    echo("      (tabby-kube-controllers carry the labels and the policy to every node)")
 
     def answers(src: KubePod) -> dict[str, bool]:
         return lab.probe_http(src, [p.ip for p in pods if p is not src], timeout=2)

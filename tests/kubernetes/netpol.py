@@ -24,6 +24,7 @@ from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.policy_probes import start_server
 
+
 #: Kubernetes 1.20 has no ``endPort`` (its API server drops the field): cases with one stay
 #: in tabby's own tiers.
 def expressible(case: tt.Case) -> bool:

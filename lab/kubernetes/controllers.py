@@ -1,7 +1,8 @@
 """tabby-kube-controllers in a Kubernetes lab, as an operator runs them: with the service
-account and RBAC of manifests/tabby.yaml (so every test also proves the least privilege is
-enough), two replicas on two nodes electing a leader on their Lease, the lab's etcd
-datastore. Started with the installed binary, stopped by PID."""
+account and RBAC of manifests/tabby.yaml (so the demo, the tier and the benches all prove
+that least privilege is enough), replicas on the nodes electing a leader on their Lease, the
+lab's etcd datastore. Started with the installed binary, stopped by PID (the lab records
+them: its teardown stops them too)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ import yaml
 from lab.cluster import http_get
 from lab.kubernetes.cluster import KubeLab
 
-ROOT = Path(__file__).resolve().parents[2]
-MANIFEST = ROOT / "manifests" / "tabby.yaml"
+#: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
+MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"
 NAMESPACE = "tabby-system"
 ACCOUNT = "tabby-kube-controllers"
 BINARY = "/usr/local/bin/tabby-kube-controllers"
@@ -144,9 +144,11 @@ class Controllers:
 
     def wait_ready(self, timeout: float = 60) -> None:
         for identity in self.replicas:
-            self.kube.wait_for(
-                f"{identity} ready", lambda i=identity: self.ready(i)[0] or None, timeout
-            )
+
+            def ready(identity: str = identity) -> bool:
+                return self.ready(identity)[0]
+
+            self.kube.wait_for(f"{identity} ready", ready, timeout)
 
     def log(self, identity: str) -> str:
         replica = self.replicas[identity]
@@ -155,32 +157,3 @@ class Controllers:
             return path.read_text(errors="replace")[-4000:]
         except OSError:
             return ""
-
-
-def tabby_get(kube: KubeLab, kind: str, name: str | None = None, namespace: str | None = None) -> Any:
-    """``tabbyctl get`` as JSON (None when the resource does not exist)."""
-    args = ["get", kind, *([name] if name else []), "-o", "json"]
-    if namespace:
-        args += ["-n", namespace]
-    proc = kube.tabbyctl(*args)
-    if proc.returncode != 0:
-        if "not found" in proc.stderr:
-            return None
-        raise AssertionError(f"tabbyctl {' '.join(args)}: {proc.stderr.strip()}")
-    return json.loads(proc.stdout)
-
-
-def eventually(what: str, check: Any, timeout: float = 10.0, interval: float = 0.1) -> float:
-    """Seconds until ``check()`` is true; AssertionError naming ``what`` after ``timeout``."""
-    start = time.monotonic()
-    last: Any = None
-    while True:
-        try:
-            last = check()
-        except AssertionError as e:
-            last = e
-        if last is True:
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"{what}: not within {timeout} s (last: {last})")
-        time.sleep(interval)
