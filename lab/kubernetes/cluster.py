@@ -131,6 +131,7 @@ class KubeLab(Lab):
     progress: Echo | None = None  # bring-up and teardown steps, with their times
     kube: dict[str, KubeNode] = field(default_factory=dict)
     control_plane: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    apiserver: subprocess.Popen[bytes] | None = None
     extra: list[subprocess.Popen[bytes]] = field(default_factory=list)
     pause: images.Image | None = None
     busybox: images.Image | None = None
@@ -599,12 +600,67 @@ class KubeLab(Lab):
             "--profiling=false",
             f"--cert-dir={self.kube_dir / 'apiserver'}",
         ]
-        self._control(argv, "kube-apiserver.log")
+        self.apiserver = self._control(argv, "kube-apiserver.log")
 
-    def _control(self, argv: list[str], log: str) -> None:
+    def _control(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
         kn = self.kube[self.nodes[0].name]
         proc = self.spawn([*kn.enter(), *argv], str(self.kube_dir / log), env=knode.frozen_env())
         self.control_plane.append(proc)
+        return proc
+
+    def pod_netns(self, namespace: str, name: str) -> str:
+        """A pod's sandbox network namespace as a path the host can open (through its
+        node's mount namespace; the netns its IPAM allocation recorded)."""
+        report = json.loads(self.tabbyctl("ipam", "show", "-o", "json").stdout)
+        for a in report["allocations"]:
+            if a["pod"] == f"{namespace}/{name}" and a.get("netns"):
+                inside = str(a["netns"])
+                # /var/run is a symlink to /run: resolved inside the node, not on the host
+                if inside.startswith("/var/run/"):
+                    inside = inside.removeprefix("/var")
+                return str(self.kube_node(a["node"]).path(inside))
+        raise LabError(f"no allocation of {namespace}/{name} records its namespace")
+
+    # -- faults, for the tier ---------------------------------------------------------------------
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver (every watch on it breaks) and start it again; ready when
+        this returns."""
+        old = self.apiserver
+        if old is not None:
+            stop_all([old], STOP_GRACE)
+            self.control_plane.remove(old)
+        self._start_apiserver()
+        self._wait_apiserver()
+
+    def stop_kubelet(self, which: LabNode | str) -> None:
+        """Stop a node's kubelet (its pods keep running, nobody tears them down)."""
+        kn = self.kube_node(which)
+        if kn.kubelet is not None:
+            stop_all([kn.kubelet], STOP_GRACE)
+            kn.kubelet = None
+
+    def start_kubelet(self, which: LabNode | str) -> None:
+        kn = self.kube_node(which)
+        if kn.kubelet is None or kn.kubelet.poll() is not None:
+            self._start_kubelet(kn)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now (a watch from an older resourceVersion gets
+        410 Gone from then on); the revision compacted."""
+        import base64
+
+        netns, url = self.nodes[0].netns, self.endpoints()[0]
+        key = base64.b64encode(b"/registry").decode()
+        code, body = http_get(netns, f"{url}/v3/kv/range", body=json.dumps({"key": key}).encode())
+        if code != 200:
+            raise LabError(f"etcd range: {code} {body[:200]!r}")
+        revision = int(json.loads(body)["header"]["revision"])
+        request = json.dumps({"revision": revision, "physical": True}).encode()
+        code, body = http_get(netns, f"{url}/v3/kv/compaction", body=request, timeout=10)
+        if code != 200:
+            raise LabError(f"etcd compaction: {code} {body[:200]!r}")
+        return revision
 
     def _start_controllers(self) -> None:
         d = self.pki.dir

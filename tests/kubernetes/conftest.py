@@ -23,6 +23,7 @@ import pytest
 
 from lab.kubernetes import build
 from lab.kubernetes.cluster import KubeLab
+from lab.kubernetes.controllers import Controllers
 from lab.proc import LabError
 
 BACKENDS = ("bird", "vxlan")
@@ -38,7 +39,8 @@ def _prerequisites() -> None:
 @pytest.fixture(scope="session", params=BACKENDS)
 def kube_lab(request: pytest.FixtureRequest) -> Iterator[KubeLab]:
     _prerequisites()
-    lab = KubeLab(backend=request.param)
+    # --node-ttl 15: a node that stops is withdrawn (and, deleted, released) within seconds
+    lab = KubeLab(backend=request.param, node_args=["--node-ttl", "15"])
     try:
         try:
             lab.build()
@@ -48,3 +50,27 @@ def kube_lab(request: pytest.FixtureRequest) -> Iterator[KubeLab]:
     finally:
         problems = lab.teardown()
         assert not problems, f"the {request.param} cluster left things behind: {problems}"
+
+
+#: tabby-kube-controllers of each cluster (by its prefix), started by the first test that
+#: needs them; the cluster's teardown stops them (they are its processes).
+_CONTROLLERS: dict[str, Controllers] = {}
+
+
+@pytest.fixture
+def controllers(kube_lab: KubeLab) -> Controllers:
+    """Two replicas (node-1, node-2) with the manifest's service account and RBAC, one of
+    them leading, both ready; a replica a test stopped is started again."""
+    c = _CONTROLLERS.get(kube_lab.prefix)
+    if c is None:
+        c = _CONTROLLERS[kube_lab.prefix] = Controllers(kube_lab)
+        c.install()
+    for identity, node in (("replica-1", "node-1"), ("replica-2", "node-2")):
+        replica = c.replicas.get(identity)
+        if replica is not None and replica.proc is not None and replica.proc.poll() is None:
+            continue
+        c.replicas.pop(identity, None)
+        c.start(identity, node)
+    c.wait_leader()
+    c.wait_ready()
+    return c

@@ -29,7 +29,7 @@ from tests.policy_probes import start_server
 #: in tabby's own tiers.
 def expressible(case: tt.Case) -> bool:
     return not any(
-        port.end is not None
+        port.end_port is not None
         for step in case.steps
         for policy in step.policies
         for rule in (*policy.ingress, *policy.egress)
@@ -74,22 +74,6 @@ def pod_object(kube: KubeLab, pod: str, node: str, labels: dict[str, str]) -> di
     }
 
 
-def netns_of(kube: KubeLab, pod: str) -> str:
-    """The pod's sandbox network namespace, as a path the host can open."""
-    report = json.loads(must_ok(kube.tabbyctl("ipam", "show", "-o", "json")).stdout)
-    for a in report["allocations"]:
-        if a["pod"] == pod and a.get("netns"):
-            node = kube.kube_node(a["node"])
-            return str(node.path(a["netns"]))
-    raise AssertionError(f"no allocation with a netns for {pod}: {report['allocations']}")
-
-
-def must_ok(proc: Any) -> Any:
-    if proc.returncode != 0:
-        raise AssertionError(f"failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
-    return proc
-
-
 @dataclasses.dataclass
 class KubeTruthTable(pl.TruthTableLab):
     kube: KubeLab | None = None
@@ -114,9 +98,11 @@ class KubeTruthTable(pl.TruthTableLab):
             kube.wait_pods(ns, "", len(tt.POD_NAMES), timeout=180)
         for pod in tt.PODS:
             ns, name = pod.split("/")
-            path = netns_of(kube, pod)
+            path = kube.pod_netns(ns, name)
             self.pods[pod] = LabPod(where[pod].name, ns, name, path, "")
-            self.servers.append(start_server(path))
+            server = start_server(path)
+            self.servers.append(server)
+            kube.extra.append(server)  # type: ignore[arg-type]  # the lab's teardown stops it
         return self
 
     def apply_step(self, step: tt.Step) -> None:
