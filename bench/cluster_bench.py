@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.cluster import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
 from lab.proc import INTERRUPTS
+from tests.policy_probes import icmp_echo
 
 T = TypeVar("T")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -160,15 +161,6 @@ def timed_add(lab: Lab, node: LabNode, pod: LabPod, ip: str | None = None) -> fl
 # -- reachability: raw ICMP sockets --------------------------------------------------------------
 
 
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    total = (total >> 16) + (total & 0xFFFF)
-    total += total >> 16
-    return ~total & 0xFFFF
-
-
 class Prober:
     """Echo requests from network namespaces to IPv4 targets until each answers once.
 
@@ -234,11 +226,9 @@ class Prober:
             self.pending.clear()
 
     def _send(self, sock: socket.socket, dst: str, seq: int) -> None:
-        head = struct.pack("!BBHHH", 8, 0, 0, self.ident, seq & 0xFFFF)
-        payload = b"tabby-bench-0123"
-        packet = struct.pack("!BBHHH", 8, 0, _checksum(head + payload), self.ident, seq & 0xFFFF)
+        packet = icmp_echo(self.ident, seq, b"tabby-bench-0123")
         with contextlib.suppress(OSError):  # no route yet, buffer full: the next round
-            sock.sendto(packet + payload, (dst, 0))
+            sock.sendto(packet, (dst, 0))
 
     def _send_loop(self) -> None:
         while not self.stop.wait(self.interval):

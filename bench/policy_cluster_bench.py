@@ -260,20 +260,11 @@ class Writer:
 
 def scrape(lab: Lab, node: LabNode) -> dict[str, float]:
     """tabby-node's /metrics (default port 9091) as {"name{labels}": value}."""
+    from daemon.http import parse_exposition
     from lab.cluster import http_get
 
     code, body = http_get(node.netns, "http://127.0.0.1:9091/metrics", 3)
-    out: dict[str, float] = {}
-    if code != 200:
-        return out
-    for line in body.decode().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            try:
-                out[key] = float(value)
-            except ValueError:
-                continue
-    return out
+    return parse_exposition(body.decode()) if code == 200 else {}
 
 
 NODE_SIDE = {

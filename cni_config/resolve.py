@@ -8,13 +8,16 @@ does this: it uses the datastore its own conflist names (:func:`datastore_of`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from cni_config.common import DatastoreSettings, config_error, parse
 from cni_protocol.errors import CniError, Code
+
+M = TypeVar("M", bound=BaseModel)
 
 #: setting -> (tabbyctl / tabby-node flag, environment variable). The conflist field is the
 #: setting's own name (README "Datastore settings").
@@ -88,3 +91,60 @@ def tabby_ipam_section(path: str | None) -> dict[str, Any] | None:
             section = p.get("ipam")
             return section if isinstance(section, dict) else {}
     raise CniError(Code.INVALID_CONFIG, f"--conf {path} has no plugin of type tabby")
+
+
+# -- a daemon's command line -------------------------------------------------------------------
+
+
+def add_datastore_flags(parser: argparse.ArgumentParser) -> None:
+    """The datastore flags of the table above, as a group of a daemon's parser."""
+    group = parser.add_argument_group("datastore (flag > environment > --conf > default)")
+    for name, (flag, var) in SOURCES.items():
+        group.add_argument(flag, dest=f"ds_{name}", default=None, help=f"[env {var}]")
+
+
+def daemon_options(
+    model: type[M],
+    ns: argparse.Namespace,
+    env: Mapping[str, str],
+    env_names: Mapping[str, str],
+    numbers: Mapping[str, Callable[[str], object]] = {},
+    empty_is_unset: tuple[str, ...] = (),
+) -> M:
+    """A daemon's options model from its flags (``ns``, one per field, None when not given),
+    else the environment variable ``env_names`` names, else the model's default. A bad value
+    is a CniError naming where it came from (``--node-ttl`` or ``TABBY_NODE_TTL``)."""
+    given: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in model.model_fields:
+        value = getattr(ns, name, None)
+        where = "--" + name.replace("_", "-")
+        var = env_names.get(name)
+        if value is None and var and env.get(var):
+            value, where = env[var], var
+        if value is None:
+            continue
+        if name in numbers and isinstance(value, str):
+            try:
+                value = numbers[name](value)
+            except ValueError:
+                pass  # the model names it
+        if name in empty_is_unset and value == "":
+            value = None
+        given[name], origin[name] = value, where
+    try:
+        return model.model_validate(given)
+    except ValidationError as e:
+        err = config_error(e)
+        field = str(e.errors(include_url=False)[0]["loc"][0])
+        raise CniError(
+            err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
+        ) from None
+
+
+def daemon_datastore(
+    ns: argparse.Namespace, env: Mapping[str, str], conf: str | None
+) -> DatastoreSettings:
+    """The datastore of a daemon: its datastore flags > environment > ``--conf`` > defaults."""
+    flags = {name: getattr(ns, f"ds_{name}", None) for name in SOURCES}
+    return resolve_datastore(tabby_ipam_section(conf), flags, env)

@@ -73,3 +73,17 @@ def stop(servers: list[ThreadingHTTPServer]) -> None:
         server.shutdown()
         server.server_close()
     servers.clear()
+
+
+def parse_exposition(text: str) -> dict[str, float]:
+    """What ``/metrics`` serves, read back (labs, tests, benches): ``{"name{labels}": value}``
+    for every sample line."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out

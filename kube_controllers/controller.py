@@ -26,10 +26,8 @@ import collections
 import contextlib
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from datastore.errors import DatastoreError, RevisionConflict
@@ -345,24 +343,12 @@ class Controllers:
                 self.store.close()
 
 
-@contextlib.contextmanager
-def _signals(stopping: threading.Event) -> Iterator[None]:
-    def on_signal(signum: int, _frame: object) -> None:
-        stopping.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def main(argv: list[str] | None = None) -> int:
     import sys
 
     from cni_protocol import log as cni_log
     from cni_protocol.errors import CniError
+    from daemon.signals import stop_on_signals
     from kube_controllers.options import parse
 
     try:
@@ -376,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         from kube_controllers.metrics import Metrics
 
         controllers.metrics = Metrics(controllers)
-    with _signals(controllers.stopping):
+    with stop_on_signals(controllers.stopping):
         try:
             controllers.start()
         except (ApiError, DatastoreError, CniError) as e:

@@ -55,6 +55,7 @@ class Controllers(Protocol):
 
     def queue_length(self) -> int: ...
 
+
 REASONS = ("node", "leak")
 
 

@@ -8,11 +8,12 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field
 
-from cni_config.common import AbsPath, DatastoreSettings, Section, config_error
+from cni_config.common import AbsPath, DatastoreSettings, Section
+from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
 from cni_protocol.errors import CniError, Code
 
 CONTROLLERS = ("namespace", "pod", "policy", "node", "ipam")
@@ -82,8 +83,6 @@ HELP = {
 
 
 def parser() -> argparse.ArgumentParser:
-    from cni_config.resolve import SOURCES
-
     p = argparse.ArgumentParser(
         prog="tabby-kube-controllers",
         description="Mirror Kubernetes Namespaces, Pods, NetworkPolicies and Node labels into "
@@ -103,9 +102,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--" + name.replace("_", "-"), dest=name, default=None, help=HELP.get(name, "") + env
         )
-    group = p.add_argument_group("datastore (flag > environment > --conf > default)")
-    for name, (flag, var) in SOURCES.items():
-        group.add_argument(flag, dest=f"ds_{name}", default=None, help=f"[env {var}]")
+    add_datastore_flags(p)
     return p
 
 
@@ -115,33 +112,8 @@ def parse(
     """Options and datastore settings; a bad value raises CniError naming its flag."""
     env = os.environ if env is None else env
     ns = parser().parse_args(argv)
-    given: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for name in ControllerOptions.model_fields:
-        value = getattr(ns, name)
-        where = "--" + name.replace("_", "-")
-        if value is None and name in ENV and env.get(ENV[name]):
-            value, where = env[ENV[name]], ENV[name]
-        if value is None:
-            continue
-        if name in _NUMBERS:
-            try:
-                value = _NUMBERS[name](value)
-            except ValueError:
-                pass  # the model names it
-        given[name], origin[name] = value, where
-    try:
-        options = ControllerOptions.model_validate(given)
-    except ValidationError as e:
-        err = config_error(e)
-        field = str(e.errors(include_url=False)[0]["loc"][0])
-        raise CniError(
-            err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
-        ) from None
-    from cni_config.resolve import SOURCES, resolve_datastore, tabby_ipam_section
-
-    flags = {name: getattr(ns, f"ds_{name}") for name in SOURCES}
-    datastore = resolve_datastore(tabby_ipam_section(options.conf), flags, env)
+    options = daemon_options(ControllerOptions, ns, env, ENV, _NUMBERS)
+    datastore = daemon_datastore(ns, env, options.conf)
     if datastore.datastore_type != "etcdv3":
         raise CniError(
             Code.UNSUPPORTED_FIELD,

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.proc import INTERRUPTS, Echo, LabError, run
+from lab.proc import INTERRUPTS, Echo, LabError, run, stop_process
 
 UNDERLAY_V4 = "10.{subnet}.{lab}.{host}/24"
 UNDERLAY_V6 = "fd00:{subnet}:{lab}::{host}/64"
@@ -554,15 +554,8 @@ class Lab:
     # -- tearing down -----------------------------------------------------------------------------
 
     def stop_agent(self, node: LabNode, sig: int = signal.SIGTERM) -> None:
-        proc = node.agent
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if node.agent is not None:
+            stop_process(node.agent, sig)
 
     def kill_bird(self, node: LabNode) -> None:
         pid = node.bird_pid()

@@ -80,3 +80,17 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
 def ignore_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def stop_process(
+    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, grace: float = 40.0
+) -> None:
+    """Signal a child (by its PID) and wait; SIGKILL when it is still there after ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

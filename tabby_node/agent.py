@@ -27,11 +27,10 @@ import json
 import logging
 import os
 import queue
-import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bundle import __version__
@@ -669,23 +668,11 @@ def _cas(
 # -- main ----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _signals(agent: Agent) -> Iterator[None]:
-    def on_signal(signum: int, _frame: object) -> None:
-        agent.stopping.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def main(argv: list[str] | None = None) -> int:
     import sys
 
     from cni_protocol import log as cni_log
+    from daemon.signals import stop_on_signals
     from tabby_node import options as node_options
 
     try:
@@ -714,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 1
-    with _signals(agent):
+    with stop_on_signals(agent.stopping):
         try:
             agent.start()
         except (CniError, DatastoreError) as e:

@@ -11,12 +11,12 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, ValidationError
+from pydantic import AfterValidator, Field
 
-from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section, config_error
-from cni_protocol.errors import CniError
+from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
+from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
 from tabby_node import DEFAULT_RUN_DIR
 
@@ -101,8 +101,6 @@ _NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
 
 
 def parser() -> argparse.ArgumentParser:
-    from cni_config.resolve import SOURCES
-
     p = argparse.ArgumentParser(
         prog="tabby-node",
         description="tabby's node agent: serves the CNI plugins' calls, registers the node, "
@@ -135,9 +133,7 @@ def parser() -> argparse.ArgumentParser:
             default=None,
             help=f"{helps.get(name, '')} [env {ENV[name]}]",
         )
-    group = p.add_argument_group("datastore (flag > environment > --conf > default)")
-    for name, (flag, var) in SOURCES.items():
-        group.add_argument(flag, dest=f"ds_{name}", default=None, help=f"[env {var}]")
+    add_datastore_flags(p)
     return p
 
 
@@ -147,34 +143,5 @@ def parse(
     """Options and datastore settings; a bad value raises CniError naming its flag."""
     env = os.environ if env is None else env
     ns = parser().parse_args(argv)
-    given: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for name in NodeOptions.model_fields:
-        value = getattr(ns, name)
-        where = "--" + name.replace("_", "-")
-        if value is None and env.get(ENV[name]):
-            value, where = env[ENV[name]], ENV[name]
-        if value is None:
-            continue
-        if name in _NUMBERS:
-            try:
-                value = _NUMBERS[name](value)
-            except ValueError:
-                pass  # the model names it
-        if name == "log_file" and value == "":
-            value = None
-        given[name], origin[name] = value, where
-    try:
-        options = NodeOptions.model_validate(given)
-    except ValidationError as e:
-        err = config_error(e)
-        field = str(e.errors(include_url=False)[0]["loc"][0])
-        raise CniError(
-            err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
-        ) from None
-    from cni_config.resolve import SOURCES, resolve_datastore, tabby_ipam_section
-
-    section = tabby_ipam_section(options.conf)
-
-    flags = {name: getattr(ns, f"ds_{name}") for name in SOURCES}
-    return options, resolve_datastore(section, flags, env)
+    options = daemon_options(NodeOptions, ns, env, ENV, _NUMBERS, empty_is_unset=("log_file",))
+    return options, daemon_datastore(ns, env, options.conf)

@@ -19,6 +19,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -181,3 +182,18 @@ def probe_many(jobs: Iterable[Job], timeout: float) -> dict[Job, bool]:
             key.fileobj.close()  # type: ignore[union-attr]
         sel.close()
     return results
+
+
+# -- ICMP echo (the kernel answers it: no server needed) ----------------------------------------
+
+
+def icmp_echo(ident: int, seq: int, payload: bytes) -> bytes:
+    """An ICMP echo request (type 8) with its checksum, for a raw socket."""
+    head = struct.pack("!BBHHH", 8, 0, 0, ident, seq & 0xFFFF)
+    data = head + payload
+    if len(data) % 2:
+        data += b"\0"
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    total += total >> 16
+    return struct.pack("!BBHHH", 8, 0, ~total & 0xFFFF, ident, seq & 0xFFFF) + payload

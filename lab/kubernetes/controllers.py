@@ -9,15 +9,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from daemon.http import parse_exposition
 from lab.cluster import http_get
 from lab.kubernetes.cluster import KubeLab
+from lab.proc import stop_process
 
 #: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"
@@ -40,18 +41,6 @@ def rbac_documents() -> list[dict[str, Any]]:
     """The manifest's namespace, service accounts and RBAC (what the controllers run as)."""
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if isinstance(d, dict)]
     return [d for d in docs if d.get("kind") in RBAC_KINDS]
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue
-    return out
 
 
 @dataclasses.dataclass
@@ -93,17 +82,11 @@ class Controllers:
         self.replicas[identity] = replica
         return replica
 
-    def stop(self, identity: str, sig: int = signal.SIGTERM) -> None:
+    def stop(self, identity: str) -> None:
+        """A clean stop (SIGTERM: the holder gives its Lease up)."""
         replica = self.replicas.pop(identity)
-        proc = replica.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if replica.proc is not None:
+            stop_process(replica.proc, grace=20)
 
     def stop_all(self) -> None:
         for identity in list(self.replicas):
@@ -123,7 +106,7 @@ class Controllers:
 
     def metrics(self, identity: str) -> dict[str, float]:
         code, body = self._get(identity, METRICS_PORT, "/metrics")
-        return parse_metrics(body.decode()) if code == 200 else {}
+        return parse_exposition(body.decode()) if code == 200 else {}
 
     def ready(self, identity: str) -> tuple[bool, list[str]]:
         code, body = self._get(identity, HEALTH_PORT, "/readiness")

@@ -11,16 +11,7 @@ import struct
 import threading
 import time
 
-from tests.policy_probes import in_netns
-
-
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    total = (total >> 16) + (total & 0xFFFF)
-    total += total >> 16
-    return ~total & 0xFFFF
+from tests.policy_probes import icmp_echo, in_netns
 
 
 class Pinger:
@@ -43,10 +34,7 @@ class Pinger:
             seq = 0
             while not self._stop.is_set():
                 seq = (seq + 1) & 0xFFFF
-                header = struct.pack("!BBHHH", 8, 0, 0, ident, seq)
-                payload = b"tabby-no-window"
-                packet = struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, seq)
-                s.sendto(packet + payload, (self.address, 0))
+                s.sendto(icmp_echo(ident, seq, b"tabby-no-window"), (self.address, 0))
                 self.sent += 1
                 deadline = time.monotonic() + self.interval
                 while (left := deadline - time.monotonic()) > 0:
