@@ -16,9 +16,12 @@ against each of them):
   new revision. Revisions are positive ints, never reused for one key (not even after a delete
   and re-create), so a stale revision can never match again.
 - ``put(..., ttl=s)``: the document disappears ``s`` seconds after this write unless it is
-  written again (a write without ``ttl`` makes it permanent). An expired document reads as
-  absent everywhere (``get``, ``list_keys``, ``list``, CAS checks), and ``sync`` reports its
-  deletion.
+  written again or kept alive (a write without ``ttl`` makes it permanent).
+- ``keepalive(kind, key)``: the document's ttl starts again (the ttl it was last written
+  with), with no new revision and no ``sync`` event (a node's liveness costs its watchers
+  nothing while it lives); False when the document is gone or has no ttl (write it again).
+- An expired document reads as absent everywhere (``get``, ``list_keys``, ``list``, CAS
+  checks), and ``sync`` reports its deletion.
 - ``delete(kind, key, rev)`` removes only if the current revision is ``rev``; a missing
   document is a ``RevisionConflict`` too.
 - ``list(kind, prefix)`` returns every document of a kind whose key starts with ``prefix``,
@@ -172,6 +175,8 @@ class Store(Protocol):
     ) -> int: ...
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None: ...
+
+    def keepalive(self, kind: str, key: str) -> bool: ...
 
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]: ...
 

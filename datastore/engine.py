@@ -364,6 +364,15 @@ class Engine:
             raise TypeError(f"delete needs the document's revision, not {expected_revision!r}")
         self._apply([Write(kind, key, None, expected_revision)])
 
+    def keepalive(self, kind: str, key: str) -> bool:
+        check_kind(kind)
+        check_key(key)
+        return self._keepalive(kind, key)
+
+    def _keepalive(self, kind: str, key: str) -> bool:
+        """The store's renewal of a document's ttl (no revision, no event)."""
+        raise NotImplementedError
+
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
         writes = plan(ops)
         return self._commit(writes) if writes else []

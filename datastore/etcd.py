@@ -163,6 +163,7 @@ class EtcdStore(Engine):
         raw = ident.encode()  # hashlib would load OpenSSL (~3.5 ms); a name needs no more
         digest = f"{binascii.crc32(raw):08x}{binascii.crc32(raw[::-1]):08x}"
         self.lock_path = os.path.join(self.lock_dir, f"etcd-{digest}.lock")
+        self._leases: dict[bytes, int] = {}  # key -> the lease its ttl put attached
         self._held = threading.local()
         self._stats_lock = threading.Lock()
         # txns sent; conflicts (RevisionConflict raised: a CAS the caller retries); writes
@@ -321,6 +322,9 @@ class EtcdStore(Engine):
             raise self._error(e) from None
         self._count("txns")
         if result.succeeded:
+            for k, lease in zip(keys, leases, strict=True):
+                if lease:
+                    self._leases[k] = lease
             return [0 if w.value is None else result.revision for w in writes]
         current = _current(result.responses)
         if result.ambiguous:
@@ -335,6 +339,27 @@ class EtcdStore(Engine):
         self._count("conflicts")
         self._compare(writes, [None if kv is None else kv.mod_revision for kv in current])
         raise RevisionConflict("document changed", self.location(writes[0].kind, writes[0].key))
+
+    def _keepalive(self, kind: str, key: str) -> bool:
+        """One keep-alive of the lease the key was written with (learnt from the put, else
+        read once): etcd sends no watch event for it."""
+        k = self._key(kind, key)
+        deadline = self._deadline()
+        try:
+            lease = self._leases.get(k)
+            if lease is None:
+                found = self.client.range(k, deadline=deadline)
+                if not found.kvs or not found.kvs[0].lease:
+                    return False
+                lease = found.kvs[0].lease
+            ttl = self.client.lease_keepalive(lease, deadline=deadline)
+        except EtcdError as e:
+            raise self._error(e) from None
+        if ttl <= 0:
+            self._leases.pop(k, None)
+            return False
+        self._leases[k] = lease
+        return True
 
     def _unknown(self, first: Write) -> StoreUnavailable:
         """A retried write whose compare failed, and etcd does not hold what it wrote: the

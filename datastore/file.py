@@ -19,10 +19,11 @@ A key is kept as is except characters outside ``[A-Za-z0-9_.:-]`` (and a leading
 which are percent-encoded (UTF-8), so ``10.244.0.64/26`` is ``10.244.0.64%2F26.json``. Names
 starting with ``.`` are temp files only. A file holds
 ``{"format": 1, "kind": ..., "key": ..., "revision": N, "data": {...}}``, plus
-``"expires": <unix time>`` when written with a ttl. An expired document reads as absent; its
-file stays until the next write of that key. A kind directory in which a ttl was ever used
-holds an empty ``.ttl`` marker: only there does ``list_keys`` read the documents (to leave
-out expired ones); elsewhere it lists names only.
+``"expires": <unix time>`` and ``"ttl": <seconds>`` when written with a ttl (``keepalive``
+writes the file again with a later ``expires`` and the same revision). An expired document
+reads as absent; its file stays until the next write of that key. A kind directory in which
+a ttl was ever used holds an empty ``.ttl`` marker: only there does ``list_keys`` read the
+documents (to leave out expired ones); elsewhere it lists names only.
 
 Writes: temp file in the same directory (O_EXCL, O_NOFOLLOW, 0600), write, fsync,
 ``os.replace``, fsync of the directory. Before a locked session's first write, the lock file is
@@ -431,6 +432,29 @@ class FileStore(Engine):
             self._undo(done)
             raise
 
+    def _keepalive(self, kind: str, key: str) -> bool:
+        """The document's file written again with a later ``expires`` and the same
+        revision: the poller of ``sync`` sees a new file but no new revision, so no event."""
+        with self.lock():
+            dfd = self._kind_fd(kind, create=False)
+            if dfd is None:
+                return False
+            try:
+                name = escape_key(key)
+                raw = self._read(dfd, kind, key, name)
+                if _live(raw) is None or raw is None or raw.expires is None:
+                    return False
+                envelope = json.loads(raw.payload)
+                ttl = envelope.get("ttl")
+                if type(ttl) not in (int, float) or ttl <= 0:
+                    return False  # written by a tabby without keepalive: write it again
+                envelope["expires"] = round(time.time() + ttl, 6)
+                payload = json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+                self._write(dfd, kind, name, payload)
+                return True
+            finally:
+                os.close(dfd)
+
     def _mark_ttl(self, dfd: int, kind: str) -> None:
         try:
             os.close(os.open(TTL_MARKER, _MARK_FLAGS, 0o600, dir_fd=dfd))
@@ -594,7 +618,7 @@ def _payload(w: Write, value: bytes, before: _Raw | None) -> tuple[int, bytes]:
     rev = max(before.doc.revision + 1 if before else 1, time.time_ns() // 1000)
     head = f'{{"format":{FORMAT},"kind":"{w.kind}","key":{json.dumps(w.key)},"revision":{rev}'
     if w.ttl is not None:
-        head += f',"expires":{json.dumps(round(time.time() + w.ttl, 6))}'
+        head += f',"expires":{json.dumps(round(time.time() + w.ttl, 6))},"ttl":{json.dumps(w.ttl)}'
     return rev, f'{head},"data":'.encode() + value + b"}"
 
 

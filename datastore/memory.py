@@ -32,12 +32,15 @@ POLL = 0.2  # longest sleep of a sync iterator between looks at ``stop`` and exp
 
 
 class _Entry:
-    __slots__ = ("expires", "revision", "value")
+    __slots__ = ("expires", "revision", "ttl", "value")
 
-    def __init__(self, value: bytes, revision: int, expires: float | None) -> None:
+    def __init__(
+        self, value: bytes, revision: int, expires: float | None, ttl: float | None = None
+    ) -> None:
         self.value = value
         self.revision = revision
         self.expires = expires
+        self.ttl = ttl
 
 
 class _Sub:
@@ -125,13 +128,23 @@ class MemoryStore(Engine):
 
     def _set(self, kind: str, key: str, value: bytes, ttl: float | None) -> None:
         expires = None if ttl is None else self.clock() + ttl
-        entry = _Entry(value, self._rev, expires)
+        entry = _Entry(value, self._rev, expires, ttl)
         self._docs[kind][key] = entry
         if expires is None:
             self._expiring.pop((kind, key), None)
         else:
             self._expiring[(kind, key)] = expires
         self._publish(kind, key, entry)
+
+    def _keepalive(self, kind: str, key: str) -> bool:
+        with self._guard:
+            self._purge()
+            entry = self._docs[kind].get(key)
+            if entry is None or entry.ttl is None:
+                return False
+            entry.expires = self.clock() + entry.ttl
+            self._expiring[(kind, key)] = entry.expires
+            return True
 
     def _remove(self, kind: str, key: str) -> None:
         del self._docs[kind][key]

@@ -243,8 +243,14 @@ class Agent:
         self.beat(store)
 
     def beat(self, store: Store) -> None:
+        """Liveness: the heartbeat document's lease kept alive, which no other node hears
+        of (no new revision, no watch event); written again, with a new lease, only when it
+        is gone (first start, or it expired while this node could not reach the datastore).
+        Its ``time`` is when it was last written."""
         facts = self.facts
         assert facts is not None
+        if store.keepalive(HEARTBEATS.name, facts.name):
+            return
         data = Heartbeat(facts.name, time.time(), os.getpid()).to_data()
         for _ in range(5):
             current = store.get(HEARTBEATS.name, facts.name)
@@ -270,7 +276,11 @@ class Agent:
                 self.beat(store)
                 facts = self.facts
                 assert facts is not None
-                if store.get("node", facts.name) is None:
+                # the watch says when the Node goes; the datastore confirms before acting
+                if (
+                    self.cache.get(NODES, facts.name) is None
+                    and store.get("node", facts.name) is None
+                ):
                     log.warning(
                         "the Node %s was deleted while it runs: registering again", facts.name
                     )

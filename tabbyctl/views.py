@@ -367,7 +367,7 @@ def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> d
     if beat is not None and not (force or dry_run):
         last = when(beat.data.get("time")) if isinstance(beat.data, dict) else "-"
         raise CtlError(
-            f"node {node} is alive: its heartbeat is in the datastore (last beat {last}); "
+            f"node {node} is alive: its heartbeat is in the datastore (kept alive since {last}); "
             "stop its tabby-node and let the heartbeat expire (--node-ttl), or give --force"
         )
     base = {"node": node, "dry_run": dry_run, "alive": beat is not None, "forced": force}

@@ -784,6 +784,28 @@ def test_ttl_is_renewed_by_a_write_and_dropped_by_a_write_without_ttl(store: Sto
     assert b.data == {"n": 2}
 
 
+def test_keepalive_keeps_a_document_without_a_revision_or_an_event(
+    store: Store, mirrors: list[Mirror]
+) -> None:
+    """A node's liveness costs its watchers nothing: kept alive, a ttl document outlives its
+    ttl with the same revision, and a watcher sees no event for it."""
+    rev = store.put("heartbeat", "node-a", {"n": 1}, None, ttl=2)
+    store.put("heartbeat", "node-b", {"n": 1}, None, ttl=2)
+    m = Mirror(store, ["heartbeat"])
+    mirrors.append(m)
+    m.wait(lambda: "node-a" in m.state.get("heartbeat", {}))
+    for _ in range(8):  # 4 s: twice the ttl
+        assert store.keepalive("heartbeat", "node-a")
+        time.sleep(0.5)
+    assert store.get("heartbeat", "node-a") == Doc({"n": 1}, rev)
+    m.wait(lambda: "node-b" not in m.state["heartbeat"], 8, "node-b's expiry")
+    assert [(e.type, e.key) for e in m.events[1:]] == [("delete", "node-b")]
+    assert not store.keepalive("heartbeat", "node-b")  # gone: write it again
+    assert not store.keepalive("heartbeat", "never")
+    store.put("heartbeat", "plain", {}, None)
+    assert not store.keepalive("heartbeat", "plain")  # no ttl to renew
+
+
 def test_ttl_must_be_positive(store: Store) -> None:
     for ttl in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ttl"):
