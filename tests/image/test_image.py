@@ -12,7 +12,9 @@ one ``./build.sh --image`` wrote). Then:
   translations, none of the build machine's files;
 * a private containerd (its own root, state and socket, inside a throwaway node: a network
   and mount namespace held by one process) imports it with ``ctr -n k8s.io images import``
-  and runs each program in a container (``ctr run --rm``); the containers' cgroups live
+  and runs each program in a container (``ctr run --rm``), tabby-node also as the node
+  agent it is (privileged in the container's own network namespace: its socket, its
+  nftables table through the image's libnftables, BIRD); the containers' cgroups live
   under a root of this module's, removed afterwards;
 * ``podman load`` takes it into a private storage root.
 
@@ -27,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -279,11 +282,14 @@ disabled_plugins = [
             timeout=timeout,
         )
 
-    def run(self, ref: str, *cmd: str) -> subprocess.CompletedProcess[str]:
-        """``ctr run --rm`` one command in a container of the image (stdout + stderr)."""
+    def run(
+        self, ref: str, *cmd: str, privileged: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """``ctr run --rm`` one command in a container of the image (its own namespaces)."""
         cid = f"tabby-image-{secrets.token_hex(4)}"
         return self.ctr(
             "run", "--rm", "--snapshotter", "native", "--cgroup", f"{self.cgroup}/{cid}",
+            *(["--privileged"] if privileged else []),
             ref, cid, *cmd,
             check=False,
         )  # fmt: skip
@@ -371,6 +377,36 @@ def test_cni_plugins_answer_version_in_a_container(
     answers = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert len(answers) == 2
     assert all("1.1.0" in a["supportedVersions"] for a in answers)
+
+
+NODE_SCRIPT = """
+ip link set lo up
+tabby-node --backend bird --nodename image-node --node-ip 10.9.9.1 --ipv4-pool 10.244.0.0/16 \\
+    --state-dir /tmp/state --run-dir /tmp/run --socket /tmp/run/node.sock --data-dir /tmp/data \\
+    --metrics-port 0 --health-port 0 --log-file /tmp/node.log &
+pid=$!
+for i in $(seq 300); do [ -S /tmp/run/node.sock ] && break; sleep 0.1; done
+grep -o '/[^ ]*libnftables[^ ]*' /proc/$pid/maps | sort -u
+nft list tables
+tabbyctl node status --run-dir /tmp/run
+kill $pid; wait $pid
+cat /tmp/node.log
+"""
+
+
+def test_tabby_node_serves_in_a_container(containerd: PrivateContainerd, archive: Archive) -> None:
+    """tabby-node as the DaemonSet runs it, in the container's own network namespace
+    (privileged there): it serves its socket, programs its nftables table through the
+    image's libnftables (mapped into the process) and supervises the image's BIRD."""
+    proc = containerd.run(archive.ref, "sh", "-c", NODE_SCRIPT, privileged=True)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert re.search(r"^/usr/lib/\S+/libnftables\.so\.1", said, re.M), said
+    assert "table inet tabby" in said, said
+    assert "BACKEND    bird" in said, said
+    assert "started BIRD" in said, said
+    assert "serving /tmp/run/node.sock" in said, said
+    assert "tabby-node stopped after" in said, said
 
 
 def test_bundle_is_relocatable(containerd: PrivateContainerd, archive: Archive) -> None:
