@@ -32,6 +32,10 @@ Two layers, lowest first:
    ``/opt/cni/bin/{tabby,tabby-ipam}``, symlinks to ``/opt/tabby/tabby``: the installed
    layout of build.sh, so an init container can copy ``/opt/tabby`` to the host as it is.
 
+The bundle's native code was linked against this machine's glibc, so the root's glibc must
+be at least as new (checked: freeze on SUITE). The same holds for the hosts the install step
+copies ``/opt/tabby`` to (glibc 2.35 for a bookworm-built bundle).
+
 Entrypoint ``/usr/local/bin/tabby-node``. Both layers are deterministic (entries in name
 order, mtime 0, numeric owners, gzip without name or time): the same root and bundle give
 the same archive, byte for byte; a changed bundle changes only the second layer.
@@ -475,6 +479,31 @@ def _write_json(path: Path, info: dict[str, object]) -> None:
     tmp.rename(path)
 
 
+def _upstream(version: str) -> str:
+    return version.split(":", 1)[-1].rsplit("-", 1)[0]
+
+
+def machine_glibc() -> str:
+    """The Debian version of this machine's libc6 (the bundle's native code links to it)."""
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", "libc6"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip()
+
+
+def check_glibc(machine: str, root: Root) -> None:
+    """The bundle was frozen against this machine's glibc: the root's must be no older, or
+    the bundle would not start in the image (a machine newer than SUITE)."""
+    in_root = next((v for n, v, _ in root.packages if n == "libc6"), "")
+    if not machine or not in_root:
+        return
+    if apt_sources.compare_debian_versions(_upstream(machine), _upstream(in_root)) > 0:
+        raise ImageError(
+            f"this machine's glibc ({machine}) is newer than the {SUITE} root's ({in_root}): "
+            f"freeze the bundle on {SUITE}"
+        )
+
+
 # -- the bundle layer ------------------------------------------------------------------------------
 
 
@@ -533,6 +562,7 @@ def build_image(
     root = ensure_root(cache, arch, log, rebuild=rebuild_root)
     if not root.made:
         log(f"reusing the Debian root {root.dir}")
+    check_glibc(machine_glibc(), root)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".tabby-image.", dir=out.parent))
     try:

@@ -280,3 +280,20 @@ def test_bundle_layer_layout(tmp_path: Path) -> None:
     assert by["opt/tabby/tabby"].mode == 0o755
     assert by["usr/local/bin/tabby-node"].linkname == "/opt/tabby/tabby"
     assert layer.diff_id == IMAGE.bundle_layer(bundle, tmp_path / "c.tar.gz")[0].diff_id
+
+
+@pytest.mark.parametrize(
+    ("machine", "ok"),
+    [
+        ("2.36-9+deb12u10", True),  # a newer Debian revision of the same glibc
+        ("2.35-0ubuntu3", True),
+        ("2.41-12", False),  # frozen on a newer Debian: the bundle needs a newer glibc
+    ],
+)
+def test_glibc_guard(machine: str, ok: bool, tmp_path: Path) -> None:
+    root = IMAGE.Root(tmp_path, Layer.of_tar(b""), 0, [("libc6", "2.36-9+deb12u9", 13001)])
+    if ok:
+        IMAGE.check_glibc(machine, root)
+    else:
+        with pytest.raises(IMAGE.ImageError, match="newer"):
+            IMAGE.check_glibc(machine, root)
