@@ -28,7 +28,8 @@ against each of them):
   sorted by key; a document that cannot be parsed raises ``StoreCorrupt`` naming it.
 - ``commit(ops)`` is all or nothing: each ``Op`` compares its expected revision (``None``: the
   document must not exist); one failed compare raises ``RevisionConflict`` and writes nothing.
-  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence.
+  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence;
+  ``Op.unchanged(kind, key, rev)`` only compares (the document is at ``rev``, None: absent).
   A key may appear once per commit. Returns each op's new revision (0 for deletes).
 - ``sync(kinds, stop)`` yields a ``"snapshot"`` event holding every document of ``kinds``,
   then ``"put"``/``"delete"`` events as changes happen; after a broken or compacted watch or
@@ -111,9 +112,20 @@ class _Record:
         return f"{type(self).__name__}({inner})"
 
 
+class _Unchanged(dict[str, Any]):
+    """The data of an op that only compares (one object, compared by identity)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+#: ``Op(kind, key, UNCHANGED, rev)``: compare only; nothing is written.
+UNCHANGED: dict[str, Any] = _Unchanged()
+
+
 class Op(_Record):
     """One write of a ``commit``: ``data=None`` deletes (or, with ``expected_revision=None``,
-    only asserts that the document does not exist)."""
+    only asserts that the document does not exist); ``UNCHANGED`` only compares."""
 
     __slots__ = ("data", "expected_revision", "key", "kind")
     _fields = ("kind", "key", "data", "expected_revision")
@@ -126,6 +138,12 @@ class Op(_Record):
         self, kind: str, key: str, data: dict[str, Any] | None, expected_revision: int | None
     ) -> None:
         super().__init__(kind, key, data, expected_revision)
+
+    @classmethod
+    def unchanged(cls, kind: str, key: str, expected_revision: int | None) -> Op:
+        """Compare only: the commit holds only while the document is at
+        ``expected_revision`` (None: while it does not exist)."""
+        return cls(kind, key, UNCHANGED, expected_revision)
 
 
 class SyncEvent(_Record):

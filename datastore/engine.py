@@ -41,7 +41,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from datastore.base import Doc, SyncEvent, check_key, check_kind, check_ops, check_ttl, sync_kinds
+from datastore.base import (
+    UNCHANGED,
+    Doc,
+    SyncEvent,
+    check_key,
+    check_kind,
+    check_ops,
+    check_ttl,
+    sync_kinds,
+)
 from datastore.errors import (
     LockTimeout,
     RevisionConflict,
@@ -116,9 +125,10 @@ def loads(where: str, raw: bytes, *, empty: str, garbage: str) -> object:
 class Write:
     """One change of a ``put``, ``delete`` or ``commit``: compare ``expected`` (None: the
     document must not exist), then store ``value`` (the encoded data; None deletes or, with
-    ``expected`` None, only asserts that the document does not exist). ``ttl`` from ``put``."""
+    ``expected`` None, only asserts that the document does not exist). ``keep``: compare
+    only (``Op.unchanged``). ``ttl`` from ``put``."""
 
-    __slots__ = ("expected", "key", "kind", "ttl", "value")
+    __slots__ = ("expected", "keep", "key", "kind", "ttl", "value")
 
     def __init__(
         self,
@@ -127,17 +137,24 @@ class Write:
         value: bytes | None,
         expected: int | None,
         ttl: float | None = None,
+        *,
+        keep: bool = False,
     ) -> None:
         self.kind = kind
         self.key = key
         self.value = value
         self.expected = expected
         self.ttl = ttl
+        self.keep = keep
 
     @property
     def changes(self) -> bool:
-        """False for an assertion of absence (nothing to write)."""
-        return self.value is not None or self.expected is not None
+        """False for a comparison only (nothing to write)."""
+        return self.value is not None or (self.expected is not None and not self.keep)
+
+    @property
+    def deletes(self) -> bool:
+        return self.value is None and self.expected is not None and not self.keep
 
 
 def plan(ops: Sequence[Op]) -> list[Write]:
@@ -145,7 +162,11 @@ def plan(ops: Sequence[Op]) -> list[Write]:
     store is touched."""
     check_ops(ops)
     return [
-        Write(op.kind, op.key, None if op.data is None else encode(op.data), op.expected_revision)
+        Write(op.kind, op.key, None, op.expected_revision, keep=True)
+        if op.data is UNCHANGED
+        else Write(
+            op.kind, op.key, None if op.data is None else encode(op.data), op.expected_revision
+        )
         for op in ops
     ]
 

@@ -315,7 +315,7 @@ class EtcdStore(Engine):
                 compare.append(cmp_absent(k) if w.expected is None else cmp_mod(k, w.expected))
                 if w.value is not None:
                     success.append(op_put(k, w.value, lease))
-                elif w.expected is not None:
+                elif w.deletes:
                     success.append(op_delete(k))
             result = self.client.txn(compare, success, [op_get(k) for k in keys], deadline=deadline)
         except EtcdError as e:
@@ -477,7 +477,11 @@ def _applied(
     put key holds the value written, with the lease written; each deleted key is gone)."""
     revs = []
     for w, lease, kv in zip(writes, leases, current, strict=True):
-        if w.value is None:
+        if w.keep:  # compared only: it must still be as compared
+            if (None if kv is None else kv.mod_revision) != w.expected:
+                return None
+            revs.append(0)
+        elif w.value is None:
             if kv is not None:
                 return None
             revs.append(0)

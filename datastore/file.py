@@ -400,7 +400,7 @@ class FileStore(Engine):
             revisions = []
             for w, (dfd, name, raw) in zip(writes, found, strict=True):
                 if w.value is None:
-                    if w.expected is not None and dfd is not None:
+                    if w.deletes and dfd is not None:
                         steps.append(_Step(dfd, w.kind, name, raw, None))
                     revisions.append(0)
                     continue

@@ -121,7 +121,7 @@ class MemoryStore(Engine):
                     self._set(w.kind, w.key, w.value, w.ttl)
                     out.append(self._rev)
                 else:
-                    if w.expected is not None:
+                    if w.deletes:
                         self._remove(w.kind, w.key)
                     out.append(0)
             return out

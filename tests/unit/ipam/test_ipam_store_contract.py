@@ -679,7 +679,17 @@ def test_commit_writes_everything_and_returns_revisions(store: Store) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["stale", "exists", "missing", "delete-stale", "delete-missing", "absent-exists"],
+    [
+        "stale",
+        "exists",
+        "missing",
+        "delete-stale",
+        "delete-missing",
+        "absent-exists",
+        "unchanged-stale",
+        "unchanged-missing",
+        "unchanged-exists",
+    ],
 )
 def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
     r_a = store.put("pool", "a", {"v": 1}, None)
@@ -692,6 +702,9 @@ def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
         "delete-stale": Op("pool", "b", None, r_b),
         "delete-missing": Op("pool", "c", None, r_a),
         "absent-exists": Op("pool", "b", None, None),
+        "unchanged-stale": Op.unchanged("pool", "b", r_b),
+        "unchanged-missing": Op.unchanged("pool", "c", r_a),
+        "unchanged-exists": Op.unchanged("pool", "b", None),
     }[bad]
     before = store.list("pool")
     with pytest.raises(RevisionConflict):
@@ -706,6 +719,32 @@ def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
     assert store.list("pool") == before
     assert store.get("block", "10.0.0.0/26") is None
     assert store.get("handle", "h") is None
+
+
+def test_commit_compares_unchanged_documents_without_writing_them(
+    store: Store, mirrors: list[Mirror]
+) -> None:
+    """``Op.unchanged``: the commit holds only while the document is as read; it keeps its
+    revision and no watcher hears of it."""
+    r_pool = store.put("pool", "p", {"v": 1}, None)
+    m = Mirror(store, ["pool", "block"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    revs = store.commit(
+        [
+            Op.unchanged("pool", "p", r_pool),
+            Op.unchanged("pool", "absent", None),
+            Op("block", "10.0.0.0/26", {"b": 1}, None),
+        ]
+    )
+    assert revs[:2] == [0, 0]
+    assert store.get("pool", "p") == Doc({"v": 1}, r_pool)
+    assert store.get("pool", "absent") is None
+    assert store.commit([Op.unchanged("pool", "p", r_pool)]) == [0]  # compare only: fine
+    m.wait(lambda: "10.0.0.0/26" in m.state["block"])
+    store.put("pool", "q", {}, None)
+    m.wait(lambda: "q" in m.state["pool"])
+    assert [(e.kind, e.key) for e in m.events[1:]] == [("block", "10.0.0.0/26"), ("pool", "q")]
 
 
 def test_commit_rejects_bad_ops_before_writing(store: Store) -> None:
