@@ -7,7 +7,9 @@ Why not a library: see ``ipam/DESIGN.md`` ("etcd datastore"). In short: importin
 one deadline.
 
 - HTTP/1.1 over plain sockets, written here (``http.client`` alone costs ~19 ms to import),
-  keep-alive: one connection per thread, to the endpoint that last answered.
+  keep-alive: a call takes an idle connection to the endpoint that last answered (or opens
+  one) and gives it back after the answer, so a long-lived client serving short-lived
+  threads (tabby-node: one thread per CNI call) reuses its connections.
 - Every call has a total deadline. Connection errors, and the gateway's answers meaning
   "not now" (HTTP 408/502/503/504, gRPC codes 1 Canceled, 4 DeadlineExceeded, 14
   Unavailable), move the thread to the next endpoint and retry until the deadline; then
@@ -313,6 +315,19 @@ class _Conn:
         self.sock: socket.socket | None = sock
         self.host_header = f"[{ep.host}]:{ep.port}" if ":" in ep.host else f"{ep.host}:{ep.port}"
 
+    def idle_ok(self) -> bool:
+        """Whether an idle connection is still usable: open, nothing buffered, and not
+        readable (an idle HTTP connection becomes readable only when the peer closed it)."""
+        if self.sock is None or self.buf:
+            return False
+        import select
+
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
     def close(self) -> None:
         sock, self.sock = self.sock, None
         if sock is not None:
@@ -534,7 +549,7 @@ class EtcdClient:
         self.key_file = key_file
         self._ctx: ssl.SSLContext | None = None
         self._ctx_lock = threading.Lock()
-        self._local = threading.local()
+        self._idle: dict[int, list[_Conn]] = {}  # endpoint index -> connections not in use
         self._conns: set[_Conn] = set()
         self._conns_lock = threading.Lock()
         self._preferred = 0  # the endpoint that answered last (threads start there)
@@ -588,53 +603,70 @@ class EtcdClient:
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         payload = json.dumps(body, separators=(",", ":")).encode()
-        local = self._local
-        tries = _Rotation(self.urls, getattr(local, "index", self._preferred), deadline, cancel)
+        tries = _Rotation(self.urls, self._preferred, deadline, cancel)
         ambiguous = False
         cap = CANCEL_CONNECT if cancel is not None else None
         while True:
             attempt_deadline = tries.attempt("no answer within the deadline")
             index = tries.index
-            conn: _Conn | None = getattr(local, "conn", None)
+            conn = self._checkout(index)
             try:
-                if conn is None or conn.sock is None or conn.ep is not self.endpoints[index]:
-                    if conn is not None:
-                        self._drop(conn)
-                    local.conn = None
+                if conn is None:
                     conn = self._connect(index, attempt_deadline, cap)
-                    local.conn = conn
-                    local.index = index
                 conn.cancel = cancel
                 try:
                     status, _headers, data = conn.request(path, payload, attempt_deadline)
                 except EtcdCancelled:
                     self._drop(conn)  # in mid-answer: unusable
-                    local.conn = None
                     raise
                 finally:
                     conn.cancel = None
+                url = conn.ep.url
+                self._checkin(index, conn)
+                conn = None
                 if status == 200:
                     self._preferred = index
                     try:
                         answer = json.loads(data)
                     except ValueError:
-                        raise _Transient(f"{conn.ep.url}: answer is not JSON", sent=True) from None
+                        raise _Transient(f"{url}: answer is not JSON", sent=True) from None
                     if not isinstance(answer, dict):
-                        raise _Transient(f"{conn.ep.url}: answer is not an object", sent=True)
+                        raise _Transient(f"{url}: answer is not an object", sent=True)
                     return answer, ambiguous
                 code, message = _error_of(data)
                 if status in RETRY_HTTP or code in RETRY_GRPC or (status == 500 and code == 2):
-                    raise _Transient(f"{conn.ep.url}: {message} (HTTP {status})", sent=True)
+                    raise _Transient(f"{url}: {message} (HTTP {status})", sent=True)
                 cls = EtcdCompacted if code == COMPACTED else EtcdRequestError
-                raise cls(conn.ep.url, status, code, message)
+                raise cls(url, status, code, message)
             except _Transient as e:
                 if e.sent and not idempotent:
                     ambiguous = True
-                stale = getattr(local, "conn", None)
-                if stale is not None and stale.sock is None:
-                    self._drop(stale)
-                    local.conn = None
+                if conn is not None:
+                    self._drop(conn)
                 tries.failed(str(e))
+
+    def _checkout(self, index: int) -> _Conn | None:
+        """An idle connection to endpoint ``index`` (the most recently used), if any. One
+        the server has closed meanwhile (readable while idle: EOF) is dropped here, before
+        a write is sent on it and its outcome becomes unknown."""
+        while True:
+            with self._conns_lock:
+                idle = self._idle.get(index)
+                conn = idle.pop() if idle else None
+            if conn is None or conn.idle_ok():
+                return conn
+            self._drop(conn)
+
+    def _checkin(self, index: int, conn: _Conn) -> None:
+        """Give a connection back after a complete answer (a broken one is closed)."""
+        if conn.sock is None or self._closed:
+            self._drop(conn)
+            return
+        with self._conns_lock:
+            if conn in self._conns:
+                self._idle.setdefault(index, []).append(conn)
+                return
+        conn.close()  # the client was closed meanwhile
 
     def close(self) -> None:
         """Close every connection (a running watch ends with ``EtcdUnavailable``)."""
@@ -642,6 +674,7 @@ class EtcdClient:
         with self._conns_lock:
             conns = list(self._conns)
             self._conns.clear()
+            self._idle.clear()
         for conn in conns:
             conn.close()
 
