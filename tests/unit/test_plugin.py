@@ -56,7 +56,9 @@ class FakeDataplane:
             routes=routes,
         )
 
-    def teardown(self, netns: str | None, ifname: str, host_ifname: str, addresses: Any) -> None:
+    def teardown(
+        self, netns: str | None, ifname: str, host_ifname: str | None, addresses: Any
+    ) -> None:
         self.calls.append(("teardown", (netns, ifname, host_ifname, addresses)))
         if self.fail_teardown:
             raise self.fail_teardown
