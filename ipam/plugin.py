@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from cni_config.common import CommonConf, DatastoreSettings
+from cni_config.teardown import TEARDOWN_VERBS, Teardown, Unknown
 from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
@@ -40,9 +41,21 @@ ANNOTATION_KEYS = {
 
 
 def configuration(args: skel.CmdArgs) -> ipam_config.IpamPluginConf:
-    """The call's validated configuration (parsed once per call, then cached on ``args``)."""
+    """The call's validated configuration (parsed once per call, then cached on ``args``):
+    strict for ADD, CHECK and STATUS; for DEL and GC each invalid field at its default
+    (:func:`teardown_configuration`)."""
+    if args.command in TEARDOWN_VERBS:
+        return teardown_configuration(args).conf
     if not isinstance(args.parsed, ipam_config.IpamPluginConf):
         args.parsed = ipam_config.parse_plugin(args.config)
+    return args.parsed
+
+
+def teardown_configuration(args: skel.CmdArgs) -> Teardown[ipam_config.IpamPluginConf]:
+    """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
+    dropped to its default and listed; a structural problem still fails (code 7)."""
+    if not isinstance(args.parsed, Teardown):
+        args.parsed = ipam_config.parse_plugin_for_teardown(args.config)
     return args.parsed
 
 
@@ -201,9 +214,17 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
 
 
 def cmd_del(args: skel.CmdArgs) -> None:
-    # DEL needs no node name (CFG-7, DEL-7): release by handle.
-    conf = configuration(args)
+    # DEL needs no node name (CFG-7, DEL-7): release by handle. It needs the store: a store
+    # named by an invalid field is none, and nothing is released from another (DEL-9).
+    read = teardown_configuration(args)
+    read.warn(logger, "DEL")
+    conf = read.conf
     hid = handle_id(args.network, args.container_id, args.ifname)
+    try:
+        read.store(conf.ipam)
+    except Unknown as e:
+        logger.warning("no store of that name (%s): nothing of %s released", e, hid)
+        return None
 
     def release() -> list[Allocation]:
         with open_ipam(conf.ipam, "") as ipam:
@@ -252,13 +273,22 @@ def cmd_check(args: skel.CmdArgs) -> None:
 
 
 def cmd_gc(args: skel.CmdArgs) -> None:
-    conf = configuration(args)
+    read = teardown_configuration(args)
+    read.warn(logger, "GC")
+    conf = read.conf
     valid = conf.valid_attachment_set()
     if valid is None:
         return None
     # Only this node's handles: the valid list is this runtime's, and a shared store holds
-    # other nodes' attachments too.
-    node = conf.node_name()
+    # other nodes' attachments too. Each of store, node and grace says what may be released:
+    # none of them is guessed (DEL-9).
+    try:
+        read.store(conf.ipam)
+        node = read.node_name(conf)
+        read.need("ipam.gc_grace_seconds")
+    except Unknown as e:
+        logger.warning("GC releases nothing (%s)", e)
+        return None
     grace = conf.ipam.gc_grace_seconds
 
     def gc() -> GcReport:
