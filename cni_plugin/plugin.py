@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from cni_config.teardown import Teardown
     from cni_plugin.config import PluginConf
     from dataplane.model import Dataplane, SetupResult, SetupSpec
-    from datastore import opened
-    from datastore.base import Doc
+    from datastore.base import Doc, Store
 
 logger = logging.getLogger("tabby.plugin")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -97,38 +96,48 @@ class DatastoreEndpoints:
     def record(
         self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
     ) -> tuple[str, Doc | None]:
-        """Write the endpoint; returns its key and the document as stored (None if it
-        vanished at once)."""
+        """Write the endpoint; returns its key and the document as stored: None when the
+        write landed as tabby-node's one optimistic commit (tabby-node then knows it as
+        stored) or when it vanished at once."""
+        from datastore import attempt, attempt_landed
         from resources.wep import KIND, write_endpoint
 
         namespace, pod = pod_identity(args)
-        with _store_errors(), _open_store(conf) as store, store.lock():
-            key = write_endpoint(
-                store,
-                namespace=namespace,
-                node=conf.node_name(),
-                pod=pod,
-                container_id=args.container_id,
-                interface=args.ifname,
-                host_interface=host_ifname,
-                ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
-            )
-            return key, store.get(KIND, key)
+        node = conf.node_name()
+
+        def write(store: Store) -> str:
+            with store.lock():
+                return write_endpoint(
+                    store,
+                    namespace=namespace,
+                    node=node,
+                    pod=pod,
+                    container_id=args.container_id,
+                    interface=args.ifname,
+                    host_interface=host_ifname,
+                    ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
+                )
+
+        with _store_errors():
+            key, landed = attempt_landed(conf.ipam, write, creatable=(KIND,))
+            if landed:
+                return key, None
+            return key, attempt(conf.ipam, lambda store: store.get(KIND, key), optimistic=False)
 
     def erase(self, args: skel.CmdArgs, conf: PluginConf) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
+        from datastore import attempt
         from resources.wep import endpoint_key, remove_endpoint
 
         namespace, pod = pod_identity(args)
         key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
-        with _store_errors(), _open_store(conf) as store, store.lock():
-            return key if remove_endpoint(store, key, args.container_id) else None
 
+        def remove(store: Store) -> bool:
+            with store.lock():
+                return remove_endpoint(store, key, args.container_id)
 
-def _open_store(conf: PluginConf) -> opened:
-    from datastore import opened
-
-    return opened(conf.ipam)
+        with _store_errors():
+            return key if attempt(conf.ipam, remove) else None
 
 
 def _store_errors() -> AbstractContextManager[None]:

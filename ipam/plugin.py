@@ -12,8 +12,7 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cni_config.common import CommonConf, DatastoreSettings
@@ -22,7 +21,7 @@ from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
-from datastore import opened
+from datastore import attempt
 from ipam import config as ipam_config
 from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
@@ -70,12 +69,28 @@ def configure_logging(args: skel.CmdArgs) -> None:
     log.configure_for_call(level, path, f"ipam {args.command}", args.container_id, args.ifname)
 
 
-@contextmanager
-def open_ipam(conf: DatastoreSettings, node: str) -> Iterator[Ipam]:
-    """The IPAM over the configured store, closed after the call (tabby-node serves many
-    calls: an etcd store's connections must not outlive its call)."""
-    with opened(conf) as store:
-        yield Ipam(store, node)
+def with_ipam(
+    conf: DatastoreSettings,
+    node: str,
+    fn: Callable[[Ipam], T],
+    *,
+    optimistic: bool = True,
+    absent: tuple[str, ...] = (),
+    creatable: tuple[str, ...] = (),
+) -> T:
+    """``fn`` on the IPAM over the configured store (``datastore.attempt``): a store of the
+    call's own, closed after it; in tabby-node its long-lived one, and, ``optimistic``, the
+    whole operation as one commit based on what tabby-node knows."""
+    return attempt(
+        conf,
+        lambda store: fn(Ipam(store, node)),
+        optimistic=optimistic,
+        absent=absent,
+        creatable=creatable,
+    )
+
+
+HANDLE = ("handle",)
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -195,10 +210,14 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     node = conf.node_name()
     req = build_request(args, conf, node)
 
+    def assign(ipam: Ipam) -> list[Allocation]:
+        ipam.ensure_pools(_pool_specs(conf.ipam))
+        return ipam.assign(req)
+
     def work() -> list[Allocation]:
-        with open_ipam(conf.ipam, node) as ipam:
-            ipam.ensure_pools(_pool_specs(conf.ipam))
-            return ipam.assign(req)
+        # A new attachment's handle is assumed absent (the commit proves it; a repeated
+        # ADD finds it and runs on the store, where the core answers what it holds).
+        return with_ipam(conf.ipam, node, assign, absent=HANDLE, creatable=HANDLE)
 
     allocations = _guard(work)
     if not allocations:
@@ -227,8 +246,7 @@ def cmd_del(args: skel.CmdArgs) -> None:
         return None
 
     def release() -> list[Allocation]:
-        with open_ipam(conf.ipam, "") as ipam:
-            return ipam.release_handle(hid)
+        return with_ipam(conf.ipam, "", lambda ipam: ipam.release_handle(hid))
 
     released = _guard(release)
     if released:
@@ -250,8 +268,7 @@ def cmd_check(args: skel.CmdArgs) -> None:
     hid = handle_id(args.network, args.container_id, args.ifname)
 
     def lookup() -> list[Allocation]:
-        with open_ipam(conf.ipam, "") as ipam:
-            return ipam.get_handle(hid)
+        return with_ipam(conf.ipam, "", lambda ipam: ipam.get_handle(hid))
 
     held = _guard(lookup)
     if not held:
@@ -292,8 +309,12 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     grace = conf.ipam.gc_grace_seconds
 
     def gc() -> GcReport:
-        with open_ipam(conf.ipam, node) as ipam:
-            return ipam.gc(args.network, valid, grace_seconds=grace)
+        return with_ipam(
+            conf.ipam,
+            node,
+            lambda ipam: ipam.gc(args.network, valid, grace_seconds=grace),
+            optimistic=False,  # it lists every handle
+        )
 
     report = _guard(gc)
     if report.errors:
@@ -312,20 +333,23 @@ def cmd_status(args: skel.CmdArgs) -> None:
     except CniError as e:
         raise CniError(Code.NOT_READY, "IPAM configuration unusable", str(e)) from None
     ipam_conf = conf.ipam
+
+    def ready(ipam: Ipam) -> str | None:
+        ipam.store.check_usable()
+        return ipam.can_allocate(
+            ipam_conf.ipv4_pools,
+            ipam_conf.ipv6_pools,
+            need_v4=ipam_conf.assign_ipv4,
+            need_v6=ipam_conf.assign_ipv6,
+            strict_affinity=ipam_conf.strict_affinity,
+            max_blocks_per_host=ipam_conf.max_blocks_per_host,
+            reserved=ipam_conf.reserved_networks,
+            block_size_v4=ipam_conf.block_size_ipv4,
+            block_size_v6=ipam_conf.block_size_ipv6,
+        )
+
     try:
-        with open_ipam(ipam_conf, node) as ipam:
-            ipam.store.check_usable()
-            reason = ipam.can_allocate(
-                ipam_conf.ipv4_pools,
-                ipam_conf.ipv6_pools,
-                need_v4=ipam_conf.assign_ipv4,
-                need_v6=ipam_conf.assign_ipv6,
-                strict_affinity=ipam_conf.strict_affinity,
-                max_blocks_per_host=ipam_conf.max_blocks_per_host,
-                reserved=ipam_conf.reserved_networks,
-                block_size_v4=ipam_conf.block_size_ipv4,
-                block_size_v6=ipam_conf.block_size_ipv6,
-            )
+        reason = with_ipam(ipam_conf, node, ready, optimistic=False)
     except DatastoreError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:

@@ -185,6 +185,13 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "outcome",
         "writes retried after an unknown outcome: applied, unknown",
     ),
+    "tabby_datastore_fast_path_total": (
+        "counter",
+        "outcome",
+        "served CNI calls' datastore operations on etcd: committed (one optimistic commit), "
+        "retried (it did not land: run on the store), declined (one commit could not do it), "
+        "failed (it failed on the view: run on the store)",
+    ),
     # the node
     "tabby_node_up": ("gauge", "", "1: tabby-node runs"),
     "tabby_node_info": ("gauge", "node, version, backend", "always 1; who this node is"),
@@ -622,6 +629,16 @@ class Metrics:
         retried.add_metric(["applied"], stats.get("resolved", 0))
         retried.add_metric(["unknown"], stats.get("unknown", 0))
         yield retried
+        served = agent.served if agent is not None else None
+        counts = served.counts.as_dict() if served is not None else {}
+        fast = CounterMetricFamily(
+            "tabby_datastore_fast_path",
+            _help("tabby_datastore_fast_path_total"),
+            labels=["outcome"],
+        )
+        for outcome in ("committed", "retried", "declined", "failed"):
+            fast.add_metric([outcome], counts.get(outcome, 0))
+        yield fast
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dataplane.nft import ApplyResult, PolicyDataplane
     from dataplane.overlay import Changes
     from dataplane.overlay_model import DesiredState
+    from datastore import Served
     from datastore.base import Store
     from tabby_node.cache import Cache
     from tabby_node.cluster import Cluster
@@ -89,6 +90,9 @@ class AgentView(Protocol):
 
     @property
     def store(self) -> Store | None: ...
+
+    @property
+    def served(self) -> Served | None: ...
 
     @property
     def problems(self) -> dict[str, str]: ...

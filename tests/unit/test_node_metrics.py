@@ -479,6 +479,14 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     agent.store = type("S", (), {"stats": {"txns": 7, "conflicts": 1, "resolved": 0}})()
     assert sample(m, "tabby_datastore_transactions_total") == 7
     assert sample(m, "tabby_datastore_retried_writes_total", outcome="unknown") == 0
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 0
+    from datastore import Served
+
+    agent.served = Served(agent.store, None)
+    for outcome in ("committed", "committed", "retried"):
+        agent.served.counts.add(outcome)
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 2
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="retried") == 1
     assert sample(m, "tabby_node_info", node="node-a", version=__version__, backend="none") == 1
 
 
