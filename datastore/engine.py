@@ -33,6 +33,7 @@ This module is imported by every store, so by every CNI call: no ``logging`` at 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import json
@@ -223,6 +224,16 @@ def _flock(fd: int, path: str, deadline: float, timeout: float) -> None:
             raise StoreUnavailable(path, reason(e)) from None
 
 
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` is the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class StoreLock:
     """One ``lock()`` session (a context manager): the thread lock, the lock file's fd (None
     without a lock file), and ``dirty`` for the store's own use (the file store: "this
@@ -308,6 +319,11 @@ class Engine:
     lock_path: str
     #: per thread: the ``StoreLock`` it holds (``lock`` attribute); None: re-entry not refused
     _held: threading.local | None = None
+    #: The lock file exists only while held: the holder unlinks it before it lets go, and a
+    #: waiter that then gets the flock of the unlinked file opens the path again. For lock
+    #: files named after settings (etcd: endpoints, prefix, network namespace), which would
+    #: otherwise pile up in the lock directory forever.
+    _ephemeral_lock_file = False
 
     # -- what a store supplies ------------------------------------------------------------
 
@@ -451,8 +467,12 @@ class Engine:
             raise LockTimeout(self.lock_path, f"held by another call for more than {timeout} s")
         try:
             fd = self._open_lock_file()
-            if fd is not None:
+            while fd is not None:
                 _flock(fd, self.lock_path, deadline, timeout)
+                if not self._ephemeral_lock_file or _names(self.lock_path, fd):
+                    break
+                os.close(fd)  # its holder unlinked it: the lock is the file the path names now
+                fd = self._open_lock_file()
         except BaseException:
             thread_lock.release()
             raise
@@ -480,6 +500,9 @@ class Engine:
             session.dirty = False
             try:
                 if fd is not None:
+                    if self._ephemeral_lock_file:
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.lock_path)  # still held: no one else's file
                     os.close(fd)  # closing drops the flock
             finally:
                 thread_lock.release()

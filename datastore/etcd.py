@@ -35,7 +35,8 @@ A value is the document's JSON (UTF-8), nothing else; its revision is the key's
   a compaction, or a member that loses its leader gives a fresh snapshot.
 - ``lock``: node-local only (the engine's session: the process's thread lock for, then
   flock on, ``<lock_dir>/etcd-<hash>.lock``, the hash over the sorted endpoints, the prefix,
-  and the inode of the process's network namespace). One object may serve many threads, a
+  and the inode of the process's network namespace), which exists only while it is held
+  (the holder unlinks it before letting go). One object may serve many threads, a
   session belongs to the thread that took it, and taking it again in that thread is a
   ``RuntimeError``. Correctness across nodes rests on the compare-and-swap of every write.
 - ``check_usable``: one linearizable read of one key.
@@ -131,7 +132,9 @@ def _netns_inode() -> int:
 
 class EtcdStore(Engine):
     """Store over etcd v3 (see the module docstring). Thread-safe: one object may serve
-    many threads (each gets its own keep-alive connection)."""
+    many threads (they share its pool of keep-alive connections)."""
+
+    _ephemeral_lock_file = True
 
     def __init__(
         self,

@@ -1227,3 +1227,39 @@ def test_etcd_lock_file_names_node_and_cluster(tmp_path: Path) -> None:
         pass
     with a.lock(), pytest.raises(RuntimeError, match="re-entrant"), a.lock():
         pass
+
+
+def test_etcd_lock_file_exists_only_while_held(tmp_path: Path) -> None:
+    """Lock files are named after settings (endpoints, prefix, network namespace): they
+    must not pile up in the lock directory, one per cluster ever used."""
+    a = EtcdStore(["http://a:1"], prefix="/p", lock_dir=str(tmp_path))
+    with a.lock():
+        assert os.path.exists(a.lock_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_etcd_lock_excludes_across_processes_while_its_file_comes_and_goes(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Four processes, two threads each, increment one counter under the lock: a waiter
+    that got the flock of a file its holder unlinked must not count as holding the lock."""
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    rounds = 150
+    code = (
+        "import sys, threading\n"
+        "from datastore.etcd import EtcdStore\n"
+        f"s = EtcdStore(['http://a:1'], prefix='/p', lock_dir={str(tmp_path / 'locks')!r})\n"
+        "def work():\n"
+        f"    for _ in range({rounds}):\n"
+        "        with s.lock():\n"
+        f"            with open({str(counter)!r}) as f: n = int(f.read())\n"
+        f"            with open({str(counter)!r}, 'w') as f: f.write(str(n + 1))\n"
+        "ts = [threading.Thread(target=work) for _ in range(2)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=subprocess_env) for _ in range(4)]
+    for p in procs:
+        assert p.wait(120) == 0
+    assert int(counter.read_text()) == 4 * 2 * rounds
+    assert os.listdir(tmp_path / "locks") == []
