@@ -224,7 +224,7 @@ def test_an_assign_on_fresh_knowledge_is_one_commit(knowns: list[WatchKnown]) ->
 
 def test_a_repeated_add_finds_its_handle_on_the_store(knowns: list[WatchKnown]) -> None:
     """The handle is assumed absent; when it exists, the commit fails and the store answers
-    what the handle holds (ADD-7): no second address."""
+    what the handle holds (ADD-7 in cni_protocol/CONFORMANCE.md): no second address."""
     inner = _store()
     known = WatchKnown(inner)
     knowns.append(known)
