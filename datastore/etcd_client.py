@@ -22,7 +22,10 @@ one deadline.
 - Watch: a streaming ``POST /v3/watch`` answered with newline-delimited JSON results in HTTP
   chunks; read with short timeouts so a stop request is seen within ~0.25 s. The request
   carries the ``hasleader`` metadata, so a member that loses its leader ends the stream
-  instead of going quiet.
+  instead of going quiet. One request body may hold several create requests: etcd then
+  runs several watches on the one stream (one connection, one gRPC stream in etcd),
+  tells them apart by ``watch_id``, and announces them in the order asked (``watch_ranges``
+  names each answer by the position of its range).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -166,9 +169,25 @@ class WatchEvent:
 
 
 class WatchResponse:
-    """One ``result`` of the watch stream, read from the gateway's JSON."""
+    """One ``result`` of the watch stream, read from the gateway's JSON.
 
-    __slots__ = ("canceled", "compact_revision", "events", "reason", "revision")
+    Which answer it is: ``created`` (a watch started; no events), ``canceled`` (a watch
+    ended; ``compact_revision`` > 0: its start revision was compacted away), events, or
+    neither (a progress notification: every change of the watch's range up to
+    ``revision`` has been sent). ``index``: the position of its range in the request
+    (``watch_ranges``), -1 if unknown.
+    """
+
+    __slots__ = (
+        "canceled",
+        "compact_revision",
+        "created",
+        "events",
+        "index",
+        "reason",
+        "revision",
+        "watch_id",
+    )
 
     def __init__(self, result: dict[str, Any]) -> None:
         self.revision = _int(result.get("header", {}).get("revision"))
@@ -179,7 +198,10 @@ class WatchResponse:
         # > 0: history gone; the watch was cancelled
         self.compact_revision = _int(result.get("compact_revision"))
         self.canceled = bool(result.get("canceled"))
+        self.created = bool(result.get("created"))
         self.reason = str(result.get("cancel_reason", ""))
+        self.watch_id = _int(result.get("watch_id"))  # 0 is omitted; -1: not a watch's
+        self.index = -1
 
 
 def b64(data: bytes) -> str:
@@ -787,21 +809,56 @@ class EtcdClient:
     ) -> Iterator[WatchResponse]:
         """Stream the changes of ``[key, range_end)`` from ``start_revision`` until ``stop``.
 
-        Connecting (and the "created" answer) must happen before ``deadline`` (default: the
-        client timeout), trying every endpoint; then the stream lasts as long as etcd keeps
-        it. A response with ``canceled`` (``compact_revision`` > 0 after a compaction) ends
-        the iteration; a broken stream raises ``EtcdUnavailable``. Ends quietly (within
-        ~0.25 s) once ``stop`` is set.
+        ``watch_ranges`` for one range, without the "created" answer: a response with
+        ``canceled`` (``compact_revision`` > 0 after a compaction) ends the iteration; a
+        broken stream raises ``EtcdUnavailable``. Ends quietly (within ~0.25 s) once
+        ``stop`` is set.
         """
+        for resp in self.watch_ranges([(key, range_end, start_revision)], stop, deadline=deadline):
+            if resp.created and not resp.canceled:
+                continue
+            yield resp
+            if resp.canceled:
+                return
+
+    def watch_ranges(
+        self,
+        ranges: Sequence[tuple[bytes, bytes | None, int]],
+        stop: threading.Event,
+        *,
+        deadline: float | None = None,
+        progress_notify: bool = False,
+    ) -> Generator[WatchResponse, None, None]:
+        """Watch several ``(key, range_end, start_revision)`` ranges over one stream until
+        ``stop``: one watch per range, each from its own revision.
+
+        Connecting (and the answer's head) must happen before ``deadline`` (default: the
+        client timeout), trying every endpoint; then the stream lasts as long as etcd keeps
+        it. Every response carries ``index``, the position of its range; each watch's
+        "created" answer is yielded too (``created``, in the order of ``ranges``). A
+        cancelled watch (``canceled``; ``compact_revision`` > 0 when its start revision was
+        compacted) ends only that watch: the stream and the other watches go on. With
+        ``progress_notify`` etcd sends each watch that is caught up a response without
+        events every ``--experimental-watch-progress-notify-interval`` (10 min by default):
+        its range had no other change up to the response's ``revision``. A broken stream
+        raises ``EtcdUnavailable``. Ends quietly (within ~0.25 s) once ``stop`` is set.
+        """
+        if not ranges:
+            raise ValueError("watch_ranges needs at least one range")
         if deadline is None:
             deadline = time.monotonic() + self.timeout
-        create: dict[str, Any] = {"key": b64(key), "start_revision": str(start_revision)}
-        if range_end is not None:
-            create["range_end"] = b64(range_end)
-        payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
+        lines = []
+        for key, range_end, start_revision in ranges:
+            create: dict[str, Any] = {"key": b64(key), "start_revision": str(start_revision)}
+            if range_end is not None:
+                create["range_end"] = b64(range_end)
+            if progress_notify:
+                create["progress_notify"] = True
+            lines.append(json.dumps({"create_request": create}, separators=(",", ":")))
+        payload = "\n".join(lines).encode()
         conn = self._open_watch(payload, deadline, stop)
         try:
-            yield from self._read_watch(conn, stop)
+            yield from self._read_watch(conn, stop, len(ranges))
         finally:
             self._drop(conn)
 
@@ -838,11 +895,14 @@ class EtcdClient:
                     self._drop(conn)
                 tries.failed(str(e))
 
-    def _read_watch(self, conn: _Conn, stop: threading.Event) -> Iterator[WatchResponse]:
+    def _read_watch(
+        self, conn: _Conn, stop: threading.Event, count: int
+    ) -> Iterator[WatchResponse]:
         stream = bytearray()  # de-chunked bytes not yet split into lines
         size = -1  # bytes left in the current chunk; -1: expecting a chunk header
         url = conn.ep.url
-        created = False
+        created = 0  # "created" answers seen: etcd sends them in the order of the requests
+        index_of: dict[int, int] = {}  # watch_id -> position of its range
         while not stop.is_set():
             try:
                 if size < 0:
@@ -873,13 +933,16 @@ class EtcdClient:
                 resp = _watch_response(url, line)
                 if resp is None:
                     continue
-                if not created:
-                    created = True
-                    if not resp.events and not resp.canceled:
-                        continue  # the "created" answer
+                if resp.created and created < count:
+                    resp.index = created
+                    created += 1
+                    if not resp.canceled:
+                        index_of[resp.watch_id] = resp.index
+                elif not resp.created:
+                    resp.index = index_of.get(resp.watch_id, -1)
+                    if resp.canceled:
+                        index_of.pop(resp.watch_id, None)
                 yield resp
-                if resp.canceled:
-                    return
 
 
 def _watch_response(url: str, line: bytes) -> WatchResponse | None:
