@@ -528,6 +528,7 @@ class _Mirror:
     """Runs ``store.sync`` in a thread, keeps the consumer's state."""
 
     def __init__(self, store: EtcdStore, kinds: list[str]) -> None:
+        self.store = store
         self.stop = threading.Event()
         self.state: dict[str, dict[str, Doc]] = {}
         self.events: list[SyncEvent] = []
@@ -556,7 +557,7 @@ class _Mirror:
         except BaseException as e:
             self.error = e
 
-    def wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    def wait(self, cond: Callable[[], bool], timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while not cond():
@@ -564,7 +565,8 @@ class _Mirror:
                     raise AssertionError("sync failed") from self.error
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    pytest.fail(f"sync state never got there: {self.state}")
+                    stats = self.store.sync_stats
+                    pytest.fail(f"sync state never got there ({stats}): {self.state}")
                 self._cond.wait(min(left, 0.1))
 
     def close(self) -> None:
@@ -671,12 +673,13 @@ def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     old: dict[str, int] = {}
     old_stop = threading.Event()
     m = _Mirror(store, kinds)
+    old_counting = threading.Thread(
+        target=_count_raw, args=(writer, old_start, old_end, old_stop, old), daemon=True
+    )
     try:
         m.wait(lambda: m.snapshots == 1)
-        rev = etcd1.revision()
-        args = (writer, old_start, old_end, rev + 1, old_stop, old)
-        old_counting = threading.Thread(target=_count_raw, args=args, daemon=True)
         old_counting.start()
+        time.sleep(0.3)  # its watch is up
         ipam = Ipam(writer, "node-a")
         pool = "10.60.0.0/16"
         ipam.ensure_pools([PoolSpec(pool, 30)])  # 4 addresses a block: one fills
@@ -719,15 +722,19 @@ def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     finally:
         old_stop.set()
         m.close()
+        if old_counting.ident is not None:
+            old_counting.join(10)
         store.close()
         writer.close()
 
 
 def _count_raw(
-    store: EtcdStore, start: bytes, end: bytes, rev: int, stop: threading.Event, out: dict[str, int]
+    store: EtcdStore, start: bytes, end: bytes, stop: threading.Event, out: dict[str, int]
 ) -> None:
+    """What one watch of [start, end) receives, by kind, until ``stop``."""
+    rev = store.client.range(start, end, count_only=True).revision
     by_prefix = sorted(((store._kp[k], k) for k in KINDS), reverse=True)
-    for resp in store.client.watch(start, end, rev, stop):
+    for resp in store.client.watch(start, end, rev + 1, stop):
         for ev in resp.events:
             kind = next((k for p, k in by_prefix if ev.kv.key.startswith(p)), "other")
             out[kind] = out.get(kind, 0) + 1
@@ -770,7 +777,7 @@ def test_sync_resumes_after_its_member_is_killed_and_restarted(
         try:
             m.wait(lambda: m.snapshots == 1)
             writer.put("pod", "ns/live", {}, None)  # seen: the stream is up
-            m.wait(lambda: "ns/live" in m.state["pod"])
+            m.wait(lambda: "ns/live" in m.state["pod"], 30)
             before = len(m.events)
             etcd3.kill(0)
             b = writer.get("block", "10.0.0.0/26")
@@ -870,7 +877,7 @@ def test_sync_rereads_once_after_a_compaction_while_away(
             writer.put("pod", key, {}, None)
         m = _Mirror(store, SYNC_KINDS)
         try:
-            m.wait(lambda: m.snapshots == 1 and len(m.state["pod"]) == 4)
+            m.wait(lambda: m.snapshots == 1 and len(m.state["pod"]) == 4, 30)
             before = len(m.events)
             etcd3.kill(0)
             for key in ("ns/gone", "ns/gone2"):
