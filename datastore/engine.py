@@ -306,8 +306,8 @@ class Reported:
 #: rereads: reads again because the store could not say what changed (etcd's history
 #: compacted, a failed poll of the file store, the memory store's ``resync``), each
 #: followed by only the differences;
-#: resumes: etcd watch streams opened again after a break, every range from where it had
-#: got to, nothing read again (a range whose history turns out compacted is then a re-read).
+#: resumes: etcd watches opened again after a break, every range from where it had got
+#: to, nothing read again (a range whose history turns out compacted is then a re-read).
 SYNC_STATS = ("snapshots", "rereads", "resumes")
 
 

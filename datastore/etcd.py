@@ -34,12 +34,13 @@ A value is the document's JSON (UTF-8), nothing else; its revision is the key's
   (``watch_groups``: tabby-node's kinds make three, ``heartbeats/``, ``ipam/v1/blocks/``
   and ``ipam/v1/pools/`` to the end of ``resources/v1/``; IPAM handles and affinities are
   never in them). The snapshot reads every range at one revision (the later ranges pinned
-  to the first one's), then ONE watch stream carries one watch per range from the next
-  revision, with progress notifications. Each range keeps its progress: the last revision
-  it delivered (its last event's, or a progress notification's). A broken stream (a member
-  killed or restarted, the connection lost, a member without a leader) is opened again
-  after a pause with full jitter, every range from its own progress + 1: nothing is read
-  again (``sync_stats["resumes"]``). Only a compacted history (a watch cancelled with a
+  to the first one's), then one watch per range (one stream each, all read by the
+  iterator's thread) from the next revision, with progress notifications. Each range keeps
+  its progress: the last revision it delivered (its last event's, or a progress
+  notification's). A broken stream (a member killed or restarted, the connection lost, a
+  member without a leader) closes them all; they are opened again after a pause with full
+  jitter, every range from its own progress + 1: nothing is read again
+  (``sync_stats["resumes"]``). Only a compacted history (a watch cancelled with a
   ``compact_revision``) makes the store read the ranges whose history is gone, after a
   random delay of up to ``REREAD_JITTER`` seconds, and report only the differences
   (``sync_stats["rereads"]``).
@@ -152,13 +153,15 @@ def watch_groups(kinds: Iterable[str]) -> builtins.list[tuple[str, ...]]:
     next to each other in key order (``LAYOUT``), each run one watch of ``sync``.
 
     Never bridged over, although that would save a range: IPAM handles (written by every
-    pod ADD and DEL anywhere: the watch would carry them to every node) and affinities
-    (written when a block is claimed, when it fills and when it has room again, so on a
-    node at its blocks' capacity at every ADD and DEL). A range costs etcd one watcher
-    (a few hundred bytes and a lookup per write); every range of a ``sync`` is a watch on
-    the same stream, so a range more is no connection more, while every unwanted event is
-    ~70 us of etcd's CPU per node that receives it (gateway, measured) and the node's
-    parsing: skipping a kind that changes with pods is worth a watcher.
+    pod ADD and DEL anywhere: the watch would carry them to every node) and affinities.
+    Bridging affinities would make tabby-node's heartbeats and blocks one range (two
+    streams per node, not three), but an affinity is written when a block is claimed, when
+    it fills and when it has room again: on a node at its blocks' capacity with every ADD
+    and DEL, so every node would receive three events per pod change instead of two, each
+    ~70 us of etcd's CPU through the gateway (measured) and the node's parsing. A range
+    more costs a watch stream (a connection, a gRPC stream and a watcher in etcd: memory,
+    and nothing while it is quiet). CPU with every pod change against a little memory per
+    node: no bridging.
     """
     wanted = set(kinds)
     groups: list[tuple[str, ...]] = []
@@ -514,8 +517,6 @@ class EtcdStore(Engine):
             try:
                 for resp in watch:
                     i = resp.index
-                    if i < 0:
-                        continue
                     if resp.canceled:
                         if not resp.compact_revision:
                             why = resp.reason or "no reason given"
@@ -535,7 +536,7 @@ class EtcdStore(Engine):
                         break
                     if resp.created:
                         created += 1
-                        if created == len(ranges):  # every watch is running
+                        if created == len(ranges):  # every stream is running
                             pause = RETRY_PAUSE[0]
                             failure = ""
                             if resumed:

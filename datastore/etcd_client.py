@@ -22,10 +22,13 @@ one deadline.
 - Watch: a streaming ``POST /v3/watch`` answered with newline-delimited JSON results in HTTP
   chunks; read with short timeouts so a stop request is seen within ~0.25 s. The request
   carries the ``hasleader`` metadata, so a member that loses its leader ends the stream
-  instead of going quiet. One request body may hold several create requests: etcd then
-  runs several watches on the one stream (one connection, one gRPC stream in etcd),
-  tells them apart by ``watch_id``, and announces them in the order asked (``watch_ranges``
-  names each answer by the position of its range).
+  instead of going quiet. ``watch_ranges`` opens one stream per range and reads them all
+  from the calling thread (``selectors``). Not one stream carrying several create requests,
+  although etcd allows it: the gateway reads a request body's second and later requests
+  while it already answers the first, and etcd's HTTP/1.1 server (Go's) discards the
+  unread rest of a request body once the answer's head is out, so on a busy member those
+  watches are silently never created (measured: a third of the streams lost their last
+  watch with ~600-byte bodies under load).
 """
 
 from __future__ import annotations
@@ -171,23 +174,13 @@ class WatchEvent:
 class WatchResponse:
     """One ``result`` of the watch stream, read from the gateway's JSON.
 
-    Which answer it is: ``created`` (a watch started; no events), ``canceled`` (a watch
+    Which answer it is: ``created`` (the watch started; no events), ``canceled`` (the watch
     ended; ``compact_revision`` > 0: its start revision was compacted away), events, or
     neither (a progress notification: every change of the watch's range up to
-    ``revision`` has been sent). ``index``: the position of its range in the request
-    (``watch_ranges``), -1 if unknown.
+    ``revision`` has been sent). ``index``: the position of its range in ``watch_ranges``.
     """
 
-    __slots__ = (
-        "canceled",
-        "compact_revision",
-        "created",
-        "events",
-        "index",
-        "reason",
-        "revision",
-        "watch_id",
-    )
+    __slots__ = ("canceled", "compact_revision", "created", "events", "index", "reason", "revision")
 
     def __init__(self, result: dict[str, Any]) -> None:
         self.revision = _int(result.get("header", {}).get("revision"))
@@ -200,8 +193,7 @@ class WatchResponse:
         self.canceled = bool(result.get("canceled"))
         self.created = bool(result.get("created"))
         self.reason = str(result.get("cancel_reason", ""))
-        self.watch_id = _int(result.get("watch_id"))  # 0 is omitted; -1: not a watch's
-        self.index = -1
+        self.index = 0
 
 
 def b64(data: bytes) -> str:
@@ -829,38 +821,42 @@ class EtcdClient:
         deadline: float | None = None,
         progress_notify: bool = False,
     ) -> Generator[WatchResponse, None, None]:
-        """Watch several ``(key, range_end, start_revision)`` ranges over one stream until
-        ``stop``: one watch per range, each from its own revision.
+        """Watch several ``(key, range_end, start_revision)`` ranges until ``stop``: one
+        stream per range (see the module docstring), each from its own revision, all read
+        by the calling thread.
 
-        Connecting (and the answer's head) must happen before ``deadline`` (default: the
-        client timeout), trying every endpoint; then the stream lasts as long as etcd keeps
-        it. Every response carries ``index``, the position of its range; each watch's
-        "created" answer is yielded too (``created``, in the order of ``ranges``). A
-        cancelled watch (``canceled``; ``compact_revision`` > 0 when its start revision was
-        compacted) ends only that watch: the stream and the other watches go on. With
-        ``progress_notify`` etcd sends each watch that is caught up a response without
-        events every ``--experimental-watch-progress-notify-interval`` (10 min by default):
-        its range had no other change up to the response's ``revision``. A broken stream
-        raises ``EtcdUnavailable``. Ends quietly (within ~0.25 s) once ``stop`` is set.
+        Every stream is connected (and its answer's head read) before ``deadline``
+        (default: the client timeout), trying every endpoint; then they last as long as
+        etcd keeps them. Every response carries ``index``, the position of its range; each
+        watch's "created" answer is yielded too. A cancelled watch (``canceled``;
+        ``compact_revision`` > 0 when its start revision was compacted) ends only its own
+        range's watch. With ``progress_notify`` etcd sends each watch that is caught up a
+        response without events every ``--experimental-watch-progress-notify-interval``
+        (10 min by default): its range had no other change up to the response's
+        ``revision``. A broken stream raises ``EtcdUnavailable`` (closing them all). Ends
+        quietly (within ~0.25 s) once ``stop`` is set.
         """
         if not ranges:
             raise ValueError("watch_ranges needs at least one range")
         if deadline is None:
             deadline = time.monotonic() + self.timeout
-        lines = []
-        for key, range_end, start_revision in ranges:
-            create: dict[str, Any] = {"key": b64(key), "start_revision": str(start_revision)}
-            if range_end is not None:
-                create["range_end"] = b64(range_end)
-            if progress_notify:
-                create["progress_notify"] = True
-            lines.append(json.dumps({"create_request": create}, separators=(",", ":")))
-        payload = "\n".join(lines).encode()
-        conn = self._open_watch(payload, deadline, stop)
+        streams: list[_WatchStream] = []
         try:
-            yield from self._read_watch(conn, stop, len(ranges))
+            for index, (key, range_end, start_revision) in enumerate(ranges):
+                create: dict[str, Any] = {
+                    "key": b64(key),
+                    "start_revision": str(start_revision),
+                }
+                if range_end is not None:
+                    create["range_end"] = b64(range_end)
+                if progress_notify:
+                    create["progress_notify"] = True
+                payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
+                streams.append(_WatchStream(self._open_watch(payload, deadline, stop), index))
+            yield from _read_watches(streams, stop)
         finally:
-            self._drop(conn)
+            for stream in streams:
+                self._drop(stream.conn)
 
     def _open_watch(self, payload: bytes, deadline: float, stop: threading.Event) -> _Conn:
         tries = _Rotation(self.urls, self._preferred, deadline, stop)
@@ -895,54 +891,100 @@ class EtcdClient:
                     self._drop(conn)
                 tries.failed(str(e))
 
-    def _read_watch(
-        self, conn: _Conn, stop: threading.Event, count: int
-    ) -> Iterator[WatchResponse]:
-        stream = bytearray()  # de-chunked bytes not yet split into lines
-        size = -1  # bytes left in the current chunk; -1: expecting a chunk header
-        url = conn.ep.url
-        created = 0  # "created" answers seen: etcd sends them in the order of the requests
-        index_of: dict[int, int] = {}  # watch_id -> position of its range
-        while not stop.is_set():
-            try:
-                if size < 0:
-                    size = conn._chunk_size(None, WATCH_POLL)
-                    if size == 0:
-                        raise EtcdUnavailable([url], "watch stream ended")
-                take = min(size, max(len(conn.buf), 1))
-                data = conn._exact(take, None, WATCH_POLL)
-                size -= len(data)
-                stream += data
-                if size == 0:
-                    conn._exact(2, None, WATCH_POLL)
-                    size = -1
-            except TimeoutError:
-                continue
-            except _Transient as e:
-                raise EtcdUnavailable([url], f"watch broken: {e}") from None
-            except OSError as e:
-                raise EtcdUnavailable([url], f"watch broken: {_reason(e)}") from None
-            while True:
-                i = stream.find(b"\n")
+
+class _WatchStream:
+    """One watch stream being read: its connection and the de-chunking of its answer."""
+
+    __slots__ = ("conn", "index", "size", "text")
+
+    def __init__(self, conn: _Conn, index: int) -> None:
+        self.conn = conn
+        self.index = index  # the position of its range
+        self.text = bytearray()  # de-chunked bytes not yet split into lines
+        self.size = -1  # bytes left of the current chunk; -1: its header is next; -2: its CRLF
+
+    def receive(self) -> None:
+        """Read what the socket has (a TLS record not complete yet: nothing)."""
+        sock = self.conn.sock
+        if sock is None:
+            raise EtcdUnavailable([self.conn.ep.url], "watch broken: connection closed")
+        try:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise EtcdUnavailable([self.conn.ep.url], "watch broken: connection closed by etcd")
+            self.conn.buf += chunk
+            pending = getattr(sock, "pending", None)  # TLS: decrypted bytes select cannot see
+            while pending is not None and pending():
+                self.conn.buf += sock.recv(65536)
+        except TimeoutError:
+            return
+        except OSError as e:
+            raise EtcdUnavailable([self.conn.ep.url], f"watch broken: {_reason(e)}") from None
+
+    def responses(self) -> Iterator[WatchResponse]:
+        """The complete responses among the bytes received so far, in order."""
+        buf = self.conn.buf
+        url = self.conn.ep.url
+        while True:
+            if self.size == -1:
+                i = buf.find(b"\r\n")
                 if i < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise EtcdUnavailable([url], "watch broken: chunk header too long")
                     break
-                line = bytes(stream[:i])
-                del stream[: i + 1]
-                if not line.strip():
-                    continue
-                resp = _watch_response(url, line)
-                if resp is None:
-                    continue
-                if resp.created and created < count:
-                    resp.index = created
-                    created += 1
-                    if not resp.canceled:
-                        index_of[resp.watch_id] = resp.index
-                elif not resp.created:
-                    resp.index = index_of.get(resp.watch_id, -1)
-                    if resp.canceled:
-                        index_of.pop(resp.watch_id, None)
+                line = bytes(buf[:i])
+                del buf[: i + 2]
+                try:
+                    self.size = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise EtcdUnavailable([url], f"watch broken: bad chunk {line[:40]!r}") from None
+                if self.size == 0:
+                    raise EtcdUnavailable([url], "watch stream ended")
+            elif self.size == -2:
+                if len(buf) < 2:
+                    break
+                del buf[:2]
+                self.size = -1
+            else:
+                if not buf:
+                    break
+                take = min(self.size, len(buf))
+                self.text += buf[:take]
+                del buf[:take]
+                self.size -= take
+                if self.size == 0:
+                    self.size = -2
+        while True:
+            i = self.text.find(b"\n")
+            if i < 0:
+                return
+            line = bytes(self.text[:i])
+            del self.text[: i + 1]
+            if not line.strip():
+                continue
+            resp = _watch_response(url, line)
+            if resp is not None:
+                resp.index = self.index
                 yield resp
+
+
+def _read_watches(streams: list[_WatchStream], stop: threading.Event) -> Iterator[WatchResponse]:
+    """The responses of every stream as they come, until ``stop`` (looked at every
+    ``WATCH_POLL``)."""
+    import selectors  # only tabby-node and tabbyctl watch: not on a CNI call's path
+
+    with selectors.DefaultSelector() as selector:
+        for stream in streams:
+            sock = stream.conn.sock
+            assert sock is not None
+            sock.settimeout(WATCH_POLL)
+            selector.register(sock, selectors.EVENT_READ, stream)
+            yield from stream.responses()  # bytes that came with the answer's head
+        while not stop.is_set():
+            for key, _ in selector.select(WATCH_POLL):
+                stream = key.data
+                stream.receive()
+                yield from stream.responses()
 
 
 def _watch_response(url: str, line: bytes) -> WatchResponse | None:

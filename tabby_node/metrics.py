@@ -179,7 +179,7 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_datastore_watch_resumes_total": (
         "counter",
         "",
-        "times the etcd watch stream was opened again after a break (member restarted, "
+        "times the etcd watch streams were opened again after a break (member restarted, "
         "connection lost, no leader), every range from the last revision it had delivered: "
         "nothing read again",
     ),

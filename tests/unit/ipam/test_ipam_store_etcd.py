@@ -758,6 +758,36 @@ def _per_key(events: list[SyncEvent]) -> dict[tuple[str, str, str], int]:
 SYNC_KINDS = ["heartbeat", "block", "node", "pod"]  # three ranges: heartbeats, blocks, resources
 
 
+def test_sync_watches_every_range_also_with_a_long_prefix(
+    etcd1: EtcdCluster, tmp_path: Path
+) -> None:
+    """Each range is a stream of its own: one request body carrying every range's create
+    request would lose the later ones whenever etcd answered the first before its gateway
+    had read them (bodies over 512 bytes, as a long prefix makes them, on a busy member)."""
+    prefix = "/" + "long-prefix-" * 20 + uuid.uuid4().hex[:8]
+    store = store_on(etcd1, tmp_path, prefix=prefix)
+    writer = store_on(etcd1, tmp_path, prefix=prefix)
+    try:
+        for n in range(5):
+            _sync_sees_a_write_in_every_range(store, writer, n)
+    finally:
+        store.close()
+        writer.close()
+
+
+def _sync_sees_a_write_in_every_range(store: EtcdStore, writer: EtcdStore, n: int) -> None:
+    m = _Mirror(store, SYNC_KINDS)
+    try:
+        m.wait(lambda: m.snapshots == 1)
+        writer.put("heartbeat", f"n{n}", {}, None, ttl=60)
+        writer.put("block", f"10.0.{n}.0/26", {}, None)
+        writer.put("pod", f"ns/p{n}", {}, None)
+        want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+        m.wait(lambda: m.state == want)
+    finally:
+        m.close()
+
+
 def test_sync_resumes_after_its_member_is_killed_and_restarted(
     etcd3: EtcdCluster, tmp_path: Path
 ) -> None:
