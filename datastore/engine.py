@@ -17,14 +17,15 @@ to the store only its storage. ``Engine`` does:
   until the same deadline; ``RuntimeError`` for a thread that takes it again while it holds
   it (file, etcd; the memory store's second take waits and times out);
 - the bookkeeping of ``sync``: ``Reported`` (the documents an iterator has reported, and the
-  events that bring a consumer from there to the store's state) and ``note_failure`` (a
-  failure logged once, not at every retry).
+  events that bring a consumer from there to the store's state: after a re-read only the
+  differences), ``note_failure`` (a failure logged once, not at every retry), and the
+  ``sync_stats`` counters (``count_sync``).
 
 What a store supplies (each documented where it is defined below): ``location``, ``_get``,
 ``_keys``, ``_items``, ``_apply``, ``_sync``, ``check_usable``; for its lock ``lock_path``,
 ``_held`` (a ``threading.local`` to refuse re-entry, or None), and optionally
 ``_thread_lock``, ``_open_lock_file``, ``_locked``, ``_unlocking``; ``_commit`` and ``close``
-when it has something to add.
+when it has something to add. Its ``__init__`` calls ``Engine.__init__``.
 
 This module is imported by every store, so by every CNI call: no ``logging`` at import
 (``log_warning`` imports it when a warning is due), no NamedTuple or dataclass.
@@ -300,6 +301,16 @@ class Reported:
         return events
 
 
+#: ``Engine.sync_stats``: how the store's ``sync`` iterators got their documents.
+#: snapshots: first reads (one per ``sync`` call that got that far);
+#: rereads: reads again because the store could not say what changed (etcd's history
+#: compacted, a failed poll of the file store, the memory store's ``resync``), each
+#: followed by only the differences;
+#: resumes: etcd watches opened again after a break, every range from where it had got
+#: to, nothing read again (a range whose history turns out compacted is then a re-read).
+SYNC_STATS = ("snapshots", "rereads", "resumes")
+
+
 def note_failure(previous: str, message: str) -> str:
     """Log ``message`` unless it is the failure logged last (``previous``); returns it, to
     pass as ``previous`` next time (``""`` after a success)."""
@@ -324,6 +335,10 @@ class Engine:
     #: files named after settings (etcd: endpoints, prefix, network namespace), which would
     #: otherwise pile up in the lock directory forever.
     _ephemeral_lock_file = False
+
+    def __init__(self) -> None:
+        self._sync_guard = threading.Lock()
+        self._sync_counts = dict.fromkeys(SYNC_STATS, 0)
 
     # -- what a store supplies ------------------------------------------------------------
 
@@ -429,6 +444,17 @@ class Engine:
 
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
         return self._sync(sync_kinds(kinds), stop)
+
+    @property
+    def sync_stats(self) -> dict[str, int]:
+        """The ``SYNC_STATS`` counters of every ``sync`` of this object so far (a copy)."""
+        with self._sync_guard:
+            return dict(self._sync_counts)
+
+    def count_sync(self, name: str) -> None:
+        """One more of ``SYNC_STATS``' ``name`` (from any thread)."""
+        with self._sync_guard:
+            self._sync_counts[name] += 1
 
     # -- lock -----------------------------------------------------------------------------
 

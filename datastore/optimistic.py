@@ -30,7 +30,7 @@ from __future__ import annotations
 import builtins
 import copy
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from datastore.base import Doc, Op
@@ -200,6 +200,10 @@ class Optimistic:
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
         raise Speculation("watches")
 
+    @property
+    def sync_stats(self) -> Mapping[str, int]:
+        return self.store.sync_stats  # a view has no sync of its own
+
     def check_usable(self) -> None:
         self.store.check_usable()
 
@@ -289,6 +293,10 @@ class Learning:
 
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
         return self.store.sync(kinds, stop)
+
+    @property
+    def sync_stats(self) -> Mapping[str, int]:
+        return self.store.sync_stats
 
     def check_usable(self) -> None:
         self.store.check_usable()

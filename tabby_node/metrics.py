@@ -11,7 +11,8 @@ one). Two kinds of numbers:
 * state, read at scrape time by a collector from what the agent already holds: the IPAM
   gauges from the cache's pool and block documents (through the very views ``tabbyctl ipam
   show`` uses, recomputed only when the cache changed), BGP sessions from BIRD's control
-  socket, the nftables counters, the watch's resyncs, the etcd store's transaction counters.
+  socket, the nftables counters, the store's watch counters (re-reads, resumed streams), the
+  etcd store's transaction counters.
 
 Only tabby-node imports this module: the per-call binaries never load prometheus_client
 (tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
@@ -171,7 +172,16 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_datastore_watch_resyncs_total": (
         "counter",
         "",
-        "full snapshots the watch read (the first one, and one after every broken watch)",
+        "times the watch read its kinds again because the store could not say what changed "
+        "(etcd's history compacted, a failed poll of the file store); the first read not "
+        "counted; only the differences were applied",
+    ),
+    "tabby_datastore_watch_resumes_total": (
+        "counter",
+        "",
+        "times the etcd watch streams were opened again after a break (member restarted, "
+        "connection lost, no leader), every range from the last revision it had delivered: "
+        "nothing read again",
     ),
     "tabby_datastore_synced": ("gauge", "", "1 when the watch has a snapshot and no error"),
     "tabby_datastore_transactions_total": ("counter", "", "etcd transactions the agent sent"),
@@ -601,15 +611,22 @@ class Metrics:
     def _datastore_families(self) -> Iterator[Metric]:
         agent = self.agent
         cache = agent.cache if agent is not None else None
-        resyncs = cache.resyncs if cache is not None else 0
         synced = cache is not None and cache.synced.is_set() and cache.last_error is None
+        store = agent.store if agent is not None else None
+        sync_stats = getattr(store, "sync_stats", None)
+        watch: Mapping[str, int] = sync_stats if isinstance(sync_stats, Mapping) else {}
         yield CounterMetricFamily(
             "tabby_datastore_watch_resyncs",
             _help("tabby_datastore_watch_resyncs_total"),
-            value=resyncs,
+            value=watch.get("rereads", 0),
+        )
+        yield CounterMetricFamily(
+            "tabby_datastore_watch_resumes",
+            _help("tabby_datastore_watch_resumes_total"),
+            value=watch.get("resumes", 0),
         )
         yield _gauge("tabby_datastore_synced", 1 if synced else 0)
-        store_stats = getattr(agent.store, "stats", None) if agent is not None else None
+        store_stats = getattr(store, "stats", None)
         stats: dict[str, int] = dict(store_stats) if isinstance(store_stats, dict) else {}
         yield CounterMetricFamily(
             "tabby_datastore_transactions",
