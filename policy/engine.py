@@ -754,6 +754,18 @@ def _policy_chain_name(pol: Policy, direction: Direction) -> str:
     return f"{'pi' if direction == 'ingress' else 'pe'}-{_digest(pol.key)}"
 
 
+def policy_chain(
+    pol: Policy, direction: Direction, families: Iterable[Family] = (4, 6)
+) -> tuple[PolicyChain, dict[str, SetDef], dict[str, frozenset[Element]]]:
+    """One policy's chain for one direction exactly as :func:`compute` makes it, with every
+    set :func:`compute` makes for it and their elements as far as they do not depend on the
+    endpoints (an ipBlock's prefixes; the pod sets come back empty). A chain depends on its
+    policy alone, so :mod:`policy.incremental` builds it once per policy revision."""
+    b = _Builder(_View(ClusterState()), frozenset(families))
+    chain = b.policy_chain(pol, direction)
+    return chain, dict(b.sets), dict(b.elements)
+
+
 def _prune(ir: DesiredState) -> DesiredState:
     """Drop chains no endpoint jumps to and sets no remaining rule uses (as ``compute``
     would not have made them)."""
