@@ -159,22 +159,32 @@ class _Member:
     labels: Mapping[str, str]
     items: frozenset[tuple[str, str]]
     ports: tuple[ContainerPort, ...]
-    addrs: dict[int, frozenset[str]]
+    #: IPv4 and IPv6 addresses, each once
+    v4: tuple[str, ...]
+    v6: tuple[str, ...]
     #: on this node with a host interface: it gets a program
     local: bool
-    #: the policies selecting it (local endpoints only)
-    selected: set[_Key] = dataclasses.field(default_factory=set)
+    #: the policies selecting it (local endpoints only: the others have none)
+    selected: set[_Key] | None = None
 
     @property
     def ns(self) -> str:
         return self.ep.namespace
+
+    def addrs(self, fam: int) -> tuple[str, ...]:
+        return self.v4 if fam == 4 else self.v6
+
+    def policies(self) -> set[_Key]:
+        assert self.selected is not None, "a remote endpoint has no policies"
+        return self.selected
 
     def same_for_sets(self, other: _Member) -> bool:
         return (
             self.ep.namespace == other.ep.namespace
             and self.items == other.items
             and self.ports == other.ports
-            and self.addrs == other.addrs
+            and self.v4 == other.v4
+            and self.v6 == other.v6
         )
 
 
@@ -221,8 +231,7 @@ class IncrementalPolicy:
         self._nat = NatConfig()
         # indexes of the endpoints
         self._eps_by_ns: dict[str, set[_Key]] = {}
-        self._eps_by_pod: dict[_Key, set[_Key]] = {}
-        self._eps_by_port: dict[str, set[_Key]] = {}
+        self._eps_by_pod: dict[_Key, list[_Key]] = {}
         self._local_by_ns: dict[str, set[_Key]] = {}
         self._iface_eps: dict[str, set[_Key]] = {}
         # policy -> how many local endpoints it selects (its chains exist while > 0)
@@ -490,31 +499,33 @@ class IncrementalPolicy:
     def _member(self, ep: Endpoint) -> _Member:
         pod = self._pods.get((ep.namespace, ep.pod))
         labels, items = _label_view(pod.labels if pod is not None else ep.labels)
-        v4 = frozenset(a for a in ep.addresses if ":" not in a)
-        v6 = frozenset(a for a in ep.addresses if ":" in a)
+        unique = dict.fromkeys(ep.addresses)
+        v4 = tuple(a for a in unique if ":" not in a)
+        v6 = tuple(a for a in unique if ":" in a)
         return _Member(
             ep,
             labels,
             items,
             pod.ports if pod is not None else (),
-            {4: v4, 6: v6},
+            v4,
+            v6,
             ep.node == self.node and bool(ep.interface),
         )
 
     def _index(self, key: _Key, m: _Member) -> None:
         self._eps_by_ns.setdefault(m.ns, set()).add(key)
-        self._eps_by_pod.setdefault((m.ns, m.ep.pod), set()).add(key)
-        for port in {cp.name for cp in m.ports}:
-            self._eps_by_port.setdefault(port, set()).add(key)
+        self._eps_by_pod.setdefault((m.ns, m.ep.pod), []).append(key)
         if m.local:
             self._local_by_ns.setdefault(m.ns, set()).add(key)
             self._iface_eps.setdefault(m.ep.interface, set()).add(key)
 
     def _unindex(self, key: _Key, m: _Member) -> None:
         _discard(self._eps_by_ns, m.ns, key)
-        _discard(self._eps_by_pod, (m.ns, m.ep.pod), key)
-        for port in {cp.name for cp in m.ports}:
-            _discard(self._eps_by_port, port, key)
+        pod = (m.ns, m.ep.pod)
+        same_pod = self._eps_by_pod[pod]
+        same_pod.remove(key)
+        if not same_pod:
+            del self._eps_by_pod[pod]
         if m.local:
             _discard(self._local_by_ns, m.ns, key)
             _discard(self._iface_eps, m.ep.interface, key)
@@ -564,19 +575,19 @@ class IncrementalPolicy:
         counts: dict[_Key, int] = {}
         ifaces: set[str] = set()
         if old is not None and old.local:
-            for pk in old.selected:
+            for pk in old.policies():
                 counts[pk] = counts.get(pk, 0) - 1
             ifaces.add(old.ep.interface)
         if new is not None and new.local:
             if old is not None and old.local and (old.ns, old.items) == (new.ns, new.items):
-                new.selected = set(old.selected)
+                new.selected = set(old.policies())
             else:
                 new.selected = {
                     pk
                     for pk, p in self._policies_by_ns.get(new.ns, {}).items()
                     if p.pod_selector.matches(new.labels, new.items)
                 }
-            for pk in new.selected:
+            for pk in new.policies():
                 counts[pk] = counts.get(pk, 0) + 1
             ifaces.add(new.ep.interface)
         for pk, n in sorted(counts.items()):
@@ -589,7 +600,7 @@ class IncrementalPolicy:
         """The elements ``m`` puts into the set of family ``fam`` of group ``g``."""
         if m is None:
             return frozenset()
-        addrs = m.addrs[fam]
+        addrs = m.addrs(fam)
         if not addrs:
             return frozenset()
         if g.port is not None:
@@ -599,7 +610,7 @@ class IncrementalPolicy:
                 if cp.name == g.port
                 for a in addrs
             )
-        return addrs if self._in_group(g, m) else frozenset()
+        return frozenset(addrs) if self._in_group(g, m) else frozenset()
 
     def _in_group(
         self,
@@ -643,7 +654,7 @@ class IncrementalPolicy:
                 if g.pods is not None and not g.pods.matches(m.labels, m.items):
                     continue
                 for fam, sname in g.names.items():
-                    for a in m.addrs[fam]:
+                    for a in m.addrs(fam):
                         if after:
                             self._inc(sname, a)
                         else:
@@ -682,13 +693,14 @@ class IncrementalPolicy:
         types_changed = old is None or new is None or old.types != new.types
         for ek in sorted(self._local_by_ns.get(ns, ())):
             m = self._endpoints[ek]
-            was = key in m.selected
+            selected = m.policies()
+            was = key in selected
             now = new is not None and new.pod_selector.matches(m.labels, m.items)
             if was != now:
                 if now:
-                    m.selected.add(key)
+                    selected.add(key)
                 else:
-                    m.selected.discard(key)
+                    selected.discard(key)
                 ifaces.add(m.ep.interface)
             elif now and types_changed:
                 ifaces.add(m.ep.interface)
@@ -786,7 +798,10 @@ class IncrementalPolicy:
         g.names[d.family] = name
         # fill it from the endpoints it can hold
         if g.port is not None:
-            keys: Iterable[_Key] = self._eps_by_port.get(g.port, ())
+            port = g.port
+            keys: Iterable[_Key] = [
+                k for k, m in self._endpoints.items() if any(cp.name == port for cp in m.ports)
+            ]
         elif isinstance(g.scope, str):
             keys = self._eps_by_ns.get(g.scope, ())
         else:
@@ -878,7 +893,7 @@ class IncrementalPolicy:
             members = [self._endpoints[k] for k in sorted(keys)]
             times: dict[_Key, int] = {}
             for m in members:
-                for pk in m.selected:
+                for pk in m.policies():
                     times[pk] = times.get(pk, 0) + 1
             jumps: dict[Direction, list[str]] = {"ingress": [], "egress": []}
             for pk in sorted(times):
