@@ -318,6 +318,55 @@ def test_load_applies_only_the_differences() -> None:
     assert eng.desired() == engine.compute(dataclasses.replace(smaller, policies=()), "node1", (4,))
 
 
+NEWCOMERS = [
+    Endpoint("x", "n1", "node1", "calin1", ("10.244.1.50", "fd00::50"), labels=(("pod", "b"),)),
+    Endpoint("y", "n2", "node1", "calin2", ("10.244.2.50",), labels=(("pod", "a"),)),
+    Endpoint("z", "n3", "node2", "calin3", ("10.244.3.50",), labels=(("pod", "c"),)),
+    Endpoint("q", "n4", "node1", "calin4", ("10.244.9.50",), labels=()),
+    Endpoint("x", "n5", "node1", "", ("10.244.1.51",), labels=(("pod", "a"),)),
+    Endpoint("x", "b", "node1", "calixb2", ("10.244.1.77",), "b-net1"),  # a second one of x/b
+]
+
+
+@pytest.mark.parametrize("case", tt.CASES, ids=lambda c: c.id)
+def test_one_endpoint_in_and_out_of_every_truth_table_step(case: tt.Case) -> None:
+    """Every step of the e2e truth table, a newcomer of each kind (with its own labels, or
+    a Pod with named ports, or an existing pod relabelled), added and removed again: equal
+    to the full computation each time, and back to where it started."""
+    for step in case.steps:
+        state = tt.build_state(step)
+        eng = IncrementalPolicy("node1")
+        eng.load(state)
+        before = eng.desired()
+        assert before == engine.compute(state, "node1")
+        for ep in NEWCOMERS:
+            pods = [None, Pod(ep.namespace, ep.pod, ep.labels, tt.NAMED_PORTS[:2])]
+            pods.append(Pod(ep.namespace, ep.pod, (("pod", "zz"),)))
+            for pod in pods:
+                known = next(
+                    (p for p in state.pods if (p.namespace, p.name) == (ep.namespace, ep.pod)),
+                    None,
+                )
+                grown = state.with_endpoint(ep, pod)
+                if pod is not None:
+                    eng.put_pod(pod)
+                eng.put_endpoint(ep)
+                assert eng.desired() == engine.compute(grown, "node1"), (ep, pod)
+                eng.remove_endpoint(ep.namespace, ep.name)
+                if pod is not None and known is not None:
+                    eng.put_pod(known)
+                elif pod is not None:
+                    eng.remove_pod(pod.namespace, pod.name)
+                assert eng.desired() == before
+        for victim in ("x/a", "y/b"):
+            ns, name = victim.split("/")
+            eng.remove_endpoint(ns, f"{name}-eth0")
+            assert eng.desired() == engine.compute(
+                state.without_endpoint(ns, f"{name}-eth0"), "node1"
+            )
+            eng.load(state)
+
+
 # --- cost: flat in the size of the cluster (counted, not timed) -------------------------------
 
 
