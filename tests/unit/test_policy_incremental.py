@@ -41,7 +41,7 @@ from policy.engine import (
     Rule,
 )
 from policy.incremental import Delta, IncrementalPolicy, Update, differences
-from resources.index import POLICY, POOLS, Change, Index
+from resources.index import ENDPOINTS, POLICY, POOLS, Change, Index
 from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
@@ -580,3 +580,40 @@ def test_document_changes_become_engine_updates() -> None:
     index.put("pod", "z/ghost", Doc({"metadata": {"name": "ghost", "namespace": "z"}}, 506))
     index.delete("pod", "z/ghost")
     assert check() == [Update("pod", "z/ghost", None)]
+
+
+def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing() -> None:
+    """As tabby-node runs it: a first sync from the documents; a CNI ADD programs its
+    endpoint at once (``add_endpoint``); the next pass feeds the journal (which has that
+    endpoint too: nothing to send); the periodic check finds nothing to fix."""
+    index = Index((*POLICY, POOLS))
+    index.replace(_docs())
+    memo = inputs.PolicyInputs()
+    model = NftModel()
+    dp = nft.PolicyDataplane("node1", backend=model, families=(4,))
+    state, nat = memo.convert(index.snapshot())
+    index.drain()
+    assert dp.sync(state, nat).full
+    meta = {"name": "new-eth0", "namespace": "x", "labels": {"pod": "b"}}
+    spec = {
+        "pod": "new",
+        "node": "node1",
+        "containerID": "c-new",
+        "interface": "eth0",
+        "hostInterface": "calinew0000000",
+        "ipNetworks": ["10.244.1.99/32"],
+    }
+    index.put("workloadendpoint", "x/new-eth0", Doc({"metadata": meta, "spec": spec}, 900))
+    wep = index.snapshot().get(ENDPOINTS, "x/new-eth0")
+    assert wep is not None
+    res = dp.add_endpoint(inputs.endpoint(wep), None)
+    assert res.changed
+    assert not res.full
+    sent = len(model.transactions)
+    res = dp.update(memo.updates(index.drain()))
+    assert not res.changed
+    assert len(model.transactions) == sent
+    state, nat = memo.convert(index.snapshot())
+    check = dp.sync(state, nat, full=True)
+    assert (check.fixes, check.full) == (0, True)
+    assert model.canonical() == _table(nft.Snapshot(engine.compute(state, "node1", (4,)), nat))
