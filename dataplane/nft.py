@@ -619,10 +619,13 @@ class PolicyDataplane:
                 eng.load(state, nat)
                 self._synced = True
                 return self._program(start, full)
-            computed = engine.compute(state, self.node, self.families)
-            fixes = differences(eng.desired(), computed, eng.nat, nat)
-            changed = eng.load(state, nat)
-            if (fixes or changed) and eng.desired() != computed:
+            before, nat_before = eng.desired(), eng.nat
+            changed = eng.load(state, nat)  # the inputs' differences, as changes
+            # the definition, on the very inputs the engine holds now (``state`` with any
+            # duplicate key resolved as the engine resolves it: the last one)
+            computed = engine.compute(eng.state(), self.node, self.families)
+            fixes = differences(before, computed, nat_before, nat)
+            if (eng.desired() if changed else before) != computed:
                 # Only a fault of the incremental engine gets here: start it afresh.
                 log.error(
                     "incremental policy state differs from a full computation with equal"
