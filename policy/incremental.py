@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Literal, TypeVar
 
 from policy import engine
@@ -287,6 +288,16 @@ class IncrementalPolicy:
             dict(self._programs),
             len(self._policies),
         )
+
+    @property
+    def chains(self) -> Mapping[str, PolicyChain]:
+        """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds."""
+        return MappingProxyType(self._chains)
+
+    @property
+    def programs(self) -> Mapping[str, EndpointProgram]:
+        """The endpoint programs by interface now (read-only, live): ``desired().endpoints``."""
+        return MappingProxyType(self._programs)
 
     def stats(self) -> tuple[int, int, int, int, int]:
         """(endpoint programs, policies, rules, sets, set elements) of the IR, without

@@ -86,6 +86,7 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
         want = engine.compute(world.state(), fz.NODE, fams)
         where = f"seed {seed} op {i}: {batch}"
         assert eng.desired() == want, where
+        assert (dict(eng.chains), dict(eng.programs)) == (want.chains, want.endpoints)
         st = eng.state()
         assert sorted(map(repr, st.endpoints)) == sorted(map(repr, world.endpoints.values()))
         assert sorted(map(repr, st.pods)) == sorted(map(repr, world.pods.values()))
