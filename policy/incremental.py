@@ -290,6 +290,11 @@ class IncrementalPolicy:
         )
 
     @property
+    def policies(self) -> Mapping[tuple[str, str], Policy]:
+        """The policies by (namespace, name) (read-only, live)."""
+        return MappingProxyType(self._policies)
+
+    @property
     def chains(self) -> Mapping[str, PolicyChain]:
         """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds."""
         return MappingProxyType(self._chains)

@@ -2,10 +2,11 @@
 
 It understands the flat commands :class:`dataplane.nft.Renderer` writes (``add``/``delete``
 ``table``, ``add``/``delete set``, ``add map``, ``add``/``delete element``, ``add``/``flush``/
-``delete chain``, ``add rule``) and is as strict as the kernel where the kernel refuses:
-elements of a missing set, deleting an element that is not there, a rule in a missing chain
-or naming a missing set or jump target, deleting a chain that still has rules or is jumped
-to, deleting a set a rule still uses. Stricter than the kernel in one way: adding an element
+``delete chain``, ``add rule``, ``add``/``delete`` named ``counter`` and ``limit``) and is as
+strict as the kernel where the kernel refuses: elements of a missing set, deleting an
+element that is not there, a rule in a missing chain or naming a missing set, jump target,
+counter or limit, deleting a chain that still has rules or is jumped to, deleting a set or
+a named object a rule still uses. Stricter than the kernel in one way: adding an element
 that is already there is counted (``redundant``), as a delta that re-adds what exists is not
 the exact difference. A transaction applies whole or not at all (:class:`NftError`).
 
@@ -27,9 +28,14 @@ class _Table:
     sets: dict[str, tuple[str, set[str]]] = dataclasses.field(default_factory=dict)
     maps: dict[str, tuple[str, dict[str, str]]] = dataclasses.field(default_factory=dict)
     chains: dict[str, tuple[str, list[str]]] = dataclasses.field(default_factory=dict)
+    #: named stateful objects: ("counter" | "limit", name) -> declaration
+    objects: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
 
-_CMD = re.compile(r"^(add|delete|flush) (table|set|map|element|chain|rule) (\S+) (\S+)(?: (.*))?$")
+_CMD = re.compile(
+    r"^(add|delete|flush) (table|set|map|element|chain|rule|counter|limit) (\S+) (\S+)(?: (.*))?$"
+)
+_NAMED = re.compile(r'\b(counter|limit) name "([^"]+)"')
 
 
 def _items(body: str) -> list[str]:
@@ -94,6 +100,8 @@ class NftModel:
             return self._element(t, verb, oname, body, line)
         if obj == "chain":
             return self._chain(t, verb, oname, body, line)
+        if obj in ("counter", "limit"):
+            return self._object(t, verb, obj, oname, body, line)
         if verb != "add":
             raise NftError(f"Error: unsupported: {line}")
         chain = t.chains.get(oname)
@@ -102,6 +110,9 @@ class NftModel:
         for ref in re.findall(r"@([\w.-]+)", body):
             if ref not in t.sets and ref not in t.maps:
                 raise NftError(f"Error: No such file or directory (set {ref}): {line}")
+        for kind, ref in _NAMED.findall(body):
+            if (kind, ref) not in t.objects:
+                raise NftError(f"Error: No such file or directory ({kind} {ref}): {line}")
         for ref in re.findall(r"\bjump (\S+)", body):
             if ref not in t.chains:
                 raise NftError(f"Error: No such file or directory (chain {ref}): {line}")
@@ -129,6 +140,22 @@ class NftModel:
         if any(used.search(r) for _, rs in t.chains.values() for r in rs):
             raise NftError(f"Error: Could not process rule: Device or resource busy: {line}")
         del t.sets[name]
+        return 0
+
+    @staticmethod
+    def _object(t: _Table, verb: str, kind: str, name: str, body: str, line: str) -> int:
+        key = (kind, name)
+        if verb == "add":
+            held = t.objects.get(key)
+            if held is not None and held != body:
+                raise NftError(f"Error: Could not process rule: File exists: {line}")
+            t.objects[key] = body
+            return 0
+        if verb != "delete" or key not in t.objects:
+            raise NftError(f"Error: No such file or directory: {line}")
+        if any((kind, name) in _NAMED.findall(r) for _, rs in t.chains.values() for r in rs):
+            raise NftError(f"Error: Could not process rule: Device or resource busy: {line}")
+        del t.objects[key]
         return 0
 
     @staticmethod
@@ -197,6 +224,7 @@ class NftModel:
             "sets": {n: (d, frozenset(e)) for n, (d, e) in t.sets.items()},
             "maps": {n: (d, dict(e)) for n, (d, e) in t.maps.items()},
             "chains": {n: (d, tuple(r)) for n, (d, r) in t.chains.items()},
+            "objects": dict(t.objects),
         }
 
     def listing(self, table: str) -> str:
