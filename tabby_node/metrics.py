@@ -162,6 +162,17 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "time to compute and program one policy change",
     ),
     "tabby_policy_last_apply_duration_seconds": ("gauge", "", "duration of the last apply"),
+    "tabby_policy_checks_total": (
+        "counter",
+        "",
+        "periodic full computations checked against the incrementally kept policy state",
+    ),
+    "tabby_policy_check_fixes_total": (
+        "counter",
+        "",
+        "differences those checks found and fixed (sets, elements, chains, programs): 0 "
+        "unless a change was missed",
+    ),
     # datastore
     "tabby_datastore_errors_total": (
         "counter",
@@ -606,6 +617,14 @@ class Metrics:
             "tabby_policy_apply_errors",
             _help("tabby_policy_apply_errors_total"),
             value=c.apply_errors if c else 0,
+        )
+        yield CounterMetricFamily(
+            "tabby_policy_checks", _help("tabby_policy_checks_total"), value=c.checks if c else 0
+        )
+        yield CounterMetricFamily(
+            "tabby_policy_check_fixes",
+            _help("tabby_policy_check_fixes_total"),
+            value=c.check_fixes if c else 0,
         )
 
     def _datastore_families(self) -> Iterator[Metric]:

@@ -461,6 +461,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
             full_applies=1,
             apply_errors=1,
             last_apply_seconds=0.003,
+            checks=3,
+            check_fixes=2,
         )
 
     agent.policy = Policy()
@@ -472,6 +474,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_policy_networkpolicies") == 2
     assert sample(m, "tabby_policy_applies_total", mode="incremental") == 4
     assert sample(m, "tabby_policy_apply_errors_total") == 1
+    assert sample(m, "tabby_policy_checks_total") == 3
+    assert sample(m, "tabby_policy_check_fixes_total") == 2
 
     m.datastore_error("default pools")
     m.datastore_error("watch")
