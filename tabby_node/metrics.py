@@ -131,6 +131,13 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "type",
         "items the last routing pass could not program (conflict: not tabby's; failure)",
     ),
+    "tabby_routing_check_fixes_total": (
+        "counter",
+        "what",
+        "what the periodic routing check had to fix (0 while the per-change passes keep "
+        "everything right): kernel objects the whole reconcile changed, model facts or objects"
+        " the passes kept wrong, bird configurations that differed",
+    ),
     "tabby_bgp_peers": ("gauge", "state", "BGP sessions by BIRD state"),
     "tabby_bgp_announced_prefixes": (
         "gauge",
@@ -401,6 +408,14 @@ class Metrics:
         )
         for kind in ("conflict", "failure"):
             self.problems.labels(type=kind)
+        self.check_fixes = Counter(
+            "tabby_routing_check_fixes",
+            _help("tabby_routing_check_fixes_total"),
+            ["what"],
+            registry=r,
+        )
+        for what in ("kernel", "model", "bird"):
+            self.check_fixes.labels(what=what)
         self.policy_apply = Histogram(
             "tabby_policy_apply_duration_seconds",
             _help("tabby_policy_apply_duration_seconds"),
@@ -456,6 +471,12 @@ class Metrics:
                     self.changes.labels(kind=kind, action=action).inc(n)
         self.problems.labels(type="conflict").set(len(changes.conflicts))
         self.problems.labels(type="failure").set(len(changes.failures))
+
+    def routing_checked(self, fixes: Mapping[str, int]) -> None:
+        """The periodic routing check: what it had to fix, by kind."""
+        for what, n in fixes.items():
+            if n:
+                self.check_fixes.labels(what=what).inc(n)
 
     def bird(self, supervisor: BirdSupervisor) -> None:
         """The BIRD supervisor (bird backend): sessions and restarts are read at scrape."""
