@@ -519,14 +519,18 @@ def kube_lab_with_controllers(case: str) -> Iterator[tuple[KubeLab, Controllers,
     bring-up time and what the teardown left (an empty list: nothing)."""
     info: dict[str, Any] = {"load_before": load()}
     lab = KubeLab(
-        backend="bird", node_args=["--node-ttl", "15"], progress=lambda m: echo(f"    {m}")
+        backend="bird",
+        node_args=["--node-ttl", "15"],
+        progress=lambda m: echo(f"    {m}"),
+        containerd_log_level="info",  # every CRI call with its time: where a pod start goes
     )
     echo(f"== {case}: a 3-node Kubernetes lab ({lab.prefix}), load {load()} ==")
     try:
         with INTERRUPTS.installed():
             lab.build()
             info["bring_up_s"] = lab.timings.get("ready")
-            controllers = Controllers(lab)
+            # at the log level an operator runs them (the tests' debug lines cost CPU)
+            controllers = Controllers(lab, log_level="info")
             controllers.install()
             controllers.start("replica-1", "node-1")
             controllers.start("replica-2", "node-2")
@@ -693,6 +697,7 @@ def policy_round(
         "datastore_s": None if t_store is None else t_store - t0,
         "per_node_s": per_node,
         "every_node_s": max(values) if len(values) == len(per_node) else None,
+        "load1": os.getloadavg()[0],
         "kubectl_delete_s": t_delete - t1,
         "allow_per_node_s": allow,
         "allow_every_node_s": max(allow.values()) if len(allow) == len(pingers) else None,
@@ -978,6 +983,7 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
         discarded: list[str] = []
         before = node_metrics(lab, node)
         routes = RouteMonitor(lab.node(node).netns)
+        spy = PySpy(args.py_spy, agent_pid(lab, node), args.py_spy_out) if args.py_spy else None
         try:
             for link, name in zip(links, ("ptp", "host-local"), strict=True):
                 os.symlink(f"/usr/lib/cni/{name}", link)
@@ -992,13 +998,14 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
                 current = to
                 time.sleep(args.settle)  # containerd's CRI reloads the directory on change
 
-            def one(label: str, name: str) -> tuple[float, float | None, str]:
+            def one(label: str, name: str) -> dict[str, Any]:
                 switch(label)
                 doc = pod_doc(lab, ns, name, {"bench": "pod-start", "cni": label}, node)
                 # kubelet learns that a container runs from its PLEG relist, once a second:
                 # create -> Running is quantized by it. A random phase (0-1 s) before each
                 # create makes every pod's offset to that tick independent of the last one.
                 time.sleep(secrets.randbelow(1000) / 1000)
+                scraped = node_metrics(lab, node) if label == "tabby" else {}
 
                 def create() -> float:
                     t0 = time.monotonic()
@@ -1007,6 +1014,9 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
 
                 t0 = pool.submit(create).result()
                 t_run, ip = watch.wait(lambda: watch.running.get(name), 180, f"{name} Running")
+                # Not grace 0: the object would go at once, and kubelet, not yet knowing, may
+                # start a second sandbox for it (Attempt 1) after the conflist was swapped:
+                # an ADD of the other plugin for a pod the API no longer has (seen here).
                 pool.submit(
                     api.request,
                     "DELETE",
@@ -1016,18 +1026,36 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
                 watch.wait(lambda: watch.deleted.get(name), 120, f"{name} deleted")
                 t_net = routes.first(ip, t0)
                 wait_route_gone(lab, node, ip, 60)  # the CNI DEL ran: the config may change
-                return t_run - t0, None if t_net is None else t_net - t0, ip
+                add = (
+                    hist_delta(
+                        scraped,
+                        node_metrics(lab, node),
+                        "tabby_cni_request_duration_seconds",
+                        '{verb="ADD"}',
+                    )
+                    if scraped
+                    else (0, float("nan"))
+                )
+                return {
+                    "": t_run - t0,
+                    "_net": None if t_net is None else t_net - t0,
+                    "_ip": ip,
+                    "_t0": t0,
+                    "_run_at": t_run,
+                    "_net_at": t_net,
+                    "_add_in_node": add[1] if add[0] == 1 else None,
+                    "_cycle": time.monotonic() - t0,
+                }
 
             total = args.warmup + args.n
             i = attempts = 0
             while i < total and attempts < total + 10:
                 attempts += 1
-                pair: dict[str, Any] = {"warmup": i < args.warmup}
+                pair: dict[str, Any] = {"warmup": i < args.warmup, "load": load()}
                 for label in ("tabby", "ptp"):
-                    took, net, ip = one(label, f"{label}-{attempts}")
-                    pair[label] = took
-                    pair[f"{label}_net"] = net
-                    pair[f"{label}_ip"] = ip
+                    pair["names"] = {**pair.get("names", {}), label: f"{label}-{attempts}"}
+                    for suffix, value in one(label, f"{label}-{attempts}").items():
+                        pair[f"{label}{suffix}"] = value
                 wrong = [
                     f"{label} pod got {pair[f'{label}_ip']}"
                     for label in ("tabby", "ptp")
@@ -1039,11 +1067,13 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 i += 1
                 pairs.append(pair)
+                node_add = pair["tabby_add_in_node"]
                 echo(
                     f"  pair {i:2d}{' (warm-up)' if pair['warmup'] else '          '}: "
-                    f"tabby {pair['tabby']:.2f} s (network {_ms(pair['tabby_net'])}, "
-                    f"{pair['tabby_ip']})  ptp {pair['ptp']:.2f} s (network "
-                    f"{_ms(pair['ptp_net'])}, {pair['ptp_ip']})  load {load()}"
+                    f"tabby {pair['tabby']:.2f} s (network {_ms(pair['tabby_net'])}, ADD in "
+                    f"tabby-node {_ms(node_add)}, {pair['tabby_ip']})  ptp {pair['ptp']:.2f} s"
+                    f" (network {_ms(pair['ptp_net'])}, {pair['ptp_ip']})  cycle "
+                    f"{pair['tabby_cycle'] + pair['ptp_cycle']:.0f} s  load {pair['load']}"
                 )
         finally:
             after = node_metrics(lab, node)
@@ -1055,6 +1085,8 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
                 with contextlib.suppress(FileNotFoundError):
                     link.unlink()
             routes.close()
+            if spy is not None:
+                spy.stop()
             pool.shutdown()
             api.close()
             watch.close()
@@ -1068,6 +1100,12 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
         }
         result = pod_start_report(pairs, before, after, node, args)
         result["label_waits"] = waits
+        if args.logs:
+            keep_logs(lab, node, args.logs)
+        cri = cri_times(Path(lab.node(node).workdir, "containerd.log").read_text(), ns)
+        result["steps"] = pod_start_steps(pairs, cri, time.time() - time.monotonic())
+        if spy is not None:
+            result["py_spy"] = spy.report()
         if waits:
             echo(
                 f"  ADDs held for the pod's labels (over 50 ms, warm-up included): {len(waits)}"
@@ -1080,6 +1118,185 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
         echo(f"  tabby's conflist put back on {node}: {'yes' if restored else 'NO'}")
     result.update(info)
     return result
+
+
+CRI_LINE = re.compile(r'^time="([^"]+)" level=\w+ msg="(.*)"\s*$')
+SANDBOX_META = re.compile(
+    r"PodSandboxMetadata\{Name:([^,]+),Uid:[^,]*,Namespace:([^,]+),Attempt:(\d+),"
+)
+
+
+def _rfc3339(text: str) -> float | None:
+    """containerd's time (RFC 3339, nanoseconds) as epoch seconds."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", text)
+    if m is None:
+        return None
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    whole = datetime.datetime.fromisoformat(m.group(1) + zone).timestamp()
+    return whole + float("0." + (m.group(2) or "0"))
+
+
+def cri_times(text: str, ns: str) -> dict[str, dict[str, float]]:
+    """Per pod of ``ns``, from containerd's log (level info: every CRI call, logged when it
+    is asked and when it returns): when kubelet asked for its sandbox (``sandbox_start``),
+    when the sandbox was there (``sandbox_end``: runc's pause and the CNI ADD done), when
+    its container was created and started (epoch seconds)."""
+    out: dict[str, dict[str, float]] = {}
+    sandboxes: dict[str, str] = {}  # sandbox id -> pod
+    containers: dict[str, str] = {}  # container id -> pod
+    for line in text.splitlines():
+        m = CRI_LINE.match(line)
+        at = _rfc3339(m.group(1)) if m else None
+        if m is None or at is None:
+            continue
+        msg = m.group(2).replace('\\"', '"')
+        if msg.startswith("RunPodSandbox for "):
+            meta = SANDBOX_META.search(msg)
+            if meta is None or meta.group(2) != ns or meta.group(3) != "0":
+                continue  # a later attempt is not the pod's start
+            times = out.setdefault(meta.group(1), {})
+            returned = re.search(r'returns sandbox id "([0-9a-f]+)"', msg)
+            if returned:
+                times["sandbox_end"] = at
+                sandboxes[returned.group(1)] = meta.group(1)
+            elif " returns " not in msg and "failed" not in msg:
+                times.setdefault("sandbox_start", at)
+        elif msg.startswith("CreateContainer within sandbox "):
+            made = re.search(r'sandbox "([0-9a-f]+)".* returns container id "([0-9a-f]+)"', msg)
+            if made and made.group(1) in sandboxes:
+                containers[made.group(2)] = sandboxes[made.group(1)]
+                out[sandboxes[made.group(1)]]["created"] = at
+        elif msg.startswith("StartContainer for "):
+            started = re.search(r'StartContainer for "([0-9a-f]+)" returns successfully', msg)
+            if started and started.group(1) in containers:
+                out[containers[started.group(1)]]["started"] = at
+    return out
+
+
+STEPS = (
+    ("created -> kubelet asks containerd for the sandbox", "_t0", "sandbox_start"),
+    ("-> the pod's route on the node (pause, CNI ADD)", "sandbox_start", "_net_at"),
+    ("-> the sandbox returned (rest of ADD, containerd)", "_net_at", "sandbox_end"),
+    ("-> its container created and started", "sandbox_end", "started"),
+    ("-> Running with an address in the API (PLEG)", "started", "_run_at"),
+)
+
+
+def pod_start_steps(
+    pairs: list[dict[str, Any]], cri: dict[str, dict[str, float]], wall_minus_mono: float
+) -> dict[str, Any]:
+    """Where each measured pod's start went, step by step (p50 per plugin): the bench's own
+    times (monotonic) and containerd's (wall clock, moved to monotonic)."""
+    steps: dict[str, dict[str, list[float]]] = {label: {} for label, _, _ in STEPS}
+    for pair in pairs:
+        if pair["warmup"]:
+            continue
+        for cni in ("tabby", "ptp"):
+            times = {k: v - wall_minus_mono for k, v in cri.get(pair["names"][cni], {}).items()}
+            times.update({k: pair[f"{cni}{k}"] for k in ("_t0", "_net_at", "_run_at")})
+            for label, a, b in STEPS:
+                if times.get(a) is not None and times.get(b) is not None:
+                    steps[label].setdefault(cni, []).append(times[b] - times[a])
+    echo("  where a pod start goes (containerd's CRI log; p50 of each step):")
+    echo(f"    {'':52s}  tabby      ptp   tabby-ptp")
+    out: dict[str, Any] = {}
+    for label, values in steps.items():
+        t, p = values.get("tabby", []), values.get("ptp", [])
+        if not t or not p:
+            echo(f"    {label:52s}  (not in containerd's log)")
+            continue
+        echo(
+            f"    {label:52s} {pct(t, 50) * 1000:5.0f} ms {pct(p, 50) * 1000:5.0f} ms"
+            f" {(pct(t, 50) - pct(p, 50)) * 1000:+6.0f} ms"
+        )
+        out[label] = {"tabby": summary(t), "ptp": summary(p)}
+    adds = [p["tabby_add_in_node"] for p in pairs if not p["warmup"] and p["tabby_add_in_node"]]
+    echo(f"    of which the ADD inside tabby-node (its histogram, per pod): {ms(adds)}")
+    out["add_in_tabby_node"] = summary(adds)
+    return out
+
+
+def keep_logs(lab: KubeLab, node: str, where: str) -> None:
+    """The node's containerd, kubelet, tabby-node and CNI logs copied to ``where``."""
+    out = Path(where)
+    out.mkdir(parents=True, exist_ok=True)
+    kn = lab.kube_node(node)
+    sources = {
+        "containerd.log": Path(lab.node(node).workdir, "containerd.log"),
+        "kubelet.log": Path(lab.node(node).workdir, "kubelet.log"),
+        "tabby-node.log": kn.path("/var/log/tabby/node.log"),
+        "tabby-cni.log": kn.path("/var/log/tabby/cni.log"),
+    }
+    for name, path in sources.items():
+        try:
+            (out / f"{node}-{name}").write_bytes(path.read_bytes())
+        except OSError as e:
+            echo(f"  {name}: not kept ({e})")
+    echo(f"  {node}'s logs kept in {out}")
+
+
+def agent_pid(lab: KubeLab, node: str) -> int:
+    """tabby-node's PID on ``node`` (nsenter execs it: the lab's process is tabby-node)."""
+    agent = lab.node(node).agent
+    if agent is None:
+        raise LabError(f"no tabby-node on {node}")
+    return agent.pid
+
+
+class PySpy:
+    """``py-spy record`` of a process while the pods start (raw collapsed stacks, active
+    threads only: the samples are where its threads were busy); stopped by PID (SIGINT:
+    py-spy writes its file then)."""
+
+    def __init__(self, binary: str, pid: int, out: str) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            [
+                *(binary, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"),
+                *("--output", out, "--nonblocking"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        time.sleep(0.5)
+        if self.proc.poll() is not None:
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+            raise LabError(f"py-spy exited at once: {err.strip()[-400:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def report(self, top: int = 12) -> dict[str, Any]:
+        """Samples per function (inclusive: once per stack it is on), the busiest first."""
+        total = 0
+        inclusive: dict[str, int] = {}
+        try:
+            text = Path(self.out).read_text(errors="replace")
+        except OSError as e:
+            echo(f"  py-spy: no profile ({e})")
+            return {}
+        for line in text.splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            total += n
+            frames = {re.sub(r":\d+\)$", ")", f) for f in stack.split(";")[1:]}
+            for f in frames:
+                inclusive[f] = inclusive.get(f, 0) + n
+        busiest = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]
+        echo(f"  py-spy on tabby-node ({self.out}): {total} samples of busy threads at 200/s")
+        for frame, n in busiest:
+            echo(f"    {n * 100 / max(total, 1):5.1f} %  {frame[:110]}")
+        return {"samples": total, "inclusive": dict(busiest)}
 
 
 def wait_route_gone(lab: KubeLab, node: str, ip: str, timeout: float) -> None:
@@ -1291,6 +1508,7 @@ def case_controllers(args: argparse.Namespace) -> dict[str, Any]:
         make_namespace(lab, ns)
         mirror = Mirror(ns)
         phases: dict[str, Any] = {}
+        loads: dict[str, float] = {}  # the 1-minute load at the end of each phase
         metrics: dict[str, dict[str, float]] = {}
         with contextlib.ExitStack() as stack:
             sampler = Sampler(pids)
@@ -1306,6 +1524,7 @@ def case_controllers(args: argparse.Namespace) -> dict[str, Any]:
                     m = controllers.metrics(identities[replica])
                     values["queue"] = m.get("tabby_controllers_queue")
                 phases[name] = window
+                loads[name] = os.getloadavg()[0]
                 return window
 
             echo(f"  at rest: {args.rest:.0f} s")
@@ -1362,6 +1581,7 @@ def case_controllers(args: argparse.Namespace) -> dict[str, Any]:
             hwm = {name: proc_status(pid, "VmHWM") for name, pid in pids.items()}
             still_leads = controllers.leader()
         result = controllers_report(phases, metrics, hwm, count, leader, still_leads)
+        result.update({f"load_{k}": f"{v:.1f}" for k, v in loads.items()})
     result.update(info)
     return result
 
@@ -1430,6 +1650,104 @@ def controllers_report(
     return {"phases": phases, "vm_hwm_mb": hwm, "leader": leader, "leader_at_end": still_leads}
 
 
+# == the summary ===================================================================================
+
+
+def _loads(values: list[float]) -> str:
+    """The 1-minute load average over a measurement: its range."""
+    if not values:
+        return "-"
+    return f"{min(values):.1f}-{max(values):.1f}"
+
+
+def _ctl(window: dict[str, Any], role: str) -> str:
+    for name, v in window.items():
+        if name.startswith(role) and isinstance(v, dict) and "cpu_pct" in v:
+            return (
+                f"CPU {v['cpu_s']:.2f} s in {v['seconds']:.0f} s ({v['cpu_pct']:.1f} % of a core),"
+                f" RSS {v['rss_mb']:.1f} MB (peak {v['rss_peak_mb']:.1f})"
+            )
+    return "-"
+
+
+def print_summary(results: dict[str, Any]) -> None:
+    """One table of the issue's numbers, each with the load average while it was measured
+    (1-minute, the range over its rounds): on a shared machine a number means little
+    without it."""
+    rows: list[tuple[str, str, str, str]] = []
+    policy = results.get("policy") or {}
+    if "every_node" in policy:
+        e = policy["every_node"]
+        loads = [r["load1"] for r in policy["rounds"] if "load1" in r]
+        tabby = (policy.get("steps") or {}).get("etcd -> last reply, slowest node (tabby-node)")
+        api = (policy.get("steps") or {}).get("API -> mirror in tabby's etcd (controllers)")
+        rows.append(
+            (
+                "policy: kubectl apply -> enforced on every node",
+                f"p50 {e['p50'] * 1000:.0f} ms, p90 {e['p90'] * 1000:.0f} ms",
+                "p50 <= 500 ms",
+                _loads(loads),
+            )
+        )
+        k = policy["kubectl"]
+        rows.append(("  of which kubectl apply itself", f"p50 {k['p50'] * 1000:.0f} ms", "", ""))
+        if api and tabby and api["n"] and tabby["n"]:
+            rows.append(
+                (
+                    "  API -> mirror (controllers) + -> enforced (tabby-node)",
+                    f"p50 {api['p50'] * 1000:.0f} + {tabby['p50'] * 1000:.0f} ms",
+                    "",
+                    "",
+                )
+            )
+    start = results.get("pod-start") or {}
+    if "running" in start:
+        r = start["running"]
+        loads = [float(p["load"].split()[0]) for p in start["pairs"] if not p["warmup"]]
+        rows.append(
+            (
+                "pod-start: create -> Running, tabby / ptp+host-local",
+                f"{r['ratio_p50']:.2f}x (p50 {r['tabby']['p50']:.2f} s / {r['ptp']['p50']:.2f} s,"
+                f" {r['tabby']['n']} pairs)",
+                "<= 1.1x",
+                _loads(loads),
+            )
+        )
+        n = start.get("network") or {}
+        if n:
+            rows.append(
+                (
+                    "  create -> the pod's route on the node",
+                    f"{n['ratio_p50']:.2f}x (p50 {n['tabby']['p50'] * 1000:.0f} ms / "
+                    f"{n['ptp']['p50'] * 1000:.0f} ms)",
+                    "",
+                    "",
+                )
+            )
+    ctl = results.get("controllers") or {}
+    phases = ctl.get("phases") or {}
+    for phase, label in (("rest", "at rest"), ("create", "while 100 pods are created")):
+        window = phases.get(phase) or {}
+        if window:
+            rows.append(
+                (
+                    f"controllers {label}: leader",
+                    _ctl(window, "leader"),
+                    "",
+                    ctl.get("load_" + phase, "-"),
+                )
+            )
+            rows.append(("  standby", _ctl(window, "standby"), "", ""))
+    if not rows:
+        return
+    echo("\nkube_bench summary (load: the 1-minute load average while measured; 2 cores)")
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    head = ("", "measured", "target", "load")
+    widths = [max(w, len(h)) for w, h in zip(widths, head, strict=True)]
+    for row in (head, *rows):
+        echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
 # == main ==========================================================================================
 
 
@@ -1442,6 +1760,20 @@ def main() -> int:
     ap.add_argument("--node", default="node-2", help="pod-start: the node (node-2)")
     ap.add_argument(
         "--settle", type=float, default=1.0, help="pod-start: seconds after a conflist swap (1.0)"
+    )
+    ap.add_argument(
+        "--py-spy",
+        metavar="BIN",
+        help="pod-start: profile tabby-node on --node with this py-spy while the pods start",
+    )
+    ap.add_argument(
+        "--py-spy-out",
+        default="/tmp/kube-bench-tabby-node.txt",
+        metavar="FILE",
+        help="pod-start: where py-spy writes its raw stacks (/tmp/kube-bench-tabby-node.txt)",
+    )
+    ap.add_argument(
+        "--logs", metavar="DIR", help="pod-start: keep the node's containerd/kubelet/tabby logs"
     )
     ap.add_argument("--pods", type=int, default=100, help="controllers: Deployment replicas (100)")
     ap.add_argument("--rest", type=float, default=60, help="controllers: seconds at rest (60)")
@@ -1473,6 +1805,7 @@ def main() -> int:
                 echo(f"kube_bench {case}: {e}")
                 results[case] = {"error": str(e)}
                 status = 1
+            results[case]["took_s"] = round(time.monotonic() - started)
             echo(f"  ({case}: {time.monotonic() - started:.0f} s, load now {load()})\n")
     except KeyboardInterrupt:
         print("kube_bench: interrupted (the lab was torn down)", file=sys.stderr)
@@ -1480,6 +1813,7 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     results["load_end"] = load()
+    print_summary(results)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=1, default=str)

@@ -162,6 +162,8 @@ class Controllers:
     def _leadership(self, leading: bool) -> None:
         if leading:
             self.leading.set()
+            with self._cond:
+                self._cond.notify_all()  # the worker sleeps while it does not lead
             self._beat()  # tabby-node waits for mirrored pods from now on
             self.full_sync()
         else:
@@ -193,9 +195,15 @@ class Controllers:
     def _next(self) -> tuple[str, str] | None:
         with self._cond:
             while not self.stopping.is_set():
+                if not self.leading.is_set():
+                    # A standby keeps its queue (what it takes over with) but works none of
+                    # it: it sleeps until it leads (_leadership wakes it). Waiting for the
+                    # earliest due item instead spun it every 10 ms once one was due.
+                    self._cond.wait(1.0)
+                    continue
                 now = time.monotonic()
                 due = [(at, item) for item, at in self._queue.items() if at <= now]
-                if due and self.leading.is_set():
+                if due:
                     _, item = min(due)
                     del self._queue[item]
                     return item

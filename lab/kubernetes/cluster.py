@@ -129,6 +129,7 @@ class KubeLab(Lab):
     kube_bin: Path | None = None  # the Kubernetes binaries (default: lab.kubernetes.build's)
     image_cache: str = build.DEFAULT_ROOT
     progress: Echo | None = None  # bring-up and teardown steps, with their times
+    containerd_log_level: str = "warn"  # "info": every CRI call, timed (kube_bench)
     kube: dict[str, KubeNode] = field(default_factory=dict)
     control_plane: list[subprocess.Popen[bytes]] = field(default_factory=list)
     apiserver: subprocess.Popen[bytes] | None = None
@@ -715,7 +716,7 @@ class KubeLab(Lab):
     def _containerd_config(self, kn: KubeNode) -> Path:
         assert self.pause is not None
         path = Path(kn.node.workdir) / "containerd.toml"
-        path.write_text(knode.containerd_config(self.pause.ref))
+        path.write_text(knode.containerd_config(self.pause.ref, self.containerd_log_level))
         return path
 
     def _import_images(self) -> None:

@@ -56,6 +56,7 @@ class Controllers:
     node_grace: float = 3.0
     leak_grace: float = 5.0
     kubeconfig: Path | None = None
+    log_level: str = "debug"  # the tests read the debug lines; kube_bench runs "info"
     replicas: dict[str, Replica] = dataclasses.field(default_factory=dict)
 
     def install(self) -> None:
@@ -70,7 +71,7 @@ class Controllers:
             *("--lease-namespace", NAMESPACE, "--identity", identity),
             *("--node-grace", str(self.node_grace), "--leak-grace", str(self.leak_grace)),
             *("--health-port", str(HEALTH_PORT), "--metrics-port", str(METRICS_PORT)),
-            *("--log-level", "debug"),
+            *("--log-level", self.log_level),
             *self.kube.datastore_flags(),
         ]
 

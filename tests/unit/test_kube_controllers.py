@@ -456,3 +456,41 @@ def test_tabby_node_waits_for_the_pod_while_the_controllers_run() -> None:
     t.join(2)
     assert results == [True]
     assert not cache.wait_mirrored("x", "a", "another-incarnation", 0.05)
+
+
+class _CountingCondition(threading.Condition):
+    """A Condition that counts how often a waiter woke up (each ``wait`` returned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wakeups = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        got = super().wait(timeout)
+        self.wakeups += 1
+        return got
+
+
+def test_a_standby_worker_sleeps_on_a_due_queue_and_works_it_once_it_leads() -> None:
+    """kube_bench found a standby at ~110 wake-ups/s at rest: its queue holds due items it
+    may not work, and the worker waited for the earliest of them (already past: 10 ms)."""
+    from cni_config.common import DatastoreSettings
+    from kube_controllers.controller import Controllers
+    from kube_controllers.options import ControllerOptions
+
+    ctl = Controllers(ControllerOptions(identity="standby"), DatastoreSettings())
+    cond = _CountingCondition()
+    ctl._cond = cond
+    ctl.enqueue("pod", "x/a")  # due at once
+    got: list[tuple[str, str] | None] = []
+    worker = threading.Thread(target=lambda: got.append(ctl._next()), daemon=True)
+    worker.start()
+    time.sleep(0.5)
+    assert not got, "a standby worked an item"
+    assert cond.wakeups <= 2, f"the standby woke {cond.wakeups} times in 0.5 s"
+    ctl.leading.set()
+    with cond:
+        cond.notify_all()  # what _leadership(True) does
+    worker.join(2)
+    assert got == [("pod", "x/a")]
+    ctl.stopping.set()
