@@ -173,8 +173,9 @@ def test_what_kubectl_does_reaches_tabby(
         return dict(wep["metadata"].get("labels") or {})
 
     kube.kubectl("label", "pod", "-n", ns, "p", "app=two", "--overwrite")
-    took = eventually("the endpoint relabelled", lambda: endpoint_labels() == {"app": "two"})
-    assert took < 3.0, f"a label change took {took:.1f} s to reach the endpoint"
+    # Event-driven, not the 300 s resync: well inside 30 s even on a loaded machine (how
+    # fast is kube_bench's business; a 3 s bound here failed under load)
+    eventually("the endpoint relabelled", lambda: endpoint_labels() == {"app": "two"}, 30)
     kube.kubectl("label", "namespace", ns, "team=blue", "--overwrite")
     eventually(
         "the namespace relabelled",
@@ -390,10 +391,14 @@ def test_a_leak_is_released_never_a_live_pod_s_address(
 
     kube.stop_kubelet("node-2")
     try:
+        deleted = time.monotonic()  # the grace starts after this (when the mirror sees it)
         kube.kubectl("delete", "pod", "-n", ns, "leaky", "--grace-period=0", "--force")
         assert held("leaky")
-        released = eventually("the leaked address released", lambda: not held("leaky"), 60)
-        assert released >= controllers.leak_grace - 1
+        eventually("the leaked address released", lambda: not held("leaky"), 60)
+        # from the delete, not from the first check: a tabbyctl call takes seconds when the
+        # machine is loaded, and the grace was running meanwhile (seen: 3.0 s "early")
+        released = time.monotonic() - deleted
+        assert released >= controllers.leak_grace - 1, f"released {released:.1f} s after"
         assert held("live")
         counts = [
             controllers.metrics(i).get('tabby_controllers_releases_total{reason="leak"}', 0)
