@@ -13,8 +13,11 @@ manifest's service account and RBAC). Prints numbers; asserts nothing.
     pod-start     pod created through the API -> Running with an address (a watch on the
                   API server), the real kubelet and containerd on one node, tabby vs Debian's
                   ptp + host-local, pod by pod (A B A B ...): the node's conflist is
-                  swapped atomically between pods (containerd 1.6 reloads it), -n pairs after
-                  --warmup pairs; p50/p90 of each and the ratios tabby/ptp
+                  swapped atomically between pods (containerd 1.6 reloads it), --pairs pairs
+                  after --warmup pairs; p50/p90 of each and the ratios tabby/ptp; each step
+                  of a start from containerd's CRI log (kubelet asks for the sandbox, the
+                  pod's route, the sandbox back, the container started, Running), the ADD
+                  inside tabby-node per pod; --py-spy profiles tabby-node meanwhile
     controllers   tabby-kube-controllers' CPU and RSS (leader and standby) at rest, while a
                   Deployment of --pods busybox pods comes up (until every pod is mirrored
                   into tabby's datastore with its address), while it is deleted (until
@@ -31,9 +34,10 @@ lab.kubernetes.build``), Debian's containerd, runc, etcd, bird2, nftables and
 containernetworking-plugins (ptp, host-local, loopback in /usr/lib/cni). See
 bench/README.md.
 
-    .venv/bin/python bench/kube_bench.py                       # every case, -n 20
+    .venv/bin/python bench/kube_bench.py                       # every case, ~10 min
     .venv/bin/python bench/kube_bench.py --cases policy -n 40
-    .venv/bin/python bench/kube_bench.py --cases pod-start -n 30 --warmup 3
+    .venv/bin/python bench/kube_bench.py --cases pod-start --pairs 30 --warmup 3 \
+        --py-spy /path/to/py-spy --logs /tmp/kube-bench-logs
     .venv/bin/python bench/kube_bench.py --cases controllers --pods 100 --rest 60
     .venv/bin/python bench/kube_bench.py --json /tmp/kube-bench.json
 """
@@ -1047,7 +1051,7 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
                     "_cycle": time.monotonic() - t0,
                 }
 
-            total = args.warmup + args.n
+            total = args.warmup + args.pairs
             i = attempts = 0
             while i < total and attempts < total + 10:
                 attempts += 1
@@ -1752,9 +1756,15 @@ def print_summary(results: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description="tabby on a real Kubernetes: a NetworkPolicy applied -> enforced on every "
+        "node, pod start against ptp + host-local, the controllers' CPU and RSS (bench/README.md)"
+    )
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
-    ap.add_argument("-n", type=int, default=20, help="policy rounds / pod-start pairs (20)")
+    ap.add_argument("-n", type=int, default=20, help="policy: rounds (20)")
+    ap.add_argument(
+        "--pairs", type=int, default=12, help="pod-start: measured pairs, ~17 s each (12)"
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--warmup", type=int, default=2, help="pod-start: unmeasured pairs first (2)")
     ap.add_argument("--node", default="node-2", help="pod-start: the node (node-2)")
@@ -1776,7 +1786,7 @@ def main() -> int:
         "--logs", metavar="DIR", help="pod-start: keep the node's containerd/kubelet/tabby logs"
     )
     ap.add_argument("--pods", type=int, default=100, help="controllers: Deployment replicas (100)")
-    ap.add_argument("--rest", type=float, default=60, help="controllers: seconds at rest (60)")
+    ap.add_argument("--rest", type=float, default=30, help="controllers: seconds at rest (30)")
     ap.add_argument(
         "--timeout", type=float, default=600, help="controllers: give up a phase after (600 s)"
     )
