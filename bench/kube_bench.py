@@ -81,6 +81,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 TABBY_POOL = ipaddress.ip_network("10.244.0.0/16")
 #: busybox's sh as PID 1 exits on SIGTERM (sleep as PID 1 would wait out the grace period).
 SLEEPER = ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait"]
+#: --controllers-bin: the tabby-kube-controllers every case runs (the installed one by default)
+CONTROLLERS_BIN = "/usr/local/bin/tabby-kube-controllers"
 NODE_METRICS = 9091  # tabby-node's /metrics (its default port) in each node's namespace
 
 
@@ -534,7 +536,7 @@ def kube_lab_with_controllers(case: str) -> Iterator[tuple[KubeLab, Controllers,
             lab.build()
             info["bring_up_s"] = lab.timings.get("ready")
             # at the log level an operator runs them (the tests' debug lines cost CPU)
-            controllers = Controllers(lab, log_level="info")
+            controllers = Controllers(lab, log_level="info", binary=CONTROLLERS_BIN)
             controllers.install()
             controllers.start("replica-1", "node-1")
             controllers.start("replica-2", "node-2")
@@ -1785,12 +1787,20 @@ def main() -> int:
     ap.add_argument(
         "--logs", metavar="DIR", help="pod-start: keep the node's containerd/kubelet/tabby logs"
     )
+    ap.add_argument(
+        "--controllers-bin",
+        default=CONTROLLERS_BIN,
+        metavar="PATH",
+        help=f"the tabby-kube-controllers to run, e.g. a private build's ({CONTROLLERS_BIN})",
+    )
     ap.add_argument("--pods", type=int, default=100, help="controllers: Deployment replicas (100)")
     ap.add_argument("--rest", type=float, default=30, help="controllers: seconds at rest (30)")
     ap.add_argument(
         "--timeout", type=float, default=600, help="controllers: give up a phase after (600 s)"
     )
     args = ap.parse_args()
+    global CONTROLLERS_BIN
+    CONTROLLERS_BIN = args.controllers_bin
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:

@@ -57,6 +57,7 @@ class Controllers:
     leak_grace: float = 5.0
     kubeconfig: Path | None = None
     log_level: str = "debug"  # the tests read the debug lines; kube_bench runs "info"
+    binary: str = BINARY  # kube_bench --controllers-bin: another build's
     replicas: dict[str, Replica] = dataclasses.field(default_factory=dict)
 
     def install(self) -> None:
@@ -66,7 +67,7 @@ class Controllers:
     def argv(self, identity: str) -> list[str]:
         assert self.kubeconfig is not None
         return [
-            BINARY,
+            self.binary,
             *("--kubeconfig", str(self.kubeconfig)),
             *("--lease-namespace", NAMESPACE, "--identity", identity),
             *("--node-grace", str(self.node_grace), "--leak-grace", str(self.leak_grace)),
