@@ -519,7 +519,9 @@ def status_ip(obj: Doc) -> str:
 
 
 @contextlib.contextmanager
-def kube_lab_with_controllers(case: str) -> Iterator[tuple[KubeLab, Controllers, dict[str, Any]]]:
+def kube_lab_with_controllers(
+    case: str, args: argparse.Namespace
+) -> Iterator[tuple[KubeLab, Controllers, dict[str, Any]]]:
     """A bird KubeLab (nodes' tabby-node with --node-ttl 15) and two controller replicas
     (node-1, node-2), one leading; torn down afterwards, also on Ctrl-C. ``info`` gets the
     bring-up time and what the teardown left (an empty list: nothing)."""
@@ -536,7 +538,7 @@ def kube_lab_with_controllers(case: str) -> Iterator[tuple[KubeLab, Controllers,
             lab.build()
             info["bring_up_s"] = lab.timings.get("ready")
             # at the log level an operator runs them (the tests' debug lines cost CPU)
-            controllers = Controllers(lab, log_level="info", binary=CONTROLLERS_BIN)
+            controllers = Controllers(lab, log_level="info", binary=args.controllers_bin)
             controllers.install()
             controllers.start("replica-1", "node-1")
             controllers.start("replica-2", "node-2")
@@ -569,7 +571,7 @@ def make_namespace(lab: KubeLab, ns: str) -> None:
 
 
 def case_policy(args: argparse.Namespace) -> dict[str, Any]:
-    with kube_lab_with_controllers("policy") as (lab, _controllers, info):
+    with kube_lab_with_controllers("policy", args) as (lab, _controllers, info):
         ns, policy_name = "kb-policy", "isolate-targets"
         nodes = [n.name for n in lab.nodes]
         make_namespace(lab, ns)
@@ -967,7 +969,7 @@ class RouteMonitor:
 
 
 def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
-    with kube_lab_with_controllers("pod-start") as (lab, _controllers, info):
+    with kube_lab_with_controllers("pod-start", args) as (lab, _controllers, info):
         node = args.node
         index = [n.name for n in lab.nodes].index(node)
         kn = lab.kube_node(node)
@@ -1498,7 +1500,7 @@ def _mirror_ip(data: Doc) -> str:
 
 
 def case_controllers(args: argparse.Namespace) -> dict[str, Any]:
-    with kube_lab_with_controllers("controllers") as (lab, controllers, info):
+    with kube_lab_with_controllers("controllers", args) as (lab, controllers, info):
         ns, count = "kb-load", args.pods
         leader = controllers.wait_leader()
         pids: dict[str, int] = {}
@@ -1799,8 +1801,6 @@ def main() -> int:
         "--timeout", type=float, default=600, help="controllers: give up a phase after (600 s)"
     )
     args = ap.parse_args()
-    global CONTROLLERS_BIN
-    CONTROLLERS_BIN = args.controllers_bin
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown or not cases:
