@@ -14,6 +14,12 @@ Layout (see DESIGN.md beside this file)::
       chain fwd-ingress       hook forward, priority filter + 1: traffic to a pod
       chain input             hook input, priority filter:       a pod to its node
       chain nat-postrouting   hook postrouting (srcnat): natOutgoing pools (when any)
+    with visibility (the default):
+      counter pkt-pi-<h> ...  packets one policy's chain accepted (one per policy chain)
+      counter deny-in-<h> ... packets denied by isolation in one namespace and direction
+      chain log-ingress/-egress  a denied packet's first of its flow to NFLOG group 116
+      set flows-{p,x}{4,6}    the flows logged in the last 10 s (dynamic, timeout)
+      limit log-denied        100 logged packets a second, node-wide
 
 Allowing is ``accept``: an accept ends only the base chain it happens in, so pod-to-pod
 traffic on one node passes the sender's egress (``fwd-egress``) and then the receiver's
@@ -28,14 +34,26 @@ elements, flushed and refilled chains, map elements) as one transaction; the fir
 (and ``sync(full=True)``, and any failed difference) replaces the whole table in one
 transaction (``add table; delete table; <everything>``), so a restart never opens a window.
 Everything runs in the network namespace of the calling thread.
+
+Visibility (``PolicyDataplane(visibility=True)``): every accept rule of a policy chain
+counts into the policy's named counter, and an endpoint chain counts what it denies into
+its namespace's ``default-deny`` counter before it sends the packet through
+``log-ingress``/``log-egress`` (NFLOG, rate-limited and once per flow) and drops it. Only
+packets that open a connection reach these chains (``ct state established,related accept``
+comes first), so counting costs a long stream nothing. The kernel's counters are read and
+zeroed (``reset counters``) by :meth:`PolicyDataplane.packet_counts` and summed here, so a
+full replacement of the table (which makes new counters) loses nothing but the packets of
+the moment between the read and the replacement.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import logging
 import os
+import re
 import subprocess
 import threading
 import time
@@ -74,6 +92,24 @@ _SET_TYPE = {
 }
 
 
+#: The NFLOG group denied packets go to (tabby's route protocol number, for memory).
+LOG_GROUP = 116
+#: Denied packets sent to userspace at most this often, node-wide (a named limit), with
+#: this burst: a flood of denied packets costs tabby-node at most this many messages.
+LOG_RATE = 100
+LOG_BURST = 200
+#: A flow (source, destination, protocol, destination port) is logged once in this time.
+LOG_FLOW_SECONDS = 10
+LOG_FLOW_SET_SIZE = 8192
+#: Bytes of each logged packet copied to userspace (IPv6 + extension headers + ports).
+LOG_SNAPLEN = 128
+LOG_PREFIX = "tabby-deny "
+#: The ``policy`` label of packets denied because the pod is isolated and nothing allowed it.
+DEFAULT_DENY = "default-deny"
+_DIRECTION_SHORT = {"ingress": "in", "egress": "eg"}
+_PORTED = "{ tcp, udp, sctp }"
+
+
 class NftError(RuntimeError):
     """nft refused a transaction (nothing of it was applied)."""
 
@@ -104,6 +140,42 @@ class Snapshot:
         return elems
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class CounterKey:
+    """What one named counter counts: ``tabby_policy_packets_total``'s labels."""
+
+    namespace: str
+    policy: str
+    direction: str
+    verdict: str
+
+
+def allow_counter(chain: str) -> str:
+    return f"pkt-{chain}"
+
+
+def deny_counter(namespace: str, direction: str) -> str:
+    digest = hashlib.blake2s(namespace.encode(), digest_size=6).hexdigest()
+    return f"deny-{_DIRECTION_SHORT[direction]}-{digest}"
+
+
+def counters_of(ir: DesiredState) -> dict[str, CounterKey]:
+    """The named counters a table with visibility holds for ``ir``: one per policy chain
+    (its accepts) and one per namespace and direction in which a local endpoint is isolated
+    (its default deny)."""
+    out: dict[str, CounterKey] = {}
+    for c in ir.chains.values():
+        ns, _, name = c.policy.partition("/")
+        out[allow_counter(c.name)] = CounterKey(ns, name, c.direction, "allow")
+    for p in ir.endpoints.values():
+        ns = p.endpoint.partition("/")[0]
+        for direction, jumps in (("ingress", p.ingress), ("egress", p.egress)):
+            if jumps is not None:
+                key = CounterKey(ns, DEFAULT_DENY, direction, "deny")
+                out[deny_counter(ns, direction)] = key
+    return out
+
+
 # --- rendering --------------------------------------------------------------------------------
 
 
@@ -127,13 +199,16 @@ class Renderer:
     """nft text for one table. Every statement is a flat command (``add ...``), so full and
     incremental transactions are made of the same pieces."""
 
-    def __init__(self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX, *, visibility: bool = True
+    ) -> None:
         if not table.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"invalid table name {table!r}")
         if not prefix or not prefix.isalnum() or len(prefix) > 14:
             raise ValueError(f"invalid interface prefix {prefix!r}")
         self.table = table
         self.prefix = prefix
+        self.visibility = visibility
         self.t = f"inet {table}"
 
     # sets
@@ -165,6 +240,8 @@ class Renderer:
         if r.named_port_set is not None:
             assert r.family is not None
             parts.append(f"{_FAM[r.family]} daddr . meta l4proto . th dport @{r.named_port_set}")
+        if self.visibility:
+            parts.append(f'counter name "{allow_counter(chain.name)}"')
         parts.append(f"accept comment {_quote(r.comment)}")
         return f"add rule {self.t} {chain.name} {' '.join(parts)}"
 
@@ -185,8 +262,57 @@ class Renderer:
                 out.append(f"add rule {self.t} {chain} accept comment {note}")
                 continue
             out.extend(f"add rule {self.t} {chain} jump {j}" for j in jumps)
+            if self.visibility:
+                count = deny_counter(p.endpoint.partition("/")[0], what)
+                out.append(f'add rule {self.t} {chain} counter name "{count}" jump log-{what}')
             note = _quote(f"{p.endpoint}: {what} not allowed")
             out.append(f"add rule {self.t} {chain} drop comment {note}")
+        return out
+
+    # visibility: counters and the denied-flow log
+    def add_counter(self, name: str, key: CounterKey) -> str:
+        what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
+        return f"add counter {self.t} {name} {{ comment {_quote(what)}; }}"
+
+    def log_objects(self) -> list[str]:
+        """The flow sets, the rate limit and the two log chains (``log-ingress``,
+        ``log-egress``): a packet of a flow logged in the last LOG_FLOW_SECONDS returns at
+        once; else, within the node-wide limit, its flow is remembered and the packet sent
+        to NFLOG group LOG_GROUP with the prefix ``tabby-deny <direction>``. The chains
+        never drop: the endpoint chain that jumped here does."""
+        t = self.t
+        out = [f"add limit {t} log-denied {{ rate {LOG_RATE}/second burst {LOG_BURST} packets; }}"]
+        flags = f"flags dynamic,timeout; timeout {LOG_FLOW_SECONDS}s; size {LOG_FLOW_SET_SIZE};"
+        for fam, kw in ((4, "ipv4_addr"), (6, "ipv6_addr")):
+            ported = f"{kw} . {kw} . inet_proto . inet_service"
+            out.append(f"add set {t} flows-p{fam} {{ type {ported}; {flags} }}")
+            out.append(f"add set {t} flows-x{fam} {{ type {kw} . {kw} . inet_proto; {flags} }}")
+        for direction in ("ingress", "egress"):
+            chain = f"log-{direction}"
+            out.append(f"add chain {t} {chain}")
+            log = f"log prefix {_quote(LOG_PREFIX + direction)} group {LOG_GROUP}"
+            log += f" snaplen {LOG_SNAPLEN}"
+            rules: list[str] = []
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                rules.append(f"meta l4proto {_PORTED} {key_p} @flows-p{fam} return")
+                rules.append(f"meta l4proto != {_PORTED} {key_x} @flows-x{fam} return")
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                first = f"meta nfproto ipv{fam}"
+                rules.append(
+                    f'{first} meta l4proto {_PORTED} limit name "log-denied"'
+                    f" add @flows-p{fam} {{ {key_p} }} {log}"
+                )
+                rules.append(
+                    f'{first} meta l4proto != {_PORTED} limit name "log-denied"'
+                    f" add @flows-x{fam} {{ {key_x} }} {log}"
+                )
+            out.extend(f"add rule {t} {chain} {r}" for r in rules)
         return out
 
     def map_elements(self, verb: str, ifaces: Iterable[str]) -> list[str]:
@@ -250,6 +376,10 @@ class Renderer:
             out.append(self.add_set(sets[name]))
             out.extend(self.elements("add", name, elems[name]))
         ir = snap.ir
+        if self.visibility:
+            out.extend(self.log_objects())
+            for name, key in sorted(counters_of(ir).items()):
+                out.append(self.add_counter(name, key))
         for name in sorted(ir.chains):
             out.append(f"add chain {t} {name}")
         for iface in sorted(ir.endpoints):
@@ -290,6 +420,10 @@ class Renderer:
                 out.extend(self.elements("add", name, came))
         ochains, nchains = old.ir.chains, new.ir.chains
         oeps, neps = old.ir.endpoints, new.ir.endpoints
+        ocount = counters_of(old.ir) if self.visibility else {}
+        ncount = counters_of(new.ir) if self.visibility else {}
+        for name in sorted(ncount.keys() - ocount.keys()):
+            out.append(self.add_counter(name, ncount[name]))
         for name in sorted(nchains.keys() - ochains.keys()):
             out.append(f"add chain {t} {name}")
         for iface in sorted(neps.keys() - oeps.keys()):
@@ -322,6 +456,8 @@ class Renderer:
             late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
         for name in sorted(osets.keys() - nsets.keys()):
             late.append(f"delete set {t} {name}")
+        for name in sorted(ocount.keys() - ncount.keys()):
+            late.append(f"delete counter {t} {name}")
         return out + late
 
 
@@ -489,6 +625,8 @@ class PolicyDataplane:
       ADD answers (its chains and its addresses in every set exist when it returns) or after
       a DEL. Needs a previous ``sync`` (the policies must be known).
     * ``explain(src, dst, protocol, port)`` on the last synced state; ``counters``.
+    * ``packet_counts()``: with ``visibility``, the packets each policy allowed and each
+      namespace denied by isolation, per direction, since this object was made.
     """
 
     def __init__(
@@ -499,16 +637,25 @@ class PolicyDataplane:
         families: Iterable[Family] = (4, 6),
         table: str = DEFAULT_TABLE,
         backend: NftBackend | None = None,
+        visibility: bool = True,
     ) -> None:
         self.node = node
         self.families: tuple[Family, ...] = tuple(families)
-        self.renderer = Renderer(table, iface_prefix)
+        self.renderer = Renderer(table, iface_prefix, visibility=visibility)
         self.backend = backend if backend is not None else default_backend()
         self._lock = threading.RLock()
         self._state: ClusterState | None = None
         self._nat = NatConfig()
         self._programmed: Snapshot | None = None
         self._counters = PolicyCounters(backend=self.backend.name)
+        #: packets (and bytes) counted so far, by what they count; kept while the policy
+        #: (or, for default-deny, a policy of the namespace) exists
+        self._totals: dict[CounterKey, tuple[int, int]] = {}
+        self._state_policies: tuple[engine.Policy, ...] | None = None
+
+    @property
+    def visibility(self) -> bool:
+        return self.renderer.visibility
 
     # state
     @property
@@ -574,6 +721,51 @@ class PolicyDataplane:
                 host_addresses=host_addresses,
             )
 
+    def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
+        """(packets, bytes) per counter key: what the kernel counted since the last read
+        (read and zeroed in one step) added to what was read before. Empty without
+        visibility."""
+        with self._lock:
+            self._harvest()
+            return dict(self._totals)
+
+    def _harvest(self) -> None:
+        """Add the kernel's counters to the totals and zero them (``reset counters``).
+        Called before anything that removes counters: a full replacement, a difference
+        that deletes some. A counter the kernel has that the last apply did not make is
+        ignored."""
+        snap = self._programmed
+        if not self.visibility or snap is None:
+            return
+        names = counters_of(snap.ir)
+        if not names:
+            return
+        try:
+            text = self.backend.run(f"reset counters table {self.renderer.t}")
+        except NftError as e:
+            log.warning("cannot read the policy counters: %s", e)
+            return
+        for name, packets, nbytes in parse_counters(text):
+            key = names.get(name)
+            if key is None or not packets:
+                continue
+            p, b = self._totals.get(key, (0, 0))
+            self._totals[key] = (p + packets, b + nbytes)
+
+    def _prune_totals(self, state: ClusterState) -> None:
+        """Forget the totals of policies that no longer exist (and the default-deny of
+        namespaces without any policy), so that deleted policies' series end."""
+        if not self._totals:
+            return
+        policies = {(p.namespace, p.name) for p in state.policies}
+        namespaces = {ns for ns, _ in policies}
+        self._totals = {
+            k: v
+            for k, v in self._totals.items()
+            if (k.namespace, k.policy) in policies
+            or (k.policy == DEFAULT_DENY and k.namespace in namespaces)
+        }
+
     def ruleset(self) -> str:
         """``nft list table inet tabby`` as nft prints it (tests, debugging)."""
         return self.backend.run(f"list table {self.renderer.t}")
@@ -610,6 +802,8 @@ class PolicyDataplane:
         done_full = lines is None
         try:
             if lines is not None:
+                if any(line.startswith("delete counter ") for line in lines):
+                    self._harvest()
                 try:
                     self.backend.run("\n".join(lines) + "\n")
                 except NftError as exc:
@@ -618,6 +812,7 @@ class PolicyDataplane:
                     self._count_error()
                     done_full = True
             if done_full:
+                self._harvest()
                 text = self.renderer.full(snap)
                 lines = text.splitlines()
                 self.backend.run(text)
@@ -625,6 +820,9 @@ class PolicyDataplane:
             self._count_error()
             raise
         self._programmed, self._state, self._nat = snap, state, nat
+        if state.policies is not self._state_policies:
+            self._state_policies = state.policies
+            self._prune_totals(state)
         seconds = time.monotonic() - start
         c = self._counters
         self._counters = dataclasses.replace(
@@ -648,6 +846,14 @@ class PolicyDataplane:
         )
 
 
+_COUNTER = re.compile(r"counter\s+(\S+)\s*\{[^}]*?packets\s+(\d+)\s+bytes\s+(\d+)", re.S)
+
+
+def parse_counters(text: str) -> list[tuple[str, int, int]]:
+    """(name, packets, bytes) of every named counter in ``nft list counters`` text."""
+    return [(m[1].strip('"'), int(m[2]), int(m[3])) for m in _COUNTER.finditer(text)]
+
+
 def _rule_count(ir: DesiredState) -> int:
     """Rules in the policy and endpoint chains (the base chains' fixed rules not counted)."""
     n = ir.rule_count
@@ -667,7 +873,14 @@ def backend_named(name: Mechanism) -> NftBackend:
 
 
 __all__ = [
+    "DEFAULT_DENY",
+    "LOG_BURST",
+    "LOG_FLOW_SECONDS",
+    "LOG_GROUP",
+    "LOG_PREFIX",
+    "LOG_RATE",
     "ApplyResult",
+    "CounterKey",
     "LibNftables",
     "NatConfig",
     "NftBackend",
@@ -678,5 +891,7 @@ __all__ = [
     "Renderer",
     "Snapshot",
     "backend_named",
+    "counters_of",
     "default_backend",
+    "parse_counters",
 ]

@@ -1,0 +1,292 @@
+"""Seeing what policy does, without a kernel: the counters and the denied-flow log in the
+rendered nft text, the counters' bookkeeping across full replacements, and the netlink
+messages NFLOG and the nftables trace send (bytes as a 6.x kernel sent them).
+
+The kernel tier (tests/privileged/test_policy_visibility.py) runs the same through nftables.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from dataplane import nfnetlink as nfl
+from dataplane import nft
+from policy.engine import Endpoint
+from tests import policy_truth_table as tt
+
+
+class Recorder:
+    """A backend that records transactions and answers ``reset counters`` with what the
+    test put in ``counts`` (then zeroes them, as the kernel does)."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.counts: dict[str, tuple[int, int]] = {}
+
+    def run(self, text: str) -> str:
+        if text.startswith("reset counters"):
+            body = "".join(
+                f'\tcounter {n} {{\n\t\tcomment "x"\n\t\tpackets {p} bytes {b}\n\t}}\n'
+                for n, (p, b) in self.counts.items()
+            )
+            self.counts = dict.fromkeys(self.counts, (0, 0))
+            return f"table inet tabby {{\n{body}}}\n"
+        self.sent.append(text)
+        return ""
+
+
+def _dp(visibility: bool = True) -> tuple[nft.PolicyDataplane, Recorder]:
+    rec = Recorder()
+    dp = nft.PolicyDataplane("node1", backend=rec, families=(4,), visibility=visibility)
+    return dp, rec
+
+
+# -- the rendered table ---------------------------------------------------------------------------
+
+
+def test_every_accept_counts_into_its_policy_and_every_deny_into_default_deny() -> None:
+    dp, rec = _dp()
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))  # 3: x/a only from x/b
+    text = rec.sent[0]
+    counters = nft.counters_of(dp._programmed.ir)  # type: ignore[union-attr]
+    assert sorted(counters.values()) == [
+        nft.CounterKey("x", "default-deny", "ingress", "deny"),
+        nft.CounterKey("x", "x-a-from-b", "ingress", "allow"),
+    ]
+    for name in counters:
+        assert f"add counter inet tabby {name} {{ comment " in text
+    allow = next(n for n, k in counters.items() if k.verdict == "allow")
+    deny = next(n for n, k in counters.items() if k.verdict == "deny")
+    accepts = [line for line in text.splitlines() if " pi-" in line and "accept" in line]
+    assert accepts
+    assert all(f'counter name "{allow}" accept' in line for line in accepts)
+    to_xa = [line for line in text.splitlines() if line.startswith("add rule inet tabby to-calixa")]
+    assert to_xa[-2] == f'add rule inet tabby to-calixa counter name "{deny}" jump log-ingress'
+    assert to_xa[-1].endswith('drop comment "x/a-eth0: ingress not allowed"')
+    # counters and the log chains exist before the rules that use them
+    assert text.index(f"add counter inet tabby {allow}") < text.index(f'name "{allow}"')
+    assert text.index("add chain inet tabby log-ingress") < text.index("jump log-ingress")
+    # not isolated: a plain accept, nothing counted
+    assert "add rule inet tabby to-calixb accept comment" in text
+
+
+def test_the_log_is_rate_limited_and_once_per_flow() -> None:
+    lines = nft.Renderer().log_objects()
+    text = "\n".join(lines)
+    assert f"add limit inet tabby log-denied {{ rate {nft.LOG_RATE}/second" in text
+    for fam in (4, 6):
+        assert f"add set inet tabby flows-p{fam} {{ type " in text
+        assert f"timeout {nft.LOG_FLOW_SECONDS}s" in text
+    ingress = [x for x in lines if x.startswith("add rule inet tabby log-ingress")]
+    # a logged flow returns before the limit is consulted; the rest is logged within it
+    returns = [i for i, x in enumerate(ingress) if x.endswith("return")]
+    logs = [i for i, x in enumerate(ingress) if " log prefix " in x]
+    assert (len(returns), len(logs)) == (4, 4)
+    assert max(returns) < min(logs)
+    assert all('limit name "log-denied" add @flows-' in ingress[i] for i in logs)
+    assert all(f"group {nft.LOG_GROUP}" in ingress[i] for i in logs)
+    assert all('"tabby-deny ingress"' in ingress[i] for i in logs)
+    assert not any(" drop" in x for x in lines)  # the endpoint chain drops, not the log
+
+
+def test_without_visibility_the_table_is_as_before() -> None:
+    dp, rec = _dp(visibility=False)
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))
+    text = rec.sent[0]
+    assert "counter" not in text
+    assert "log" not in text
+    assert "flows-" not in text
+    assert dp.packet_counts() == {}
+
+
+def test_differences_add_counters_first_and_delete_them_last() -> None:
+    dp, rec = _dp()
+    dp.sync(tt.build_state(tt.Step((), tt.everything)))
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))
+    text = rec.sent[-1]
+    assert text.index("add counter inet tabby pkt-pi-") < text.index('counter name "pkt-pi-')
+    assert "add counter inet tabby deny-in-" in text
+    dp.sync(tt.build_state(tt.Step((), tt.everything)))
+    lines = rec.sent[-1].splitlines()
+    deletes = [i for i, x in enumerate(lines) if x.startswith("delete counter")]
+    chains = [i for i, x in enumerate(lines) if x.startswith(("flush chain", "delete chain"))]
+    assert len(deletes) == 2
+    assert min(deletes) > max(chains)
+
+
+# -- the counters' bookkeeping --------------------------------------------------------------------
+
+
+def test_counts_add_up_across_reads_and_full_replacements() -> None:
+    dp, rec = _dp()
+    st = tt.build_state(tt.CASES[2].steps[0])
+    dp.sync(st)
+    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    rec.counts = {names["allow"]: (3, 180), names["deny"]: (5, 300), "stranger": (9, 9)}
+    got = dp.packet_counts()
+    allow = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
+    deny = nft.CounterKey("x", "default-deny", "ingress", "deny")
+    assert got == {allow: (3, 180), deny: (5, 300)}  # a counter it did not make: ignored
+    rec.counts[names["allow"]] = (2, 120)
+    dp.sync(st, full=True)  # read before the table (and its counters) is replaced
+    rec.counts[names["allow"]] = (1, 60)
+    assert dp.packet_counts()[allow] == (6, 360)
+
+
+def test_a_removed_policy_is_read_before_its_counter_goes_then_forgotten() -> None:
+    dp, rec = _dp()
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))
+    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    rec.counts = {names["allow"]: (4, 240)}
+    # the policy stays but selects no local pod any more: its chain and counter go, the
+    # count is read first and kept
+    moved = tt.build_state(tt.CASES[2].steps[0])
+    moved = moved.without_endpoint("x", "a-eth0")
+    dp.sync(moved)
+    allow = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
+    assert dp.packet_counts()[allow] == (4, 240)
+    # the policy deleted: its series ends
+    dp.sync(tt.build_state(tt.Step((), tt.everything)))
+    assert dp.packet_counts() == {}
+
+
+def test_parse_counters() -> None:
+    text = (
+        'table inet tabby {\n\tcounter pkt-pi-1 {\n\t\tcomment "x/p ingress allow"\n'
+        "\t\tpackets 12 bytes 720\n\t}\n\tcounter deny-in-2 {\n\t\tpackets 0 bytes 0\n\t}\n}\n"
+    )
+    assert nft.parse_counters(text) == [("pkt-pi-1", 12, 720), ("deny-in-2", 0, 0)]
+    assert nft.parse_counters("") == []
+
+
+def test_a_new_local_endpoint_in_a_new_namespace_gets_its_deny_counter() -> None:
+    dp, rec = _dp()
+    dp.sync(tt.build_state(tt.Step((tt.DENY_INGRESS,), tt.everything)))
+    ep = Endpoint("x", "new", "node1", "calinew", ("10.244.1.201",), "new-eth0")
+    dp.add_endpoint(ep)
+    text = rec.sent[-1]
+    assert "add counter" not in text  # x's default-deny counter exists already
+    assert 'counter name "deny-in-' in text
+
+
+# -- netlink: NFLOG and the trace ---------------------------------------------------------------
+
+
+def _nlmsg(subsys: int, mtype: int, family: int, res_id: int, attrs: bytes) -> bytes:
+    body = struct.pack("=BBH", family, 0, socket.htons(res_id)) + attrs
+    return struct.pack("=IHHII", 16 + len(body), (subsys << 8) | mtype, 0, 0, 0) + body
+
+
+def _attr(kind: int, value: bytes) -> bytes:
+    length = 4 + len(value)
+    return struct.pack("=HH", length, kind) + value + b"\0" * ((4 - length % 4) % 4)
+
+
+#: A UDP datagram 127.0.0.1:48356 -> 127.0.0.2:7, as NFLOG copied it (Linux 6.18).
+UDP_PACKET = bytes.fromhex("4500001d09144000401133b97f0000017f000002bce400070009fe1d78")
+
+
+def test_an_nflog_message_is_read() -> None:
+    msg = _nlmsg(
+        nfl.NFNL_SUBSYS_ULOG,
+        nfl.NFULNL_MSG_PACKET,
+        socket.AF_INET,
+        116,
+        _attr(nfl.NFULA_PACKET_HDR, b"\x08\x00\x03\x00")
+        + _attr(nfl.NFULA_PREFIX, b"tabby-deny ingress\0")
+        + _attr(nfl.NFULA_IFINDEX_OUTDEV, struct.pack(">I", 7))
+        + _attr(nfl.NFULA_PAYLOAD, UDP_PACKET),
+    )
+    (m,) = list(nfl.split_messages(msg))
+    assert isinstance(m, nfl.Message)
+    assert (m.subsystem, m.type, m.res_id) == (nfl.NFNL_SUBSYS_ULOG, 0, 116)
+    assert m.attrs[nfl.NFULA_PREFIX] == b"tabby-deny ingress\0"
+    p = nfl.parse_packet(m.attrs[nfl.NFULA_PAYLOAD])
+    assert p == nfl.Packet(4, "127.0.0.1", "127.0.0.2", 17, 48356, 7)
+    assert p.protocol_name == "UDP"
+
+
+def test_an_ack_is_its_errno() -> None:
+    ack = struct.pack("=IHHII", 36, nfl.NLMSG_ERROR, 0, 1, 0) + struct.pack("=i", -16) + b"\0" * 16
+    assert list(nfl.split_messages(ack)) == [16]
+
+
+def test_trace_events_are_read() -> None:
+    # as Linux 6.18 sent them for `ping 127.0.0.3` with `meta nftrace set 1` in chain out
+    rule = _nlmsg(
+        nfl.NFNL_SUBSYS_NFTABLES,
+        nfl.NFT_MSG_TRACE,
+        socket.AF_INET,
+        0,
+        _attr(nfl.NFTA_TRACE_NFPROTO, b"\x00\x00\x00\x02")
+        + _attr(nfl.NFTA_TRACE_TYPE, b"\x00\x00\x00\x03")
+        + _attr(nfl.NFTA_TRACE_ID, b"<\x9d>\x15")
+        + _attr(nfl.NFTA_TRACE_CHAIN, b"out\0")
+        + _attr(nfl.NFTA_TRACE_TABLE, b"t\0")
+        + _attr(nfl.NFTA_TRACE_RULE_HANDLE, b"\x00\x00\x00\x00\x00\x00\x00\x11")
+        + _attr(nfl.NFTA_TRACE_VERDICT | 0x8000, b"\x08\x00\x01\x00\xff\xff\xff\xff")
+        + _attr(nfl.NFTA_TRACE_OIF, b"\x00\x00\x00\x01")
+        + _attr(
+            nfl.NFTA_TRACE_NETWORK_HEADER, bytes.fromhex("45000054673c40004001d5687f0000017f000003")
+        )
+        + _attr(nfl.NFTA_TRACE_TRANSPORT_HEADER, bytes.fromhex("0800e190462e0001")),
+    )
+    policy = _nlmsg(
+        nfl.NFNL_SUBSYS_NFTABLES,
+        nfl.NFT_MSG_TRACE,
+        socket.AF_INET,
+        0,
+        _attr(nfl.NFTA_TRACE_NFPROTO, b"\x00\x00\x00\x02")
+        + _attr(nfl.NFTA_TRACE_TYPE, b"\x00\x00\x00\x01")
+        + _attr(nfl.NFTA_TRACE_ID, b"<\x9d>\x15")
+        + _attr(nfl.NFTA_TRACE_CHAIN, b"out\0")
+        + _attr(nfl.NFTA_TRACE_TABLE, b"t\0")
+        + _attr(nfl.NFTA_TRACE_POLICY, b"\x00\x00\x00\x01"),
+    )
+    drop = _nlmsg(
+        nfl.NFNL_SUBSYS_NFTABLES,
+        nfl.NFT_MSG_TRACE,
+        socket.AF_INET,
+        0,
+        _attr(nfl.NFTA_TRACE_TYPE, b"\x00\x00\x00\x03")
+        + _attr(nfl.NFTA_TRACE_CHAIN, b"to-calixa\0")
+        + _attr(nfl.NFTA_TRACE_TABLE, b"tabby\0")
+        + _attr(nfl.NFTA_TRACE_RULE_HANDLE, struct.pack(">Q", 42))
+        + _attr(
+            nfl.NFTA_TRACE_VERDICT | 0x8000, _attr(1, struct.pack(">i", -3)) + _attr(2, b"pi-1\0")
+        ),
+    )
+    events = [nfl.trace_event(m) for m in nfl.split_messages(rule + policy + drop)]  # type: ignore[arg-type]
+    assert None not in events
+    first, end, jump = (e for e in events if e is not None)
+    assert (first.table, first.chain, first.type, first.handle, first.verdict) == (
+        "t",
+        "out",
+        "rule",
+        17,
+        "continue",
+    )
+    assert (first.family, first.oif, first.id) == (4, 1, 0x3C9D3E15)
+    assert first.packet == nfl.Packet(4, "127.0.0.1", "127.0.0.3", 1, icmp_type=8, icmp_id=0x462E)
+    assert (end.type, end.verdict, end.handle, end.packet) == ("policy", "accept", None, None)
+    assert (jump.verdict, jump.target, jump.handle) == ("jump", "pi-1", 42)
+
+
+def test_ipv6_headers_with_extension_headers() -> None:
+    src, dst = (
+        socket.inet_pton(socket.AF_INET6, "fd00::1"),
+        socket.inet_pton(socket.AF_INET6, "fd00::2"),
+    )
+    hop = bytes([6, 0]) + b"\0" * 6  # hop-by-hop options, next: TCP
+    tcp = struct.pack("!HH", 40000, 443) + b"\0" * 16
+    head = struct.pack("!IHBB", 6 << 28, len(hop) + len(tcp), 0, 64) + src + dst
+    p = nfl.parse_packet(head + hop + tcp)
+    assert p == nfl.Packet(6, "fd00::1", "fd00::2", 6, 40000, 443)
+    frag = bytes([17, 0]) + struct.pack("!H", 8 << 3) + b"\0" * 4  # a later fragment
+    head = struct.pack("!IHBB", 6 << 28, 8, 44, 64) + src + dst
+    assert nfl.parse_packet(head + frag) == nfl.Packet(6, "fd00::1", "fd00::2", 17)
+    assert nfl.parse_packet(b"") is None
+    assert nfl.parse_packet(b"\x45\x00") is None
