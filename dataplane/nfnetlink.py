@@ -31,8 +31,10 @@ NETLINK_NETFILTER = 12
 SOL_NETLINK = 270
 NETLINK_ADD_MEMBERSHIP = 1
 NLMSG_ERROR = 2
+NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
+NLM_F_DUMP = 0x300
 NFNL_SUBSYS_ULOG = 4
 NFNL_SUBSYS_NFTABLES = 10
 NFULNL_MSG_PACKET = 0
@@ -43,6 +45,11 @@ NFULNL_COPY_PACKET = 2
 NFULA_PACKET_HDR, NFULA_IFINDEX_INDEV, NFULA_IFINDEX_OUTDEV = 1, 4, 5
 NFULA_PAYLOAD, NFULA_PREFIX = 9, 10
 NFT_MSG_TRACE = 17
+NFT_MSG_NEWOBJ, NFT_MSG_GETOBJ_RESET = 18, 21
+NFPROTO_INET = 1
+NFT_OBJECT_COUNTER = 1
+NFTA_OBJ_TABLE, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_OBJ_DATA = 1, 2, 3, 4
+NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS = 1, 2
 NFNLGRP_NFTRACE = 9
 NFTA_TRACE_TABLE, NFTA_TRACE_CHAIN, NFTA_TRACE_RULE_HANDLE, NFTA_TRACE_TYPE = 1, 2, 3, 4
 NFTA_TRACE_VERDICT, NFTA_TRACE_ID = 5, 6
@@ -180,7 +187,7 @@ class Message:
 
 def split_messages(data: bytes) -> Iterator[Message | int]:
     """The messages of one datagram; a netlink error (an ack) is yielded as its errno (0
-    for a positive ack)."""
+    for a positive ack, and for the end of a dump)."""
     offset = 0
     while offset + _HDR.size <= len(data):
         length, mtype, _flags, _seq, _pid = _HDR.unpack_from(data, offset)
@@ -189,6 +196,8 @@ def split_messages(data: bytes) -> Iterator[Message | int]:
         if mtype == NLMSG_ERROR:
             (err,) = struct.unpack_from("=i", data, offset + _HDR.size)
             yield -err
+        elif mtype == NLMSG_DONE:
+            yield 0
         elif length >= _HDR.size + _NFGEN.size:
             family, _version, res_id = _NFGEN.unpack_from(data, offset + _HDR.size)
             yield Message(
@@ -221,19 +230,25 @@ class NetfilterSocket:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def request(self, subsystem: int, mtype: int, family: int, res_id: int, body: bytes) -> None:
-        """Send one request and wait for its ack; OSError with the kernel's errno."""
+    def request(
+        self,
+        subsystem: int,
+        mtype: int,
+        family: int,
+        res_id: int,
+        body: bytes,
+        *,
+        dump: bool = False,
+    ) -> list[Message]:
+        """Send one request and wait for its ack (or, ``dump``, the end of its dump); the
+        messages that came before; OSError with the kernel's errno."""
         self._seq += 1
         payload = _NFGEN.pack(family, 0, socket.htons(res_id)) + body
-        header = _HDR.pack(
-            _HDR.size + len(payload),
-            (subsystem << 8) | mtype,
-            NLM_F_REQUEST | NLM_F_ACK,
-            self._seq,
-            0,
-        )
+        flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
+        header = _HDR.pack(_HDR.size + len(payload), (subsystem << 8) | mtype, flags, self._seq, 0)
         self.sock.send(header + payload)
         deadline = time.monotonic() + 5
+        out: list[Message] = []
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
@@ -242,7 +257,8 @@ class NetfilterSocket:
                 if isinstance(item, int):
                     if item:
                         raise OSError(item, os.strerror(item))
-                    return
+                    return out
+                out.append(item)
 
     def read(self, timeout: float) -> list[Message]:
         """The messages that arrive within ``timeout`` seconds of the first wait (what is
@@ -263,6 +279,33 @@ class NetfilterSocket:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def reset_counters(table: str) -> list[tuple[str, int, int]]:
+    """(name, packets, bytes) of every named counter of ``inet <table>`` in the calling
+    thread's namespace, read and zeroed in one step by the kernel (what ``nft reset
+    counters`` asks for; libnftables may answer a repeated reset from its cache, with the
+    values of the previous one). OSError when the table does not exist."""
+    nl = NetfilterSocket(rcvbuf=1 << 18)
+    try:
+        body = _attr(NFTA_OBJ_TABLE, table.encode() + b"\0") + _attr(
+            NFTA_OBJ_TYPE, struct.pack(">I", NFT_OBJECT_COUNTER)
+        )
+        replies = nl.request(
+            NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ_RESET, NFPROTO_INET, 0, body, dump=True
+        )
+    finally:
+        nl.close()
+    out = []
+    for m in replies:
+        if m.type != NFT_MSG_NEWOBJ or NFTA_OBJ_DATA not in m.attrs:
+            continue
+        data = attributes(m.attrs[NFTA_OBJ_DATA])
+        name = m.attrs.get(NFTA_OBJ_NAME, b"").split(b"\0", 1)[0].decode(errors="replace")
+        packets = struct.unpack(">Q", data.get(NFTA_COUNTER_PACKETS, bytes(8))[:8])[0]
+        nbytes = struct.unpack(">Q", data.get(NFTA_COUNTER_BYTES, bytes(8))[:8])[0]
+        out.append((name, packets, nbytes))
+    return out
 
 
 # -- NFLOG --------------------------------------------------------------------------------------
@@ -442,6 +485,7 @@ __all__ = [
     "TraceListener",
     "attributes",
     "parse_packet",
+    "reset_counters",
     "split_messages",
     "trace_event",
 ]

@@ -41,7 +41,8 @@ its namespace's ``default-deny`` counter before it sends the packet through
 ``log-ingress``/``log-egress`` (NFLOG, rate-limited and once per flow) and drops it. Only
 packets that open a connection reach these chains (``ct state established,related accept``
 comes first), so counting costs a long stream nothing. The kernel's counters are read and
-zeroed (``reset counters``) by :meth:`PolicyDataplane.packet_counts` and summed here, so a
+zeroed (netlink ``GETOBJ_RESET``, what ``nft reset counters`` sends) by
+:meth:`PolicyDataplane.packet_counts` and summed here, so a
 full replacement of the table (which makes new counters) loses nothing but the packets of
 the moment between the read and the replacement.
 """
@@ -53,11 +54,10 @@ import dataclasses
 import hashlib
 import logging
 import os
-import re
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal, Protocol
 
 from policy import engine
@@ -638,8 +638,11 @@ class PolicyDataplane:
         table: str = DEFAULT_TABLE,
         backend: NftBackend | None = None,
         visibility: bool = True,
+        counter_reader: Callable[[str], Iterable[tuple[str, int, int]]] | None = None,
     ) -> None:
         self.node = node
+        #: table name -> (name, packets, bytes) of its counters, read and zeroed
+        self.counter_reader = counter_reader if counter_reader is not None else _reset_counters
         self.families: tuple[Family, ...] = tuple(families)
         self.renderer = Renderer(table, iface_prefix, visibility=visibility)
         self.backend = backend if backend is not None else default_backend()
@@ -723,11 +726,25 @@ class PolicyDataplane:
 
     def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
         """(packets, bytes) per counter key: what the kernel counted since the last read
-        (read and zeroed in one step) added to what was read before. Empty without
-        visibility."""
+        (read and zeroed in one step) added to what was read before; every counter the
+        table holds now is there, at 0 if nothing was counted. Empty without visibility."""
         with self._lock:
             self._harvest()
-            return dict(self._totals)
+            snap = self._programmed
+            now = counters_of(snap.ir) if snap is not None and self.visibility else {}
+            out = dict.fromkeys(now.values(), (0, 0))  # programmed, nothing counted yet
+            out.update(self._totals)
+            return out
+
+    def isolating(self, iface: str, direction: str) -> tuple[str, ...]:
+        """The policies (``namespace/name``) the endpoint chain of host interface ``iface``
+        tries for ``direction``, as programmed last; () when it is not isolated or unknown."""
+        snap = self._programmed
+        prog = snap.ir.endpoints.get(iface) if snap is not None else None
+        if snap is None or prog is None:
+            return ()
+        jumps = prog.ingress if direction == "ingress" else prog.egress
+        return tuple(snap.ir.chains[c].policy for c in jumps or () if c in snap.ir.chains)
 
     def _harvest(self) -> None:
         """Add the kernel's counters to the totals and zero them (``reset counters``).
@@ -741,11 +758,11 @@ class PolicyDataplane:
         if not names:
             return
         try:
-            text = self.backend.run(f"reset counters table {self.renderer.t}")
-        except NftError as e:
+            read = list(self.counter_reader(self.renderer.table))
+        except (OSError, NftError) as e:
             log.warning("cannot read the policy counters: %s", e)
             return
-        for name, packets, nbytes in parse_counters(text):
+        for name, packets, nbytes in read:
             key = names.get(name)
             if key is None or not packets:
                 continue
@@ -846,12 +863,10 @@ class PolicyDataplane:
         )
 
 
-_COUNTER = re.compile(r"counter\s+(\S+)\s*\{[^}]*?packets\s+(\d+)\s+bytes\s+(\d+)", re.S)
+def _reset_counters(table: str) -> list[tuple[str, int, int]]:
+    from dataplane.nfnetlink import reset_counters
 
-
-def parse_counters(text: str) -> list[tuple[str, int, int]]:
-    """(name, packets, bytes) of every named counter in ``nft list counters`` text."""
-    return [(m[1].strip('"'), int(m[2]), int(m[3])) for m in _COUNTER.finditer(text)]
+    return reset_counters(table)
 
 
 def _rule_count(ir: DesiredState) -> int:
@@ -893,5 +908,4 @@ __all__ = [
     "backend_named",
     "counters_of",
     "default_backend",
-    "parse_counters",
 ]

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay_model import DesiredState
     from tabby_node.metrics import Metrics
+    from tabby_node.policylog import DeniedFlows
     from tabby_node.server import NodeServer
     from tabby_node.view import RoutingBackend
 
@@ -99,6 +100,7 @@ class Agent:
         self.http_servers: list[ThreadingHTTPServer] = []
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
+        self.denied_flows: DeniedFlows | None = None
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -170,8 +172,14 @@ class Agent:
         routing.start()
         from dataplane.nft import PolicyDataplane
 
-        self.policy = PolicyDataplane(facts.name)
+        visibility = self.options.policy_visibility == "on"
+        self.policy = PolicyDataplane(facts.name, visibility=visibility)
         self.reconcile(full=True)
+        if visibility:
+            from tabby_node import policylog
+
+            self.denied_flows = policylog.DeniedFlows(facts.name)
+            policylog.start(self.policy, self.denied_flows, self.stopping, self.problems)
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped

@@ -1,5 +1,7 @@
 """tabby-node's HTTP endpoints (served by ``daemon.http``): ``/liveness`` and ``/readiness``
-on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics).
+on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics),
+and the denied-flow log ``/policy/log`` on the health port only, that is on 127.0.0.1
+(tabby_node.policylog; ``tabbyctl policy log``).
 
 Both answer 200 or 503 with ``{"ready": bool, "reasons": [...]}`` (``reasons`` empty when
 ready). Liveness fails only when tabby-node's own loops are stuck. Readiness is 200 only when
@@ -17,6 +19,9 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from daemon.http import Route
     from datastore.base import Store
     from tabby_node.view import AgentView
 
@@ -94,12 +99,20 @@ class Health:
         return reasons
 
 
-def _serve(agent: AgentView, host: str, port: int, health: Health, what: str) -> None:
+def _serve(
+    agent: AgentView,
+    host: str,
+    port: int,
+    health: Health,
+    what: str,
+    routes: Mapping[str, Route] | None = None,
+) -> None:
     from daemon.http import Endpoints, serve
 
     metrics = agent.metrics.exposition if agent.metrics is not None else None
+    endpoints = Endpoints(health.liveness, health.readiness, metrics, routes or {})
     try:
-        server = serve(host, port, Endpoints(health.liveness, health.readiness, metrics), what)
+        server = serve(host, port, endpoints, what)
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
         agent.problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
@@ -113,7 +126,12 @@ def start(agent: AgentView) -> None:
     health = Health(agent)
     options = agent.options
     if options.health_port:
-        _serve(agent, "127.0.0.1", options.health_port, health, "health")
+        routes: dict[str, Route] = {}
+        if agent.denied_flows is not None:
+            from tabby_node.policylog import http_route
+
+            routes["/policy/log"] = http_route(agent.denied_flows)
+        _serve(agent, "127.0.0.1", options.health_port, health, "health", routes)
     if options.metrics_port and agent.metrics is not None:
         hosts = ["127.0.0.1"]
         facts = agent.facts

@@ -65,6 +65,7 @@ class NodeOptions(Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: AbsPath | None = DEFAULT_LOG_FILE
     conf: AbsPath | None = None
+    policy_visibility: Literal["on", "off"] = "on"
 
     @property
     def socket_path(self) -> str:
@@ -96,6 +97,7 @@ ENV = {
     "log_level": "TABBY_LOG_LEVEL",
     "log_file": "TABBY_NODE_LOG_FILE",
     "conf": "TABBY_CONF",
+    "policy_visibility": "TABBY_POLICY_VISIBILITY",
 }
 _NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
 
@@ -125,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
         "log_file": f"log file (default {DEFAULT_LOG_FILE}; '' = stderr only)",
         "conf": "conflist whose tabby ipam section gives datastore settings "
         "(default: none; flags and TABBY_* variables win)",
+        "policy_visibility": "on: count packets per policy (tabby_policy_packets_total) and "
+        "log denied flows (tabbyctl policy log); off: neither (default on)",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(

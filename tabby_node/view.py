@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tabby_node.cluster import Cluster
     from tabby_node.facts import Facts
     from tabby_node.options import NodeOptions
+    from tabby_node.policylog import DeniedFlows
 
 
 class MetricsHooks(Protocol):
@@ -92,6 +93,11 @@ class AgentView(Protocol):
 
     @property
     def problems(self) -> dict[str, str]: ...
+
+    @property
+    def denied_flows(self) -> DeniedFlows | None:
+        """The denied-flow log (None without policy visibility)."""
+        ...
 
     @property
     def loop_beat(self) -> dict[str, float]: ...

@@ -7,18 +7,23 @@ The kernel tier (tests/privileged/test_policy_visibility.py) runs the same throu
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
+import threading
+import time
+from typing import Any
 
 from dataplane import nfnetlink as nfl
 from dataplane import nft
 from policy.engine import Endpoint
+from tabby_node import policylog
 from tests import policy_truth_table as tt
 
 
 class Recorder:
-    """A backend that records transactions and answers ``reset counters`` with what the
-    test put in ``counts`` (then zeroes them, as the kernel does)."""
+    """A backend that records transactions, and a counter reader that answers with what
+    the test put in ``counts`` (then zeroes them, as the kernel does)."""
 
     name = "recorder"
 
@@ -27,20 +32,25 @@ class Recorder:
         self.counts: dict[str, tuple[int, int]] = {}
 
     def run(self, text: str) -> str:
-        if text.startswith("reset counters"):
-            body = "".join(
-                f'\tcounter {n} {{\n\t\tcomment "x"\n\t\tpackets {p} bytes {b}\n\t}}\n'
-                for n, (p, b) in self.counts.items()
-            )
-            self.counts = dict.fromkeys(self.counts, (0, 0))
-            return f"table inet tabby {{\n{body}}}\n"
         self.sent.append(text)
         return ""
+
+    def reset_counters(self, table: str) -> list[tuple[str, int, int]]:
+        assert table == "tabby"
+        out = [(n, p, b) for n, (p, b) in self.counts.items()]
+        self.counts = dict.fromkeys(self.counts, (0, 0))
+        return out
 
 
 def _dp(visibility: bool = True) -> tuple[nft.PolicyDataplane, Recorder]:
     rec = Recorder()
-    dp = nft.PolicyDataplane("node1", backend=rec, families=(4,), visibility=visibility)
+    dp = nft.PolicyDataplane(
+        "node1",
+        backend=rec,
+        families=(4,),
+        visibility=visibility,
+        counter_reader=rec.reset_counters,
+    )
     return dp, rec
 
 
@@ -151,15 +161,6 @@ def test_a_removed_policy_is_read_before_its_counter_goes_then_forgotten() -> No
     # the policy deleted: its series ends
     dp.sync(tt.build_state(tt.Step((), tt.everything)))
     assert dp.packet_counts() == {}
-
-
-def test_parse_counters() -> None:
-    text = (
-        'table inet tabby {\n\tcounter pkt-pi-1 {\n\t\tcomment "x/p ingress allow"\n'
-        "\t\tpackets 12 bytes 720\n\t}\n\tcounter deny-in-2 {\n\t\tpackets 0 bytes 0\n\t}\n}\n"
-    )
-    assert nft.parse_counters(text) == [("pkt-pi-1", 12, 720), ("deny-in-2", 0, 0)]
-    assert nft.parse_counters("") == []
 
 
 def test_a_new_local_endpoint_in_a_new_namespace_gets_its_deny_counter() -> None:
@@ -290,3 +291,239 @@ def test_ipv6_headers_with_extension_headers() -> None:
     assert nfl.parse_packet(head + frag) == nfl.Packet(6, "fd00::1", "fd00::2", 17)
     assert nfl.parse_packet(b"") is None
     assert nfl.parse_packet(b"\x45\x00") is None
+
+
+# -- tabby-node: the ring, its HTTP route, the metrics -----------------------------------------
+
+
+def _logged(prefix: str, packet: nfl.Packet | None, indev: int = 0, outdev: int = 0) -> Any:
+    return nfl.LoggedPacket(prefix, indev, outdev, packet, 1_700_000_000.25)
+
+
+def test_a_denied_packet_becomes_a_flow_with_both_pods_named() -> None:
+    dp, _ = _dp()
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))  # x/a only from x/b
+    flows = policylog.DeniedFlows("node1", capacity=3)
+    namer = policylog.Namer(dp)
+    namer.policies = lambda ifindex, direction: dp.isolating("calixa", direction)  # type: ignore[method-assign]
+    udp = nfl.Packet(4, tt.address("y/b"), tt.address("x/a"), 17, 40000, 81)
+    flow = policylog.record(flows, namer, _logged("tabby-deny ingress", udp, outdev=9))
+    assert flow is not None
+    assert flow.to_json() == {
+        "seq": 1,
+        "time": "2023-11-14T22:13:20.250Z",
+        "node": "node1",
+        "src": "10.244.2.11",
+        "dst": "10.244.1.10",
+        "src_pod": "y/b",
+        "dst_pod": "x/a",
+        "protocol": "UDP",
+        "dport": 81,
+        "direction": "ingress",
+        "verdict": "deny",
+        "policies": ["x/x-a-from-b"],
+    }
+    outside = nfl.Packet(4, "192.0.2.1", tt.address("x/a"), 1, icmp_type=8, icmp_id=1)
+    flow = policylog.record(flows, namer, _logged("tabby-deny egress", outside))
+    assert flow is not None
+    assert (flow.src_pod, flow.dst_pod, flow.protocol, flow.dport) == (None, "x/a", "ICMP", None)
+    # not ours, or unreadable: ignored
+    assert policylog.record(flows, namer, _logged("other", udp)) is None
+    assert policylog.record(flows, namer, _logged("tabby-deny ingress", None)) is None
+    assert policylog.record(flows, namer, _logged("tabby-deny sideways", udp)) is None
+
+
+def test_the_ring_keeps_the_newest_and_readers_wait_for_more() -> None:
+    flows = policylog.DeniedFlows("n", capacity=3)
+    for i in range(5):
+        flows.add(
+            time=float(i),
+            src="a",
+            dst="b",
+            src_pod=None,
+            dst_pod=None,
+            protocol="TCP",
+            dport=i,
+            direction="ingress",
+            policies=(),
+        )
+    assert len(flows) == 3
+    got = flows.since(0)
+    assert [e["dport"] for e in got["entries"]] == [2, 3, 4]  # oldest first
+    assert (got["first"], got["next"], got["capacity"]) == (3, 5, 3)
+    assert flows.since(5)["entries"] == []
+    waited: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: waited.append(flows.since(5, wait=5)))
+    reader.start()
+    time.sleep(0.1)
+    flows.add(
+        time=9.0,
+        src="a",
+        dst="b",
+        src_pod=None,
+        dst_pod=None,
+        protocol="UDP",
+        dport=9,
+        direction="egress",
+        policies=("x/p",),
+    )
+    reader.join(5)
+    assert [e["dport"] for e in waited[0]["entries"]] == [9]
+    t0 = time.monotonic()
+    assert flows.since(6, wait=0.2)["entries"] == []
+    assert 0.15 < time.monotonic() - t0 < 2
+
+
+def test_the_route_answers_json_and_refuses_nonsense() -> None:
+    flows = policylog.DeniedFlows("n")
+    route = policylog.http_route(flows)
+    code, ctype, body = route({"since": "0"})
+    assert (code, ctype) == (200, "application/json")
+    assert json.loads(body) == {"node": "n", "capacity": 1000, "first": 1, "next": 0, "entries": []}
+    assert route({"since": "x"})[0] == 400
+
+
+def test_the_counters_are_exported_per_policy_direction_and_verdict() -> None:
+    from cni_config.common import DatastoreSettings
+    from tabby_node.agent import Agent
+    from tabby_node.metrics import Metrics
+    from tabby_node.options import NodeOptions
+
+    agent = Agent(NodeOptions(nodename="node1", log_file=None), DatastoreSettings())
+    dp, rec = _dp()
+    agent.policy = dp
+    agent.denied_flows = policylog.DeniedFlows("node1")
+    dp.sync(tt.build_state(tt.CASES[2].steps[0]))
+    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    rec.counts = {names["allow"]: (3, 180), names["deny"]: (7, 420)}
+    m = Metrics(agent)
+    value = m.registry.get_sample_value
+    labels = {"namespace": "x", "direction": "ingress"}
+    assert (
+        value("tabby_policy_packets_total", {**labels, "policy": "x-a-from-b", "verdict": "allow"})
+        == 3
+    )
+    assert (
+        value("tabby_policy_packets_total", {**labels, "policy": "default-deny", "verdict": "deny"})
+        == 7
+    )
+    rec.counts[names["deny"]] = (1, 60)
+    assert (
+        value("tabby_policy_packets_total", {**labels, "policy": "default-deny", "verdict": "deny"})
+        == 8
+    )
+    assert value("tabby_policy_denied_flows_total", {}) == 0
+
+
+# -- the trace: what the events say ---------------------------------------------------------------
+
+LISTING = """table inet tabby { # handle 7
+	chain fwd-ingress { # handle 3
+		type filter hook forward priority filter + 1; policy accept;
+		oifname != "cali*" return # handle 10
+		ct state established,related accept # handle 11
+		oifname vmap @wl-to # handle 13
+	}
+
+	chain to-calixa { # handle 20
+		jump pi-1 # handle 21
+		counter name "deny-in-1" jump log-ingress # handle 22
+		drop comment "x/a-eth0: ingress not allowed" # handle 23
+	}
+
+	chain pi-1 { # handle 30
+		ip saddr @a4-1 counter name "pkt-pi-1" accept comment "x/p ingress[0]" # handle 31
+	}
+}
+"""
+
+
+def _ev(chain: str, verdict: str, handle: int | None = None, **kw: Any) -> nfl.TraceEvent:
+    fields: dict[str, Any] = {
+        "id": 1,
+        "family": 4,
+        "table": "tabby",
+        "chain": chain,
+        "type": "rule",
+        "handle": handle,
+        "verdict": verdict,
+        "target": None,
+        "iif": 0,
+        "oif": 0,
+        "packet": None,
+    }
+    fields.update(kw)
+    return nfl.TraceEvent(**fields)
+
+
+def test_rules_are_found_by_chain_and_handle() -> None:
+    from dataplane import nfttrace
+
+    rules = nfttrace.parse_rules(LISTING)
+    assert rules[("to-calixa", 23)].text == 'drop comment "x/a-eth0: ingress not allowed"'
+    assert rules[("to-calixa", 23)].comment == "x/a-eth0: ingress not allowed"
+    assert rules[("fwd-ingress", 13)].comment == ""
+    assert ("fwd-ingress", 3) not in rules  # the chain's own handle
+    assert len(rules) == 7
+
+
+def test_the_decision_of_each_pass_through_a_base_chain() -> None:
+    from dataplane import nfttrace
+
+    rules = nfttrace.parse_rules(LISTING)
+    allowed = [
+        _ev("pre", "continue", 2, table="tabby-trace-1-1"),
+        _ev("fwd-egress", "return", 9),  # not from a pod on this node
+        _ev("fwd-egress", "accept", type="policy"),
+        _ev("fwd-ingress", "jump", 13, target="to-calixa"),
+        _ev("to-calixa", "jump", 21, target="pi-1"),
+        _ev("pi-1", "accept", 31),
+    ]
+    ds, foreign = nfttrace.decisions(allowed, rules)
+    assert foreign == []
+    assert [(d.base, d.verdict) for d in ds] == [("fwd-egress", "none"), ("fwd-ingress", "accept")]
+    ingress = nfttrace.verdict_of(ds, "ingress")
+    assert ingress is not None
+    assert ingress.rule is not None
+    assert ingress.rule.comment == "x/p ingress[0]"
+    assert ingress.path == ("fwd-ingress", "to-calixa", "pi-1")
+    egress = nfttrace.verdict_of(ds, "egress")
+    assert egress is not None
+    assert not egress.decided
+    denied = [
+        _ev("fwd-ingress", "jump", 13, target="to-calixa"),
+        _ev("to-calixa", "jump", 21, target="pi-1"),
+        _ev("pi-1", "continue", type="return"),
+        _ev("to-calixa", "jump", 22, target="log-ingress"),
+        _ev("log-ingress", "continue", type="return"),
+        _ev("to-calixa", "drop", 23),
+        _ev("output", "drop", 5, table="bystander"),
+    ]
+    ds, foreign = nfttrace.decisions(denied, rules)
+    (d,) = ds
+    assert (d.verdict, d.chain, d.path) == (
+        "drop",
+        "to-calixa",
+        ("fwd-ingress", "to-calixa", "pi-1", "log-ingress"),
+    )
+    assert d.to_json()["comment"] == "x/a-eth0: ingress not allowed"
+    assert foreign == [nfttrace.Foreign("bystander", "output", 5)]
+
+
+def test_a_probe_matches_only_its_first_packet() -> None:
+    from dataplane import nfttrace
+
+    tcp = nfttrace.Probe(4, "10.0.0.1", "10.0.0.2", "TCP", 40000, 80)
+    assert tcp.nft_match() == (
+        "ip saddr 10.0.0.1 ip daddr 10.0.0.2 tcp sport 40000 tcp dport 80"
+        " tcp flags & (syn | ack) == syn"
+    )
+    assert tcp.matches(nfl.Packet(4, "10.0.0.1", "10.0.0.2", 6, 40000, 80))
+    assert not tcp.matches(nfl.Packet(4, "10.0.0.1", "10.0.0.2", 6, 40001, 80))
+    assert not tcp.matches(nfl.Packet(4, "10.0.0.2", "10.0.0.1", 6, 80, 40000))
+    echo = nfttrace.Probe(6, "fd00::1", "fd00::2", "ICMP", icmp_id=7)
+    assert echo.nft_match() == (
+        "ip6 saddr fd00::1 ip6 daddr fd00::2 icmpv6 type echo-request icmpv6 id 7"
+    )
+    assert echo.matches(nfl.Packet(6, "fd00::1", "fd00::2", 58, icmp_type=128, icmp_id=7))
+    assert not echo.matches(nfl.Packet(6, "fd00::1", "fd00::2", 58, icmp_type=129, icmp_id=7))
