@@ -11,7 +11,9 @@ Threads::
                  VXLAN) and the nftables table; it also programs a new pod's policy before
                  that pod's ADD answers (requests from the CNI threads)
     cni server   one thread per CNI call (tabby_node.server)
-    http         /metrics, /liveness, /readiness
+    http         /metrics, /liveness, /readiness, /policy/log
+    policy log   denied flows from NFLOG into a ring (tabby_node.policylog)
+    tracer       this node's half of a policy trace from another node (tabby_node.tracer)
 
 The dataplane thread lives in tabby-node's own network namespace (the node's), so every
 kernel change lands there even when the CNI thread asking for it has entered a caller's
@@ -180,6 +182,9 @@ class Agent:
 
             self.denied_flows = policylog.DeniedFlows(facts.name)
             policylog.start(self.policy, self.denied_flows, self.stopping, self.problems)
+        from tabby_node import tracer
+
+        tracer.start(facts.name, self.cache, store, self.stopping)
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped

@@ -379,7 +379,14 @@ def test_the_route_answers_json_and_refuses_nonsense() -> None:
     route = policylog.http_route(flows)
     code, ctype, body = route({"since": "0"})
     assert (code, ctype) == (200, "application/json")
-    assert json.loads(body) == {"node": "n", "capacity": 1000, "first": 1, "next": 0, "entries": []}
+    assert json.loads(body) == {
+        "node": "n",
+        "capacity": 1000,
+        "first": 1,
+        "next": 0,
+        "overruns": 0,
+        "entries": [],
+    }
     assert route({"since": "x"})[0] == 400
 
 
