@@ -195,7 +195,13 @@ def test_a_denied_flow_is_in_the_log_within_2_s_with_both_pods_named(
     ingress = Follower(lab, n1, "--pod", "x/a")
     egress = Follower(lab, n2, "-n", "z")
     try:
-        time.sleep(2.0)  # both printed the ring and wait for more
+        # both followers started (on a loaded machine tabbyctl's start-up alone can take
+        # seconds) and wait for more: a first denied flow each, seen whenever it comes
+        wall = time.time()
+        assert not probe(netpol, "y/c", "x/a", "UDP", 83)
+        assert not probe(netpol, "z/c", "x/b", "TCP", 83)
+        ingress.wait_for({"src_pod": "y/c", "dport": 83}, wall, 60)
+        egress.wait_for({"src_pod": "z/c", "dport": 83}, wall, 60)
         t0, wall = time.monotonic(), time.time()
         # a port nothing was sent to before: a new flow (one already logged in the last
         # 10 s is not logged again)
@@ -312,33 +318,42 @@ def test_trace_agrees_with_explain_across_nodes(
         assert "tabby-trace" not in tables, (n, tables)
 
 
-@pytest.mark.parametrize("after", [0.3, 0.8, 1.5])
+@pytest.mark.parametrize(
+    ("where", "sig"), [("dst", signal.SIGINT), ("src", signal.SIGINT), ("src", signal.SIGTERM)]
+)
 def test_an_interrupted_trace_leaves_no_trace_rule_anywhere(
-    netpol: pl.TruthTableLab, after: float
+    netpol: pl.TruthTableLab, where: str, sig: signal.Signals
 ) -> None:
-    """SIGINT (and SIGTERM, the same path) at some moment of a trace across nodes (asking
-    the other node, arming, probing, waiting for its answer): when tabbyctl is gone, no
-    trace table is left on its node, and the other node's goes within its request's
-    seconds."""
+    """SIGINT or SIGTERM in the middle of a trace across nodes: once the other node armed
+    its trace (tabbyctl arms its own next), or once tabbyctl armed its own (it probes, then
+    waits for the other node's answer). When tabbyctl is gone, no trace table is left on
+    its node, and the other node's goes within its request's seconds."""
     lab = netpol.lab
     src, dst = node_of(netpol, "y/b"), node_of(netpol, "x/a")
     assert src.name != dst.name
-    argv = [*lab.tabbyctl_bin, *lab.datastore_flags(), "policy", "trace", "y/b", "x/a"]
-    proc = subprocess.Popen(
-        ["ip", "netns", "exec", src.netns, *argv, "--port", "80/TCP"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(after)
-    proc.send_signal(signal.SIGINT if after < 1 else signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    assert "Traceback" not in err, err
 
     def traces(node: LabNode) -> str:
         tables = lab.in_ns(node.netns, "nft", "list", "tables").stdout
         return " ".join(t for t in tables.split() if t.startswith("tabby-trace"))
 
+    argv = [*lab.tabbyctl_bin, *lab.datastore_flags(), "policy", "trace", "y/b", "x/a"]
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", src.netns, *argv, "--port", "81/TCP"],  # denied: 1 s+
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watched = dst if where == "dst" else src
+    deadline = time.monotonic() + 60
+    while not traces(watched) and proc.poll() is None and time.monotonic() < deadline:
+        pass
+    armed = proc.poll() is None
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert armed, f"the trace ended before it was seen armed on {watched.name}: {out} {err}"
+    assert "Traceback" not in err, err
+    assert proc.returncode == 1, (out, err)
+    assert "interrupted: no trace is left behind" in err
     assert traces(src) == ""
     deadline = time.monotonic() + 10
     while traces(dst) and time.monotonic() < deadline:
