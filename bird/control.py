@@ -476,6 +476,18 @@ class BirdControl:
             raise BirdCommandError(last.code, last.text)
         return last.text
 
+    def graceful_restart(self) -> str:
+        """Shut BIRD down for a graceful restart (BIRD's ``graceful restart`` command): it
+        closes its BGP sessions without a notification, so peers that negotiated graceful
+        restart keep this node's routes (as stale, for their restart time) until a new BIRD
+        has sent them again, and its kernel protocols leave their routes in place. BIRD
+        exits; its answer is returned."""
+        reply = self.command("graceful restart")
+        last = reply[-1]
+        if last.code != 25:  # 0025 Graceful restart requested
+            raise BirdCommandError(last.code, last.text)
+        return last.text
+
 
 def read_peers(path: str, memo: SinceMemo | None = None, timeout: float = 5.0) -> list[PeerStatus]:
     """tabby's BGP sessions from the BIRD listening on ``path``."""
