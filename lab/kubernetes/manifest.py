@@ -15,6 +15,7 @@ clusters.
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.kubernetes import node as knode
-from lab.kubernetes.cluster import API_PORT, KubeLab
+from lab.kubernetes.cluster import API_PORT, KubeLab, processes
 from lab.proc import LabError
 
 #: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
@@ -158,16 +159,46 @@ class ManifestInstall:
         return self.kube.apply(self.applied)
 
     def delete(self, timeout: float = 180) -> None:
-        """``kubectl delete -f`` of what was applied; returns when the namespace is gone."""
+        """``kubectl delete -f`` of what was applied; returns when the DaemonSet and the
+        Deployment are gone and no tabby process (tabby-node, BIRD, the controllers) runs on
+        any node. (The namespace itself goes when the kubelets have reported every pod
+        gone: kubelet 1.20 may take a minute more.)"""
         started = time.monotonic()
         self.kube.kubectl("delete", "-f", "-", "--wait=false", input=self.applied)
-        self.kube.wait_for(
-            f"namespace {NAMESPACE} gone",
-            lambda: self.kube.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
-            timeout,
-            interval=1.0,
-        )
+
+        def gone() -> bool:
+            for kind, name in (("daemonset", DAEMONSET), ("deployment", DEPLOYMENT)):
+                proc = self.kube.kubectl("get", kind, "-n", NAMESPACE, name, check=False)
+                if proc.returncode == 0:
+                    return False
+            return not self.processes()
+
+        self.kube.wait_for("tabby gone from the API and the nodes", gone, timeout, interval=0.5)
         self.timings["uninstall"] = round(time.monotonic() - started, 2)
+
+    def processes(self) -> list[str]:
+        """tabby's processes on the nodes: ``node: argv`` of each tabby-node, BIRD and
+        tabby-kube-controllers in a node's network namespace."""
+        netns = {
+            os.readlink(f"/proc/{kn.pid}/ns/net"): name
+            for name, kn in self.kube.kube.items()
+            if kn.holder is not None
+        }
+        found = []
+        for pid, argv in processes():
+            words = argv.split()
+            if not words:
+                continue
+            program = os.path.basename(words[0])
+            if program not in ("tabby-node", "tabby-kube-controllers", "bird", "tabby"):
+                continue
+            try:
+                node = netns.get(os.readlink(f"/proc/{pid}/ns/net"))
+            except OSError:
+                continue
+            if node is not None:
+                found.append(f"{node}: {argv[:120]}")
+        return found
 
     # -- what runs ----------------------------------------------------------------------------
 
