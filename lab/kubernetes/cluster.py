@@ -143,6 +143,10 @@ class KubeLab(Lab):
     timings: dict[str, float] = field(default_factory=dict)
     _pki: pki.Pki | None = None
     _netns_inodes: set[int] = field(default_factory=set)
+    #: Open descriptors of the lab's network and mount namespaces, closed after
+    #: :meth:`leftovers`: a freed namespace's inode number is soon another's (the kernel
+    #: hands out the lowest free one), and another lab's process in it would look like ours.
+    _ns_pins: list[int] = field(default_factory=list)
     _host_before: dict[str, set[str]] = field(default_factory=dict)
 
     # -- names, addresses, files --------------------------------------------------------------
@@ -196,8 +200,13 @@ class KubeLab(Lab):
 
     def make_netns(self, name: str) -> None:
         super().make_netns(name)
+        self._pin(f"/run/netns/{name}")
         with contextlib.suppress(OSError):
             self._netns_inodes.add(os.stat(f"/run/netns/{name}").st_ino)
+
+    def _pin(self, ns_path: str) -> None:
+        with contextlib.suppress(OSError):
+            self._ns_pins.append(os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC))
 
     def spawn_on(
         self, which: LabNode | str, argv: list[str], log_name: str, *, mount: bool = True
@@ -503,6 +512,7 @@ class KubeLab(Lab):
                 knode.holder_argv(n.netns), os.path.join(n.workdir, "holder.log")
             )
             knode.wait_holder(kn)
+            self._pin(f"/proc/{kn.pid}/ns/mnt")
             knode.prepare(kn, Path(n.workdir), conflist, binaries)
         self._timed("holders", t0)
         self._log(f"control plane on {self.nodes[0].name}: kube-apiserver at {self.api_server}")
@@ -872,6 +882,13 @@ class KubeLab(Lab):
     # -- tearing down ------------------------------------------------------------------------------
 
     def teardown(self) -> list[str]:
+        try:
+            return self._teardown()
+        finally:
+            while self._ns_pins:
+                os.close(self._ns_pins.pop())
+
+    def _teardown(self) -> list[str]:
         t0 = time.monotonic()
         problems: list[str] = []
         self._log("stopping kubelets and the control plane")
