@@ -327,10 +327,11 @@ class NflogListener:
     """Binds NFLOG ``group`` in the calling thread's namespace (one listener per group and
     namespace: the kernel refuses a second with EBUSY) and asks for the first ``copy``
     bytes of each packet, sent as soon as ``qthreshold`` packets are queued or ``flush``
-    seconds passed."""
+    seconds passed. The default sends each packet at once: the rules that log are
+    rate-limited, and a packet's time is when it comes."""
 
     def __init__(
-        self, group: int, *, copy: int = 128, qthreshold: int = 16, flush: float = 0.1
+        self, group: int, *, copy: int = 128, qthreshold: int = 1, flush: float = 0.1
     ) -> None:
         self.group = group
         self.nl = NetfilterSocket()

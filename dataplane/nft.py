@@ -29,8 +29,10 @@ interface name through the verdict maps; a prefixed interface that is in no map 
 rules do not exist yet) is dropped. The node's own traffic to its pods (``output``) is not
 policed, so kubelet probes pass.
 
-:class:`PolicyDataplane` keeps what it programmed last and sends only the difference (set
-elements, flushed and refilled chains, map elements) as one transaction; the first apply
+:class:`PolicyDataplane` keeps the IR up to date change by change
+(:mod:`policy.incremental`) and sends what each change changed (set elements, flushed and
+refilled chains, map elements: :meth:`Renderer.incremental`, the same lines
+:meth:`Renderer.delta` would diff out of the two states) as one transaction; the first apply
 (and ``sync(full=True)``, and any failed difference) replaces the whole table in one
 transaction (``add table; delete table; <everything>``), so a restart never opens a window.
 Everything runs in the network namespace of the calling thread.
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
 import logging
 import os
 import subprocess
@@ -76,6 +77,7 @@ from policy.engine import (
     SetDef,
     Target,
 )
+from policy.incremental import Delta, IncrementalPolicy, Update, differences
 
 log = logging.getLogger("tabby.node.policy")
 
@@ -150,30 +152,50 @@ class CounterKey:
     verdict: str
 
 
-def allow_counter(chain: str) -> str:
-    return f"pkt-{chain}"
+def chain_counter(c: PolicyChain) -> tuple[str, CounterKey]:
+    """The named counter of one policy chain's accepts, and what it counts."""
+    ns, _, name = c.policy.partition("/")
+    return f"pkt-{c.name}", CounterKey(ns, name, c.direction, "allow")
 
 
-def deny_counter(namespace: str, direction: str) -> str:
-    digest = hashlib.blake2s(namespace.encode(), digest_size=6).hexdigest()
-    return f"deny-{_DIRECTION_SHORT[direction]}-{digest}"
+def endpoint_counters(p: EndpointProgram) -> dict[str, CounterKey]:
+    """The named counters of one endpoint (by host interface): what its chains deny by
+    isolation, per direction. Both exist whether the endpoint is isolated or not, so a
+    change of policy flushes the chain but never adds or deletes a counter (its count
+    stays in the kernel)."""
+    ns = p.endpoint.partition("/")[0]
+    return {
+        f"deny-{_DIRECTION_SHORT[d]}-{p.interface}": CounterKey(ns, DEFAULT_DENY, d, "deny")
+        for d in ("ingress", "egress")
+    }
+
+
+def deny_counter(iface: str, direction: str) -> str:
+    return f"deny-{_DIRECTION_SHORT[direction]}-{iface}"
 
 
 def counters_of(ir: DesiredState) -> dict[str, CounterKey]:
     """The named counters a table with visibility holds for ``ir``: one per policy chain
-    (its accepts) and one per namespace and direction in which a local endpoint is isolated
-    (its default deny)."""
-    out: dict[str, CounterKey] = {}
-    for c in ir.chains.values():
-        ns, _, name = c.policy.partition("/")
-        out[allow_counter(c.name)] = CounterKey(ns, name, c.direction, "allow")
+    (its accepts) and two per local endpoint (what isolation denies, per direction)."""
+    out = dict(chain_counter(c) for c in ir.chains.values())
     for p in ir.endpoints.values():
-        ns = p.endpoint.partition("/")[0]
-        for direction, jumps in (("ingress", p.ingress), ("egress", p.egress)):
-            if jumps is not None:
-                key = CounterKey(ns, DEFAULT_DENY, direction, "deny")
-                out[deny_counter(ns, direction)] = key
+        out.update(endpoint_counters(p))
     return out
+
+
+def counted_keys(
+    chains: Iterable[PolicyChain], programs: Iterable[EndpointProgram]
+) -> set[CounterKey]:
+    """The series ``tabby_policy_packets_total`` shows (at 0 before any packet): every
+    policy chain's, and the default deny of each namespace and direction in which a local
+    endpoint is isolated."""
+    keys = {chain_counter(c)[1] for c in chains}
+    for p in programs:
+        ns = p.endpoint.partition("/")[0]
+        for d, jumps in (("ingress", p.ingress), ("egress", p.egress)):
+            if jumps is not None:
+                keys.add(CounterKey(ns, DEFAULT_DENY, d, "deny"))
+    return keys
 
 
 # --- rendering --------------------------------------------------------------------------------
@@ -241,7 +263,7 @@ class Renderer:
             assert r.family is not None
             parts.append(f"{_FAM[r.family]} daddr . meta l4proto . th dport @{r.named_port_set}")
         if self.visibility:
-            parts.append(f'counter name "{allow_counter(chain.name)}"')
+            parts.append(f'counter name "{chain_counter(chain)[0]}"')
         parts.append(f"accept comment {_quote(r.comment)}")
         return f"add rule {self.t} {chain.name} {' '.join(parts)}"
 
@@ -263,7 +285,7 @@ class Renderer:
                 continue
             out.extend(f"add rule {self.t} {chain} jump {j}" for j in jumps)
             if self.visibility:
-                count = deny_counter(p.endpoint.partition("/")[0], what)
+                count = deny_counter(p.interface, what)
                 out.append(f'add rule {self.t} {chain} counter name "{count}" jump log-{what}')
             note = _quote(f"{p.endpoint}: {what} not allowed")
             out.append(f"add rule {self.t} {chain} drop comment {note}")
@@ -271,7 +293,10 @@ class Renderer:
 
     # visibility: counters and the denied-flow log
     def add_counter(self, name: str, key: CounterKey) -> str:
-        what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
+        if key.policy == DEFAULT_DENY:  # an endpoint's: the same whoever has the interface
+            what = f"{key.direction} denied by isolation"
+        else:
+            what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
         return f"add counter {self.t} {name} {{ comment {_quote(what)}; }}"
 
     def log_objects(self) -> list[str]:
@@ -460,6 +485,72 @@ class Renderer:
             late.append(f"delete counter {t} {name}")
         return out + late
 
+    def incremental(self, d: Delta) -> list[str] | None:
+        """Commands for a :class:`~policy.incremental.Delta`: what :meth:`delta` sends for
+        the two states the delta lies between, line for line, made from the delta alone
+        (no IR is diffed). ``None`` when only a full replacement can do it (NAT switched
+        on or off)."""
+        t = self.t
+        by_set: dict[str, list[str]] = {}
+        if d.nat is not None:
+            was, now = d.nat
+            if was.enabled != now.enabled:
+                return None
+            if now.enabled:
+                oel, nel = was.elements(), now.elements()
+                for name in nel:
+                    by_set[name] = [
+                        *self.elements("delete", name, oel[name] - nel[name]),
+                        *self.elements("add", name, nel[name] - oel[name]),
+                    ]
+        for name, sd in d.new_sets.items():
+            by_set[name] = [self.add_set(sd), *self.elements("add", name, d.new_elements[name])]
+        for name in d.added.keys() | d.removed.keys():
+            by_set[name] = [
+                *self.elements("delete", name, d.removed.get(name, ())),
+                *self.elements("add", name, d.added.get(name, ())),
+            ]
+        out = [line for name in sorted(by_set) for line in by_set[name]]
+        if self.visibility:
+            came = dict(chain_counter(c) for c in d.new_chains.values())
+            for p in d.new_endpoints.values():
+                came.update(endpoint_counters(p))
+            out.extend(self.add_counter(name, came[name]) for name in sorted(came))
+        out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
+        for iface in sorted(d.new_endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        chains = {**d.new_chains, **d.changed_chains}
+        for name in sorted(chains):
+            if name in d.changed_chains:
+                out.append(f"flush chain {t} {name}")
+            out.extend(self.policy_chain_rules(chains[name]))
+        for iface in sorted(d.new_endpoints.keys() | d.changed_endpoints.keys()):
+            if iface in d.new_endpoints:
+                out.extend(self.endpoint_rules(d.new_endpoints[iface]))
+                continue
+            was_p, now_p = d.changed_endpoints[iface]
+            if (was_p.ingress, was_p.egress, was_p.endpoint) == (
+                now_p.ingress,
+                now_p.egress,
+                now_p.endpoint,
+            ):
+                continue  # only the addresses differ: nothing in the chains
+            out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
+            out.extend(self.endpoint_rules(now_p))
+        out.extend(self.map_elements("add", d.new_endpoints))
+        late = self.map_elements("delete", d.gone_endpoints)
+        for iface in d.gone_endpoints:
+            for c in self.ep_chains(iface):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        for name in d.gone_chains:
+            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
+        late.extend(f"delete set {t} {name}" for name in d.gone_sets)
+        if self.visibility:
+            gone = [f"pkt-{name}" for name in d.gone_chains]
+            gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
+            late.extend(f"delete counter {t} {name}" for name in sorted(gone))
+        return out + late
+
 
 # --- mechanisms -------------------------------------------------------------------------------
 
@@ -596,6 +687,9 @@ class ApplyResult:
     full: bool
     commands: int
     seconds: float
+    #: ``sync`` only: what the full computation found different from the incrementally
+    #: maintained state (and fixed); 0 when every change came through ``update``
+    fixes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -613,20 +707,35 @@ class PolicyCounters:
     last_apply_seconds: float = 0.0
     last_apply_full: bool = False
     backend: str = ""
+    #: ``sync`` calls after the first (the periodic full checks) and what they fixed in all
+    checks: int = 0
+    check_fixes: int = 0
 
 
 class PolicyDataplane:
-    """NetworkPolicy on this node: computes the desired state and programs table ``inet
-    tabby`` in the calling thread's network namespace. Thread-safe (one lock).
+    """NetworkPolicy on this node: keeps the policy IR up to date change by change
+    (:class:`~policy.incremental.IncrementalPolicy`) and programs table ``inet tabby`` in
+    the calling thread's network namespace with what each change changed. Thread-safe
+    (one lock).
 
-    * ``sync(state, nat)``: the whole cluster state; the first call replaces the table
-      atomically (a restart never opens a window), later calls send only the difference.
+    * ``sync(state, nat)``: the whole cluster state. The first call loads it and replaces
+      the table atomically (a restart never opens a window). Later calls are the periodic
+      check: the full computation (``engine.compute``) against the incrementally kept IR;
+      what differs is fixed and counted (``ApplyResult.fixes``, expected 0), and the table
+      gets the difference (or, with ``full=True``, is replaced whole).
+    * ``update(updates)``: input changes (:class:`~policy.incremental.Update`: a policy,
+      namespace, pod, endpoint or the NAT pools, as they are now or gone); the table gets
+      exactly the set elements, chains and map entries they change. Needs a first ``sync``.
     * ``add_endpoint(ep, pod)`` / ``remove_endpoint(ns, name)``: one endpoint, before a CNI
       ADD answers (its chains and its addresses in every set exist when it returns) or after
-      a DEL. Needs a previous ``sync`` (the policies must be known).
-    * ``explain(src, dst, protocol, port)`` on the last synced state; ``counters``.
+      a DEL; the same path as ``update``.
+    * ``explain(src, dst, protocol, port)`` on the current inputs; ``counters``.
     * ``packet_counts()``: with ``visibility``, the packets each policy allowed and each
-      namespace denied by isolation, per direction, since this object was made.
+      namespace denied by isolation, per direction, since this object was made; they
+      survive both paths (a difference never deletes a counter that still counts; a full
+      replacement reads them first).
+
+    When an incremental transaction is refused, the table is replaced whole.
     """
 
     def __init__(
@@ -647,14 +756,16 @@ class PolicyDataplane:
         self.renderer = Renderer(table, iface_prefix, visibility=visibility)
         self.backend = backend if backend is not None else default_backend()
         self._lock = threading.RLock()
-        self._state: ClusterState | None = None
-        self._nat = NatConfig()
-        self._programmed: Snapshot | None = None
+        self._engine = IncrementalPolicy(node, self.families)
+        self._synced = False
+        #: the table holds what the engine held after the last apply (else: replace it)
+        self._table_current = False
         self._counters = PolicyCounters(backend=self.backend.name)
         #: packets (and bytes) counted so far, by what they count; kept while the policy
         #: (or, for default-deny, a policy of the namespace) exists
         self._totals: dict[CounterKey, tuple[int, int]] = {}
-        self._state_policies: tuple[engine.Policy, ...] | None = None
+        #: the named counters the table holds (name -> what it counts)
+        self._counter_names: dict[str, CounterKey] = {}
 
     @property
     def visibility(self) -> bool:
@@ -662,8 +773,20 @@ class PolicyDataplane:
 
     # state
     @property
+    def synced(self) -> bool:
+        """A first ``sync`` happened: the inputs are known."""
+        return self._synced
+
+    @property
     def state(self) -> ClusterState | None:
-        return self._state
+        """The current inputs (None before the first ``sync``)."""
+        with self._lock:
+            return self._engine.state() if self._synced else None
+
+    def desired(self) -> DesiredState:
+        """The IR the table is programmed from (tests, debugging)."""
+        with self._lock:
+            return self._engine.desired()
 
     @property
     def counters(self) -> PolicyCounters:
@@ -673,33 +796,63 @@ class PolicyDataplane:
         self, state: ClusterState, nat: NatConfig | None = None, *, full: bool = False
     ) -> ApplyResult:
         with self._lock:
-            nat = nat if nat is not None else self._nat
-            if (
-                not full
-                and self._programmed is not None
-                and (state, nat) == (self._state, self._nat)
-            ):
-                return ApplyResult(False, False, 0, 0.0)  # the same inputs: the same table
-            return self._apply(state, nat, full)
+            start = time.monotonic()
+            eng = self._engine
+            nat = nat if nat is not None else eng.nat
+            if not self._synced:
+                eng.load(state, nat)
+                self._synced = True
+                return self._program(start, full)
+            before, nat_before = eng.desired(), eng.nat
+            changed = eng.load(state, nat)  # the inputs' differences, as changes
+            # the definition, on the very inputs the engine holds now (``state`` with any
+            # duplicate key resolved as the engine resolves it: the last one)
+            computed = engine.compute(eng.state(), self.node, self.families)
+            fixes = differences(before, computed, nat_before, nat)
+            if (eng.desired() if changed else before) != computed:
+                # Only a fault of the incremental engine gets here: start it afresh.
+                log.error(
+                    "incremental policy state differs from a full computation with equal"
+                    " inputs; rebuilding it"
+                )
+                self._engine = IncrementalPolicy(self.node, self.families)
+                self._engine.load(state, nat)
+                self._table_current = False
+            if fixes:
+                log.warning("policy check: %d differences from the full computation fixed", fixes)
+            c = self._counters
+            self._counters = dataclasses.replace(
+                c, checks=c.checks + 1, check_fixes=c.check_fixes + fixes
+            )
+            return self._program(start, full, fixes)
+
+    def update(self, updates: Iterable[Update]) -> ApplyResult:
+        """Apply input changes; program what they change."""
+        with self._lock:
+            if not self._synced:
+                raise RuntimeError("update before the first sync: the inputs are unknown")
+            start = time.monotonic()
+            self._engine.apply(updates)
+            return self._program(start, False)
 
     def add_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ApplyResult:
         with self._lock:
-            if self._state is None or self._programmed is None:
+            if not self._synced:
                 raise RuntimeError("add_endpoint before the first sync: policies unknown")
             start = time.monotonic()
-            ir = engine.add_endpoint(self._programmed.ir, self._state, ep, pod, self.node)
-            state = self._state.with_endpoint(ep, pod)
-            return self._apply(state, self._nat, False, ir, start)
+            if pod is not None:
+                self._engine.put_pod(pod)
+            self._engine.put_endpoint(ep)
+            return self._program(start, False)
 
     def remove_endpoint(self, namespace: str, name: str) -> ApplyResult:
         """``name`` is the endpoint's (WorkloadEndpoint) name."""
         with self._lock:
-            if self._state is None or self._programmed is None:
+            if not self._synced:
                 raise RuntimeError("remove_endpoint before the first sync")
             start = time.monotonic()
-            ir = engine.remove_endpoint(self._programmed.ir, self._state, namespace, name)
-            state = self._state.without_endpoint(namespace, name)
-            return self._apply(state, self._nat, False, ir, start)
+            self._engine.remove_endpoint(namespace, name)
+            return self._program(start, False)
 
     def explain(
         self,
@@ -709,13 +862,13 @@ class PolicyDataplane:
         port: int | None = None,
         host_addresses: Iterable[str] = (),
     ) -> Explanation:
-        """``engine.explain`` on the last synced state, as seen from this node (its
+        """``engine.explain`` on the current inputs, as seen from this node (its
         ``host_addresses`` reach its pods unpoliced)."""
         with self._lock:
-            if self._state is None:
+            if not self._synced:
                 raise RuntimeError("no state synced yet")
             return engine.explain(
-                self._state,
+                self._engine.state(),
                 src,
                 dst,
                 protocol,
@@ -726,36 +879,39 @@ class PolicyDataplane:
 
     def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
         """(packets, bytes) per counter key: what the kernel counted since the last read
-        (read and zeroed in one step) added to what was read before; every counter the
-        table holds now is there, at 0 if nothing was counted. Empty without visibility."""
+        (read and zeroed in one step) added to what was read before; every policy of a
+        local pod and every isolated namespace and direction is there, at 0 if nothing was
+        counted. Empty without visibility."""
         with self._lock:
+            if not self.visibility or not self._synced:
+                return {}
             self._harvest()
-            snap = self._programmed
-            now = counters_of(snap.ir) if snap is not None and self.visibility else {}
-            out = dict.fromkeys(now.values(), (0, 0))  # programmed, nothing counted yet
+            self._prune_totals()
+            eng = self._engine
+            out = dict.fromkeys(counted_keys(eng.chains.values(), eng.programs.values()), (0, 0))
             out.update(self._totals)
             return out
 
     def isolating(self, iface: str, direction: str) -> tuple[str, ...]:
         """The policies (``namespace/name``) the endpoint chain of host interface ``iface``
-        tries for ``direction``, as programmed last; () when it is not isolated or unknown."""
-        snap = self._programmed
-        prog = snap.ir.endpoints.get(iface) if snap is not None else None
-        if snap is None or prog is None:
-            return ()
-        jumps = prog.ingress if direction == "ingress" else prog.egress
-        return tuple(snap.ir.chains[c].policy for c in jumps or () if c in snap.ir.chains)
+        tries for ``direction``, as programmed; () when it is not isolated or unknown."""
+        with self._lock:
+            if not self._synced:
+                return ()
+            chains = self._engine.chains
+            prog = self._engine.programs.get(iface)
+            if prog is None:
+                return ()
+            jumps = prog.ingress if direction == "ingress" else prog.egress
+            return tuple(chains[c].policy for c in jumps or () if c in chains)
 
     def _harvest(self) -> None:
         """Add the kernel's counters to the totals and zero them (``reset counters``).
-        Called before anything that removes counters: a full replacement, a difference
-        that deletes some. A counter the kernel has that the last apply did not make is
-        ignored."""
-        snap = self._programmed
-        if not self.visibility or snap is None:
-            return
-        names = counters_of(snap.ir)
-        if not names:
+        Called when read, and before anything that removes counters: a full replacement,
+        a difference that deletes some. A counter the table holds that tabby did not make
+        is ignored."""
+        names = self._counter_names
+        if not self.visibility or not names:
             return
         try:
             read = list(self.counter_reader(self.renderer.table))
@@ -769,12 +925,13 @@ class PolicyDataplane:
             p, b = self._totals.get(key, (0, 0))
             self._totals[key] = (p + packets, b + nbytes)
 
-    def _prune_totals(self, state: ClusterState) -> None:
+    def _prune_totals(self) -> None:
         """Forget the totals of policies that no longer exist (and the default-deny of
-        namespaces without any policy), so that deleted policies' series end."""
+        namespaces without any policy), so that deleted policies' series end (when read:
+        nothing of it on the path of a change)."""
         if not self._totals:
             return
-        policies = {(p.namespace, p.name) for p in state.policies}
+        policies = self._engine.policies
         namespaces = {ns for ns, _ in policies}
         self._totals = {
             k: v
@@ -782,6 +939,28 @@ class PolicyDataplane:
             if (k.namespace, k.policy) in policies
             or (k.policy == DEFAULT_DENY and k.namespace in namespaces)
         }
+
+    def _recount(self, d: Delta | None) -> None:
+        """Keep ``_counter_names`` what the table holds after a difference ``d`` (None:
+        after a full replacement)."""
+        if not self.visibility:
+            return
+        if d is None:
+            self._counter_names = counters_of(self._engine.desired())
+            return
+        names = self._counter_names
+        for c in d.new_chains.values():
+            name, key = chain_counter(c)
+            names[name] = key
+        for p in d.new_endpoints.values():
+            names.update(endpoint_counters(p))
+        for _, now in d.changed_endpoints.values():  # another pod on the same interface
+            names.update(endpoint_counters(now))
+        for name in d.gone_chains:
+            names.pop(f"pkt-{name}", None)
+        for iface in d.gone_endpoints:
+            for w in ("ingress", "egress"):
+                names.pop(deny_counter(iface, w), None)
 
     def ruleset(self) -> str:
         """``nft list table inet tabby`` as nft prints it (tests, debugging)."""
@@ -793,29 +972,18 @@ class PolicyDataplane:
         with self._lock:
             t = self.renderer.t
             self.backend.run(f"add table {t}\ndelete table {t}\n")
-            self._programmed = None
+            self._table_current = False
 
     # internals
-    def _apply(
-        self,
-        state: ClusterState,
-        nat: NatConfig,
-        full: bool,
-        desired: DesiredState | None = None,
-        start: float | None = None,
-    ) -> ApplyResult:
-        """Program ``state``; ``desired`` is its IR when the caller derived it already."""
-        if start is None:
-            start = time.monotonic()
-        if desired is None:
-            desired = engine.compute(state, self.node, self.families)
-        snap = Snapshot(desired, nat)
+    def _program(self, start: float, full: bool, fixes: int = 0) -> ApplyResult:
+        """Send what changed in the engine since the last call: its delta, or the whole
+        table (``full``, a table not known to be current, a delta nft refused)."""
+        delta = self._engine.take_delta()
         lines: list[str] | None = None
-        if not full and self._programmed is not None:
-            lines = self.renderer.delta(self._programmed, snap)
+        if not full and self._table_current:
+            lines = self.renderer.incremental(delta)
         if lines is not None and not lines:
-            self._state, self._nat = state, nat
-            return ApplyResult(False, False, 0, time.monotonic() - start)
+            return ApplyResult(False, False, 0, time.monotonic() - start, fixes)
         done_full = lines is None
         try:
             if lines is not None:
@@ -830,32 +998,37 @@ class PolicyDataplane:
                     done_full = True
             if done_full:
                 self._harvest()
-                text = self.renderer.full(snap)
+                text = self.renderer.full(Snapshot(self._engine.desired(), self._engine.nat))
                 lines = text.splitlines()
                 self.backend.run(text)
         except NftError:
+            self._table_current = False
             self._count_error()
             raise
-        self._programmed, self._state, self._nat = snap, state, nat
-        if state.policies is not self._state_policies:
-            self._state_policies = state.policies
-            self._prune_totals(state)
+        self._table_current = True
+        self._recount(None if done_full else delta)
         seconds = time.monotonic() - start
+        endpoints, policies, rules, sets, elements = self._engine.stats()
+        nat = self._engine.nat
+        if nat.enabled:
+            nat_sets = nat.elements()
+            sets += len(nat_sets)
+            elements += sum(len(e) for e in nat_sets.values())
         c = self._counters
         self._counters = dataclasses.replace(
             c,
-            endpoints=len(desired.endpoints),
-            policies=desired.policies,
-            rules=_rule_count(desired),
-            sets=len(snap.all_sets()),
-            set_elements=sum(len(e) for e in snap.all_elements().values()),
+            endpoints=endpoints,
+            policies=policies,
+            rules=rules,
+            sets=sets,
+            set_elements=elements,
             applies=c.applies + 1,
             full_applies=c.full_applies + (1 if done_full else 0),
             last_apply_seconds=seconds,
             last_apply_full=done_full,
         )
         assert lines is not None
-        return ApplyResult(True, done_full, len(lines), seconds)
+        return ApplyResult(True, done_full, len(lines), seconds, fixes)
 
     def _count_error(self) -> None:
         self._counters = dataclasses.replace(
@@ -867,15 +1040,6 @@ def _reset_counters(table: str) -> list[tuple[str, int, int]]:
     from dataplane.nfnetlink import reset_counters
 
     return reset_counters(table)
-
-
-def _rule_count(ir: DesiredState) -> int:
-    """Rules in the policy and endpoint chains (the base chains' fixed rules not counted)."""
-    n = ir.rule_count
-    for p in ir.endpoints.values():
-        for jumps in (p.ingress, p.egress):
-            n += 1 if jumps is None else len(jumps) + 1
-    return n
 
 
 Mechanism = Literal["libnftables", "nft-cli", "nft-cli-json"]
@@ -906,6 +1070,9 @@ __all__ = [
     "Renderer",
     "Snapshot",
     "backend_named",
+    "chain_counter",
+    "counted_keys",
     "counters_of",
     "default_backend",
+    "endpoint_counters",
 ]

@@ -33,7 +33,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from dataplane.nfnetlink import Packet, TraceEvent, TraceListener
@@ -204,6 +204,8 @@ class Trace:
         self.listener: TraceListener | None = None
         self.events: list[TraceEvent] = []
         self._ids: set[int] = set()
+        #: tabby's rules when the trace was armed (see :meth:`rules`)
+        self.rules_before: dict[tuple[str, int], Rule] = {}
 
     def __enter__(self) -> Trace:
         sweep(self.backend)
@@ -228,7 +230,14 @@ class Trace:
         except BaseException:
             self.close()
             raise
+        self.rules_before = table_rules()
         return self
+
+    def rules(self) -> list[dict[tuple[str, int], Rule]]:
+        """tabby's rules now and when the trace was armed: tabby-node may have replaced
+        its table (a resync) in between, which renumbers every rule. :func:`decisions`
+        takes, per event, the listing whose rule fits what the event says it did."""
+        return [table_rules(), self.rules_before]
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -341,22 +350,50 @@ class Foreign:
     handle: int | None
 
 
+def _fits(rule: Rule, verdict: str, target: str | None) -> bool:
+    """Could this rule have given this verdict? (a listing from before a renumbering may
+    hold another rule under the same handle)"""
+    words = rule.text.split()
+    if verdict in ("jump", "goto"):
+        return "vmap" in words or (verdict in words and target in words)
+    return verdict in words
+
+
+def _rule(
+    listings: Sequence[Mapping[tuple[str, int], Rule]],
+    chain: str,
+    handle: int | None,
+    verdict: str,
+    target: str | None,
+) -> Rule | None:
+    if handle is None:
+        return None
+    found = [r for rules in listings if (r := rules.get((chain, handle))) is not None]
+    fitting = [r for r in found if _fits(r, verdict, target)]
+    pick = fitting or found
+    return pick[0] if pick else None
+
+
 def decisions(
     events: Iterable[TraceEvent],
-    rules: dict[tuple[str, int], Rule],
+    rules: Mapping[tuple[str, int], Rule] | Sequence[Mapping[tuple[str, int], Rule]],
     table: str = DEFAULT_TABLE,
 ) -> tuple[list[Decision], list[Foreign]]:
     """Per pass through one of ``table``'s base chains, in order: what it decided; and the
-    drops of other tables."""
+    drops of other tables. ``rules``: a listing (:func:`table_rules`), or several, the
+    first that has a rule fitting an event's verdict under its handle wins."""
+    listings = [rules] if isinstance(rules, Mapping) else list(rules)
     out: list[Decision] = []
     foreign: list[Foreign] = []
     base: str | None = None
     path: list[str] = []
+    last: TraceEvent | None = None
 
     def finish(verdict: str, chain: str, handle: int | None) -> None:
         nonlocal base
         assert base is not None
-        rule = rules.get((chain, handle)) if handle is not None else None
+        target = last.target if last is not None else None
+        rule = _rule(listings, chain, handle, verdict, target)
         out.append(Decision(base, BASE_CHAINS[base], verdict, chain, rule, tuple(path)))
         base = None
 
@@ -371,6 +408,7 @@ def decisions(
             continue  # a chain entered before the listener saw its base chain
         if e.chain not in path:
             path.append(e.chain)
+        last = e
         if e.verdict in ("accept", "drop") and e.type == "rule":
             finish(e.verdict, e.chain, e.handle)
         elif e.type == "policy":  # the end of the base chain (after a return rule too)

@@ -16,22 +16,32 @@ against each of them):
   new revision. Revisions are positive ints, never reused for one key (not even after a delete
   and re-create), so a stale revision can never match again.
 - ``put(..., ttl=s)``: the document disappears ``s`` seconds after this write unless it is
-  written again (a write without ``ttl`` makes it permanent). An expired document reads as
-  absent everywhere (``get``, ``list_keys``, ``list``, CAS checks), and ``sync`` reports its
-  deletion.
+  written again or kept alive (a write without ``ttl`` makes it permanent).
+- ``keepalive(kind, key)``: the document's ttl starts again (the ttl it was last written
+  with), with no new revision and no ``sync`` event (a node's liveness costs its watchers
+  nothing while it lives); False when the document is gone or has no ttl (write it again).
+- An expired document reads as absent everywhere (``get``, ``list_keys``, ``list``, CAS
+  checks), and ``sync`` reports its deletion.
 - ``delete(kind, key, rev)`` removes only if the current revision is ``rev``; a missing
   document is a ``RevisionConflict`` too.
 - ``list(kind, prefix)`` returns every document of a kind whose key starts with ``prefix``,
   sorted by key; a document that cannot be parsed raises ``StoreCorrupt`` naming it.
 - ``commit(ops)`` is all or nothing: each ``Op`` compares its expected revision (``None``: the
   document must not exist); one failed compare raises ``RevisionConflict`` and writes nothing.
-  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence.
+  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence;
+  ``Op.unchanged(kind, key, rev)`` only compares (the document is at ``rev``, None: absent).
   A key may appear once per commit. Returns each op's new revision (0 for deletes).
-- ``sync(kinds, stop)`` yields a ``"snapshot"`` event holding every document of ``kinds``,
-  then ``"put"``/``"delete"`` events as changes happen; after a broken or compacted watch or
-  a failed poll, the next event is a fresh ``"snapshot"`` (consumers replace their state).
-  Documents that cannot be parsed are left out of ``sync`` (logged). The iterator ends within
-  about a second after ``stop`` is set.
+- ``sync(kinds, stop)`` yields exactly one ``"snapshot"`` event, first, holding every
+  document of ``kinds``; then only ``"put"``/``"delete"`` events, as changes happen. A
+  broken watch resumes where it left off (etcd: each watched range from the last revision
+  it delivered), missing nothing and reading nothing again. When the store cannot say what
+  changed (etcd's history compacted past that revision, a failed poll of the file store,
+  the memory store's ``resync``) it reads the kinds again and yields only the differences
+  from what it reported, as puts and deletes: once caught up, a consumer that applied every
+  event holds exactly the store's documents. ``sync_stats`` counts first reads
+  (``snapshots``), such re-reads (``rereads``) and etcd's resumed streams (``resumes``),
+  over every ``sync`` of the object. Documents that cannot be parsed are left out of
+  ``sync`` (logged). The iterator ends within about a second after ``stop`` is set.
 - ``lock()`` serialises the writers of one node (threads and processes sharing the store
   object's location); it is not re-entrant and raises ``LockTimeout`` when not had in time.
   Correctness across nodes never rests on it: every write is a compare-and-swap.
@@ -50,10 +60,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from contextlib import AbstractContextManager
 
-#: IPAM documents, resources, and node liveness ("heartbeat", written with a ttl).
+#: IPAM documents, resources, node liveness ("heartbeat", written with a ttl), and the
+#: requests and results of ``tabbyctl policy trace`` across nodes ("trace", with a ttl).
 IPAM_KINDS = ("pool", "block", "handle", "affinity")
 RESOURCE_KINDS = (
     "node",
@@ -64,7 +75,7 @@ RESOURCE_KINDS = (
     "pod",
     "workloadendpoint",
 )
-KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, "heartbeat")
+KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, "heartbeat", "trace")
 _KIND_SET = frozenset(KINDS)
 
 
@@ -108,9 +119,20 @@ class _Record:
         return f"{type(self).__name__}({inner})"
 
 
+class _Unchanged(dict[str, Any]):
+    """The data of an op that only compares (one object, compared by identity)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+#: ``Op(kind, key, UNCHANGED, rev)``: compare only; nothing is written.
+UNCHANGED: dict[str, Any] = _Unchanged()
+
+
 class Op(_Record):
     """One write of a ``commit``: ``data=None`` deletes (or, with ``expected_revision=None``,
-    only asserts that the document does not exist)."""
+    only asserts that the document does not exist); ``UNCHANGED`` only compares."""
 
     __slots__ = ("data", "expected_revision", "key", "kind")
     _fields = ("kind", "key", "data", "expected_revision")
@@ -124,13 +146,19 @@ class Op(_Record):
     ) -> None:
         super().__init__(kind, key, data, expected_revision)
 
+    @classmethod
+    def unchanged(cls, kind: str, key: str, expected_revision: int | None) -> Op:
+        """Compare only: the commit holds only while the document is at
+        ``expected_revision`` (None: while it does not exist)."""
+        return cls(kind, key, UNCHANGED, expected_revision)
+
 
 class SyncEvent(_Record):
     """What ``sync`` yields.
 
-    ``type`` is ``"snapshot"`` (``snapshot`` holds every document of the watched kinds, by
-    kind then key; ``kind``/``key`` are ``""`` and ``doc`` is None), ``"put"`` (``doc`` is the
-    new document) or ``"delete"`` (``doc`` is None).
+    ``type`` is ``"snapshot"`` (the first event only: ``snapshot`` holds every document of
+    the watched kinds, by kind then key; ``kind``/``key`` are ``""`` and ``doc`` is None),
+    ``"put"`` (``doc`` is the new document) or ``"delete"`` (``doc`` is None).
     """
 
     __slots__ = ("doc", "key", "kind", "snapshot", "type")
@@ -173,9 +201,16 @@ class Store(Protocol):
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None: ...
 
+    def keepalive(self, kind: str, key: str) -> bool: ...
+
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]: ...
 
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]: ...
+
+    @property
+    def sync_stats(self) -> Mapping[str, int]:
+        """``snapshots``, ``rereads``, ``resumes`` of every ``sync`` so far (see above)."""
+        ...
 
     def check_usable(self) -> None: ...
 

@@ -14,15 +14,17 @@ Layout (``data_dir`` and every directory 0700, files 0600)::
     <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/, pods/,
         workloadendpoints/               resources (keys: name, or "<namespace>/<name>")
     <data_dir>/heartbeats/<key>.json     kind "heartbeat" key: node name (written with a ttl)
+    <data_dir>/traces/<key>.json         kind "trace"     key: "<id>" or "<id>.<node>" (ttl)
 
 A key is kept as is except characters outside ``[A-Za-z0-9_.:-]`` (and a leading ``.``),
 which are percent-encoded (UTF-8), so ``10.244.0.64/26`` is ``10.244.0.64%2F26.json``. Names
 starting with ``.`` are temp files only. A file holds
 ``{"format": 1, "kind": ..., "key": ..., "revision": N, "data": {...}}``, plus
-``"expires": <unix time>`` when written with a ttl. An expired document reads as absent; its
-file stays until the next write of that key. A kind directory in which a ttl was ever used
-holds an empty ``.ttl`` marker: only there does ``list_keys`` read the documents (to leave
-out expired ones); elsewhere it lists names only.
+``"expires": <unix time>`` and ``"ttl": <seconds>`` when written with a ttl (``keepalive``
+writes the file again with a later ``expires`` and the same revision). An expired document
+reads as absent; its file stays until the next write of that key. A kind directory in which
+a ttl was ever used holds an empty ``.ttl`` marker: only there does ``list_keys`` read the
+documents (to leave out expired ones); elsewhere it lists names only.
 
 Writes: temp file in the same directory (O_EXCL, O_NOFOLLOW, 0600), write, fsync,
 ``os.replace``, fsync of the directory. Before a locked session's first write, the lock file is
@@ -46,8 +48,9 @@ puts back what it had written, then raises.
 ``sync`` polls every 0.2 s: a kind directory is listed again when its mtime changed (or is
 less than two seconds old: the kernel's timestamps are coarse), when one of its documents
 expired, and a document is read again when its inode, mtime or size changed (every write
-is a new inode). ``list`` reads document after document: consistent per document, not across
-them (hold ``lock()`` for that).
+is a new inode). After a poll that failed, every kind is listed and read again and only
+what differs from what was reported is yielded. ``list`` reads document after document:
+consistent per document, not across them (hold ``lock()`` for that).
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ class FileStore(Engine):
     """Store over a directory tree; see the module docstring for layout and guarantees."""
 
     def __init__(self, data_dir: str, *, lock_timeout: float = 30.0) -> None:
+        super().__init__()
         self.data_dir = os.path.abspath(data_dir)
         self.lock_timeout = float(lock_timeout)
         self.lock_path = os.path.join(self.data_dir, LOCK_NAME)
@@ -399,7 +403,7 @@ class FileStore(Engine):
             revisions = []
             for w, (dfd, name, raw) in zip(writes, found, strict=True):
                 if w.value is None:
-                    if w.expected is not None and dfd is not None:
+                    if w.deletes and dfd is not None:
                         steps.append(_Step(dfd, w.kind, name, raw, None))
                     revisions.append(0)
                     continue
@@ -430,6 +434,29 @@ class FileStore(Engine):
         except StoreError:
             self._undo(done)
             raise
+
+    def _keepalive(self, kind: str, key: str) -> bool:
+        """The document's file written again with a later ``expires`` and the same
+        revision: the poller of ``sync`` sees a new file but no new revision, so no event."""
+        with self.lock():
+            dfd = self._kind_fd(kind, create=False)
+            if dfd is None:
+                return False
+            try:
+                name = escape_key(key)
+                raw = self._read(dfd, kind, key, name)
+                if _live(raw) is None or raw is None or raw.expires is None:
+                    return False
+                envelope = json.loads(raw.payload)
+                ttl = envelope.get("ttl")
+                if type(ttl) not in (int, float) or ttl <= 0:
+                    return False  # written by a tabby without keepalive: write it again
+                envelope["expires"] = round(time.time() + ttl, 6)
+                payload = json.dumps(envelope, separators=(",", ":"), allow_nan=False).encode()
+                self._write(dfd, kind, name, payload)
+                return True
+            finally:
+                os.close(dfd)
 
     def _mark_ttl(self, dfd: int, kind: str) -> None:
         try:
@@ -483,14 +510,21 @@ class FileStore(Engine):
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
         reported = Reported()
         watch = _Poller(self, kinds, reported)
-        fresh = True
+        first = True
+        fresh = True  # read everything: at first, and after a failed poll
         failure = ""
         while not stop.is_set():
             events: list[SyncEvent] = []
             try:
                 if fresh:
-                    events.append(reported.snapshot(watch.snapshot()))
-                    fresh = False
+                    docs = watch.snapshot()
+                    if first:
+                        events.append(reported.snapshot(docs))
+                        self.count_sync("snapshots")
+                    else:  # only what differs from what was reported
+                        events = [e for kind in kinds for e in reported.changes(kind, docs[kind])]
+                        self.count_sync("rereads")
+                    first = fresh = False
                     failure = ""
                 else:
                     events = watch.poll()
@@ -594,7 +628,7 @@ def _payload(w: Write, value: bytes, before: _Raw | None) -> tuple[int, bytes]:
     rev = max(before.doc.revision + 1 if before else 1, time.time_ns() // 1000)
     head = f'{{"format":{FORMAT},"kind":"{w.kind}","key":{json.dumps(w.key)},"revision":{rev}'
     if w.ttl is not None:
-        head += f',"expires":{json.dumps(round(time.time() + w.ttl, 6))}'
+        head += f',"expires":{json.dumps(round(time.time() + w.ttl, 6))},"ttl":{json.dumps(w.ttl)}'
     return rev, f'{head},"data":'.encode() + value + b"}"
 
 
@@ -632,15 +666,18 @@ class _Poller:
         return docs
 
     def poll(self) -> list[SyncEvent]:
-        events: list[SyncEvent] = []
+        """The changes since the last poll. Every directory is read before anything counts
+        as reported: a poll that fails reports nothing (the re-read after it has to find
+        every change)."""
+        due = []
         now = time.time()
         for kind in self.kinds:
             if self._changed(kind):
                 self._scan(kind)
             elif not any(f.expires is not None and f.expires <= now for f in self._live(kind)):
                 continue
-            events += self.reported.changes(kind, self._view(kind))
-        return events
+            due.append(kind)
+        return [e for kind in due for e in self.reported.changes(kind, self._view(kind))]
 
     def _live(self, kind: str) -> Iterator[_File]:
         known = self.reported.docs[kind]

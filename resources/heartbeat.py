@@ -6,7 +6,10 @@ counts as alive (standard library only).
   tabby-kube-controllers. While it lives, tabby-node holds a pod's ADD until the pod's
   labels are mirrored (bounded), so that no pod is reachable against a policy for a moment.
 
-Stored data: ``{"node": <key>, "time": <unix seconds>, "pid": <the writer's pid>}``.
+Stored data: ``{"node": <key>, "time": <unix seconds>, "pid": <the writer's pid>}``, where
+``time`` is when the document was written: its writer then keeps its ttl (lease) alive
+without writing it again (``Store.keepalive``), so a live node costs the other nodes no
+watch event.
 """
 
 from __future__ import annotations

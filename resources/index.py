@@ -13,7 +13,8 @@ a :class:`Documents` snapshot and ask it for a kind by its typed handle::
 Kinds and what they parse into: resources through their models (``IPPool``, ``Node``,
 ``BGPConfiguration``, ``BGPPeer``, ``NetworkPolicy``, ``Namespace``, ``Pod``,
 ``WorkloadEndpoint``: defaults applied, validated), blocks through the IPAM core
-(:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`. A
+(:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`,
+policy traces as :mod:`resources.trace`'s request and answer. A
 document that does not parse is left out of the typed view and logged once per revision
 (its raw document stays, so the IPAM views can still report it).
 
@@ -38,11 +39,23 @@ if TYPE_CHECKING:
     from resources.heartbeat import Heartbeat
     from resources.k8s import Namespace, NetworkPolicy, Pod
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
+    from resources.trace import TraceAnswer, TraceRequest
 
 log = logging.getLogger("tabby.resources")
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    """One document that changed since the consumer last drained the index: ``value`` is
+    its typed object now, None when it is gone (deleted, expired, or no longer parses).
+    The consumer keeps what it derived from the previous value itself."""
+
+    kind: str
+    key: str
+    value: object | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +105,12 @@ def _heartbeat(key: str, doc: Doc) -> Heartbeat:
     return Heartbeat.from_data(doc.data, f"heartbeat {key}")
 
 
+def _trace(key: str, doc: Doc) -> TraceRequest | TraceAnswer:
+    from resources.trace import parse
+
+    return parse(key, doc.data, f"trace {key}")
+
+
 NODES: Kind[Node] = _resource("Node", "node")
 HEARTBEATS: Kind[Heartbeat] = Kind("heartbeat", _heartbeat)
 POOLS: Kind[IPPool] = _resource("IPPool", "pool")
@@ -102,6 +121,7 @@ POLICIES: Kind[NetworkPolicy] = _resource("NetworkPolicy", "networkpolicy")
 NAMESPACES: Kind[Namespace] = _resource("Namespace", "namespace")
 PODS: Kind[Pod] = _resource("Pod", "pod")
 ENDPOINTS: Kind[WorkloadEndpoint] = _resource("WorkloadEndpoint", "workloadendpoint")
+TRACES: Kind[TraceRequest | TraceAnswer] = Kind("trace", _trace)
 
 ALL: tuple[Kind[object], ...] = (
     NODES,
@@ -114,6 +134,7 @@ ALL: tuple[Kind[object], ...] = (
     NAMESPACES,
     PODS,
     ENDPOINTS,
+    TRACES,
 )
 BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 #: What routing reads, and what policy reads (tabby-node watches both).
@@ -173,7 +194,10 @@ class Index:
     """The typed mirror of some kinds of the datastore (not thread-safe: the caller locks).
 
     ``apply(event)`` takes ``store.sync`` events; ``put``/``delete`` what the caller just
-    wrote itself. Each returns whether anything changed.
+    wrote itself. Each returns whether anything changed. Every change is also journalled:
+    ``drain()`` returns the documents that changed since the last ``drain`` (a fresh
+    snapshot only journals what differs from what was held), so that a consumer's work per
+    event is for what that event touched.
     """
 
     def __init__(self, kinds: Iterable[Kind[object]]) -> None:
@@ -184,6 +208,21 @@ class Index:
         #: (kind, key) -> revision that did not parse: logged once, not parsed again.
         self._bad: dict[tuple[str, str], int] = {}
         self.parsed = 0  # documents parsed so far (tests, metrics)
+        #: (kind, key) changed since the last drain, in order of first change
+        self._dirty: dict[tuple[str, str], None] = {}
+
+    def drain(self) -> list[Change]:
+        """The documents that changed since the last call, each once, with its value now."""
+        dirty, self._dirty = self._dirty, {}
+        out = []
+        for kind, key in dirty:
+            entry = self._typed[kind].get(key)
+            out.append(Change(kind, key, None if entry is None else entry.value))
+        return out
+
+    def pending(self) -> int:
+        """How many documents changed since the last ``drain``."""
+        return len(self._dirty)
 
     def apply(self, event: SyncEvent) -> bool:
         if event.type == "snapshot":
@@ -199,21 +238,30 @@ class Index:
         """Everything anew (a fresh snapshot): entries whose revision did not change keep
         their parsed object."""
         old_typed = self._typed
+        old_raw = self._raw
         self._typed = {k: {} for k in self._kinds}
         self._raw = {k: {} for k in self._kinds}
         bad = self._bad
         self._bad = {}
         for name in self._kinds:
             before = old_typed[name]
-            for key, doc in (snapshot.get(name) or {}).items():
+            held = old_raw[name]
+            now = snapshot.get(name) or {}
+            for key, doc in now.items():
                 self._raw[name][key] = doc
                 entry = before.get(key)
                 if entry is not None and entry.revision == doc.revision:
                     self._typed[name][key] = entry
-                elif bad.get((name, key)) == doc.revision:
+                    continue
+                if bad.get((name, key)) == doc.revision:
                     self._bad[(name, key)] = doc.revision
                 else:
                     self._parse(name, key, doc)
+                old = held.get(key)
+                if old is None or old.revision != doc.revision:
+                    self._dirty[(name, key)] = None
+            for key in held.keys() - now.keys():
+                self._dirty[(name, key)] = None
 
     def put(self, kind: str, key: str, doc: Doc) -> bool:
         """Take a document (from the watch, or what the caller just wrote); an older
@@ -227,6 +275,7 @@ class Index:
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
         self._parse(kind, key, doc)
+        self._dirty[(kind, key)] = None
         return True
 
     def delete(self, kind: str, key: str) -> bool:
@@ -234,7 +283,10 @@ class Index:
             return False
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
-        return self._raw[kind].pop(key, None) is not None
+        if self._raw[kind].pop(key, None) is None:
+            return False
+        self._dirty[(kind, key)] = None
+        return True
 
     def get(self, kind: Kind[T], key: str) -> T | None:
         entry = self._typed.get(kind.name, {}).get(key)
@@ -242,6 +294,17 @@ class Index:
 
     def has(self, kind: str, key: str) -> bool:
         return key in self._raw.get(kind, {})
+
+    def of(self, kind: Kind[T]) -> dict[str, Entry[T]]:
+        """One kind's typed documents (a copy)."""
+        return cast("dict[str, Entry[T]]", dict(self._typed.get(kind.name, {})))
+
+    def watches(self, kind: str) -> bool:
+        return kind in self._kinds
+
+    def raw_get(self, kind: str, key: str) -> Doc | None:
+        """A document of a kind this index holds, as stored (None: not held)."""
+        return self._raw[kind].get(key)
 
     def snapshot(self) -> Documents:
         return Documents(

@@ -11,7 +11,9 @@ Threads::
                  VXLAN) and the nftables table; it also programs a new pod's policy before
                  that pod's ADD answers (requests from the CNI threads)
     cni server   one thread per CNI call (tabby_node.server)
-    http         /metrics, /liveness, /readiness
+    http         /metrics, /liveness, /readiness, /policy/log
+    policy log   denied flows from NFLOG into a ring (tabby_node.policylog)
+    tracer       this node's half of a policy trace from another node (tabby_node.tracer)
 
 The dataplane thread lives in tabby-node's own network namespace (the node's), so every
 kernel change lands there even when the CNI thread asking for it has entered a caller's
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from dataplane.nft import PolicyDataplane
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay_model import DesiredState
+    from datastore import Served
     from tabby_node.metrics import Metrics
     from tabby_node.policylog import DeniedFlows
     from tabby_node.server import NodeServer
@@ -101,6 +104,7 @@ class Agent:
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
         self.denied_flows: DeniedFlows | None = None
+        self.served: Served | None = None
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Agent:
         self._retry("default pools", lambda: self.ensure_default_pools(store))
         self._spawn("watcher", self._watch)
         self._spawn("heartbeat", self._heartbeat)
+        self.serve_calls(store)
         if not self.cache.synced.wait(self.datastore.lock_timeout_seconds):
             log.warning("no datastore snapshot yet: starting with an empty view")
         self._retry("tunnel addresses", lambda: self.ensure_tunnels(store))
@@ -180,6 +185,21 @@ class Agent:
 
             self.denied_flows = policylog.DeniedFlows(facts.name)
             policylog.start(self.policy, self.denied_flows, self.stopping, self.problems)
+        from tabby_node import tracer
+
+        tracer.start(facts.name, self.cache, store, self.stopping)
+
+    def serve_calls(self, store: Store) -> None:
+        """The CNI calls this node serves use its store (warm connections) when their
+        configuration names the same datastore; on etcd each call's datastore work is one
+        optimistic commit based on what the watch and this node's own writes tell it
+        (``datastore.optimistic``: a stale guess costs a retry on the store, never a wrong
+        answer). The file store is local and cheap to read: no guesses there."""
+        import datastore
+        from tabby_node.knowledge import Knowledge
+
+        known = Knowledge(self.cache) if self.datastore.datastore_type == "etcdv3" else None
+        self.served = datastore.serve(self.datastore, store, known)
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped
@@ -251,8 +271,14 @@ class Agent:
         self.beat(store)
 
     def beat(self, store: Store) -> None:
+        """Liveness: the heartbeat document's lease kept alive, which no other node hears
+        of (no new revision, no watch event); written again, with a new lease, only when it
+        is gone (first start, or it expired while this node could not reach the datastore).
+        Its ``time`` is when it was last written."""
         facts = self.facts
         assert facts is not None
+        if store.keepalive(HEARTBEATS.name, facts.name):
+            return
         data = Heartbeat(facts.name, time.time(), os.getpid()).to_data()
         for _ in range(5):
             current = store.get(HEARTBEATS.name, facts.name)
@@ -278,7 +304,11 @@ class Agent:
                 self.beat(store)
                 facts = self.facts
                 assert facts is not None
-                if store.get("node", facts.name) is None:
+                # the watch says when the Node goes; the datastore confirms before acting
+                if (
+                    self.cache.get(NODES, facts.name) is None
+                    and store.get("node", facts.name) is None
+                ):
                     log.warning(
                         "the Node %s was deleted while it runs: registering again", facts.name
                     )
@@ -556,11 +586,13 @@ class Agent:
 
     # -- the no-window path: a pod's policy before its ADD answers -----------------------------
 
-    def endpoint_added(self, key: str, doc: Doc) -> None:
-        """The plugin recorded an endpoint (in a CNI thread): program its policy now."""
+    def endpoint_added(self, key: str, doc: Doc | None) -> None:
+        """The plugin recorded an endpoint (in a CNI thread): program its policy now
+        (``doc``: as stored, when the cache may not have it yet)."""
 
         def program() -> None:
-            self.cache.put_local(ENDPOINTS.name, key, doc)
+            if doc is not None:
+                self.cache.put_local(ENDPOINTS.name, key, doc)
             self._program_endpoint(key)
 
         self.on_dataplane_thread(program, ENDPOINT_WAIT_SECONDS)
@@ -639,6 +671,10 @@ class Agent:
                 self.routing.stop(stop_bird=stop_bird)
         for t in self.threads:
             t.join(timeout=2)
+        if self.served is not None:
+            import datastore
+
+            datastore.unserve(self.datastore)
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
@@ -765,9 +801,9 @@ class AgentEndpoints:
         host_ifname: str,
     ) -> None:
         self.wait_mirrored(args)
+        # doc None: the write landed as one optimistic commit, which the cache holds now
+        # (or the endpoint vanished at once: then the cache has nothing to program)
         key, doc = self.inner.record(args, conf, addresses, host_ifname)
-        if doc is None:
-            return
         try:
             self.agent.endpoint_added(key, doc)
         except Exception as e:

@@ -8,13 +8,26 @@ import time
 from typing import TypeVar
 
 from datastore.base import Doc, SyncEvent
+from datastore.optimistic import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
-from resources.index import HEARTBEATS, NAMESPACES, PODS, POLICY, ROUTING, Documents, Index, Kind
+from resources.index import (
+    HEARTBEATS,
+    NAMESPACES,
+    PODS,
+    POLICY,
+    ROUTING,
+    TRACES,
+    Documents,
+    Entry,
+    Index,
+    Kind,
+)
 
 T = TypeVar("T")
 
-#: The store kinds tabby-node watches: routing's, then policy's.
-WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY))
+#: The store kinds tabby-node watches: routing's, policy's, and the policy traces other
+#: nodes ask of it (which the dataplane does not depend on: no reconcile for them).
+WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY, TRACES))
 
 
 class Cache:
@@ -25,7 +38,7 @@ class Cache:
         self.lock = threading.Lock()
         #: Notified on every change (``wait_mirrored`` waits on it).
         self.updated = threading.Condition(self.lock)
-        self.index = Index((*ROUTING, *POLICY))
+        self.index = Index((*ROUTING, *POLICY, TRACES))
         self.version = 0
         self.synced = threading.Event()
         #: Set when a document changed that the dataplane depends on (a reconcile is due).
@@ -51,6 +64,13 @@ class Cache:
                 self.last_error = None
                 self.synced.set()
                 return
+            if event.kind == TRACES.name:  # for the tracer alone (tabby_node.tracer)
+                if self.index.apply(event):
+                    self.version += 1
+                    self.updated.notify_all()
+                self.last_error = None
+                self.synced.set()
+                return
             changed = self.index.apply(event)
             if changed:
                 self.version += 1
@@ -62,7 +82,8 @@ class Cache:
             self.wake.set()
 
     def put_local(self, kind: str, key: str, doc: Doc | None) -> None:
-        """What this node just wrote, ahead of the watch (which will say the same)."""
+        """What this node just wrote, ahead of the watch (which will say the same, and
+        then changes nothing: so the change is due to the dataplane now)."""
         with self.lock:
             if doc is None:
                 changed = self.index.delete(kind, key)
@@ -71,6 +92,20 @@ class Cache:
             if changed:
                 self.version += 1
                 self.updated.notify_all()
+        if changed:
+            self.changed.set()
+            self.wake.set()
+
+    def lookup(self, kind: str, key: str) -> Doc | Unknown | None:
+        """A watched document as stored (None: it does not exist), once the first snapshot
+        is in; ``UNKNOWN`` for other kinds or before."""
+        with self.lock:
+            if not self.synced.is_set() or not self.index.watches(kind):
+                return UNKNOWN
+            return self.index.raw_get(kind, key)
+
+    def watches(self, kind: str) -> bool:
+        return self.index.watches(kind)
 
     def get(self, kind: Kind[T], key: str) -> T | None:
         """One document, typed (no snapshot of the rest)."""
@@ -98,6 +133,11 @@ class Cache:
                 if left <= 0:
                     return False
                 self.updated.wait(left)
+
+    def of(self, kind: Kind[T]) -> dict[str, Entry[T]]:
+        """One kind's documents, typed (no snapshot of the rest)."""
+        with self.lock:
+            return self.index.of(kind)
 
     def view(self) -> Documents:
         with self.lock:

@@ -17,8 +17,8 @@ from pydantic import AfterValidator, Field
 
 from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
 from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
+from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_RUN_DIR
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
-from tabby_node import DEFAULT_RUN_DIR
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
 DEFAULT_V4_POOL = "10.244.0.0/16"
@@ -58,7 +58,7 @@ class NodeOptions(Section):
     run_dir: AbsPath = DEFAULT_RUN_DIR
     socket: AbsPath | None = None
     metrics_port: int = Field(default=9091, ge=0, le=65535)
-    health_port: int = Field(default=9099, ge=0, le=65535)
+    health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
     node_ttl: float = Field(default=90.0, ge=3, le=86400)
     ipv4_pool: Annotated[str, _cidr(4)] = DEFAULT_V4_POOL
     ipv6_pool: Annotated[str, _cidr(6)] | None = None
@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
         "run_dir": f"socket, BIRD config and control socket (default {DEFAULT_RUN_DIR})",
         "socket": "the plugins' socket (default <run-dir>/node.sock)",
         "metrics_port": "Prometheus /metrics port, 0 = off (default 9091)",
-        "health_port": "/liveness and /readiness port, 0 = off (default 9099)",
+        "health_port": "/liveness, /readiness and /policy/log port on 127.0.0.1, 0 = off "
+        f"(default {DEFAULT_HEALTH_PORT})",
         "node_ttl": "seconds without a heartbeat before other nodes withdraw this "
         "node's routes (default 90)",
         "ipv4_pool": f"default IPv4 pool created when the datastore has none ({DEFAULT_V4_POOL})",

@@ -10,7 +10,7 @@ as programmed), and keeps the last ``RING_SIZE`` in :class:`DeniedFlows`, a ring
 
 tabbyctl reads the ring over HTTP from the health port (127.0.0.1 only): ``GET
 /policy/log?since=SEQ&wait=S`` answers ``{"node", "capacity", "first", "next",
-"entries": [...]}`` with the entries after ``SEQ`` (oldest first), waiting up to ``S``
+"overruns", "entries": [...]}`` with the entries after ``SEQ`` (oldest first), waiting up to ``S``
 seconds (at most 10) for one when there is none yet; ``next`` is the ``since`` of the next
 request (``--follow`` asks again and again). Entries hold addresses and pod names: the
 same a local process can read from the node anyway.
@@ -119,6 +119,7 @@ class DeniedFlows:
                 "capacity": self.capacity,
                 "first": first,
                 "next": self.last_seq,
+                "overruns": self.overruns,
                 "entries": entries,
             }
 

@@ -1,5 +1,6 @@
 """``tabbyctl policy explain``: which NetworkPolicies select a pod, and why a connection is
-allowed or denied.
+allowed or denied; ``policy log`` (``tabbyctl.policy_log``) and ``policy trace``
+(``tabbyctl.policy_trace``, which adds its command to this group): what the kernel did.
 
 Computed from the datastore's resources with the engine tabby-node enforces: the documents
 are read from the store and turned into the engine's inputs by the same function tabby-node
@@ -24,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tabby_node import DEFAULT_HEALTH_PORT
 from tabbyctl.common import Ctx, output_option
 
 if TYPE_CHECKING:
     from datastore.base import Store
-    from policy.engine import ClusterState, DirectionVerdict, Target
+    from policy.engine import ClusterState, DirectionVerdict, Explanation, Target
     from resources.tabby import Node
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -221,14 +223,7 @@ def explain(
             number = _named_port(state, dst, value, protocol)
         else:
             number = value
-    node = _node_of(state, _pod_of(state, dst))
-    hosts: Iterable[str] = cluster.node_addresses.get(node or "", ())
-    try:
-        ex = engine.explain(state, src, dst, protocol, number, node=node, host_addresses=hosts)
-    except LookupError as e:
-        raise ExplainError(
-            f"{e.args[0] if e.args else e}: its traffic cannot be evaluated"
-        ) from None
+    ex = predict(cluster, src, dst, protocol, number)
     out["traffic"] = {
         "src": ex.src,
         "dst": ex.dst,
@@ -241,6 +236,25 @@ def explain(
         "summary": ex.lines(),
     }
     return out
+
+
+def predict(
+    cluster: PolicyCluster, src: Target, dst: Target, protocol: str, port: int | None
+) -> Explanation:
+    """The engine's answer for a new connection ``src -> dst`` (``protocol``: TCP, UDP,
+    SCTP, or e.g. ICMP, which only rules without ports allow), traffic from the
+    destination's own node unpoliced, as tabby-node enforces it."""
+    from policy import engine
+
+    state = cluster.state
+    node = _node_of(state, _pod_of(state, dst))
+    hosts: Iterable[str] = cluster.node_addresses.get(node or "", ())
+    try:
+        return engine.explain(state, src, dst, protocol, port, node=node, host_addresses=hosts)
+    except LookupError as e:
+        raise ExplainError(
+            f"{e.args[0] if e.args else e}: its traffic cannot be evaluated"
+        ) from None
 
 
 def explain_lines(answer: dict[str, Any]) -> list[str]:
@@ -273,7 +287,8 @@ def explain_lines(answer: dict[str, Any]) -> list[str]:
 
 @click.group("policy")
 def policy_group() -> None:
-    """NetworkPolicy: which policies select a pod, and why traffic is allowed or not."""
+    """NetworkPolicy: which policies select a pod, why traffic is allowed or not (explain),
+    what the kernel denied (log) and what it does with a real probe (trace)."""
 
 
 @policy_group.command("explain")
@@ -317,3 +332,39 @@ def explain_cmd(
     if answer["traffic"] is not None:
         answer["traffic"] = {k: v for k, v in answer["traffic"].items() if k != "summary"}
     emit(output, answer, lines)
+
+
+@policy_group.command("log")
+@click.option("--follow", "-f", is_flag=True, help="keep printing denied flows as they come")
+@click.option("-n", "--namespace", help="only flows with a pod of this namespace at either end")
+@click.option("--pod", metavar="POD", help="only flows with this pod at either end (NS/NAME)")
+@click.option(
+    "--health-port",
+    type=int,
+    default=DEFAULT_HEALTH_PORT,
+    show_default=True,
+    envvar="TABBY_HEALTH_PORT",
+    help="tabby-node's --health-port on this node (env TABBY_HEALTH_PORT)",
+)
+@output_option
+def log_cmd(
+    follow: bool, namespace: str | None, pod: str | None, health_port: int, output: str
+) -> None:
+    """The flows the kernel denied on this node, newest last: when, both ends (pods named),
+    protocol and port, the direction that denied it and the policies that isolate that
+    side. From this node's tabby-node (its last 1,000, one per flow in 10 s). With -o json:
+    one object per line."""
+    from tabbyctl.policy_log import LogError, pod_filter, show
+
+    try:
+        show(
+            health_port,
+            follow=follow,
+            keep=pod_filter(namespace, pod),
+            output=output,
+            echo=click.echo,
+        )
+    except LogError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        return

@@ -64,6 +64,61 @@ def test_counters_count_each_new_connection_once(cluster: Cluster) -> None:
     assert _counts(cluster)[ALLOW] == after[ALLOW] + 1
 
 
+def test_counters_survive_the_incremental_path(cluster: Cluster) -> None:
+    """Deltas (``update``, the periodic check's ``sync``, the CNI path's ``add_endpoint`` /
+    ``remove_endpoint``) change chains around the counters: an edited policy's chain is
+    flushed and refilled (its counter stays, counting on), a new policy brings its counter,
+    a removed one is read before its counter goes, a new endpoint brings its own."""
+    from dataclasses import replace
+
+    from policy.engine import Endpoint
+    from policy.incremental import Update
+
+    c = cluster
+    before = _counts(c)
+    (from_b,) = FROM_B.policies
+    # edited: the same chain, flushed and refilled with one more port
+    wider = replace(from_b, ingress=(replace(from_b.ingress[0], ports=(tt.tcp(80), tt.tcp(81))),))
+    res = c.node.run(c.dp.update, [Update("policy", "x/x-a-from-b", wider)])
+    assert res.changed
+    assert not res.full
+    assert _counts(c) == before
+    assert _probe(c, "x/b", "x/a", "TCP", 81)
+    assert _counts(c)[ALLOW] == before[ALLOW] + 1
+    # a second policy for x/a, through the periodic check's difference
+    extra = tt.pol("a-from-c", tt.sel(pod="a"), ingress=(tt.rule(tt.peer(tt.sel(pod="c"))),))
+    step = tt.Step((wider, extra), tt.everything)
+    res = c.apply(c.state(step))
+    assert res.changed
+    assert not res.full
+    assert _probe(c, "x/c", "x/a")
+    extra_key = nft.CounterKey("x", "a-from-c", "ingress", "allow")
+    assert _counts(c)[extra_key] == 1
+    assert _probe(c, "x/c", "x/a")
+    # removed: its counter deleted (read first), its series gone; the others unchanged
+    res = c.node.run(c.dp.update, [Update("policy", "x/a-from-c", None)])
+    assert res.changed
+    assert not res.full
+    now = _counts(c)
+    assert extra_key not in now
+    assert now[ALLOW] == before[ALLOW] + 1
+    assert not _probe(c, "x/c", "x/a")
+    assert _counts(c)[DENY] == now[DENY] + 1
+    # the CNI path: a new endpoint of x/a's pod (a second interface), isolated at once
+    ep = Endpoint("x", "a", "node1", "calixa2", ("10.244.9.9/32",), "a-eth1")
+    deny = c.node.run(c.dp.backend.run, "list table inet tabby")
+    c.node.run(c.dp.add_endpoint, ep)
+    listing = c.node.run(c.dp.backend.run, "list table inet tabby")
+    assert "counter deny-in-calixa2" in listing
+    assert "counter deny-in-calixa2" not in deny
+    c.node.run(c.dp.remove_endpoint, "x", "a-eth1")
+    assert "deny-in-calixa2" not in c.node.run(c.dp.backend.run, "list table inet tabby")
+    assert _counts(c)[DENY] == now[DENY] + 1
+    # back to the module's state (a difference again)
+    c.node.run(c.dp.update, [Update("policy", "x/x-a-from-b", from_b)])
+    assert _counts(c)[ALLOW] == before[ALLOW] + 1
+
+
 class Log:
     """An NFLOG listener on the node, reading on a thread of its own."""
 

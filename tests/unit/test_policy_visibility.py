@@ -61,15 +61,21 @@ def test_every_accept_counts_into_its_policy_and_every_deny_into_default_deny() 
     dp, rec = _dp()
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))  # 3: x/a only from x/b
     text = rec.sent[0]
-    counters = nft.counters_of(dp._programmed.ir)  # type: ignore[union-attr]
-    assert sorted(counters.values()) == [
+    counters = nft.counters_of(dp.desired())
+    # shown: the policy, and the default deny where a pod is isolated (x/a's ingress)
+    assert sorted(dp.packet_counts()) == [
         nft.CounterKey("x", "default-deny", "ingress", "deny"),
         nft.CounterKey("x", "x-a-from-b", "ingress", "allow"),
     ]
+    # made: the policy's, and two per local endpoint (isolated or not)
+    local = {e.interface for e in dp.desired().endpoints.values()}
+    assert set(counters) == {f"deny-{d}-{i}" for i in local for d in ("in", "eg")} | {
+        n for n, k in counters.items() if k.verdict == "allow"
+    }
     for name in counters:
         assert f"add counter inet tabby {name} {{ comment " in text
     allow = next(n for n, k in counters.items() if k.verdict == "allow")
-    deny = next(n for n, k in counters.items() if k.verdict == "deny")
+    deny = "deny-in-calixa"
     accepts = [line for line in text.splitlines() if " pi-" in line and "accept" in line]
     assert accepts
     assert all(f'counter name "{allow}" accept' in line for line in accepts)
@@ -118,23 +124,30 @@ def test_differences_add_counters_first_and_delete_them_last() -> None:
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))
     text = rec.sent[-1]
     assert text.index("add counter inet tabby pkt-pi-") < text.index('counter name "pkt-pi-')
-    assert "add counter inet tabby deny-in-" in text
+    assert "add counter inet tabby deny-in-" not in text  # an endpoint's are made with it
     dp.sync(tt.build_state(tt.Step((), tt.everything)))
     lines = rec.sent[-1].splitlines()
     deletes = [i for i, x in enumerate(lines) if x.startswith("delete counter")]
     chains = [i for i, x in enumerate(lines) if x.startswith(("flush chain", "delete chain"))]
-    assert len(deletes) == 2
+    assert len(deletes) == 1  # the policy's; x/a's deny counters stay with x/a
     assert min(deletes) > max(chains)
 
 
 # -- the counters' bookkeeping --------------------------------------------------------------------
 
 
+def _names(dp: nft.PolicyDataplane) -> dict[str, str]:
+    """x/a's counters: its policy's (allow) and its ingress default deny (deny)."""
+    allow = [n for n, k in nft.counters_of(dp.desired()).items() if k.verdict == "allow"]
+    assert len(allow) == 1
+    return {"allow": allow[0], "deny": "deny-in-calixa"}
+
+
 def test_counts_add_up_across_reads_and_full_replacements() -> None:
     dp, rec = _dp()
     st = tt.build_state(tt.CASES[2].steps[0])
     dp.sync(st)
-    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    names = _names(dp)
     rec.counts = {names["allow"]: (3, 180), names["deny"]: (5, 300), "stranger": (9, 9)}
     got = dp.packet_counts()
     allow = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
@@ -149,7 +162,7 @@ def test_counts_add_up_across_reads_and_full_replacements() -> None:
 def test_a_removed_policy_is_read_before_its_counter_goes_then_forgotten() -> None:
     dp, rec = _dp()
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))
-    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    names = _names(dp)
     rec.counts = {names["allow"]: (4, 240)}
     # the policy stays but selects no local pod any more: its chain and counter go, the
     # count is read first and kept
@@ -169,8 +182,13 @@ def test_a_new_local_endpoint_in_a_new_namespace_gets_its_deny_counter() -> None
     ep = Endpoint("x", "new", "node1", "calinew", ("10.244.1.201",), "new-eth0")
     dp.add_endpoint(ep)
     text = rec.sent[-1]
-    assert "add counter" not in text  # x's default-deny counter exists already
-    assert 'counter name "deny-in-' in text
+    # its own two counters, made before its chains use them
+    assert text.index("add counter inet tabby deny-in-calinew ") < text.index(
+        'counter name "deny-in-calinew" jump log-ingress'
+    )
+    assert "add counter inet tabby deny-eg-calinew " in text
+    dp.remove_endpoint("x", "new-eth0")
+    assert "delete counter inet tabby deny-in-calinew" in rec.sent[-1]
 
 
 # -- netlink: NFLOG and the trace ---------------------------------------------------------------
@@ -379,7 +397,14 @@ def test_the_route_answers_json_and_refuses_nonsense() -> None:
     route = policylog.http_route(flows)
     code, ctype, body = route({"since": "0"})
     assert (code, ctype) == (200, "application/json")
-    assert json.loads(body) == {"node": "n", "capacity": 1000, "first": 1, "next": 0, "entries": []}
+    assert json.loads(body) == {
+        "node": "n",
+        "capacity": 1000,
+        "first": 1,
+        "next": 0,
+        "overruns": 0,
+        "entries": [],
+    }
     assert route({"since": "x"})[0] == 400
 
 
@@ -394,7 +419,7 @@ def test_the_counters_are_exported_per_policy_direction_and_verdict() -> None:
     agent.policy = dp
     agent.denied_flows = policylog.DeniedFlows("node1")
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))
-    names = {k.verdict: n for n, k in nft.counters_of(dp._programmed.ir).items()}  # type: ignore[union-attr]
+    names = _names(dp)
     rec.counts = {names["allow"]: (3, 180), names["deny"]: (7, 420)}
     m = Metrics(agent)
     value = m.registry.get_sample_value

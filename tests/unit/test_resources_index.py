@@ -116,3 +116,38 @@ def test_read_from_a_store_parses_every_kind_asked_for() -> None:
     assert isinstance(got, Block)
     assert got.node == "a"
     assert docs.get(HEARTBEATS, "a") == Heartbeat("a", 1.0, 7)
+
+
+def test_drain_journals_each_changed_document_once_with_its_value_now() -> None:
+    index = Index(ALL)
+    assert index.drain() == []
+    index.apply(put("node", "a", node("a"), 1))
+    index.apply(put("node", "b", node("b", "10.0.0.2/24"), 2))
+    index.apply(put("node", "a", node("a", "10.0.0.3/24"), 3))
+    index.apply(put("node", "b", node("b", "10.0.0.2/24"), 2))  # same revision: no change
+    changes = index.drain()
+    assert [(c.kind, c.key) for c in changes] == [("node", "a"), ("node", "b")]
+    assert changes[0].value is index.get(NODES, "a")
+    assert index.drain() == []
+    index.delete("node", "b")
+    index.delete("node", "zz")  # nothing held: nothing journalled
+    assert [(c.key, c.value) for c in index.drain()] == [("b", None)]
+
+
+def test_a_fresh_snapshot_journals_only_what_differs() -> None:
+    index = Index(ALL)
+    index.apply(put("node", "a", node("a"), 1))
+    index.apply(put("node", "b", node("b", "10.0.0.2/24"), 2))
+    index.apply(put("networkpolicy", "x/p", policy("p"), 3))
+    index.drain()
+    raw = index.snapshot().raw_kinds()
+    snapshot = {k: dict(v) for k, v in raw.items()}
+    del snapshot["node"]["b"]  # deleted while the watch was down
+    snapshot["node"]["c"] = Doc(node("c", "10.0.0.4/24"), 9)  # created meanwhile
+    index.apply(SyncEvent("snapshot", "", "", None, snapshot))
+    assert sorted((c.key, c.value is None) for c in index.drain()) == [("b", True), ("c", False)]
+    bad = policy("p")
+    bad["metadata"] = "not a map"
+    snapshot["networkpolicy"]["x/p"] = Doc(bad, 10)  # now unparsable: gone for consumers
+    index.apply(SyncEvent("snapshot", "", "", None, snapshot))
+    assert [(c.key, c.value) for c in index.drain()] == [("x/p", None)]
