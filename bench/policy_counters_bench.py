@@ -7,10 +7,11 @@
 A node namespace routes between two pod namespaces (client, server) over veths named as
 tabby names them; table ``inet tabby`` is programmed in the node namespace by tabby's own
 ``dataplane.nft.PolicyDataplane`` with ``visibility`` on (counters and the denied-flow log)
-or off. The server's namespace is isolated for ingress; one policy (``allow-client``)
+or off. The server's namespace is isolated for ingress; one policy (``zz-allow-client``)
 allows the client on the measured ports; with ``--policies N`` the other N-1 policies select
-the server too (so the client's first packet is tried against every one of them before
-the allowing one), each allowing a peer and a port the client does not have.
+the server too, each allowing a peer and a port the client does not have, and come first
+(a pod's policies are tried in name order): a new connection is tried against every one of
+them before the allowing one, a denied packet against all N.
 
 Conditions: ``none`` (no table), then ``P-off``/``P-on`` for P policies. They are
 interleaved (every condition once per repetition, the order rotating) so that a load change
@@ -73,6 +74,8 @@ NS = "bench"
 NODE = "bench-node"
 CLIENT, SERVER = "10.213.1.2", "10.213.2.2"
 IPERF_PORT, CONN_PORT, DENIED_PORT = 5201, 5202, 6000
+#: a pod's policies are tried in name order: the allowing one comes last (the worst case)
+ALLOW = "zz-allow-client"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 CONN_SERVER = r"""
@@ -215,7 +218,7 @@ def state(policies: int) -> ClusterState:
         (Peer(LabelSelector.of({"app": "client"})),),
         (PortSpec("TCP", IPERF_PORT), PortSpec("TCP", CONN_PORT)),
     )
-    pols = [Policy(NS, "allow-client", server, (allow,))]
+    pols = [Policy(NS, ALLOW, server, (allow,))]
     for j in range(policies - 1):
         other = Rule((Peer(LabelSelector.of({"app": f"other{j}"})),), (PortSpec("TCP", 10000 + j),))
         pols.append(Policy(NS, f"other-{j:03d}", server, (other,)))
@@ -302,7 +305,7 @@ def programmed(topo: Topology, condition: str) -> Iterator[nft.PolicyDataplane |
 
 def check_counted(topo: Topology, dp: nft.PolicyDataplane, sample: Sample, seconds: float) -> str:
     counts = in_netns(topo.node, dp.packet_counts)
-    allowed = sum(n for k, (n, _) in counts.items() if k.policy == "allow-client")
+    allowed = sum(n for k, (n, _) in counts.items() if k.policy == ALLOW)
     denied = sum(n for k, (n, _) in counts.items() if k.policy == "default-deny")
     conns = sample.conns * seconds
     if allowed < conns * 0.95 or denied < sample.denied * seconds * 0.95:
