@@ -27,9 +27,9 @@ on this shared machine hits all of them alike. Per condition it reports the medi
   one goes through the endpoint chain, the default-deny counter and the log chain's
   once-per-flow test): datagrams a second sent and the sender's CPU nanoseconds each;
 
-with the 1-minute load average beside it. With visibility on, the counters are read back at
-the end (``PolicyDataplane.packet_counts``): the allowed connections and denied datagrams
-must show up, else the run is void.
+with the 1-minute load average beside it, then the on/off ratios paired by repetition. With
+visibility on, the counters are read back at the end (``PolicyDataplane.packet_counts``):
+the allowed connections and denied datagrams must show up, else the run is void.
 
 Everything is created under a random prefix and deleted at the end (processes stopped by
 PID), also on failure or Ctrl-C. Needs iperf3 (apt-get install iperf3) and nftables.
@@ -250,7 +250,7 @@ def measure(topo: Topology, seconds: float) -> Sample:
     time.sleep(0.3)
     out = run(
         "ip", "netns", "exec", topo.client, "iperf3", "-c", SERVER, "-p", str(IPERF_PORT),
-        "-t", str(seconds), "-J",
+        "-t", str(max(1, round(seconds))), "-J",
     )  # fmt: skip
     topo.stop(server)
     report = json.loads(out.stdout)
@@ -381,7 +381,34 @@ def main() -> int:
         )
     for cond, note in notes.items():
         print(f"{cond}: {note} (last rep)")
+    paired(conditions, results)
     return 0
+
+
+def paired(conditions: list[str], results: dict[str, list[Sample]]) -> None:
+    """on / off of the same repetition (measured next to each other), median over the
+    repetitions: a load change between repetitions cancels out."""
+    print("\non/off, paired by repetition (median, min-max):")
+    for cond in conditions:
+        count, _, vis = cond.partition("-")
+        off = f"{count}-off"
+        if vis != "on" or off not in results:
+            continue
+        parts = []
+        for attr, what in (
+            ("stream_cpu_per_gb", "CPU/GB"),
+            ("conn_cpu_us", "CPU/conn"),
+            ("denied_cpu_ns", "CPU/denied"),
+            ("conns", "conn/s"),
+        ):
+            ratios = sorted(
+                getattr(a, attr) / getattr(b, attr)
+                for a, b in zip(results[cond], results[off], strict=True)
+            )
+            parts.append(
+                f"{what} {statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+            )
+        print(f"  {count} policies: " + ", ".join(parts))
 
 
 if __name__ == "__main__":
