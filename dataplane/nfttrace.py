@@ -22,6 +22,7 @@ Everything runs in the calling thread's network namespace.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import itertools
@@ -29,12 +30,14 @@ import os
 import re
 import secrets
 import select
+import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 from dataplane.nfnetlink import Packet, TraceEvent, TraceListener
 from dataplane.nft import DEFAULT_TABLE, NftBackend, NftError, default_backend
@@ -194,8 +197,30 @@ def sweep(backend: NftBackend) -> list[str]:
     return gone
 
 
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while a trace table is made or deleted (in the main
+    thread, where Python runs its handlers), and deliver them afterwards: an interrupt
+    never falls between making a table and knowing to delete it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        old[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for num, handler in old.items():
+            signal.signal(num, handler)
+        for num in dict.fromkeys(held):
+            signal.raise_signal(num)  # as if it came now: its own handler runs
+
+
 class Trace:
-    """``with Trace(probe) as trace: <send the probe>; events = trace.collect(...)``."""
+    """``with Trace(probe) as trace: <send the probe>; events = trace.collect(...)``.
+    The table is deleted on the way out, whatever ends the block (an interrupt too)."""
 
     def __init__(self, probe: Probe, backend: NftBackend | None = None) -> None:
         self.probe = probe
@@ -208,30 +233,34 @@ class Trace:
         self.rules_before: dict[tuple[str, int], Rule] = {}
 
     def __enter__(self) -> Trace:
+        try:
+            with _uninterrupted():
+                self._arm()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _arm(self) -> None:
         sweep(self.backend)
         self.listener = TraceListener()
         t = f"inet {self.table}"
         match = self.probe.nft_match()
-        try:
-            self.backend.run(
-                "\n".join(
-                    [
-                        f"add table {t}",
-                        f"add chain {t} pre {{ type filter hook prerouting priority raw - 10;"
-                        " policy accept; }",
-                        f"add chain {t} out {{ type filter hook output priority raw - 10;"
-                        " policy accept; }",
-                        f"add rule {t} pre {match} meta nftrace set 1",
-                        f"add rule {t} out {match} meta nftrace set 1",
-                    ]
-                )
-                + "\n"
+        self.backend.run(
+            "\n".join(
+                [
+                    f"add table {t}",
+                    f"add chain {t} pre {{ type filter hook prerouting priority raw - 10;"
+                    " policy accept; }",
+                    f"add chain {t} out {{ type filter hook output priority raw - 10;"
+                    " policy accept; }",
+                    f"add rule {t} pre {match} meta nftrace set 1",
+                    f"add rule {t} out {match} meta nftrace set 1",
+                ]
             )
-        except BaseException:
-            self.close()
-            raise
+            + "\n"
+        )
         self.rules_before = table_rules()
-        return self
 
     def rules(self) -> list[dict[tuple[str, int], Rule]]:
         """tabby's rules now and when the trace was armed: tabby-node may have replaced
@@ -243,14 +272,15 @@ class Trace:
         self.close()
 
     def close(self) -> None:
-        try:
-            self.backend.run(f"delete table inet {self.table}\n")
-        except NftError:
-            pass  # never made, or gone already
-        finally:
-            if self.listener is not None:
-                self.listener.close()
-                self.listener = None
+        with _uninterrupted():
+            try:
+                self.backend.run(f"delete table inet {self.table}\n")
+            except NftError:
+                pass  # never made, or gone already
+            finally:
+                if self.listener is not None:
+                    self.listener.close()
+                    self.listener = None
 
     def collect(
         self, timeout: float, done: Callable[[list[TraceEvent]], bool] | None = None

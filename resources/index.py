@@ -299,6 +299,11 @@ class Index:
         """One kind's typed documents (a copy)."""
         return cast("dict[str, Entry[T]]", dict(self._typed.get(kind.name, {})))
 
+    def values(self, kind: Kind[T]) -> list[T]:
+        """Every parsed document of ``kind``, in key order."""
+        held = self._typed.get(kind.name, {})
+        return [cast("T", held[key].value) for key in sorted(held)]
+
     def watches(self, kind: str) -> bool:
         return kind in self._kinds
 

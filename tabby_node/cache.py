@@ -17,6 +17,7 @@ from resources.index import (
     POLICY,
     ROUTING,
     TRACES,
+    Change,
     Documents,
     Entry,
     Index,
@@ -142,3 +143,20 @@ class Cache:
     def view(self) -> Documents:
         with self.lock:
             return self.index.snapshot()
+
+    def drain(self, *, snapshot: bool = False) -> tuple[list[Change], Documents | None]:
+        """The documents that changed since the last drain (each once, typed, as they are
+        now) and, with ``snapshot``, every document at the same instant: the changes
+        applied to what the previous drains gave make exactly that snapshot."""
+        with self.lock:
+            return self.index.drain(), (self.index.snapshot() if snapshot else None)
+
+    def has(self, kind: str, key: str) -> bool:
+        """A document is held (also one that did not parse)."""
+        with self.lock:
+            return self.index.has(kind, key)
+
+    def values(self, kind: Kind[T]) -> list[T]:
+        """Every parsed document of a kind (for small kinds: pools)."""
+        with self.lock:
+            return self.index.values(kind)

@@ -1,7 +1,8 @@
 """tabby-node's HTTP endpoints (served by ``daemon.http``): ``/liveness`` and ``/readiness``
 on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics),
-and the denied-flow log ``/policy/log`` on the health port only, that is on 127.0.0.1
-(tabby_node.policylog; ``tabbyctl policy log``).
+and the denied-flow log ``/policy/log`` on both (tabby_node.policylog; ``tabbyctl policy
+log``: on the node through the health port, from elsewhere through the metrics port, which
+is as readable as ``/metrics``).
 
 Both answer 200 or 503 with ``{"ready": bool, "reasons": [...]}`` (``reasons`` empty when
 ready). Liveness fails only when tabby-node's own loops are stuck. Readiness is 200 only when
@@ -122,15 +123,16 @@ def _serve(
 
 def start(agent: AgentView) -> None:
     """Serve health on 127.0.0.1 (probes run on the node) and metrics on 127.0.0.1 and the
-    node's IPv4 address (Prometheus scrapes from elsewhere), as the ports say (0: off)."""
+    node's IPv4 address (Prometheus scrapes from elsewhere), as the ports say (0: off);
+    the denied-flow log on both."""
     health = Health(agent)
     options = agent.options
-    if options.health_port:
-        routes: dict[str, Route] = {}
-        if agent.denied_flows is not None:
-            from tabby_node.policylog import http_route
+    routes: dict[str, Route] = {}
+    if agent.denied_flows is not None:
+        from tabby_node.policylog import http_route
 
-            routes["/policy/log"] = http_route(agent.denied_flows)
+        routes["/policy/log"] = http_route(agent.denied_flows)
+    if options.health_port:
         _serve(agent, "127.0.0.1", options.health_port, health, "health", routes)
     if options.metrics_port and agent.metrics is not None:
         hosts = ["127.0.0.1"]
@@ -138,7 +140,7 @@ def start(agent: AgentView) -> None:
         if facts is not None and facts.ipv4 is not None:
             hosts.append(str(facts.ipv4.address))
         for host in hosts:
-            _serve(agent, host, options.metrics_port, health, f"metrics {host}")
+            _serve(agent, host, options.metrics_port, health, f"metrics {host}", routes)
 
 
 def stop(agent: AgentView) -> None:

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field
 
 from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
 from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
-from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_RUN_DIR
+from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, DEFAULT_RUN_DIR
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
@@ -57,7 +57,7 @@ class NodeOptions(Section):
     state_dir: AbsPath = DEFAULT_STATE_DIR
     run_dir: AbsPath = DEFAULT_RUN_DIR
     socket: AbsPath | None = None
-    metrics_port: int = Field(default=9091, ge=0, le=65535)
+    metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
     health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
     node_ttl: float = Field(default=90.0, ge=3, le=86400)
     ipv4_pool: Annotated[str, _cidr(4)] = DEFAULT_V4_POOL
@@ -117,7 +117,8 @@ def parser() -> argparse.ArgumentParser:
         "state_dir": f"where nodename and mtu are written (default {DEFAULT_STATE_DIR})",
         "run_dir": f"socket, BIRD config and control socket (default {DEFAULT_RUN_DIR})",
         "socket": "the plugins' socket (default <run-dir>/node.sock)",
-        "metrics_port": "Prometheus /metrics port, 0 = off (default 9091)",
+        "metrics_port": "Prometheus /metrics (and /policy/log) port, 0 = off "
+        f"(default {DEFAULT_METRICS_PORT})",
         "health_port": "/liveness, /readiness and /policy/log port on 127.0.0.1, 0 = off "
         f"(default {DEFAULT_HEALTH_PORT})",
         "node_ttl": "seconds without a heartbeat before other nodes withdraw this "

@@ -83,7 +83,10 @@ class Tracer:
             self.answer(request, "armed")
             while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
                 ds, foreign = nfttrace.decisions(trace.collect(min(left, 0.2)), {})
-                if foreign or any(d.decided for d in ds):
+                # this node decides the probe's ingress (its egress chain passes it on)
+                if foreign or any(d.decided and d.direction == "ingress" for d in ds):
+                    break
+                if any(d.verdict == "drop" for d in ds):
                     break
                 if self.cache.get(TRACES, request.id) is None:
                     break  # tabbyctl needs no answer any more

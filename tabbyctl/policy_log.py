@@ -1,10 +1,13 @@
-"""``tabbyctl policy log``: the flows the kernel denied on this node, newest last.
+"""``tabbyctl policy log``: the flows the kernel denied, newest last.
 
-They come from this node's tabby-node, which keeps the last 1,000 in memory
-(``tabby_node.policylog``) and serves them on its health port, on 127.0.0.1 only:
-``GET http://127.0.0.1:<health-port>/policy/log?since=N&wait=S``. ``--follow`` asks again
-and again from the last entry seen, each request waiting up to 5 s for a new one, so a
-denied flow is printed within a few hundred milliseconds of the packet.
+Every tabby-node keeps the last 1,000 in memory (``tabby_node.policylog``) and serves them
+as ``GET /policy/log?since=N&wait=S``: on its health port (127.0.0.1 only), and beside
+``/metrics`` on its metrics port (127.0.0.1 and the node's IPv4 address, where Prometheus
+scrapes it). Without ``--node`` this node's are read from 127.0.0.1 (``--health-port``);
+``--node N`` (repeatable) and ``--all-nodes`` read other nodes' from the address of their
+Node resource on ``--metrics-port``, merged by time. ``--follow`` asks again and again from
+the last entry seen, each request waiting up to 5 s for a new one, so a denied flow is
+printed within a few hundred milliseconds of the packet.
 
 ``-n NS`` keeps the flows with a pod of namespace NS at either end, ``--pod POD`` those with
 POD at either end (``NS/NAME``; a bare ``NAME`` is in ``-n``'s namespace, else
@@ -14,9 +17,11 @@ dst_pod, protocol, dport, direction, verdict, policies``), also while following.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import queue
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -43,24 +48,43 @@ class LogError(Exception):
     """No answer to give (tabby-node not reachable, or without the log): one line."""
 
 
-def fetch(port: int, since: int = 0, wait: float = 0.0) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{port}/policy/log?since={since}&wait={wait:g}"
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where one node's log is read: ``host:port``, and what to call it in errors."""
+
+    host: str
+    port: int
+    what: str
+
+    @property
+    def hint(self) -> str:
+        if self.host == "127.0.0.1":
+            return "is it running on this node, with this --health-port?"
+        return "does it run there, with this --metrics-port, reachable from here?"
+
+
+def local(health_port: int) -> Source:
+    return Source("127.0.0.1", health_port, f"tabby-node on 127.0.0.1:{health_port}")
+
+
+def fetch(source: Source, since: int = 0, wait: float = 0.0) -> dict[str, Any]:
+    host = f"[{source.host}]" if ":" in source.host else source.host
+    url = f"http://{host}:{source.port}/policy/log?since={since}&wait={wait:g}"
     try:
         with urllib.request.urlopen(url, timeout=wait + 5) as r:
             data: dict[str, Any] = json.loads(r.read())
     except urllib.error.HTTPError as e:
         if e.code == 404:
             raise LogError(
-                f"tabby-node on 127.0.0.1:{port} keeps no policy log "
+                f"{source.what} keeps no policy log "
                 "(started with --policy-visibility off, or older than this tabbyctl)"
             ) from None
-        raise LogError(f"tabby-node on 127.0.0.1:{port} answered {e.code}") from None
+        raise LogError(f"{source.what} answered {e.code}") from None
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
-        raise LogError(
-            f"no tabby-node answers on 127.0.0.1:{port} ({reason}): is it running on this "
-            "node, with this --health-port?"
-        ) from None
+        raise LogError(f"no answer from {source.what} ({reason}): {source.hint}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise LogError(f"{source.what} answered something else than a policy log")
     return data
 
 
@@ -110,14 +134,16 @@ def line(cells: Iterable[str]) -> str:
 
 
 def show(
-    port: int,
+    sources: list[Source],
     *,
     follow: bool,
     keep: Callable[[dict[str, Any]], bool],
     output: str,
     echo: Callable[[str], None],
+    until: threading.Event | None = None,
 ) -> None:
-    """Print the ring (then, ``follow``, every new entry until interrupted)."""
+    """Print the rings, merged by time (then, ``follow``, every new entry as it comes,
+    until interrupted or ``until`` is set)."""
     if output == "table":
         echo(line(HEADER))
 
@@ -126,24 +152,56 @@ def show(
             if keep(e):
                 echo(json_line(e) if output == "json" else line(row(e)))
 
-    answer = fetch(port)
-    emit(answer["entries"])
-    since = int(answer["next"])
-    while follow:
+    answers = [fetch(s) for s in sources]
+    emit(sorted((e for a in answers for e in a["entries"]), key=lambda e: str(e["time"])))
+    if not follow:
+        return
+    came: queue.Queue[list[dict[str, Any]]] = queue.Queue()
+    stop = until if until is not None else threading.Event()
+    for source, answer in zip(sources, answers, strict=True):
+        args = (source, int(answer["next"]), came, stop)
+        threading.Thread(target=_follow, args=args, daemon=True).start()
+    try:
+        while not stop.is_set():
+            try:
+                emit(came.get(timeout=0.5))
+            except queue.Empty:
+                continue
+    finally:
+        stop.set()
+
+
+def _follow(
+    source: Source, since: int, came: queue.Queue[list[dict[str, Any]]], stop: threading.Event
+) -> None:
+    """One node's new entries into ``came``, until ``stop``."""
+    while not stop.is_set():
         try:
-            answer = fetch(port, since, FOLLOW_WAIT)
+            answer = fetch(source, since, FOLLOW_WAIT)
         except LogError as e:  # tabby-node restarting: say so, try again
             print(f"tabbyctl: {e}; trying again", file=sys.stderr)
-            time.sleep(1.0)
+            stop.wait(1.0)
             continue
         if int(answer["next"]) < since:  # a new tabby-node: its log starts afresh
             since = 0
             continue
         if int(answer["first"]) > since + 1:
             lost = int(answer["first"]) - since - 1
-            print(f"tabbyctl: {lost} denied flows went by unseen", file=sys.stderr)
-        emit(answer["entries"])
+            print(f"tabbyctl: {source.what}: {lost} denied flows went by unseen", file=sys.stderr)
+        if answer["entries"]:
+            came.put(answer["entries"])
         since = int(answer["next"])
 
 
-__all__ = ["FIELDS", "LogError", "fetch", "json_line", "line", "pod_filter", "row", "show"]
+__all__ = [
+    "FIELDS",
+    "LogError",
+    "Source",
+    "fetch",
+    "json_line",
+    "line",
+    "local",
+    "pod_filter",
+    "row",
+    "show",
+]

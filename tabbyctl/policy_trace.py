@@ -506,6 +506,8 @@ def trace_cmd(obj: Ctx, src: str, dst: str, port: str | None, output: str) -> No
             raise click.ClickException(str(e)) from None
         except OSError as e:
             raise click.ClickException(f"cannot trace: {e}") from None
+        except KeyboardInterrupt:  # the trace tables are gone already (the with blocks)
+            raise click.ClickException("interrupted: no trace is left behind") from None
     emit(output, answer, lines(answer))
     if not answer["agree"]:
         raise SystemExit(DISAGREE_EXIT)
