@@ -171,6 +171,30 @@ class Case:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def etcd_requests(case: Case) -> dict[str, float]:
+    """etcd's gRPC requests handled so far, by method, summed over the members (its
+    ``/metrics``: the JSON gateway's calls pass through gRPC too). Empty without etcd."""
+    if case.etcd is None:
+        return {}
+    import urllib.request
+
+    def scrape() -> dict[str, float]:
+        out: dict[str, float] = {}
+        assert case.etcd is not None
+        for url in case.etcd.endpoints:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:  # noqa: S310
+                text = resp.read().decode()
+            for line in text.splitlines():
+                if not line.startswith("grpc_server_handled_total{"):
+                    continue
+                labels, _, value = line.rpartition(" ")
+                method = labels.split('grpc_method="', 1)[1].split('"', 1)[0]
+                out[method] = out.get(method, 0.0) + float(value)
+        return out
+
+    return in_netns(case.netns, scrape)
+
+
 @contextlib.contextmanager
 def case_env(name: str, tabby_node: str) -> Iterator[Case]:
     case = Case(name, tabby_node)
@@ -282,8 +306,17 @@ def main() -> int:
             )
             for name in cases:
                 with case_env(name, args.tabby_node) as case:
+                    before = etcd_requests(case)
                     report = run_case(case, args, args.keep)
+                    after = etcd_requests(case)
                 r = row(report, name)
+                pods = args.pods + args.warmup
+                per_pod = {
+                    m: (after[m] - before.get(m, 0.0)) / pods
+                    for m in sorted(after)
+                    if after[m] - before.get(m, 0.0) > 0 and m not in ("Watch", "LeaseKeepAlive")
+                }
+                r["etcd_requests_per_pod"] = per_pod
                 load = os.getloadavg()[0]
                 results.append({"round": rnd, "case": name, "load": load, **r})
                 for verb in ("ADD", "CHECK", "DEL"):
@@ -295,6 +328,14 @@ def main() -> int:
                         f"{name:17} {verb:5} {fmt(v['ref_p50']):>8} {fmt(v['p50']):>7} "
                         f"{fmt(v['p90']):>7} {fmt(v['cpu_p50']):>7} {fmt(v['p50_ratio'], 2):>7} "
                         f"{fmt(v['paired'], 2):>6} {fmt(rate, 0):>7}   {load:.2f}",
+                        flush=True,
+                    )
+                if per_pod:
+                    total = sum(per_pod.values())
+                    parts = ", ".join(f"{m} {v:.1f}" for m, v in per_pod.items())
+                    print(
+                        f"{name:17} etcd requests per pod (ADD+CHECK+DEL, both plugins "
+                        f"and tabby-node): {total:.1f} ({parts})",
                         flush=True,
                     )
                 if r["failures"]:

@@ -5,6 +5,8 @@
     common    CommonConf (identity, logging, runtime keys), DatastoreSettings, the shared
               field types, and the mapping of validation errors to CNI codes 2 and 7
     resolve   the daemons' and tabbyctl's datastore settings: flags > env > conflist
+    teardown  the configuration as DEL and GC read it: each invalid field dropped to its
+              default and reported; what derives from one is unknown, never guessed
 
 Each plugin's own section is its own: ``cni_plugin.config`` (tabby), ``ipam.config``
 (tabby-ipam). pydantic: never imported by VERSION or the tabby-node client.

@@ -15,7 +15,9 @@ tabby-kube-controllers::
 Strict types (no coercion: ``"5"`` is not an int, ``1`` is not a bool), field paths in errors
 (``ipam.ipv4_pools[0]``), mapped to CNI codes at the edge by :func:`config_error`: a value that
 cannot be honoured is code 2 naming the field and the value; a structural problem (a section
-that is not an object, a required field missing) is code 7. Unknown fields are ignored.
+that is not an object, a required field missing) is code 7. Unknown fields are ignored. DEL
+and GC read the same models through ``cni_config.teardown``, which drops a code-2 field to its
+default instead (a rule over several fields says which it reads: :class:`RuleBroken`).
 
 pydantic costs ~30 ms to import and a few ms to build these models, so only the code paths
 that parse a configuration import this package (never VERSION, never the tabby-node client).
@@ -124,6 +126,27 @@ def _prefix(value: str) -> str:
     return stripped
 
 
+class RuleBroken(ValueError):
+    """A rule over several fields of one section does not hold. ``fields`` are the fields it
+    reads: a reader that tolerates invalid fields (``cni_config.teardown``) drops those to
+    their defaults, which always keep the rule."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+class _Identifies:
+    """Marks a field that identifies what a call acts on (``Annotated[..., IDENTIFIES]``):
+    never dropped to its default by a tolerant reader (``cni_config.teardown``)."""
+
+    def __repr__(self) -> str:
+        return "IDENTIFIES"
+
+
+IDENTIFIES = _Identifies()
+
+
 def _nonempty(value: list[str]) -> list[str]:
     if not value:
         raise ValueError("at least one endpoint is required")
@@ -175,8 +198,27 @@ class DatastoreSettings(Section):
     @model_validator(mode="after")
     def _cert_and_key(self) -> DatastoreSettings:
         if (self.etcd_cert_file is None) != (self.etcd_key_file is None):
-            raise ValueError("etcd_cert_file and etcd_key_file go together (client TLS)")
+            raise RuleBroken(
+                "etcd_cert_file and etcd_key_file go together (client TLS)",
+                "etcd_cert_file",
+                "etcd_key_file",
+            )
         return self
+
+    def location_fields(self) -> tuple[str, ...]:
+        """The fields that say which store this is: its type and, for that type, where it is
+        and how it is reached (the etcd TLS files say which server to trust). A value derived
+        from them is unknown when one of them is invalid (``cni_config.teardown``)."""
+        if self.datastore_type == "file":
+            return ("datastore_type", "data_dir")
+        return (
+            "datastore_type",
+            "etcd_endpoints",
+            "etcd_prefix",
+            "etcd_ca_cert_file",
+            "etcd_cert_file",
+            "etcd_key_file",
+        )
 
     def describe(self) -> str:
         """One line for operators: where the store is."""
@@ -196,10 +238,14 @@ class CommonConf(Section):
         "info"
     )
     log_file_path: AbsPath = DEFAULT_LOG_FILE
-    valid_attachments: list[Attachment] | None = Field(
+    # GC's list of what is still in use: the call's own input, never dropped (a list GC
+    # cannot read cannot say what is stale).
+    valid_attachments: Annotated[list[Attachment] | None, IDENTIFIES] = Field(
         default=None, alias="cni.dev/valid-attachments"
     )
-    attachments: list[Attachment] | None = Field(default=None, alias="cni.dev/attachments")
+    attachments: Annotated[list[Attachment] | None, IDENTIFIES] = Field(
+        default=None, alias="cni.dev/attachments"
+    )
     # Reserved keys the runtime owns (cni_protocol/CONFORMANCE.md GEN-10, CFG-3, CFG-5):
     # free-form, never a reason to fail a call; the conventions tabby consumes are validated
     # where they are read.
@@ -230,6 +276,10 @@ class CommonConf(Section):
             return text
         # As the kubelet does: a Node is named by the lower-cased hostname.
         return socket.gethostname().lower()
+
+    def node_name_fields(self) -> tuple[str, ...]:
+        """The fields :meth:`node_name` derives the name from (``cni_config.teardown``)."""
+        return ("nodename",) if self.nodename is not None else ("nodename", "nodename_file")
 
     def valid_attachment_set(self) -> set[tuple[str, str]] | None:
         """GC's valid (containerID, ifname) set, or None when the key is absent.
@@ -299,16 +349,25 @@ _STRUCTURAL_FIELDS = frozenset({"ipam.type"})
 
 def config_error(exc: ValidationError, prefix: str = "") -> CniError:
     """The CNI error for the first problem pydantic found (field path and value named)."""
-    first = exc.errors(include_url=False)[0]
-    path = prefix + _path(first["loc"])
-    msg = str(first["msg"]).removeprefix("Value error, ")
+    return problem_error(exc.errors(include_url=False)[0], prefix)
+
+
+def problem_message(error: Mapping[str, Any]) -> str:
+    """What is wrong, in words (one of pydantic's errors)."""
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def problem_error(error: Mapping[str, Any], prefix: str = "") -> CniError:
+    """The CNI error for one of pydantic's errors: code 7 for a structural problem, else 2."""
+    path = prefix + _path(error["loc"])
+    msg = problem_message(error)
     if path in _STRUCTURAL_FIELDS:
         return CniError(Code.INVALID_CONFIG, f"invalid {path}", f"{path}: {msg}")
-    if first["type"] in _STRUCTURAL:
-        what = "is required" if first["type"] == "missing" else "must be an object"
+    if error["type"] in _STRUCTURAL:
+        what = "is required" if error["type"] == "missing" else "must be an object"
         return CniError(Code.INVALID_CONFIG, f"{path} {what}", msg)
-    value = first.get("input")
-    if first["type"] == "value_error" and isinstance(value, dict):
+    value = error.get("input")
+    if error["type"] == "value_error" and isinstance(value, dict):
         # A rule over several fields of one section (a model validator): name the section.
         where = path or "the network configuration"
         return CniError(Code.UNSUPPORTED_FIELD, f"unsupported configuration in {where}: {msg}", msg)

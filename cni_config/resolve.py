@@ -57,12 +57,7 @@ def resolve_datastore(
     try:
         return DatastoreSettings.model_validate(merged)
     except ValidationError as e:
-        field = str(e.errors(include_url=False)[0]["loc"][0]) if e.errors() else ""
-        err = config_error(e)
-        where = origin.get(field)
-        if where:
-            err = CniError(err.code, err.msg.replace(repr(field), repr(where), 1), err.details)
-        raise err from None
+        raise _named(e, origin) from None
 
 
 def datastore_of(config: Mapping[str, Any]) -> DatastoreSettings:
@@ -135,11 +130,7 @@ def daemon_options(
     try:
         return model.model_validate(given)
     except ValidationError as e:
-        err = config_error(e)
-        field = str(e.errors(include_url=False)[0]["loc"][0])
-        raise CniError(
-            err.code, err.msg.replace(repr(field), repr(origin.get(field, field)), 1), err.details
-        ) from None
+        raise _named(e, origin) from None
 
 
 def daemon_datastore(
@@ -148,3 +139,19 @@ def daemon_datastore(
     """The datastore of a daemon: its datastore flags > environment > ``--conf`` > defaults."""
     flags = {name: getattr(ns, f"ds_{name}", None) for name in SOURCES}
     return resolve_datastore(tabby_ipam_section(conf), flags, env)
+
+
+def _named(e: ValidationError, origin: Mapping[str, str]) -> CniError:
+    """The error of the first problem, naming where the setting came from (a flag, a
+    variable or a conflist field); a rule over several settings (no one field: its location
+    is the whole model) names the settings as given."""
+    err = config_error(e)
+    errors = e.errors(include_url=False)
+    loc = errors[0]["loc"] if errors else ()
+    if not loc:
+        given = ", ".join(sorted(set(origin.values()))) or "the defaults"
+        return CniError(err.code, f"invalid settings: {err.details}", f"given: {given}")
+    field = str(loc[0])
+    where = origin.get(field, field)
+    # the path in the message starts with the field ("'etcd_endpoints[0]'")
+    return CniError(err.code, err.msg.replace(f"'{field}", f"'{where}", 1), err.details)

@@ -4,7 +4,8 @@
 own (``mtu``, ``veth_prefix``, ``container_settings``) and what it reads of ``ipam``
 (``IpamRef``: the IPAM plugin's type and the datastore it records WorkloadEndpoints in). The
 rest of ``ipam`` is the IPAM plugin's (``ipam/config.py`` for tabby-ipam). Field errors
-become CNI code 2 or 7 through ``cni_config.common.parse``.
+become CNI code 2 or 7 through ``cni_config.common.parse``; DEL and GC read the same model with
+``cni_config.teardown`` (an invalid field is dropped to its default and reported).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cni_config.common import (
     Section,
     parse,
 )
+from cni_config.teardown import Teardown, parse_for_teardown
 from dataplane.names import DEFAULT_VETH_PREFIX, veth_prefix_problem
 
 DEFAULT_MTU = 1500
@@ -84,3 +86,8 @@ class PluginConf(CommonConf):
 
 def parse_plugin(config: Mapping[str, Any]) -> PluginConf:
     return parse(PluginConf, config)
+
+
+def parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[PluginConf]:
+    """For DEL and GC: each invalid field at its default (``cni_config.teardown``)."""
+    return parse_for_teardown(PluginConf, config)

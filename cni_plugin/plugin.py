@@ -3,7 +3,8 @@
 ADD: IPAM ADD (exec'd from CNI_PATH, identical stdin) -> dataplane setup -> result. If
 anything fails after IPAM succeeded, the dataplane is rolled back and IPAM DEL runs before
 the error is reported (ADD-5). DEL: local teardown first and always, then IPAM DEL always
-(DEL-2, DEL-3, DEL-7). CHECK compares the kernel with prevResult and forwards to IPAM.
+(DEL-2, DEL-3, DEL-7); an invalid field is dropped to its default, and a part that depends on
+one is skipped (DEL-9). CHECK compares the kernel with prevResult and forwards to IPAM.
 GC removes host veths of this network whose attachment is not valid, then forwards.
 Rule IDs (ADD-5, ...) are defined in cni_protocol/CONFORMANCE.md.
 """
@@ -22,10 +23,10 @@ from dataplane.names import host_veth_name
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from cni_config.teardown import Teardown
     from cni_plugin.config import PluginConf
     from dataplane.model import Dataplane, SetupResult, SetupSpec
-    from datastore import opened
-    from datastore.base import Doc
+    from datastore.base import Doc, Store
 
 logger = logging.getLogger("tabby.plugin")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -95,38 +96,48 @@ class DatastoreEndpoints:
     def record(
         self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
     ) -> tuple[str, Doc | None]:
-        """Write the endpoint; returns its key and the document as stored (None if it
-        vanished at once)."""
+        """Write the endpoint; returns its key and the document as stored: None when the
+        write landed as tabby-node's one optimistic commit (tabby-node then knows it as
+        stored) or when it vanished at once."""
+        from datastore import attempt, attempt_landed
         from resources.wep import KIND, write_endpoint
 
         namespace, pod = pod_identity(args)
-        with _store_errors(), _open_store(conf) as store, store.lock():
-            key = write_endpoint(
-                store,
-                namespace=namespace,
-                node=conf.node_name(),
-                pod=pod,
-                container_id=args.container_id,
-                interface=args.ifname,
-                host_interface=host_ifname,
-                ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
-            )
-            return key, store.get(KIND, key)
+        node = conf.node_name()
+
+        def write(store: Store) -> str:
+            with store.lock():
+                return write_endpoint(
+                    store,
+                    namespace=namespace,
+                    node=node,
+                    pod=pod,
+                    container_id=args.container_id,
+                    interface=args.ifname,
+                    host_interface=host_ifname,
+                    ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
+                )
+
+        with _store_errors():
+            key, landed = attempt_landed(conf.ipam, write, creatable=(KIND,))
+            if landed:
+                return key, None
+            return key, attempt(conf.ipam, lambda store: store.get(KIND, key), optimistic=False)
 
     def erase(self, args: skel.CmdArgs, conf: PluginConf) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
+        from datastore import attempt
         from resources.wep import endpoint_key, remove_endpoint
 
         namespace, pod = pod_identity(args)
         key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
-        with _store_errors(), _open_store(conf) as store, store.lock():
-            return key if remove_endpoint(store, key, args.container_id) else None
 
+        def remove(store: Store) -> bool:
+            with store.lock():
+                return remove_endpoint(store, key, args.container_id)
 
-def _open_store(conf: PluginConf) -> opened:
-    from datastore import opened
-
-    return opened(conf.ipam)
+        with _store_errors():
+            return key if attempt(conf.ipam, remove) else None
 
 
 def _store_errors() -> AbstractContextManager[None]:
@@ -166,14 +177,31 @@ def linux_dataplane() -> Dataplane:
 
 
 def configuration(args: skel.CmdArgs) -> PluginConf:
-    """The call's validated configuration (parsed once per call, then cached on ``args``).
+    """The call's validated configuration (parsed once per call, then cached on ``args``):
+    strict for ADD, CHECK and STATUS; for DEL and GC each invalid field at its default
+    (:func:`teardown_configuration`).
 
     The models (pydantic) are imported here, not at module level: a standalone ADD starts
     its IPAM process first and validates while that process runs (see ``Plugin.add``)."""
+    from cni_config.teardown import TEARDOWN_VERBS
+
+    if args.command in TEARDOWN_VERBS:
+        return teardown_configuration(args).conf
     from cni_plugin.config import PluginConf, parse_plugin
 
     if not isinstance(args.parsed, PluginConf):
         args.parsed = parse_plugin(args.config)
+    return args.parsed
+
+
+def teardown_configuration(args: skel.CmdArgs) -> Teardown[PluginConf]:
+    """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
+    dropped to its default and listed; a structural problem still fails (code 7)."""
+    from cni_config.teardown import Teardown
+    from cni_plugin.config import parse_plugin_for_teardown
+
+    if not isinstance(args.parsed, Teardown):
+        args.parsed = parse_plugin_for_teardown(args.config)
     return args.parsed
 
 
@@ -187,8 +215,9 @@ def apply_logging(args: skel.CmdArgs, conf: PluginConf | None) -> None:
 
 def configure_logging(args: skel.CmdArgs) -> None:
     """Before the verb: logging as the configuration says (with an invalid configuration the
-    defaults, and the verb then reports the problem). ADD and CHECK validate later, once
-    their IPAM call is under way, and apply the configuration's logging then."""
+    defaults, and the verb then reports the problem; DEL and GC: an invalid ``log_level`` or
+    ``log_file_path`` at its default). ADD and CHECK validate later, once their IPAM call is
+    under way, and apply the configuration's logging then."""
     if args.command in ("ADD", "CHECK"):
         apply_logging(args, None)
         return
@@ -438,28 +467,46 @@ class Plugin:
         )
 
     def delete(self, args: skel.CmdArgs) -> None:
-        conf = configuration(args)
+        # An invalid field does not stop a DEL (DEL-9): it is dropped to its default; what
+        # derives from it (the host veth's name, the node, the store) is skipped.
+        from cni_config.teardown import Unknown
+
+        read = teardown_configuration(args)
+        read.warn(logger, "DEL")
+        conf = read.conf
         prev = None
         try:
             prev = types.prev_result(args.config, args.cni_version)
         except CniError as e:  # a bad cached result must not block cleanup (DEL-4)
             logger.warning("ignoring unusable prevResult: %s", e)
+        host: str | None = None
+        try:
+            read.need("veth_prefix")
+            host = host_ifname(args, conf)
+        except Unknown as e:
+            logger.warning("no host veth of that name can exist (%s): pod side only", e)
         local_error: CniError | None = None
         try:
             self.dataplane.teardown(
                 args.netns or None,
                 args.ifname,
-                host_ifname(args, conf),
+                host,
                 _addresses(prev) if prev else None,
             )
         except CniError as e:
             logger.error("local teardown failed: %s", e)
             local_error = e
         try:
-            self.endpoints.removed(args, conf)
-        except CniError as e:
-            logger.error("cannot remove the workload endpoint: %s", e)
-            local_error = local_error or e
+            read.store(conf.ipam)
+            read.node_name(conf)
+        except Unknown as e:
+            logger.warning("no workload endpoint of that key or store (%s): none removed", e)
+        else:
+            try:
+                self.endpoints.removed(args, conf)
+            except CniError as e:
+                logger.error("cannot remove the workload endpoint: %s", e)
+                local_error = local_error or e
         # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
         self._ipam(args, conf, "DEL")()
         logger.info("deleted (netns %s)", args.netns or "-")
@@ -544,30 +591,20 @@ class Plugin:
 
         Keeps going after individual failures and reports them together (GC-5).
         """
-        conf = configuration(args)
+        from cni_config.teardown import Unknown
+
+        read = teardown_configuration(args)
+        read.warn(logger, "GC")
+        conf = read.conf
         valid = conf.valid_attachment_set()
         errors: list[CniError] = []
         if valid is not None:
-            keep = {
-                host_veth_name(conf.veth_prefix, args.network, cid, ifname) for cid, ifname in valid
-            }
-            mine = f"tabby:{args.network}:"
-            dp = self.dataplane
             try:
-                stale = [
-                    v.name
-                    for v in dp.list_host_veths(conf.veth_prefix)
-                    if v.alias.startswith(mine) and v.name not in keep
-                ]
-            except CniError as e:
-                errors.append(e)
-                stale = []
-            for name in stale:
-                try:
-                    dp.delete_host_veth(name)
-                    logger.info("GC removed host veth %s", name)
-                except CniError as e:
-                    errors.append(e)
+                read.need("veth_prefix")
+            except Unknown as e:
+                logger.warning("GC looks for no host veths (%s): none has that prefix", e)
+            else:
+                errors += self._gc_host_veths(args, conf.veth_prefix, valid)
         try:
             self._ipam(args, conf, "GC")()  # GC-6: always forwarded, with the same stdin
         except CniError as e:
@@ -576,6 +613,30 @@ class Plugin:
             first = errors[0]
             raise CniError(first.code, first.msg, "; ".join(str(e) for e in errors))
         return None
+
+    def _gc_host_veths(
+        self, args: skel.CmdArgs, prefix: str, valid: set[tuple[str, str]]
+    ) -> list[CniError]:
+        """Delete this network's host veths whose attachment is not in ``valid``."""
+        errors: list[CniError] = []
+        keep = {host_veth_name(prefix, args.network, cid, ifname) for cid, ifname in valid}
+        mine = f"tabby:{args.network}:"
+        dp = self.dataplane
+        try:
+            stale = [
+                v.name
+                for v in dp.list_host_veths(prefix)
+                if v.alias.startswith(mine) and v.name not in keep
+            ]
+        except CniError as e:
+            return [e]
+        for name in stale:
+            try:
+                dp.delete_host_veth(name)
+                logger.info("GC removed host veth %s", name)
+            except CniError as e:
+                errors.append(e)
+        return errors
 
     def status(self, args: skel.CmdArgs) -> None:
         conf = configuration(args)

@@ -252,12 +252,15 @@ def _rollback(host: Rtnl, name: str, link: Link | None) -> None:
 def teardown(
     netns_path: str | None,
     ifname: str,
-    host_ifname: str,
+    host_ifname: str | None,
     addresses: Sequence[IPAddress] | None = None,
 ) -> None:
     """Remove the attachment's data path. Idempotent; never touches what is not ours.
 
     * ``netns_path`` None/empty, missing, or vanished: only the host side is cleaned.
+    * ``host_ifname`` None: the host veth's name is unknown (DEL with an invalid
+      ``veth_prefix``), so no host link is looked for; only the pod side is, as below (its
+      host end and that end's routes go with it).
     * ``netns_path`` is the caller's own namespace: :class:`InvalidNetNS` (code 8), nothing
       is touched. A path that exists but is not a network namespace is logged and skipped.
     * Host routes of ``addresses`` are removed only where they point at ``host_ifname``.
@@ -279,14 +282,15 @@ def teardown(
         if ns is not None:
             stack.enter_context(ns)
         host = stack.enter_context(Rtnl.here("host"))
-        link = host.link_by_name(host_ifname)
-        if link is not None and link.kind == "veth":
-            for address in addresses or ():
-                host.delete_route(host_prefix(address), link.index)
-            host.delete_link(link.index, host_ifname)
-            return
-        if link is not None:
-            log.warning("teardown: %s is a %s, not a veth; left alone", host_ifname, link.kind)
+        if host_ifname is not None:
+            link = host.link_by_name(host_ifname)
+            if link is not None and link.kind == "veth":
+                for address in addresses or ():
+                    host.delete_route(host_prefix(address), link.index)
+                host.delete_link(link.index, host_ifname)
+                return
+            if link is not None:
+                log.warning("teardown: %s is a %s, not a veth; left alone", host_ifname, link.kind)
         if ns is None:
             return
         pod = stack.enter_context(Rtnl.in_netns(ns.fd, "pod"))
@@ -295,7 +299,9 @@ def teardown(
             return
         if _peer_is_in_host(pod, pod_link):
             log.info(
-                "teardown: deleting pod interface %s (host end is not %s)", ifname, host_ifname
+                "teardown: deleting pod interface %s (host end is not %s)",
+                ifname,
+                host_ifname or "known",
             )
             pod.delete_link(pod_link.index, ifname)
         else:

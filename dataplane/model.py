@@ -147,7 +147,7 @@ class Dataplane(Protocol):
         self,
         netns_path: str | None,
         ifname: str,
-        host_ifname: str,
+        host_ifname: str | None,
         addresses: Sequence[IPAddress] | None = None,
     ) -> None: ...
 

@@ -23,8 +23,10 @@ interface name through the verdict maps; a prefixed interface that is in no map 
 rules do not exist yet) is dropped. The node's own traffic to its pods (``output``) is not
 policed, so kubelet probes pass.
 
-:class:`PolicyDataplane` keeps what it programmed last and sends only the difference (set
-elements, flushed and refilled chains, map elements) as one transaction; the first apply
+:class:`PolicyDataplane` keeps the IR up to date change by change
+(:mod:`policy.incremental`) and sends what each change changed (set elements, flushed and
+refilled chains, map elements: :meth:`Renderer.incremental`, the same lines
+:meth:`Renderer.delta` would diff out of the two states) as one transaction; the first apply
 (and ``sync(full=True)``, and any failed difference) replaces the whole table in one
 transaction (``add table; delete table; <everything>``), so a restart never opens a window.
 Everything runs in the network namespace of the calling thread.
@@ -58,6 +60,7 @@ from policy.engine import (
     SetDef,
     Target,
 )
+from policy.incremental import Delta, IncrementalPolicy, Update, differences
 
 log = logging.getLogger("tabby.node.policy")
 
@@ -324,6 +327,63 @@ class Renderer:
             late.append(f"delete set {t} {name}")
         return out + late
 
+    def incremental(self, d: Delta) -> list[str] | None:
+        """Commands for a :class:`~policy.incremental.Delta`: what :meth:`delta` sends for
+        the two states the delta lies between, line for line, made from the delta alone
+        (no IR is diffed). ``None`` when only a full replacement can do it (NAT switched
+        on or off)."""
+        t = self.t
+        by_set: dict[str, list[str]] = {}
+        if d.nat is not None:
+            was, now = d.nat
+            if was.enabled != now.enabled:
+                return None
+            if now.enabled:
+                oel, nel = was.elements(), now.elements()
+                for name in nel:
+                    by_set[name] = [
+                        *self.elements("delete", name, oel[name] - nel[name]),
+                        *self.elements("add", name, nel[name] - oel[name]),
+                    ]
+        for name, sd in d.new_sets.items():
+            by_set[name] = [self.add_set(sd), *self.elements("add", name, d.new_elements[name])]
+        for name in d.added.keys() | d.removed.keys():
+            by_set[name] = [
+                *self.elements("delete", name, d.removed.get(name, ())),
+                *self.elements("add", name, d.added.get(name, ())),
+            ]
+        out = [line for name in sorted(by_set) for line in by_set[name]]
+        out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
+        for iface in sorted(d.new_endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        chains = {**d.new_chains, **d.changed_chains}
+        for name in sorted(chains):
+            if name in d.changed_chains:
+                out.append(f"flush chain {t} {name}")
+            out.extend(self.policy_chain_rules(chains[name]))
+        for iface in sorted(d.new_endpoints.keys() | d.changed_endpoints.keys()):
+            if iface in d.new_endpoints:
+                out.extend(self.endpoint_rules(d.new_endpoints[iface]))
+                continue
+            was_p, now_p = d.changed_endpoints[iface]
+            if (was_p.ingress, was_p.egress, was_p.endpoint) == (
+                now_p.ingress,
+                now_p.egress,
+                now_p.endpoint,
+            ):
+                continue  # only the addresses differ: nothing in the chains
+            out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
+            out.extend(self.endpoint_rules(now_p))
+        out.extend(self.map_elements("add", d.new_endpoints))
+        late = self.map_elements("delete", d.gone_endpoints)
+        for iface in d.gone_endpoints:
+            for c in self.ep_chains(iface):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        for name in d.gone_chains:
+            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
+        late.extend(f"delete set {t} {name}" for name in d.gone_sets)
+        return out + late
+
 
 # --- mechanisms -------------------------------------------------------------------------------
 
@@ -460,6 +520,9 @@ class ApplyResult:
     full: bool
     commands: int
     seconds: float
+    #: ``sync`` only: what the full computation found different from the incrementally
+    #: maintained state (and fixed); 0 when every change came through ``update``
+    fixes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,18 +540,31 @@ class PolicyCounters:
     last_apply_seconds: float = 0.0
     last_apply_full: bool = False
     backend: str = ""
+    #: ``sync`` calls after the first (the periodic full checks) and what they fixed in all
+    checks: int = 0
+    check_fixes: int = 0
 
 
 class PolicyDataplane:
-    """NetworkPolicy on this node: computes the desired state and programs table ``inet
-    tabby`` in the calling thread's network namespace. Thread-safe (one lock).
+    """NetworkPolicy on this node: keeps the policy IR up to date change by change
+    (:class:`~policy.incremental.IncrementalPolicy`) and programs table ``inet tabby`` in
+    the calling thread's network namespace with what each change changed. Thread-safe
+    (one lock).
 
-    * ``sync(state, nat)``: the whole cluster state; the first call replaces the table
-      atomically (a restart never opens a window), later calls send only the difference.
+    * ``sync(state, nat)``: the whole cluster state. The first call loads it and replaces
+      the table atomically (a restart never opens a window). Later calls are the periodic
+      check: the full computation (``engine.compute``) against the incrementally kept IR;
+      what differs is fixed and counted (``ApplyResult.fixes``, expected 0), and the table
+      gets the difference (or, with ``full=True``, is replaced whole).
+    * ``update(updates)``: input changes (:class:`~policy.incremental.Update`: a policy,
+      namespace, pod, endpoint or the NAT pools, as they are now or gone); the table gets
+      exactly the set elements, chains and map entries they change. Needs a first ``sync``.
     * ``add_endpoint(ep, pod)`` / ``remove_endpoint(ns, name)``: one endpoint, before a CNI
       ADD answers (its chains and its addresses in every set exist when it returns) or after
-      a DEL. Needs a previous ``sync`` (the policies must be known).
-    * ``explain(src, dst, protocol, port)`` on the last synced state; ``counters``.
+      a DEL; the same path as ``update``.
+    * ``explain(src, dst, protocol, port)`` on the current inputs; ``counters``.
+
+    When an incremental transaction is refused, the table is replaced whole.
     """
 
     def __init__(
@@ -505,15 +581,28 @@ class PolicyDataplane:
         self.renderer = Renderer(table, iface_prefix)
         self.backend = backend if backend is not None else default_backend()
         self._lock = threading.RLock()
-        self._state: ClusterState | None = None
-        self._nat = NatConfig()
-        self._programmed: Snapshot | None = None
+        self._engine = IncrementalPolicy(node, self.families)
+        self._synced = False
+        #: the table holds what the engine held after the last apply (else: replace it)
+        self._table_current = False
         self._counters = PolicyCounters(backend=self.backend.name)
 
     # state
     @property
+    def synced(self) -> bool:
+        """A first ``sync`` happened: the inputs are known."""
+        return self._synced
+
+    @property
     def state(self) -> ClusterState | None:
-        return self._state
+        """The current inputs (None before the first ``sync``)."""
+        with self._lock:
+            return self._engine.state() if self._synced else None
+
+    def desired(self) -> DesiredState:
+        """The IR the table is programmed from (tests, debugging)."""
+        with self._lock:
+            return self._engine.desired()
 
     @property
     def counters(self) -> PolicyCounters:
@@ -523,33 +612,63 @@ class PolicyDataplane:
         self, state: ClusterState, nat: NatConfig | None = None, *, full: bool = False
     ) -> ApplyResult:
         with self._lock:
-            nat = nat if nat is not None else self._nat
-            if (
-                not full
-                and self._programmed is not None
-                and (state, nat) == (self._state, self._nat)
-            ):
-                return ApplyResult(False, False, 0, 0.0)  # the same inputs: the same table
-            return self._apply(state, nat, full)
+            start = time.monotonic()
+            eng = self._engine
+            nat = nat if nat is not None else eng.nat
+            if not self._synced:
+                eng.load(state, nat)
+                self._synced = True
+                return self._program(start, full)
+            before, nat_before = eng.desired(), eng.nat
+            changed = eng.load(state, nat)  # the inputs' differences, as changes
+            # the definition, on the very inputs the engine holds now (``state`` with any
+            # duplicate key resolved as the engine resolves it: the last one)
+            computed = engine.compute(eng.state(), self.node, self.families)
+            fixes = differences(before, computed, nat_before, nat)
+            if (eng.desired() if changed else before) != computed:
+                # Only a fault of the incremental engine gets here: start it afresh.
+                log.error(
+                    "incremental policy state differs from a full computation with equal"
+                    " inputs; rebuilding it"
+                )
+                self._engine = IncrementalPolicy(self.node, self.families)
+                self._engine.load(state, nat)
+                self._table_current = False
+            if fixes:
+                log.warning("policy check: %d differences from the full computation fixed", fixes)
+            c = self._counters
+            self._counters = dataclasses.replace(
+                c, checks=c.checks + 1, check_fixes=c.check_fixes + fixes
+            )
+            return self._program(start, full, fixes)
+
+    def update(self, updates: Iterable[Update]) -> ApplyResult:
+        """Apply input changes; program what they change."""
+        with self._lock:
+            if not self._synced:
+                raise RuntimeError("update before the first sync: the inputs are unknown")
+            start = time.monotonic()
+            self._engine.apply(updates)
+            return self._program(start, False)
 
     def add_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ApplyResult:
         with self._lock:
-            if self._state is None or self._programmed is None:
+            if not self._synced:
                 raise RuntimeError("add_endpoint before the first sync: policies unknown")
             start = time.monotonic()
-            ir = engine.add_endpoint(self._programmed.ir, self._state, ep, pod, self.node)
-            state = self._state.with_endpoint(ep, pod)
-            return self._apply(state, self._nat, False, ir, start)
+            if pod is not None:
+                self._engine.put_pod(pod)
+            self._engine.put_endpoint(ep)
+            return self._program(start, False)
 
     def remove_endpoint(self, namespace: str, name: str) -> ApplyResult:
         """``name`` is the endpoint's (WorkloadEndpoint) name."""
         with self._lock:
-            if self._state is None or self._programmed is None:
+            if not self._synced:
                 raise RuntimeError("remove_endpoint before the first sync")
             start = time.monotonic()
-            ir = engine.remove_endpoint(self._programmed.ir, self._state, namespace, name)
-            state = self._state.without_endpoint(namespace, name)
-            return self._apply(state, self._nat, False, ir, start)
+            self._engine.remove_endpoint(namespace, name)
+            return self._program(start, False)
 
     def explain(
         self,
@@ -559,13 +678,13 @@ class PolicyDataplane:
         port: int | None = None,
         host_addresses: Iterable[str] = (),
     ) -> Explanation:
-        """``engine.explain`` on the last synced state, as seen from this node (its
+        """``engine.explain`` on the current inputs, as seen from this node (its
         ``host_addresses`` reach its pods unpoliced)."""
         with self._lock:
-            if self._state is None:
+            if not self._synced:
                 raise RuntimeError("no state synced yet")
             return engine.explain(
-                self._state,
+                self._engine.state(),
                 src,
                 dst,
                 protocol,
@@ -584,29 +703,18 @@ class PolicyDataplane:
         with self._lock:
             t = self.renderer.t
             self.backend.run(f"add table {t}\ndelete table {t}\n")
-            self._programmed = None
+            self._table_current = False
 
     # internals
-    def _apply(
-        self,
-        state: ClusterState,
-        nat: NatConfig,
-        full: bool,
-        desired: DesiredState | None = None,
-        start: float | None = None,
-    ) -> ApplyResult:
-        """Program ``state``; ``desired`` is its IR when the caller derived it already."""
-        if start is None:
-            start = time.monotonic()
-        if desired is None:
-            desired = engine.compute(state, self.node, self.families)
-        snap = Snapshot(desired, nat)
+    def _program(self, start: float, full: bool, fixes: int = 0) -> ApplyResult:
+        """Send what changed in the engine since the last call: its delta, or the whole
+        table (``full``, a table not known to be current, a delta nft refused)."""
+        delta = self._engine.take_delta()
         lines: list[str] | None = None
-        if not full and self._programmed is not None:
-            lines = self.renderer.delta(self._programmed, snap)
+        if not full and self._table_current:
+            lines = self.renderer.incremental(delta)
         if lines is not None and not lines:
-            self._state, self._nat = state, nat
-            return ApplyResult(False, False, 0, time.monotonic() - start)
+            return ApplyResult(False, False, 0, time.monotonic() - start, fixes)
         done_full = lines is None
         try:
             if lines is not None:
@@ -618,43 +726,41 @@ class PolicyDataplane:
                     self._count_error()
                     done_full = True
             if done_full:
-                text = self.renderer.full(snap)
+                text = self.renderer.full(Snapshot(self._engine.desired(), self._engine.nat))
                 lines = text.splitlines()
                 self.backend.run(text)
         except NftError:
+            self._table_current = False
             self._count_error()
             raise
-        self._programmed, self._state, self._nat = snap, state, nat
+        self._table_current = True
         seconds = time.monotonic() - start
+        endpoints, policies, rules, sets, elements = self._engine.stats()
+        nat = self._engine.nat
+        if nat.enabled:
+            nat_sets = nat.elements()
+            sets += len(nat_sets)
+            elements += sum(len(e) for e in nat_sets.values())
         c = self._counters
         self._counters = dataclasses.replace(
             c,
-            endpoints=len(desired.endpoints),
-            policies=desired.policies,
-            rules=_rule_count(desired),
-            sets=len(snap.all_sets()),
-            set_elements=sum(len(e) for e in snap.all_elements().values()),
+            endpoints=endpoints,
+            policies=policies,
+            rules=rules,
+            sets=sets,
+            set_elements=elements,
             applies=c.applies + 1,
             full_applies=c.full_applies + (1 if done_full else 0),
             last_apply_seconds=seconds,
             last_apply_full=done_full,
         )
         assert lines is not None
-        return ApplyResult(True, done_full, len(lines), seconds)
+        return ApplyResult(True, done_full, len(lines), seconds, fixes)
 
     def _count_error(self) -> None:
         self._counters = dataclasses.replace(
             self._counters, apply_errors=self._counters.apply_errors + 1
         )
-
-
-def _rule_count(ir: DesiredState) -> int:
-    """Rules in the policy and endpoint chains (the base chains' fixed rules not counted)."""
-    n = ir.rule_count
-    for p in ir.endpoints.values():
-        for jumps in (p.ingress, p.egress):
-            n += 1 if jumps is None else len(jumps) + 1
-    return n
 
 
 Mechanism = Literal["libnftables", "nft-cli", "nft-cli-json"]

@@ -34,9 +34,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias
 
-from dataplane.model import IPAddress
+from dataplane.model import IPAddress, IPNetwork
 from dataplane.overlay_model import (
     IPIP_DEVICE,
+    NUD_PERMANENT,
     RT_TABLE_MAIN,
     RTN_BLACKHOLE,
     RTN_UNICAST,
@@ -52,6 +53,7 @@ from dataplane.overlay_model import (
     KernelRoute,
     LinkState,
     NeighbourEntry,
+    OverlayDelta,
     OverlayRoute,
     VxlanDevice,
     default_metric,
@@ -406,9 +408,12 @@ def _route_kind(route: OverlayRoute | KernelRoute) -> Kind:
 class Reconciler:
     """Brings the kernel of the calling thread's network namespace to a desired state.
 
-    Holds no kernel state between runs (a netlink socket is opened per run, in the calling
-    thread's namespace), so a new object after a restart behaves exactly like the old one.
-    It remembers only which conflicts and failures it has logged, to log each once."""
+    :meth:`reconcile` reads the kernel and holds no kernel state between runs (a netlink
+    socket is opened per run, in the calling thread's namespace), so a new object after a
+    restart behaves exactly like the old one. :meth:`apply` changes the objects of a delta
+    only, on what the last whole run found (the devices' ifindex, the prefixes a foreign
+    route holds); a run remembers the problems it left and which it has logged, to log
+    each once."""
 
     def __init__(
         self, *, where: str = "node", netlink: Callable[[str], RoutingRtnl] | None = None
@@ -417,9 +422,22 @@ class Reconciler:
         #: Opens the run's netlink socket (a test may hand in a fake kernel).
         self._netlink = netlink or RoutingRtnl.here
         self._logged: set[tuple[str, str]] = set()
+        #: What the last run left unsolved ("conflict" or "failure", problem): a
+        #: delta keeps those of the objects it did not touch.
+        self._standing: list[tuple[str, Problem]] = []
+        #: ifindex of the devices routes go through, as the last whole run found them
+        #: (None: no whole run yet, so :meth:`apply` has nothing to build on)
+        self._links: dict[str, int] | None = None
+        #: Prefixes tabby wants that the kernel does not have as tabby's (a foreign route
+        #: holds them, or writing them failed): a delta adds those, never replaces them.
+        self._absent: set[IPNetwork] = set()
+        #: Deltas that failed unexpectedly and were finished by a whole run.
+        self.fallbacks = 0
 
     def reconcile(self, desired: DesiredState) -> Changes:
+        """Bring the kernel to ``desired`` by reading what is there (the whole state)."""
         rec = _Recorder()
+        absent: set[IPNetwork] = set()
         with self._netlink(self.where) as nl:
             devices: dict[str, LinkState | None] = {}
             for name, want in desired.vxlan_devices().items():
@@ -448,8 +466,10 @@ class Reconciler:
                     self._entries(nl, vxlan, desired, rec)
             for route, why in plan.unresolved:
                 rec.failure(_route_kind(route), str(route), why)
+                absent.add(route.dst)
             for route, oif in plan.add:
-                self._add_route(nl, route, oif, rec)
+                if not self._add_route(nl, route, oif, rec):
+                    absent.add(route.dst)
             for route, oif, old in plan.replace:
                 self._do(
                     rec,
@@ -462,9 +482,132 @@ class Reconciler:
                     oif,
                     old,
                 )
+        self._links = {name: index for name, index in index_of.items() if index is not None}
+        self._absent = absent
         result = rec.result()
-        self._log_problems(result)
+        self._standing = [("conflict", p) for p in result.conflicts]
+        self._standing += [("failure", p) for p in result.failures]
+        self._log_problems()
         return result
+
+    def apply(self, delta: OverlayDelta, desired: Callable[[], DesiredState]) -> Changes:
+        """Change exactly the objects of ``delta`` (netlink add, replace or delete of each;
+        no table is read), on a kernel that a whole :meth:`reconcile` brought to the state
+        before the delta. ``desired`` gives the whole state after it, for a whole run
+        instead: when the delta changes devices, when no whole run was done yet, and when a
+        request fails other than by a foreign route holding a prefix (that one is a
+        conflict, as in a whole run).
+
+        Returns what this run changed, and the problems known now: those of this run and
+        those earlier runs left on objects this delta did not touch."""
+        if delta.devices or self._links is None:
+            return self.reconcile(desired())
+        rec = _Recorder()
+        touched: set[str] = set()
+        if delta:
+            try:
+                with self._netlink(self.where) as nl:
+                    self._apply(nl, delta, rec, touched)
+            except NetlinkFailure as exc:
+                self.fallbacks += 1
+                log.warning("routing: %s: reconciling the whole state instead", exc)
+                done = self.reconcile(desired())
+                return Changes(tuple(rec.applied) + done.applied, done.conflicts, done.failures)
+        self._standing = [(k, p) for k, p in self._standing if p.what not in touched]
+        self._standing += [("conflict", p) for p in rec.conflicts]
+        self._standing += [("failure", p) for p in rec.failures]
+        self._log_problems()
+        return Changes(
+            tuple(rec.applied),
+            tuple(p for k, p in self._standing if k == "conflict"),
+            tuple(p for k, p in self._standing if k == "failure"),
+        )
+
+    def _apply(
+        self, nl: RoutingRtnl, delta: OverlayDelta, rec: _Recorder, touched: set[str]
+    ) -> None:
+        """One delta, in the order of a whole run: stale routes, stale neighbours and FDB
+        entries, new FDB entries and neighbours, new and changed routes. A NetlinkFailure
+        out of here means: do a whole run."""
+        links = self._links
+        assert links is not None
+        for old, new in delta.routes:
+            touched.update(str(r) for r in (old, new) if r is not None)
+            if new is None and old is not None:
+                self._absent.discard(old.dst)
+                metric = default_metric(old.version)
+                if nl.delete_route_of(old.dst, proto=RTPROT_TABBY, metric=metric):
+                    rec.change("remove", _route_kind(old), str(old))
+        for n_old, n_new in delta.neighbours:
+            touched.update(str(n) for n in (n_old, n_new) if n is not None)
+            if n_new is None and n_old is not None and n_old.device in links:
+                what = str(n_old)
+                if nl.delete_neighbour(links[n_old.device], n_old.address, what=what):
+                    rec.change("remove", "neighbour", what)
+        for f_old, f_new in delta.fdb:
+            touched.update(str(f) for f in (f_old, f_new) if f is not None)
+            if f_new is None and f_old is not None and f_old.device in links:
+                entry = KernelFdb(links[f_old.device], f_old.mac, f_old.dst, NUD_PERMANENT)
+                if nl.delete_fdb(entry, what=str(f_old)):
+                    rec.change("remove", "fdb", str(f_old))
+        for f_old, f_new in delta.fdb:
+            if f_new is not None and f_new.device in links:
+                nl.set_fdb(links[f_new.device], f_new.mac, f_new.dst, what=str(f_new))
+                rec.change("add" if f_old is None else "replace", "fdb", str(f_new))
+        for n_old, n_new in delta.neighbours:
+            if n_new is not None and n_new.device in links:
+                index = links[n_new.device]
+                nl.set_neighbour(index, n_new.address, n_new.mac, what=str(n_new))
+                rec.change("add" if n_old is None else "replace", "neighbour", str(n_new))
+        for old, new in delta.routes:
+            if new is not None:
+                self._apply_route(nl, old, new, rec)
+
+    def _apply_route(
+        self, nl: RoutingRtnl, old: OverlayRoute | None, new: OverlayRoute, rec: _Recorder
+    ) -> None:
+        kind = _route_kind(new)
+        oif: int | None = None
+        if new.device is not None:
+            oif = self._link_index(nl, new.device)
+            if oif is None:
+                rec.failure(kind, str(new), f"device {new.device} does not exist")
+                self._absent.add(new.dst)
+                return
+        if old is not None and new.dst not in self._absent:
+            self._replace(nl, new, oif, None)
+            rec.change("replace", kind, str(new))
+            return
+        try:
+            self._write(nl, new, oif, False)
+        except NetlinkFailure as exc:
+            if exc.errno != errno_mod.EEXIST:
+                raise
+            foreign = self._foreign_route(nl, new)
+            if foreign is not None:
+                rec.conflict(kind, str(new), foreign)
+                self._absent.add(new.dst)
+                return
+            self._replace(nl, new, oif, None)  # tabby's own, left by an earlier run
+            rec.change("replace", kind, str(new))
+        else:
+            rec.change("add", kind, str(new))
+        self._absent.discard(new.dst)
+
+    def _link_index(self, nl: RoutingRtnl, name: str) -> int | None:
+        """The ifindex of a device routes go through: tabby's VXLAN devices as the last
+        whole run left them, any other one (an uplink) looked up once."""
+        links = self._links
+        assert links is not None
+        if name in links:
+            return links[name]
+        if name in (VXLAN_V4_DEVICE, VXLAN_V6_DEVICE, IPIP_DEVICE):
+            return None  # tabby's, and the last whole run did not have it
+        link = nl.link_by_name(name)
+        if link is None:
+            return None
+        links[name] = link.index
+        return link.index
 
     # --- devices ---
 
@@ -684,9 +827,10 @@ class Reconciler:
 
     @classmethod
     def _replace(
-        cls, nl: RoutingRtnl, route: OverlayRoute, oif: int | None, old: KernelRoute
+        cls, nl: RoutingRtnl, route: OverlayRoute, oif: int | None, old: KernelRoute | None
     ) -> None:
-        """Replace tabby's route for the prefix. IPv6 refuses an on-link gateway that its
+        """Replace tabby's route for the prefix (``old``: as the kernel has it; None: at
+        the default metric, whatever it is). IPv6 refuses an on-link gateway that its
         table routes through another device ("Nexthop has invalid gateway or device
         mismatch"): the very route being replaced does when a block moves between a direct
         route and the tunnel, whose gateway lies inside the block. Then the old route is
@@ -696,14 +840,17 @@ class Reconciler:
         except NetlinkFailure as exc:
             if route.version != 6 or exc.errno != errno_mod.EINVAL or route.type != "unicast":
                 raise
-            nl.delete_kernel_route(old)
+            if old is not None:
+                nl.delete_kernel_route(old)
+            else:
+                nl.delete_route_of(route.dst, proto=RTPROT_TABBY, metric=default_metric(6))
             cls._write(nl, route, oif, False)
 
     def _add_route(
         self, nl: RoutingRtnl, route: OverlayRoute, oif: int | None, rec: _Recorder
-    ) -> None:
+    ) -> bool:
         """Add a route; a foreign route for the same prefix makes it a conflict (EEXIST, or
-        for IPv6 EINVAL when that route also covers the on-link gateway)."""
+        for IPv6 EINVAL when that route also covers the on-link gateway). True if added."""
         kind = _route_kind(route)
         try:
             self._write(nl, route, oif, False)
@@ -713,8 +860,9 @@ class Reconciler:
                 rec.failure(kind, str(route), exc.details)
             else:
                 rec.conflict(kind, str(route), foreign)
-            return
+            return False
         rec.change("add", kind, str(route))
+        return True
 
     @staticmethod
     def _foreign_route(nl: RoutingRtnl, route: OverlayRoute) -> str | None:
@@ -722,6 +870,10 @@ class Reconciler:
         or None if there is none."""
         try:
             found = nl.route_matching(route.dst)
+            if found is not None and found.dst != route.dst:
+                # a more specific route covers the prefix's first address: look for the
+                # prefix itself (a dump of the table: only ever for a conflict)
+                found = nl.route_exact(route.dst, default_metric(route.version))
         except NetlinkFailure:
             return None
         if found is None or found.dst != route.dst or found.proto == RTPROT_TABBY:
@@ -761,16 +913,16 @@ class Reconciler:
         rec.change(action, kind, label)
         return True
 
-    def _log_problems(self, result: Changes) -> None:
+    def _log_problems(self) -> None:
+        """Each standing problem logged once as it appears, and once as it goes."""
         current: set[tuple[str, str]] = set()
-        for label, problems in (("conflict", result.conflicts), ("failure", result.failures)):
-            for problem in problems:
-                key = (label, str(problem))
-                current.add(key)
-                if key not in self._logged:
-                    log.warning("routing %s: %s", label, problem)
-                else:
-                    log.debug("routing %s (still): %s", label, problem)
+        for label, problem in self._standing:
+            key = (label, str(problem))
+            current.add(key)
+            if key not in self._logged:
+                log.warning("routing %s: %s", label, problem)
+            else:
+                log.debug("routing %s (still): %s", label, problem)
         for key in self._logged - current:
             log.info("routing %s resolved: %s", key[0], key[1])
         self._logged = current

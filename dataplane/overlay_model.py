@@ -262,6 +262,27 @@ class DesiredState:
 
 
 @dataclasses.dataclass(frozen=True)
+class OverlayDelta:
+    """How the desired state changed: per object (an FDB entry by device and MAC, a
+    neighbour by device and address, a route by prefix) the entry before and after; None
+    before is an object added, None after one removed. ``devices``: the VXLAN devices
+    changed as well (a device is only ever reconciled whole: see
+    :meth:`dataplane.overlay.Reconciler.apply`)."""
+
+    devices: bool = False
+    fdb: tuple[tuple[FdbEntry | None, FdbEntry | None], ...] = ()
+    neighbours: tuple[tuple[NeighbourEntry | None, NeighbourEntry | None], ...] = ()
+    routes: tuple[tuple[OverlayRoute | None, OverlayRoute | None], ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.devices or bool(self.fdb or self.neighbours or self.routes)
+
+    def __len__(self) -> int:
+        """Objects changed (devices aside)."""
+        return len(self.fdb) + len(self.neighbours) + len(self.routes)
+
+
+@dataclasses.dataclass(frozen=True)
 class VxlanPeer:
     """What one remote node contributes on one VXLAN device (see :func:`vxlan_peer`)."""
 

@@ -369,6 +369,21 @@ class RoutingRtnl(Rtnl):
             raise
         return self._kernel_route(replies[0], dst.version) if replies else None
 
+    def route_exact(self, dst: IPNetwork, metric: int) -> KernelRoute | None:
+        """The main-table route of exactly ``dst`` at ``metric``, of any protocol (a dump
+        of the family's main table), or None."""
+        query = rtmsg()
+        query["family"] = family(dst.version)
+        query["table"] = RT_TABLE_MAIN
+        msgs = self._request(f"dump IPv{dst.version} routes", query, RTM_GETROUTE, NLM_F_DUMP)
+        for msg in msgs:
+            if int(msg["dst_len"]) != dst.prefixlen:
+                continue
+            route = self._kernel_route(msg, dst.version)
+            if route.table == RT_TABLE_MAIN and route.dst == dst and route.metric == metric:
+                return route
+        return None
+
     def write_route(
         self,
         dst: IPNetwork,
@@ -424,6 +439,24 @@ class RoutingRtnl(Rtnl):
                 attrs.append(("RTA_GATEWAY", str(route.gw)))
         msg["attrs"] = attrs
         return self._delete(f"delete route {route}", msg, RTM_DELROUTE)
+
+    def delete_route_of(self, dst: IPNetwork, *, proto: int, metric: int) -> bool:
+        """Delete the main-table route of ``dst`` at ``metric`` whose protocol is
+        ``proto``, whatever its type and next hop (no type, scope or next hop in the
+        request: the kernel matches any); False if there is none. A route of another
+        protocol for the same prefix never matches."""
+        msg = rtmsg()
+        msg["family"] = family(dst.version)
+        msg["dst_len"] = dst.prefixlen
+        msg["table"] = RT_TABLE_MAIN
+        msg["proto"] = proto
+        msg["type"] = 0  # RTN_UNSPEC: any type
+        msg["scope"] = RT_SCOPE_NOWHERE if dst.version == 4 else RT_SCOPE_UNIVERSE
+        attrs: list[tuple[str, Any]] = [("RTA_PRIORITY", metric)]
+        if dst.prefixlen:
+            attrs.append(("RTA_DST", str(dst.network_address)))
+        msg["attrs"] = attrs
+        return self._delete(f"delete route {dst} proto {proto} metric {metric}", msg, RTM_DELROUTE)
 
     # --- neighbours and FDB entries ----------------------------------------------------
 

@@ -28,13 +28,20 @@ against each of them):
   sorted by key; a document that cannot be parsed raises ``StoreCorrupt`` naming it.
 - ``commit(ops)`` is all or nothing: each ``Op`` compares its expected revision (``None``: the
   document must not exist); one failed compare raises ``RevisionConflict`` and writes nothing.
-  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence.
+  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence;
+  ``Op.unchanged(kind, key, rev)`` only compares (the document is at ``rev``, None: absent).
   A key may appear once per commit. Returns each op's new revision (0 for deletes).
-- ``sync(kinds, stop)`` yields a ``"snapshot"`` event holding every document of ``kinds``,
-  then ``"put"``/``"delete"`` events as changes happen; after a broken or compacted watch or
-  a failed poll, the next event is a fresh ``"snapshot"`` (consumers replace their state).
-  Documents that cannot be parsed are left out of ``sync`` (logged). The iterator ends within
-  about a second after ``stop`` is set.
+- ``sync(kinds, stop)`` yields exactly one ``"snapshot"`` event, first, holding every
+  document of ``kinds``; then only ``"put"``/``"delete"`` events, as changes happen. A
+  broken watch resumes where it left off (etcd: each watched range from the last revision
+  it delivered), missing nothing and reading nothing again. When the store cannot say what
+  changed (etcd's history compacted past that revision, a failed poll of the file store,
+  the memory store's ``resync``) it reads the kinds again and yields only the differences
+  from what it reported, as puts and deletes: once caught up, a consumer that applied every
+  event holds exactly the store's documents. ``sync_stats`` counts first reads
+  (``snapshots``), such re-reads (``rereads``) and etcd's resumed streams (``resumes``),
+  over every ``sync`` of the object. Documents that cannot be parsed are left out of
+  ``sync`` (logged). The iterator ends within about a second after ``stop`` is set.
 - ``lock()`` serialises the writers of one node (threads and processes sharing the store
   object's location); it is not re-entrant and raises ``LockTimeout`` when not had in time.
   Correctness across nodes never rests on it: every write is a compare-and-swap.
@@ -53,7 +60,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from contextlib import AbstractContextManager
 
 #: IPAM documents, resources, and node liveness ("heartbeat", written with a ttl).
@@ -111,9 +118,20 @@ class _Record:
         return f"{type(self).__name__}({inner})"
 
 
+class _Unchanged(dict[str, Any]):
+    """The data of an op that only compares (one object, compared by identity)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+#: ``Op(kind, key, UNCHANGED, rev)``: compare only; nothing is written.
+UNCHANGED: dict[str, Any] = _Unchanged()
+
+
 class Op(_Record):
     """One write of a ``commit``: ``data=None`` deletes (or, with ``expected_revision=None``,
-    only asserts that the document does not exist)."""
+    only asserts that the document does not exist); ``UNCHANGED`` only compares."""
 
     __slots__ = ("data", "expected_revision", "key", "kind")
     _fields = ("kind", "key", "data", "expected_revision")
@@ -127,13 +145,19 @@ class Op(_Record):
     ) -> None:
         super().__init__(kind, key, data, expected_revision)
 
+    @classmethod
+    def unchanged(cls, kind: str, key: str, expected_revision: int | None) -> Op:
+        """Compare only: the commit holds only while the document is at
+        ``expected_revision`` (None: while it does not exist)."""
+        return cls(kind, key, UNCHANGED, expected_revision)
+
 
 class SyncEvent(_Record):
     """What ``sync`` yields.
 
-    ``type`` is ``"snapshot"`` (``snapshot`` holds every document of the watched kinds, by
-    kind then key; ``kind``/``key`` are ``""`` and ``doc`` is None), ``"put"`` (``doc`` is the
-    new document) or ``"delete"`` (``doc`` is None).
+    ``type`` is ``"snapshot"`` (the first event only: ``snapshot`` holds every document of
+    the watched kinds, by kind then key; ``kind``/``key`` are ``""`` and ``doc`` is None),
+    ``"put"`` (``doc`` is the new document) or ``"delete"`` (``doc`` is None).
     """
 
     __slots__ = ("doc", "key", "kind", "snapshot", "type")
@@ -181,6 +205,11 @@ class Store(Protocol):
     def commit(self, ops: Sequence[Op]) -> builtins.list[int]: ...
 
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]: ...
+
+    @property
+    def sync_stats(self) -> Mapping[str, int]:
+        """``snapshots``, ``rereads``, ``resumes`` of every ``sync`` so far (see above)."""
+        ...
 
     def check_usable(self) -> None: ...
 

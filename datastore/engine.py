@@ -17,14 +17,15 @@ to the store only its storage. ``Engine`` does:
   until the same deadline; ``RuntimeError`` for a thread that takes it again while it holds
   it (file, etcd; the memory store's second take waits and times out);
 - the bookkeeping of ``sync``: ``Reported`` (the documents an iterator has reported, and the
-  events that bring a consumer from there to the store's state) and ``note_failure`` (a
-  failure logged once, not at every retry).
+  events that bring a consumer from there to the store's state: after a re-read only the
+  differences), ``note_failure`` (a failure logged once, not at every retry), and the
+  ``sync_stats`` counters (``count_sync``).
 
 What a store supplies (each documented where it is defined below): ``location``, ``_get``,
 ``_keys``, ``_items``, ``_apply``, ``_sync``, ``check_usable``; for its lock ``lock_path``,
 ``_held`` (a ``threading.local`` to refuse re-entry, or None), and optionally
 ``_thread_lock``, ``_open_lock_file``, ``_locked``, ``_unlocking``; ``_commit`` and ``close``
-when it has something to add.
+when it has something to add. Its ``__init__`` calls ``Engine.__init__``.
 
 This module is imported by every store, so by every CNI call: no ``logging`` at import
 (``log_warning`` imports it when a warning is due), no NamedTuple or dataclass.
@@ -33,6 +34,7 @@ This module is imported by every store, so by every CNI call: no ``logging`` at 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import json
@@ -41,7 +43,16 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from datastore.base import Doc, SyncEvent, check_key, check_kind, check_ops, check_ttl, sync_kinds
+from datastore.base import (
+    UNCHANGED,
+    Doc,
+    SyncEvent,
+    check_key,
+    check_kind,
+    check_ops,
+    check_ttl,
+    sync_kinds,
+)
 from datastore.errors import (
     LockTimeout,
     RevisionConflict,
@@ -116,9 +127,10 @@ def loads(where: str, raw: bytes, *, empty: str, garbage: str) -> object:
 class Write:
     """One change of a ``put``, ``delete`` or ``commit``: compare ``expected`` (None: the
     document must not exist), then store ``value`` (the encoded data; None deletes or, with
-    ``expected`` None, only asserts that the document does not exist). ``ttl`` from ``put``."""
+    ``expected`` None, only asserts that the document does not exist). ``keep``: compare
+    only (``Op.unchanged``). ``ttl`` from ``put``."""
 
-    __slots__ = ("expected", "key", "kind", "ttl", "value")
+    __slots__ = ("expected", "keep", "key", "kind", "ttl", "value")
 
     def __init__(
         self,
@@ -127,17 +139,24 @@ class Write:
         value: bytes | None,
         expected: int | None,
         ttl: float | None = None,
+        *,
+        keep: bool = False,
     ) -> None:
         self.kind = kind
         self.key = key
         self.value = value
         self.expected = expected
         self.ttl = ttl
+        self.keep = keep
 
     @property
     def changes(self) -> bool:
-        """False for an assertion of absence (nothing to write)."""
-        return self.value is not None or self.expected is not None
+        """False for a comparison only (nothing to write)."""
+        return self.value is not None or (self.expected is not None and not self.keep)
+
+    @property
+    def deletes(self) -> bool:
+        return self.value is None and self.expected is not None and not self.keep
 
 
 def plan(ops: Sequence[Op]) -> list[Write]:
@@ -145,7 +164,11 @@ def plan(ops: Sequence[Op]) -> list[Write]:
     store is touched."""
     check_ops(ops)
     return [
-        Write(op.kind, op.key, None if op.data is None else encode(op.data), op.expected_revision)
+        Write(op.kind, op.key, None, op.expected_revision, keep=True)
+        if op.data is UNCHANGED
+        else Write(
+            op.kind, op.key, None if op.data is None else encode(op.data), op.expected_revision
+        )
         for op in ops
     ]
 
@@ -200,6 +223,16 @@ def _flock(fd: int, path: str, deadline: float, timeout: float) -> None:
         except OSError as e:
             os.close(fd)
             raise StoreUnavailable(path, reason(e)) from None
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` is the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 class StoreLock:
@@ -268,6 +301,16 @@ class Reported:
         return events
 
 
+#: ``Engine.sync_stats``: how the store's ``sync`` iterators got their documents.
+#: snapshots: first reads (one per ``sync`` call that got that far);
+#: rereads: reads again because the store could not say what changed (etcd's history
+#: compacted, a failed poll of the file store, the memory store's ``resync``), each
+#: followed by only the differences;
+#: resumes: etcd watches opened again after a break, every range from where it had got
+#: to, nothing read again (a range whose history turns out compacted is then a re-read).
+SYNC_STATS = ("snapshots", "rereads", "resumes")
+
+
 def note_failure(previous: str, message: str) -> str:
     """Log ``message`` unless it is the failure logged last (``previous``); returns it, to
     pass as ``previous`` next time (``""`` after a success)."""
@@ -287,6 +330,15 @@ class Engine:
     lock_path: str
     #: per thread: the ``StoreLock`` it holds (``lock`` attribute); None: re-entry not refused
     _held: threading.local | None = None
+    #: The lock file exists only while held: the holder unlinks it before it lets go, and a
+    #: waiter that then gets the flock of the unlinked file opens the path again. For lock
+    #: files named after settings (etcd: endpoints, prefix, network namespace), which would
+    #: otherwise pile up in the lock directory forever.
+    _ephemeral_lock_file = False
+
+    def __init__(self) -> None:
+        self._sync_guard = threading.Lock()
+        self._sync_counts = dict.fromkeys(SYNC_STATS, 0)
 
     # -- what a store supplies ------------------------------------------------------------
 
@@ -393,6 +445,17 @@ class Engine:
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
         return self._sync(sync_kinds(kinds), stop)
 
+    @property
+    def sync_stats(self) -> dict[str, int]:
+        """The ``SYNC_STATS`` counters of every ``sync`` of this object so far (a copy)."""
+        with self._sync_guard:
+            return dict(self._sync_counts)
+
+    def count_sync(self, name: str) -> None:
+        """One more of ``SYNC_STATS``' ``name`` (from any thread)."""
+        with self._sync_guard:
+            self._sync_counts[name] += 1
+
     # -- lock -----------------------------------------------------------------------------
 
     def lock(self) -> StoreLock:
@@ -430,8 +493,12 @@ class Engine:
             raise LockTimeout(self.lock_path, f"held by another call for more than {timeout} s")
         try:
             fd = self._open_lock_file()
-            if fd is not None:
+            while fd is not None:
                 _flock(fd, self.lock_path, deadline, timeout)
+                if not self._ephemeral_lock_file or _names(self.lock_path, fd):
+                    break
+                os.close(fd)  # its holder unlinked it: the lock is the file the path names now
+                fd = self._open_lock_file()
         except BaseException:
             thread_lock.release()
             raise
@@ -459,6 +526,9 @@ class Engine:
             session.dirty = False
             try:
                 if fd is not None:
+                    if self._ephemeral_lock_file:
+                        with contextlib.suppress(OSError):
+                            os.unlink(self.lock_path)  # still held: no one else's file
                     os.close(fd)  # closing drops the flock
             finally:
                 thread_lock.release()

@@ -7,7 +7,9 @@ Why not a library: see ``ipam/DESIGN.md`` ("etcd datastore"). In short: importin
 one deadline.
 
 - HTTP/1.1 over plain sockets, written here (``http.client`` alone costs ~19 ms to import),
-  keep-alive: one connection per thread, to the endpoint that last answered.
+  keep-alive: a call takes an idle connection to the endpoint that last answered (or opens
+  one) and gives it back after the answer, so a long-lived client serving short-lived
+  threads (tabby-node: one thread per CNI call) reuses its connections.
 - Every call has a total deadline. Connection errors, and the gateway's answers meaning
   "not now" (HTTP 408/502/503/504, gRPC codes 1 Canceled, 4 DeadlineExceeded, 14
   Unavailable), move the thread to the next endpoint and retry until the deadline; then
@@ -20,7 +22,13 @@ one deadline.
 - Watch: a streaming ``POST /v3/watch`` answered with newline-delimited JSON results in HTTP
   chunks; read with short timeouts so a stop request is seen within ~0.25 s. The request
   carries the ``hasleader`` metadata, so a member that loses its leader ends the stream
-  instead of going quiet.
+  instead of going quiet. ``watch_ranges`` opens one stream per range and reads them all
+  from the calling thread (``selectors``). Not one stream carrying several create requests,
+  although etcd allows it: the gateway reads a request body's second and later requests
+  while it already answers the first, and etcd's HTTP/1.1 server (Go's) discards the
+  unread rest of a request body once the answer's head is out, so on a busy member those
+  watches are silently never created (measured: a third of the streams lost their last
+  watch with ~600-byte bodies under load).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -164,9 +172,15 @@ class WatchEvent:
 
 
 class WatchResponse:
-    """One ``result`` of the watch stream, read from the gateway's JSON."""
+    """One ``result`` of the watch stream, read from the gateway's JSON.
 
-    __slots__ = ("canceled", "compact_revision", "events", "reason", "revision")
+    Which answer it is: ``created`` (the watch started; no events), ``canceled`` (the watch
+    ended; ``compact_revision`` > 0: its start revision was compacted away), events, or
+    neither (a progress notification: every change of the watch's range up to
+    ``revision`` has been sent). ``index``: the position of its range in ``watch_ranges``.
+    """
+
+    __slots__ = ("canceled", "compact_revision", "created", "events", "index", "reason", "revision")
 
     def __init__(self, result: dict[str, Any]) -> None:
         self.revision = _int(result.get("header", {}).get("revision"))
@@ -177,7 +191,9 @@ class WatchResponse:
         # > 0: history gone; the watch was cancelled
         self.compact_revision = _int(result.get("compact_revision"))
         self.canceled = bool(result.get("canceled"))
+        self.created = bool(result.get("created"))
         self.reason = str(result.get("cancel_reason", ""))
+        self.index = 0
 
 
 def b64(data: bytes) -> str:
@@ -312,6 +328,19 @@ class _Conn:
             raise _Transient(f"{ep.url}: TLS: {_reason(e)}", sent=False) from None
         self.sock: socket.socket | None = sock
         self.host_header = f"[{ep.host}]:{ep.port}" if ":" in ep.host else f"{ep.host}:{ep.port}"
+
+    def idle_ok(self) -> bool:
+        """Whether an idle connection is still usable: open, nothing buffered, and not
+        readable (an idle HTTP connection becomes readable only when the peer closed it)."""
+        if self.sock is None or self.buf:
+            return False
+        import select
+
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -534,7 +563,7 @@ class EtcdClient:
         self.key_file = key_file
         self._ctx: ssl.SSLContext | None = None
         self._ctx_lock = threading.Lock()
-        self._local = threading.local()
+        self._idle: dict[int, list[_Conn]] = {}  # endpoint index -> connections not in use
         self._conns: set[_Conn] = set()
         self._conns_lock = threading.Lock()
         self._preferred = 0  # the endpoint that answered last (threads start there)
@@ -588,53 +617,70 @@ class EtcdClient:
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         payload = json.dumps(body, separators=(",", ":")).encode()
-        local = self._local
-        tries = _Rotation(self.urls, getattr(local, "index", self._preferred), deadline, cancel)
+        tries = _Rotation(self.urls, self._preferred, deadline, cancel)
         ambiguous = False
         cap = CANCEL_CONNECT if cancel is not None else None
         while True:
             attempt_deadline = tries.attempt("no answer within the deadline")
             index = tries.index
-            conn: _Conn | None = getattr(local, "conn", None)
+            conn = self._checkout(index)
             try:
-                if conn is None or conn.sock is None or conn.ep is not self.endpoints[index]:
-                    if conn is not None:
-                        self._drop(conn)
-                    local.conn = None
+                if conn is None:
                     conn = self._connect(index, attempt_deadline, cap)
-                    local.conn = conn
-                    local.index = index
                 conn.cancel = cancel
                 try:
                     status, _headers, data = conn.request(path, payload, attempt_deadline)
                 except EtcdCancelled:
                     self._drop(conn)  # in mid-answer: unusable
-                    local.conn = None
                     raise
                 finally:
                     conn.cancel = None
+                url = conn.ep.url
+                self._checkin(index, conn)
+                conn = None
                 if status == 200:
                     self._preferred = index
                     try:
                         answer = json.loads(data)
                     except ValueError:
-                        raise _Transient(f"{conn.ep.url}: answer is not JSON", sent=True) from None
+                        raise _Transient(f"{url}: answer is not JSON", sent=True) from None
                     if not isinstance(answer, dict):
-                        raise _Transient(f"{conn.ep.url}: answer is not an object", sent=True)
+                        raise _Transient(f"{url}: answer is not an object", sent=True)
                     return answer, ambiguous
                 code, message = _error_of(data)
                 if status in RETRY_HTTP or code in RETRY_GRPC or (status == 500 and code == 2):
-                    raise _Transient(f"{conn.ep.url}: {message} (HTTP {status})", sent=True)
+                    raise _Transient(f"{url}: {message} (HTTP {status})", sent=True)
                 cls = EtcdCompacted if code == COMPACTED else EtcdRequestError
-                raise cls(conn.ep.url, status, code, message)
+                raise cls(url, status, code, message)
             except _Transient as e:
                 if e.sent and not idempotent:
                     ambiguous = True
-                stale = getattr(local, "conn", None)
-                if stale is not None and stale.sock is None:
-                    self._drop(stale)
-                    local.conn = None
+                if conn is not None:
+                    self._drop(conn)
                 tries.failed(str(e))
+
+    def _checkout(self, index: int) -> _Conn | None:
+        """An idle connection to endpoint ``index`` (the most recently used), if any. One
+        the server has closed meanwhile (readable while idle: EOF) is dropped here, before
+        a write is sent on it and its outcome becomes unknown."""
+        while True:
+            with self._conns_lock:
+                idle = self._idle.get(index)
+                conn = idle.pop() if idle else None
+            if conn is None or conn.idle_ok():
+                return conn
+            self._drop(conn)
+
+    def _checkin(self, index: int, conn: _Conn) -> None:
+        """Give a connection back after a complete answer (a broken one is closed)."""
+        if conn.sock is None or self._closed:
+            self._drop(conn)
+            return
+        with self._conns_lock:
+            if conn in self._conns:
+                self._idle.setdefault(index, []).append(conn)
+                return
+        conn.close()  # the client was closed meanwhile
 
     def close(self) -> None:
         """Close every connection (a running watch ends with ``EtcdUnavailable``)."""
@@ -642,6 +688,7 @@ class EtcdClient:
         with self._conns_lock:
             conns = list(self._conns)
             self._conns.clear()
+            self._idle.clear()
         for conn in conns:
             conn.close()
 
@@ -754,23 +801,62 @@ class EtcdClient:
     ) -> Iterator[WatchResponse]:
         """Stream the changes of ``[key, range_end)`` from ``start_revision`` until ``stop``.
 
-        Connecting (and the "created" answer) must happen before ``deadline`` (default: the
-        client timeout), trying every endpoint; then the stream lasts as long as etcd keeps
-        it. A response with ``canceled`` (``compact_revision`` > 0 after a compaction) ends
-        the iteration; a broken stream raises ``EtcdUnavailable``. Ends quietly (within
-        ~0.25 s) once ``stop`` is set.
+        ``watch_ranges`` for one range, without the "created" answer: a response with
+        ``canceled`` (``compact_revision`` > 0 after a compaction) ends the iteration; a
+        broken stream raises ``EtcdUnavailable``. Ends quietly (within ~0.25 s) once
+        ``stop`` is set.
         """
+        for resp in self.watch_ranges([(key, range_end, start_revision)], stop, deadline=deadline):
+            if resp.created and not resp.canceled:
+                continue
+            yield resp
+            if resp.canceled:
+                return
+
+    def watch_ranges(
+        self,
+        ranges: Sequence[tuple[bytes, bytes | None, int]],
+        stop: threading.Event,
+        *,
+        deadline: float | None = None,
+        progress_notify: bool = False,
+    ) -> Generator[WatchResponse, None, None]:
+        """Watch several ``(key, range_end, start_revision)`` ranges until ``stop``: one
+        stream per range (see the module docstring), each from its own revision, all read
+        by the calling thread.
+
+        Every stream is connected (and its answer's head read) before ``deadline``
+        (default: the client timeout), trying every endpoint; then they last as long as
+        etcd keeps them. Every response carries ``index``, the position of its range; each
+        watch's "created" answer is yielded too. A cancelled watch (``canceled``;
+        ``compact_revision`` > 0 when its start revision was compacted) ends only its own
+        range's watch. With ``progress_notify`` etcd sends each watch that is caught up a
+        response without events every ``--experimental-watch-progress-notify-interval``
+        (10 min by default): its range had no other change up to the response's
+        ``revision``. A broken stream raises ``EtcdUnavailable`` (closing them all). Ends
+        quietly (within ~0.25 s) once ``stop`` is set.
+        """
+        if not ranges:
+            raise ValueError("watch_ranges needs at least one range")
         if deadline is None:
             deadline = time.monotonic() + self.timeout
-        create: dict[str, Any] = {"key": b64(key), "start_revision": str(start_revision)}
-        if range_end is not None:
-            create["range_end"] = b64(range_end)
-        payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
-        conn = self._open_watch(payload, deadline, stop)
+        streams: list[_WatchStream] = []
         try:
-            yield from self._read_watch(conn, stop)
+            for index, (key, range_end, start_revision) in enumerate(ranges):
+                create: dict[str, Any] = {
+                    "key": b64(key),
+                    "start_revision": str(start_revision),
+                }
+                if range_end is not None:
+                    create["range_end"] = b64(range_end)
+                if progress_notify:
+                    create["progress_notify"] = True
+                payload = json.dumps({"create_request": create}, separators=(",", ":")).encode()
+                streams.append(_WatchStream(self._open_watch(payload, deadline, stop), index))
+            yield from _read_watches(streams, stop)
         finally:
-            self._drop(conn)
+            for stream in streams:
+                self._drop(stream.conn)
 
     def _open_watch(self, payload: bytes, deadline: float, stop: threading.Event) -> _Conn:
         tries = _Rotation(self.urls, self._preferred, deadline, stop)
@@ -805,48 +891,100 @@ class EtcdClient:
                     self._drop(conn)
                 tries.failed(str(e))
 
-    def _read_watch(self, conn: _Conn, stop: threading.Event) -> Iterator[WatchResponse]:
-        stream = bytearray()  # de-chunked bytes not yet split into lines
-        size = -1  # bytes left in the current chunk; -1: expecting a chunk header
-        url = conn.ep.url
-        created = False
-        while not stop.is_set():
-            try:
-                if size < 0:
-                    size = conn._chunk_size(None, WATCH_POLL)
-                    if size == 0:
-                        raise EtcdUnavailable([url], "watch stream ended")
-                take = min(size, max(len(conn.buf), 1))
-                data = conn._exact(take, None, WATCH_POLL)
-                size -= len(data)
-                stream += data
-                if size == 0:
-                    conn._exact(2, None, WATCH_POLL)
-                    size = -1
-            except TimeoutError:
-                continue
-            except _Transient as e:
-                raise EtcdUnavailable([url], f"watch broken: {e}") from None
-            except OSError as e:
-                raise EtcdUnavailable([url], f"watch broken: {_reason(e)}") from None
-            while True:
-                i = stream.find(b"\n")
+
+class _WatchStream:
+    """One watch stream being read: its connection and the de-chunking of its answer."""
+
+    __slots__ = ("conn", "index", "size", "text")
+
+    def __init__(self, conn: _Conn, index: int) -> None:
+        self.conn = conn
+        self.index = index  # the position of its range
+        self.text = bytearray()  # de-chunked bytes not yet split into lines
+        self.size = -1  # bytes left of the current chunk; -1: its header is next; -2: its CRLF
+
+    def receive(self) -> None:
+        """Read what the socket has (a TLS record not complete yet: nothing)."""
+        sock = self.conn.sock
+        if sock is None:
+            raise EtcdUnavailable([self.conn.ep.url], "watch broken: connection closed")
+        try:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise EtcdUnavailable([self.conn.ep.url], "watch broken: connection closed by etcd")
+            self.conn.buf += chunk
+            pending = getattr(sock, "pending", None)  # TLS: decrypted bytes select cannot see
+            while pending is not None and pending():
+                self.conn.buf += sock.recv(65536)
+        except TimeoutError:
+            return
+        except OSError as e:
+            raise EtcdUnavailable([self.conn.ep.url], f"watch broken: {_reason(e)}") from None
+
+    def responses(self) -> Iterator[WatchResponse]:
+        """The complete responses among the bytes received so far, in order."""
+        buf = self.conn.buf
+        url = self.conn.ep.url
+        while True:
+            if self.size == -1:
+                i = buf.find(b"\r\n")
                 if i < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise EtcdUnavailable([url], "watch broken: chunk header too long")
                     break
-                line = bytes(stream[:i])
-                del stream[: i + 1]
-                if not line.strip():
-                    continue
-                resp = _watch_response(url, line)
-                if resp is None:
-                    continue
-                if not created:
-                    created = True
-                    if not resp.events and not resp.canceled:
-                        continue  # the "created" answer
+                line = bytes(buf[:i])
+                del buf[: i + 2]
+                try:
+                    self.size = int(line.split(b";", 1)[0], 16)
+                except ValueError:
+                    raise EtcdUnavailable([url], f"watch broken: bad chunk {line[:40]!r}") from None
+                if self.size == 0:
+                    raise EtcdUnavailable([url], "watch stream ended")
+            elif self.size == -2:
+                if len(buf) < 2:
+                    break
+                del buf[:2]
+                self.size = -1
+            else:
+                if not buf:
+                    break
+                take = min(self.size, len(buf))
+                self.text += buf[:take]
+                del buf[:take]
+                self.size -= take
+                if self.size == 0:
+                    self.size = -2
+        while True:
+            i = self.text.find(b"\n")
+            if i < 0:
+                return
+            line = bytes(self.text[:i])
+            del self.text[: i + 1]
+            if not line.strip():
+                continue
+            resp = _watch_response(url, line)
+            if resp is not None:
+                resp.index = self.index
                 yield resp
-                if resp.canceled:
-                    return
+
+
+def _read_watches(streams: list[_WatchStream], stop: threading.Event) -> Iterator[WatchResponse]:
+    """The responses of every stream as they come, until ``stop`` (looked at every
+    ``WATCH_POLL``)."""
+    import selectors  # only tabby-node and tabbyctl watch: not on a CNI call's path
+
+    with selectors.DefaultSelector() as selector:
+        for stream in streams:
+            sock = stream.conn.sock
+            assert sock is not None
+            sock.settimeout(WATCH_POLL)
+            selector.register(sock, selectors.EVENT_READ, stream)
+            yield from stream.responses()  # bytes that came with the answer's head
+        while not stop.is_set():
+            for key, _ in selector.select(WATCH_POLL):
+                stream = key.data
+                stream.receive()
+                yield from stream.responses()
 
 
 def _watch_response(url: str, line: bytes) -> WatchResponse | None:

@@ -47,8 +47,9 @@ puts back what it had written, then raises.
 ``sync`` polls every 0.2 s: a kind directory is listed again when its mtime changed (or is
 less than two seconds old: the kernel's timestamps are coarse), when one of its documents
 expired, and a document is read again when its inode, mtime or size changed (every write
-is a new inode). ``list`` reads document after document: consistent per document, not across
-them (hold ``lock()`` for that).
+is a new inode). After a poll that failed, every kind is listed and read again and only
+what differs from what was reported is yielded. ``list`` reads document after document:
+consistent per document, not across them (hold ``lock()`` for that).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class FileStore(Engine):
     """Store over a directory tree; see the module docstring for layout and guarantees."""
 
     def __init__(self, data_dir: str, *, lock_timeout: float = 30.0) -> None:
+        super().__init__()
         self.data_dir = os.path.abspath(data_dir)
         self.lock_timeout = float(lock_timeout)
         self.lock_path = os.path.join(self.data_dir, LOCK_NAME)
@@ -400,7 +402,7 @@ class FileStore(Engine):
             revisions = []
             for w, (dfd, name, raw) in zip(writes, found, strict=True):
                 if w.value is None:
-                    if w.expected is not None and dfd is not None:
+                    if w.deletes and dfd is not None:
                         steps.append(_Step(dfd, w.kind, name, raw, None))
                     revisions.append(0)
                     continue
@@ -507,14 +509,21 @@ class FileStore(Engine):
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
         reported = Reported()
         watch = _Poller(self, kinds, reported)
-        fresh = True
+        first = True
+        fresh = True  # read everything: at first, and after a failed poll
         failure = ""
         while not stop.is_set():
             events: list[SyncEvent] = []
             try:
                 if fresh:
-                    events.append(reported.snapshot(watch.snapshot()))
-                    fresh = False
+                    docs = watch.snapshot()
+                    if first:
+                        events.append(reported.snapshot(docs))
+                        self.count_sync("snapshots")
+                    else:  # only what differs from what was reported
+                        events = [e for kind in kinds for e in reported.changes(kind, docs[kind])]
+                        self.count_sync("rereads")
+                    first = fresh = False
                     failure = ""
                 else:
                     events = watch.poll()
@@ -656,15 +665,18 @@ class _Poller:
         return docs
 
     def poll(self) -> list[SyncEvent]:
-        events: list[SyncEvent] = []
+        """The changes since the last poll. Every directory is read before anything counts
+        as reported: a poll that fails reports nothing (the re-read after it has to find
+        every change)."""
+        due = []
         now = time.time()
         for kind in self.kinds:
             if self._changed(kind):
                 self._scan(kind)
             elif not any(f.expires is not None and f.expires <= now for f in self._live(kind)):
                 continue
-            events += self.reported.changes(kind, self._view(kind))
-        return events
+            due.append(kind)
+        return [e for kind in due for e in self.reported.changes(kind, self._view(kind))]
 
     def _live(self, kind: str) -> Iterator[_File]:
         known = self.reported.docs[kind]

@@ -10,9 +10,11 @@ counter for the whole store (as etcd's revision does: every op of one ``commit``
 same one), so they are never reused for a key. A document written with a ttl expires on the
 store's clock (``time.monotonic`` unless given); expired documents are dropped, and their
 deletion published to ``sync`` iterators, by the next operation that looks (or by the
-iterators themselves, which wake at least every 0.2 s). ``lock()`` is a ``threading.Lock``
-of the store object with the lock timeout; taking it again in the same thread waits, then
-raises ``LockTimeout`` (tests use that to stand for another holder).
+iterators themselves, which wake at least every 0.2 s). A ``sync`` iterator's queue is
+unbounded: it never overflows, so an iterator reads again only when ``resync`` says so.
+``lock()`` is a ``threading.Lock`` of the store object with the lock timeout; taking it
+again in the same thread waits, then raises ``LockTimeout`` (tests use that to stand for
+another holder).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class MemoryStore(Engine):
     def __init__(
         self, *, lock_timeout: float = 30.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
+        super().__init__()
         self.lock_timeout = lock_timeout
         self.lock_path = "memory:lock"
         self.clock = clock
@@ -121,7 +124,7 @@ class MemoryStore(Engine):
                     self._set(w.kind, w.key, w.value, w.ttl)
                     out.append(self._rev)
                 else:
-                    if w.expected is not None:
+                    if w.deletes:
                         self._remove(w.kind, w.key)
                     out.append(0)
             return out
@@ -180,6 +183,7 @@ class MemoryStore(Engine):
             self._purge()
             first = reported.snapshot(self._snapshot(kinds))
             self._subs.append(sub)
+        self.count_sync("snapshots")
         try:
             yield first
             while not stop.is_set():
@@ -188,10 +192,14 @@ class MemoryStore(Engine):
                     if not sub.events and not sub.resync:
                         self._cond.wait(self._wait_time())
                         self._purge()
-                    if sub.resync:
+                    if sub.resync:  # read again: only what differs from what was reported
                         sub.resync = False
                         sub.events.clear()
-                        pending: list[SyncEvent | None] = [reported.snapshot(self._snapshot(kinds))]
+                        now = self._snapshot(kinds)
+                        pending: list[SyncEvent | None] = [
+                            event for kind in kinds for event in reported.changes(kind, now[kind])
+                        ]
+                        self.count_sync("rereads")
                     else:
                         pending = [
                             reported.change(kind, key, None if e is None else _doc(e))
@@ -236,8 +244,8 @@ class MemoryStore(Engine):
             self._corrupt.discard((kind, key))
 
     def resync(self) -> None:
-        """Make every running ``sync`` iterator start over with a snapshot, as a broken watch
-        does (tests of consumers)."""
+        """Make every running ``sync`` iterator read everything again and report the
+        differences, as etcd's store does when its history was compacted (tests)."""
         with self._guard:
             for sub in self._subs:
                 sub.resync = True

@@ -9,7 +9,8 @@
                          binaries read (cni_config.common.CommonConf) + ``ipam``
 
 Field errors become CNI code 2 (field path and value) or 7 through
-``cni_config.common.parse``; block-size limits and defaults come from the IPAM core, so the
+``cni_config.common.parse`` (DEL and GC: ``cni_config.teardown``, each invalid field dropped
+to its default and reported); block-size limits and defaults come from the IPAM core, so the
 rule is written once.
 """
 
@@ -21,7 +22,15 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, model_validator
 
-from cni_config.common import CommonConf, DatastoreSettings, Flag, PluginType, parse
+from cni_config.common import (
+    CommonConf,
+    DatastoreSettings,
+    Flag,
+    PluginType,
+    RuleBroken,
+    parse,
+)
+from cni_config.teardown import Teardown, parse_for_teardown
 from ipam.core.model import BLOCK_SIZE_LIMITS, DEFAULT_BLOCK_SIZE
 
 DEFAULT_V4_POOLS = ("10.244.0.0/16",)
@@ -81,11 +90,19 @@ class IpamConf(DatastoreSettings):
     @model_validator(mode="after")
     def _families(self) -> IpamConf:
         if not (self.assign_ipv4 or self.assign_ipv6):
-            raise ValueError("nothing to assign: assign_ipv4 and assign_ipv6 are both false")
+            raise RuleBroken(
+                "nothing to assign: assign_ipv4 and assign_ipv6 are both false",
+                "assign_ipv4",
+                "assign_ipv6",
+            )
         if self.assign_ipv4 and not self.ipv4_pools:
-            raise ValueError("assign_ipv4 is true but ipv4_pools is empty")
+            raise RuleBroken(
+                "assign_ipv4 is true but ipv4_pools is empty", "assign_ipv4", "ipv4_pools"
+            )
         if self.assign_ipv6 and not self.ipv6_pools:
-            raise ValueError("assign_ipv6 is true but ipv6_pools is empty")
+            raise RuleBroken(
+                "assign_ipv6 is true but ipv6_pools is empty", "assign_ipv6", "ipv6_pools"
+            )
         return self
 
     @property
@@ -103,3 +120,8 @@ def parse_plugin(config: Mapping[str, Any]) -> IpamPluginConf:
     """tabby-ipam's configuration; a problem is one CniError (code 2 or 7)."""
     conf = parse(IpamPluginConf, config)
     return conf
+
+
+def parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[IpamPluginConf]:
+    """For DEL and GC: each invalid field at its default (``cni_config.teardown``)."""
+    return parse_for_teardown(IpamPluginConf, config)

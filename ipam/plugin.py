@@ -12,16 +12,16 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from cni_config.common import CommonConf, DatastoreSettings
+from cni_config.teardown import TEARDOWN_VERBS, Teardown, Unknown
 from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
-from datastore import opened
+from datastore import attempt
 from ipam import config as ipam_config
 from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
@@ -40,9 +40,21 @@ ANNOTATION_KEYS = {
 
 
 def configuration(args: skel.CmdArgs) -> ipam_config.IpamPluginConf:
-    """The call's validated configuration (parsed once per call, then cached on ``args``)."""
+    """The call's validated configuration (parsed once per call, then cached on ``args``):
+    strict for ADD, CHECK and STATUS; for DEL and GC each invalid field at its default
+    (:func:`teardown_configuration`)."""
+    if args.command in TEARDOWN_VERBS:
+        return teardown_configuration(args).conf
     if not isinstance(args.parsed, ipam_config.IpamPluginConf):
         args.parsed = ipam_config.parse_plugin(args.config)
+    return args.parsed
+
+
+def teardown_configuration(args: skel.CmdArgs) -> Teardown[ipam_config.IpamPluginConf]:
+    """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
+    dropped to its default and listed; a structural problem still fails (code 7)."""
+    if not isinstance(args.parsed, Teardown):
+        args.parsed = ipam_config.parse_plugin_for_teardown(args.config)
     return args.parsed
 
 
@@ -57,12 +69,28 @@ def configure_logging(args: skel.CmdArgs) -> None:
     log.configure_for_call(level, path, f"ipam {args.command}", args.container_id, args.ifname)
 
 
-@contextmanager
-def open_ipam(conf: DatastoreSettings, node: str) -> Iterator[Ipam]:
-    """The IPAM over the configured store, closed after the call (tabby-node serves many
-    calls: an etcd store's connections must not outlive its call)."""
-    with opened(conf) as store:
-        yield Ipam(store, node)
+def with_ipam(
+    conf: DatastoreSettings,
+    node: str,
+    fn: Callable[[Ipam], T],
+    *,
+    optimistic: bool = True,
+    absent: tuple[str, ...] = (),
+    creatable: tuple[str, ...] = (),
+) -> T:
+    """``fn`` on the IPAM over the configured store (``datastore.attempt``): a store of the
+    call's own, closed after it; in tabby-node its long-lived one, and, ``optimistic``, the
+    whole operation as one commit based on what tabby-node knows."""
+    return attempt(
+        conf,
+        lambda store: fn(Ipam(store, node)),
+        optimistic=optimistic,
+        absent=absent,
+        creatable=creatable,
+    )
+
+
+HANDLE = ("handle",)
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -182,10 +210,14 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     node = conf.node_name()
     req = build_request(args, conf, node)
 
+    def assign(ipam: Ipam) -> list[Allocation]:
+        ipam.ensure_pools(_pool_specs(conf.ipam))
+        return ipam.assign(req)
+
     def work() -> list[Allocation]:
-        with open_ipam(conf.ipam, node) as ipam:
-            ipam.ensure_pools(_pool_specs(conf.ipam))
-            return ipam.assign(req)
+        # A new attachment's handle is assumed absent (the commit proves it; a repeated
+        # ADD finds it and runs on the store, where the core answers what it holds).
+        return with_ipam(conf.ipam, node, assign, absent=HANDLE, creatable=HANDLE)
 
     allocations = _guard(work)
     if not allocations:
@@ -201,13 +233,20 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
 
 
 def cmd_del(args: skel.CmdArgs) -> None:
-    # DEL needs no node name (CFG-7, DEL-7): release by handle.
-    conf = configuration(args)
+    # DEL needs no node name (CFG-7, DEL-7): release by handle. It needs the store: a store
+    # named by an invalid field is none, and nothing is released from another (DEL-9).
+    read = teardown_configuration(args)
+    read.warn(logger, "DEL")
+    conf = read.conf
     hid = handle_id(args.network, args.container_id, args.ifname)
+    try:
+        read.store(conf.ipam)
+    except Unknown as e:
+        logger.warning("no store of that name (%s): nothing of %s released", e, hid)
+        return None
 
     def release() -> list[Allocation]:
-        with open_ipam(conf.ipam, "") as ipam:
-            return ipam.release_handle(hid)
+        return with_ipam(conf.ipam, "", lambda ipam: ipam.release_handle(hid))
 
     released = _guard(release)
     if released:
@@ -229,8 +268,7 @@ def cmd_check(args: skel.CmdArgs) -> None:
     hid = handle_id(args.network, args.container_id, args.ifname)
 
     def lookup() -> list[Allocation]:
-        with open_ipam(conf.ipam, "") as ipam:
-            return ipam.get_handle(hid)
+        return with_ipam(conf.ipam, "", lambda ipam: ipam.get_handle(hid))
 
     held = _guard(lookup)
     if not held:
@@ -252,18 +290,31 @@ def cmd_check(args: skel.CmdArgs) -> None:
 
 
 def cmd_gc(args: skel.CmdArgs) -> None:
-    conf = configuration(args)
+    read = teardown_configuration(args)
+    read.warn(logger, "GC")
+    conf = read.conf
     valid = conf.valid_attachment_set()
     if valid is None:
         return None
     # Only this node's handles: the valid list is this runtime's, and a shared store holds
-    # other nodes' attachments too.
-    node = conf.node_name()
+    # other nodes' attachments too. Each of store, node and grace says what may be released:
+    # none of them is guessed (DEL-9).
+    try:
+        read.store(conf.ipam)
+        node = read.node_name(conf)
+        read.need("ipam.gc_grace_seconds")
+    except Unknown as e:
+        logger.warning("GC releases nothing (%s)", e)
+        return None
     grace = conf.ipam.gc_grace_seconds
 
     def gc() -> GcReport:
-        with open_ipam(conf.ipam, node) as ipam:
-            return ipam.gc(args.network, valid, grace_seconds=grace)
+        return with_ipam(
+            conf.ipam,
+            node,
+            lambda ipam: ipam.gc(args.network, valid, grace_seconds=grace),
+            optimistic=False,  # it lists every handle
+        )
 
     report = _guard(gc)
     if report.errors:
@@ -282,20 +333,23 @@ def cmd_status(args: skel.CmdArgs) -> None:
     except CniError as e:
         raise CniError(Code.NOT_READY, "IPAM configuration unusable", str(e)) from None
     ipam_conf = conf.ipam
+
+    def ready(ipam: Ipam) -> str | None:
+        ipam.store.check_usable()
+        return ipam.can_allocate(
+            ipam_conf.ipv4_pools,
+            ipam_conf.ipv6_pools,
+            need_v4=ipam_conf.assign_ipv4,
+            need_v6=ipam_conf.assign_ipv6,
+            strict_affinity=ipam_conf.strict_affinity,
+            max_blocks_per_host=ipam_conf.max_blocks_per_host,
+            reserved=ipam_conf.reserved_networks,
+            block_size_v4=ipam_conf.block_size_ipv4,
+            block_size_v6=ipam_conf.block_size_ipv6,
+        )
+
     try:
-        with open_ipam(ipam_conf, node) as ipam:
-            ipam.store.check_usable()
-            reason = ipam.can_allocate(
-                ipam_conf.ipv4_pools,
-                ipam_conf.ipv6_pools,
-                need_v4=ipam_conf.assign_ipv4,
-                need_v6=ipam_conf.assign_ipv6,
-                strict_affinity=ipam_conf.strict_affinity,
-                max_blocks_per_host=ipam_conf.max_blocks_per_host,
-                reserved=ipam_conf.reserved_networks,
-                block_size_v4=ipam_conf.block_size_ipv4,
-                block_size_v6=ipam_conf.block_size_ipv6,
-            )
+        reason = with_ipam(ipam_conf, node, ready, optimistic=False)
     except DatastoreError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:

@@ -278,8 +278,13 @@ class Controllers:
         from resources.heartbeat import CONTROLLERS_KEY, KIND, Heartbeat
 
         assert self.store is not None
-        data = Heartbeat(CONTROLLERS_KEY, time.time(), os.getpid()).to_data()
         try:
+            # Kept alive by its lease: every tabby-node watches heartbeats, and a rewrite
+            # would be an event for each of them every beat. A new leader keeps the
+            # previous one's document alive (it says the same: a leader lives).
+            if self.store.keepalive(KIND, CONTROLLERS_KEY):
+                return
+            data = Heartbeat(CONTROLLERS_KEY, time.time(), os.getpid()).to_data()
             current = self.store.get(KIND, CONTROLLERS_KEY)
             self.store.put(
                 KIND,

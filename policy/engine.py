@@ -445,7 +445,7 @@ class SetDef:
     family: Family
     kind: SetKind
     comment: str
-    #: What decides membership, for one-endpoint updates: ``addr`` sets the namespace scope
+    #: What decides membership, for incremental updates: ``addr`` sets the namespace scope
     #: (a namespace name or a namespace selector) and the pod selector; ``named-port`` sets
     #: the port name. Not part of equality (the name already encodes it).
     scope: str | LabelSelector | None = dataclasses.field(default=None, compare=False)
@@ -754,114 +754,16 @@ def _policy_chain_name(pol: Policy, direction: Direction) -> str:
     return f"{'pi' if direction == 'ingress' else 'pe'}-{_digest(pol.key)}"
 
 
-def _prune(ir: DesiredState) -> DesiredState:
-    """Drop chains no endpoint jumps to and sets no remaining rule uses (as ``compute``
-    would not have made them)."""
-    used_chains = {
-        c for p in ir.endpoints.values() for js in (p.ingress, p.egress) if js for c in js
-    }
-    chains = {n: c for n, c in ir.chains.items() if n in used_chains}
-    used_sets = {
-        s for c in chains.values() for r in c.rules for s in (r.peer_set, r.named_port_set) if s
-    }
-    if len(chains) == len(ir.chains) and len(used_sets) == len(ir.sets):
-        return ir
-    sets = {n: d for n, d in ir.sets.items() if n in used_sets}
-    elements = {n: e for n, e in ir.elements.items() if n in used_sets}
-    return dataclasses.replace(ir, sets=sets, elements=elements, chains=chains)
-
-
-def add_endpoint(
-    ir: DesiredState, state: ClusterState, ep: Endpoint, pod: Pod | None, node: str
-) -> DesiredState | None:
-    """``compute(state.with_endpoint(ep, pod), node)`` from ``ir == compute(state, node)``
-    without looking at the other endpoints: the new endpoint's addresses join the sets whose
-    selectors match it and, when it is local, it gets its program. ``None`` when that is not
-    enough (the endpoint or its Pod replaces one with other labels, or a policy selecting it
-    has no chain yet): then compute the whole state."""
-    if any(e.key == ep.key for e in state.endpoints):
-        return None
-    known = next((p for p in state.pods if (p.namespace, p.name) == (ep.namespace, ep.pod)), None)
-    if pod is not None and known is not None and pod != known:
-        return None  # relabels every endpoint of the pod
-    src = pod if pod is not None else known
-    raw = src.labels if src is not None else ep.labels
-    labels, items = dict(raw), frozenset(raw)
-    ports = src.ports if src is not None else ()
-    ns_raw: dict[str, str] = {NAMESPACE_NAME_LABEL: ep.namespace}
-    for n in state.namespaces:
-        if n.name == ep.namespace:
-            ns_raw = n.effective_labels
-    ns_items = frozenset(ns_raw.items())
-    addrs = [ipaddress.ip_address(a) for a in ep.addresses]
-    elements = dict(ir.elements)
-    for name, d in ir.sets.items():
-        fam_addrs = [str(a) for a in addrs if a.version == d.family]
-        if not fam_addrs:
-            continue
-        new: list[Element] = []
-        if d.kind == "addr" and d.pods is not None:
-            if isinstance(d.scope, str):
-                in_scope = d.scope == ep.namespace
-            else:
-                in_scope = d.scope is not None and d.scope.matches(ns_raw, ns_items)
-            if in_scope and d.pods.matches(labels, items):
-                new.extend(fam_addrs)
-        elif d.kind == "named-port":
-            new.extend(
-                (a, cp.protocol.lower(), cp.port)
-                for cp in ports
-                if cp.name == d.port_name
-                for a in fam_addrs
-            )
-        if new:
-            elements[name] = elements[name] | frozenset(new)
-    endpoints = ir.endpoints
-    if ep.node == node and ep.interface:
-        chains: dict[Direction, list[str]] = {}
-        for pol in sorted(state.policies, key=lambda p: (p.namespace, p.name)):
-            if pol.namespace != ep.namespace or not pol.pod_selector.matches(labels, items):
-                continue
-            for direction in ("ingress", "egress"):
-                if direction in pol.types:
-                    name = _policy_chain_name(pol, direction)
-                    if name not in ir.chains:
-                        return None
-                    chains.setdefault(direction, []).append(name)
-        ing, egr = chains.get("ingress"), chains.get("egress")
-        endpoints = dict(ir.endpoints)
-        endpoints[ep.interface] = EndpointProgram(
-            ep.interface,
-            f"{ep.namespace}/{ep.name}",
-            ep.addresses,
-            tuple(ing) if ing is not None else None,
-            tuple(egr) if egr is not None else None,
-        )
-    return dataclasses.replace(ir, elements=elements, endpoints=endpoints)
-
-
-def remove_endpoint(
-    ir: DesiredState, state: ClusterState, namespace: str, name: str
-) -> DesiredState:
-    """``compute(state.without_endpoint(namespace, name), node)`` from ``ir``: the
-    endpoint's addresses leave every set, its program goes, and what nothing uses anymore."""
-    ep = next((e for e in state.endpoints if e.key == (namespace, name)), None)
-    if ep is None:
-        return ir
-    gone = set(ep.addresses)
-    elements = dict(ir.elements)
-    for sname, d in ir.sets.items():
-        elems = ir.elements[sname]
-        if d.kind == "addr" and not gone.isdisjoint(elems):
-            elements[sname] = elems - gone
-        elif d.kind == "named-port":
-            drop = {e for e in elems if isinstance(e, tuple) and e[0] in gone}
-            if drop:
-                elements[sname] = elems - drop
-    endpoints = ir.endpoints
-    if ep.interface in endpoints and endpoints[ep.interface].endpoint == f"{namespace}/{name}":
-        endpoints = {k: v for k, v in endpoints.items() if k != ep.interface}
-    return _prune(dataclasses.replace(ir, elements=elements, endpoints=endpoints))
+def policy_chain(
+    pol: Policy, direction: Direction, families: Iterable[Family] = (4, 6)
+) -> tuple[PolicyChain, dict[str, SetDef], dict[str, frozenset[Element]]]:
+    """One policy's chain for one direction exactly as :func:`compute` makes it, with every
+    set :func:`compute` makes for it and their elements as far as they do not depend on the
+    endpoints (an ipBlock's prefixes; the pod sets come back empty). A chain depends on its
+    policy alone, so :mod:`policy.incremental` builds it once per policy revision."""
+    b = _Builder(_View(ClusterState()), frozenset(families))
+    chain = b.policy_chain(pol, direction)
+    return chain, dict(b.sets), dict(b.elements)
 
 
 # --- direct evaluation and explain ------------------------------------------------------------

@@ -12,10 +12,20 @@ the engine's :class:`~policy.engine.ClusterState`, converting each document once
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from policy import engine
-from resources.index import ENDPOINTS, NAMESPACES, PODS, POLICIES, POOLS, Documents, Kind
+from policy.incremental import Update, UpdateKind, Value
+from resources.index import (
+    ENDPOINTS,
+    NAMESPACES,
+    PODS,
+    POLICIES,
+    POOLS,
+    Change,
+    Documents,
+    Kind,
+)
 
 if TYPE_CHECKING:
     from resources.k8s import (
@@ -128,15 +138,39 @@ def pod_key(wep: WorkloadEndpoint) -> str:
     return f"{wep.metadata.namespace or 'default'}/{wep.spec.pod}"
 
 
+def _engine_key(value: object) -> str:
+    """The key an engine input is known by in :class:`~policy.incremental.Update`."""
+    if isinstance(value, engine.Namespace):
+        return value.name
+    if isinstance(value, engine.Policy | engine.Pod | engine.Endpoint):
+        return f"{value.namespace}/{value.name}"
+    raise TypeError(f"not an engine input: {value!r}")
+
+
+#: store kind -> (engine update kind, conversion)
+_UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
+    POLICIES.name: ("policy", lambda m: policy(m)),
+    NAMESPACES.name: ("namespace", lambda m: namespace(m)),
+    PODS.name: ("pod", lambda m: pod(m)),
+    ENDPOINTS.name: ("endpoint", lambda m: endpoint(m)),
+}
+
+
 class PolicyInputs:
     """The policy engine's inputs from a snapshot of the datastore, converted document by
     document and kept per (kind, key, revision): a pass converts only what changed since the
     last one (a revision is never reused for a key). Converting every policy on every watch
     event cost ~35 ms per pass at 200 policies, on every node, for every pod added anywhere.
-    A fresh object converts everything (``tabbyctl policy explain`` does that)."""
+    A fresh object converts everything (``tabbyctl policy explain`` does that).
+
+    :meth:`updates` converts only the documents that changed (``Index.drain``) into the
+    incremental engine's :class:`~policy.incremental.Update` s; it relies on the last
+    :meth:`convert` (or :meth:`updates`) for what each store key held before (a deletion
+    names the engine input to remove; the NAT update needs every pool)."""
 
     def __init__(self) -> None:
         self._memo: dict[str, dict[str, tuple[int, object]]] = {}
+        self._pools: dict[str, tuple[str, bool]] = {}
 
     def convert(self, docs: Documents) -> tuple[engine.ClusterState, engine.NatConfig]:
         state = engine.ClusterState(
@@ -146,7 +180,51 @@ class PolicyInputs:
             tuple(self._each(docs, ENDPOINTS, endpoint)),
         )
         pools = [e.value for _, e in sorted(docs.of(POOLS).items())]
+        self._pools = {
+            k: (e.value.spec.cidr, e.value.spec.natOutgoing) for k, e in docs.of(POOLS).items()
+        }
         return state, nat(pools)
+
+    def updates(self, changes: Iterable[Change]) -> list[Update]:
+        """The engine updates for changed documents, in their order (a pool change: one
+        NAT update, last). Kinds the policy engine does not read are skipped. A document
+        whose engine identity (namespace/name) changed under the same store key gives a
+        removal of the old one first."""
+        converted: list[tuple[Change, UpdateKind, object | None]] = []
+        pools = dict(self._pools)
+        nat_changed = False
+        for ch in changes:
+            if ch.kind == POOLS.name:
+                if ch.value is None:
+                    pools.pop(ch.key, None)
+                else:
+                    spec = cast("IPPool", ch.value).spec
+                    pools[ch.key] = (spec.cidr, spec.natOutgoing)
+                nat_changed = True
+                continue
+            how = _UPDATES.get(ch.kind)
+            if how is None:
+                continue
+            kind, fn = how
+            converted.append((ch, kind, None if ch.value is None else fn(ch.value)))
+        out: list[Update] = []
+        for ch, kind, value in converted:  # every conversion succeeded: now record them
+            memo = self._memo.setdefault(ch.kind, {})
+            held = memo.get(ch.key)
+            old_key = _engine_key(held[1]) if held is not None else None
+            if value is None:
+                memo.pop(ch.key, None)
+                out.append(Update(kind, old_key if old_key is not None else ch.key, None))
+                continue
+            memo[ch.key] = (-1, value)  # no revision: the next convert converts it again
+            key = _engine_key(value)
+            if old_key is not None and old_key != key:
+                out.append(Update(kind, old_key, None))
+            out.append(Update(kind, key, cast("Value", value)))
+        if nat_changed:
+            self._pools = pools
+            out.append(Update("nat", "", engine.NatConfig(tuple(pools.values()))))
+        return out
 
     def _each(self, docs: Documents, kind: Kind[M], fn: Callable[[M], V]) -> list[V]:
         old = self._memo.get(kind.name, {})

@@ -285,6 +285,13 @@ class Index:
     def has(self, kind: str, key: str) -> bool:
         return key in self._raw.get(kind, {})
 
+    def watches(self, kind: str) -> bool:
+        return kind in self._kinds
+
+    def raw_get(self, kind: str, key: str) -> Doc | None:
+        """A document of a kind this index holds, as stored (None: not held)."""
+        return self._raw[kind].get(key)
+
     def snapshot(self) -> Documents:
         return Documents(
             {k: dict(v) for k, v in self._typed.items()},

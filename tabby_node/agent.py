@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from dataplane.nft import PolicyDataplane
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay_model import DesiredState
+    from datastore import Served
     from tabby_node.metrics import Metrics
     from tabby_node.server import NodeServer
     from tabby_node.view import RoutingBackend
@@ -99,6 +100,7 @@ class Agent:
         self.http_servers: list[ThreadingHTTPServer] = []
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
+        self.served: Served | None = None
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -162,6 +164,7 @@ class Agent:
         self._retry("default pools", lambda: self.ensure_default_pools(store))
         self._spawn("watcher", self._watch)
         self._spawn("heartbeat", self._heartbeat)
+        self.serve_calls(store)
         if not self.cache.synced.wait(self.datastore.lock_timeout_seconds):
             log.warning("no datastore snapshot yet: starting with an empty view")
         self._retry("tunnel addresses", lambda: self.ensure_tunnels(store))
@@ -172,6 +175,18 @@ class Agent:
 
         self.policy = PolicyDataplane(facts.name)
         self.reconcile(full=True)
+
+    def serve_calls(self, store: Store) -> None:
+        """The CNI calls this node serves use its store (warm connections) when their
+        configuration names the same datastore; on etcd each call's datastore work is one
+        optimistic commit based on what the watch and this node's own writes tell it
+        (``datastore.optimistic``: a stale guess costs a retry on the store, never a wrong
+        answer). The file store is local and cheap to read: no guesses there."""
+        import datastore
+        from tabby_node.knowledge import Knowledge
+
+        known = Knowledge(self.cache) if self.datastore.datastore_type == "etcdv3" else None
+        self.served = datastore.serve(self.datastore, store, known)
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped
@@ -558,11 +573,13 @@ class Agent:
 
     # -- the no-window path: a pod's policy before its ADD answers -----------------------------
 
-    def endpoint_added(self, key: str, doc: Doc) -> None:
-        """The plugin recorded an endpoint (in a CNI thread): program its policy now."""
+    def endpoint_added(self, key: str, doc: Doc | None) -> None:
+        """The plugin recorded an endpoint (in a CNI thread): program its policy now
+        (``doc``: as stored, when the cache may not have it yet)."""
 
         def program() -> None:
-            self.cache.put_local(ENDPOINTS.name, key, doc)
+            if doc is not None:
+                self.cache.put_local(ENDPOINTS.name, key, doc)
             self._program_endpoint(key)
 
         self.on_dataplane_thread(program, ENDPOINT_WAIT_SECONDS)
@@ -641,6 +658,10 @@ class Agent:
                 self.routing.stop(stop_bird=stop_bird)
         for t in self.threads:
             t.join(timeout=2)
+        if self.served is not None:
+            import datastore
+
+            datastore.unserve(self.datastore)
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
@@ -767,9 +788,9 @@ class AgentEndpoints:
         host_ifname: str,
     ) -> None:
         self.wait_mirrored(args)
+        # doc None: the write landed as one optimistic commit, which the cache holds now
+        # (or the endpoint vanished at once: then the cache has nothing to program)
         key, doc = self.inner.record(args, conf, addresses, host_ifname)
-        if doc is None:
-            return
         try:
             self.agent.endpoint_added(key, doc)
         except Exception as e:

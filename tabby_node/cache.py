@@ -8,6 +8,7 @@ import time
 from typing import TypeVar
 
 from datastore.base import Doc, SyncEvent
+from datastore.optimistic import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
 from resources.index import HEARTBEATS, NAMESPACES, PODS, POLICY, ROUTING, Documents, Index, Kind
 
@@ -62,7 +63,8 @@ class Cache:
             self.wake.set()
 
     def put_local(self, kind: str, key: str, doc: Doc | None) -> None:
-        """What this node just wrote, ahead of the watch (which will say the same)."""
+        """What this node just wrote, ahead of the watch (which will say the same, and
+        then changes nothing: so the change is due to the dataplane now)."""
         with self.lock:
             if doc is None:
                 changed = self.index.delete(kind, key)
@@ -71,6 +73,20 @@ class Cache:
             if changed:
                 self.version += 1
                 self.updated.notify_all()
+        if changed:
+            self.changed.set()
+            self.wake.set()
+
+    def lookup(self, kind: str, key: str) -> Doc | Unknown | None:
+        """A watched document as stored (None: it does not exist), once the first snapshot
+        is in; ``UNKNOWN`` for other kinds or before."""
+        with self.lock:
+            if not self.synced.is_set() or not self.index.watches(kind):
+                return UNKNOWN
+            return self.index.raw_get(kind, key)
+
+    def watches(self, kind: str) -> bool:
+        return self.index.watches(kind)
 
     def get(self, kind: Kind[T], key: str) -> T | None:
         """One document, typed (no snapshot of the rest)."""

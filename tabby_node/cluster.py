@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from dataplane.model import IPAddress, IPNetwork
@@ -282,41 +282,22 @@ def vxlan_state(
 
     Blocks of pools without VXLAN (a bird cluster's plain pools) get nothing here; a remote
     node that is not alive, or that has not published its tunnel address and MAC yet, gets
-    no routes (its blocks are unreachable until it does)."""
-    mine = cluster.nodes.get(me)
-    devices: dict[int, VxlanDevice] = {}
-    for version, local, tunnel, mac in (
-        (4, underlay.ipv4, mine.vxlan_v4 if mine else None, mine.vxlan_mac if mine else None),
-        (6, underlay.ipv6, mine.vxlan_v6 if mine else None, mine.vxlan_mac_v6 if mine else None),
-    ):
-        if local is not None and mac and _vxlan_wanted(cluster, version, backend):
-            mtu = max(underlay.mtu - (50 if version == 4 else 70), 1280 if version == 6 else 68)
-            devices[version] = VxlanDevice(local.ip, mac, mtu, tunnel)
+    no routes (its blocks are unreachable until it does).
+
+    This is the reference: the whole state from the whole cluster. tabby-node keeps the
+    same state up to date per changed document (:mod:`tabby_node.vxlan_table`, built from
+    the same pieces: :class:`VxlanLocal`, :func:`vtep_claim`, :func:`accept_vteps`) and
+    checks it against this one periodically."""
+    local = VxlanLocal.of(
+        cluster.nodes.get(me), underlay, backend, lambda v: _vxlan_wanted(cluster, v, backend)
+    )
     fdb: set[FdbEntry] = set()
     neighbours: set[NeighbourEntry] = set()
     routes: dict[IPNetwork, OverlayRoute] = {}
-    vteps = _vteps(cluster, me, devices)
+    vteps = _vteps(cluster, me, local.devices)
 
     def route_to(node: NodeInfo, net: IPNetwork, pool: PoolInfo | None) -> OverlayRoute | None:
-        version = net.version
-        kind, mode = encap_of(pool, backend)
-        if kind != "vxlan" or version not in devices:
-            return None
-        local = underlay.ipv4 if version == 4 else underlay.ipv6
-        remote = node.ipv4 if version == 4 else node.ipv6
-        uplink = underlay.uplink_v4 if version == 4 else underlay.uplink_v6
-        if (
-            mode == "CrossSubnet"
-            and local is not None
-            and remote is not None
-            and uplink
-            and remote.ip in local.network
-        ):
-            return OverlayRoute.via(net, remote.ip, uplink)
-        vtep = vteps.get((node.name, version))
-        if vtep is None:
-            return None  # no complete VTEP (underlay, tunnel address, MAC): no route into a void
-        return OverlayRoute.via(net, vtep.neighbour.address, devices[version].name)
+        return local.route(node, net, pool, vteps.get((node.name, net.version)))
 
     for vtep in vteps.values():
         fdb.add(vtep.fdb)
@@ -348,8 +329,8 @@ def vxlan_state(
         if r is not None:
             routes[b.prefix] = r
     return DesiredState(
-        vxlan_v4=devices.get(4),
-        vxlan_v6=devices.get(6),
+        vxlan_v4=local.devices.get(4),
+        vxlan_v6=local.devices.get(6),
         fdb=frozenset(fdb),
         neighbours=frozenset(neighbours),
         routes=frozenset(routes.values()),
@@ -357,58 +338,164 @@ def vxlan_state(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Vtep:
+class Vtep:
+    """A remote node's VXLAN endpoint on one of this node's devices: the FDB entry (its
+    MAC -> its underlay address) and the neighbour (its tunnel address -> its MAC)."""
+
     fdb: FdbEntry
     neighbour: NeighbourEntry
 
 
+@dataclasses.dataclass(frozen=True)
+class VxlanLocal:
+    """This node's side of the vxlan state: its underlay, the backend, and the VXLAN
+    devices it wants (by IP version)."""
+
+    underlay: Underlay
+    backend: str
+    devices: Mapping[int, VxlanDevice]
+
+    @classmethod
+    def of(
+        cls,
+        mine: NodeInfo | None,
+        underlay: Underlay,
+        backend: str,
+        wanted: Callable[[int], bool],
+    ) -> VxlanLocal:
+        """The devices of node ``mine`` (its tunnel addresses and MACs): one per family
+        with an underlay address, a MAC, and a pool that uses VXLAN (``wanted``).
+        ValueError when its MAC or tunnel address cannot make a device."""
+        devices: dict[int, VxlanDevice] = {}
+        for version, ip, tunnel, mac in (
+            (4, underlay.ipv4, mine.vxlan_v4 if mine else None, mine.vxlan_mac if mine else None),
+            (
+                6,
+                underlay.ipv6,
+                mine.vxlan_v6 if mine else None,
+                mine.vxlan_mac_v6 if mine else None,
+            ),
+        ):
+            if ip is not None and mac and wanted(version):
+                mtu = max(underlay.mtu - (50 if version == 4 else 70), 1280 if version == 6 else 68)
+                devices[version] = VxlanDevice(ip.ip, mac, mtu, tunnel)
+        return cls(underlay, backend, devices)
+
+    def route(
+        self, node: NodeInfo, net: IPNetwork, pool: PoolInfo | None, vtep: Vtep | None
+    ) -> OverlayRoute | None:
+        """The route to ``net`` held by ``node`` (whose endpoint on this family's device is
+        ``vtep``): directly over the uplink for a CrossSubnet pool when the node shares
+        this node's subnet, else through the tunnel; None when the pool does not use VXLAN,
+        this node has no device of the family, or the node has no usable endpoint."""
+        version = net.version
+        kind, mode = encap_of(pool, self.backend)
+        if kind != "vxlan" or version not in self.devices:
+            return None
+        underlay = self.underlay
+        local = underlay.ipv4 if version == 4 else underlay.ipv6
+        remote = node.ipv4 if version == 4 else node.ipv6
+        uplink = underlay.uplink_v4 if version == 4 else underlay.uplink_v6
+        if (
+            mode == "CrossSubnet"
+            and local is not None
+            and remote is not None
+            and uplink
+            and remote.ip in local.network
+        ):
+            return OverlayRoute.via(net, remote.ip, uplink)
+        if vtep is None:
+            return None  # no complete VTEP (underlay, tunnel address, MAC): no route into a void
+        return OverlayRoute.via(net, vtep.neighbour.address, self.devices[version].name)
+
+
+@dataclasses.dataclass(frozen=True)
+class VtepClaim:
+    """What a remote node asks for on this family's device: its (normalised) MAC, its
+    tunnel address and its underlay address."""
+
+    mac: str
+    tunnel: IPAddress
+    remote: IPAddress
+
+
+def vtep_claim(node: NodeInfo, version: int) -> VtepClaim | None:
+    """The endpoint ``node`` publishes for IP ``version``; None when it lacks its underlay
+    address, tunnel address or MAC, or its MAC is not a unicast one (logged)."""
+    remote = node.ipv4 if version == 4 else node.ipv6
+    tunnel = node.vxlan_v4 if version == 4 else node.vxlan_v6
+    mac = node.vxlan_mac if version == 4 else node.vxlan_mac_v6
+    if remote is None or tunnel is None or not mac:
+        return None
+    try:
+        mac = normalise_mac(mac)
+    except ValueError as e:
+        log.warning("node %s: ignoring its VXLAN endpoint: %s", node.name, e)
+        return None
+    return VtepClaim(mac, tunnel, remote.ip)
+
+
+def accept_vteps(device: VxlanDevice, claims: Iterable[tuple[str, VtepClaim]]) -> dict[str, Vtep]:
+    """The endpoints ``device`` gets, by node name, from ``claims`` in node name order: a
+    claim whose MAC or tunnel address the device or an endpoint accepted before already
+    uses is left out, with a warning (the first node in name order keeps the entry)."""
+    used_macs = {device.mac}
+    used_tunnels = {device.address} if device.address is not None else set()
+    out: dict[str, Vtep] = {}
+    for name, claim in claims:
+        if claim.mac in used_macs or claim.tunnel in used_tunnels:
+            log.warning(
+                "node %s: ignoring its VXLAN endpoint: MAC %s or tunnel address %s is "
+                "another node's",
+                name,
+                claim.mac,
+                claim.tunnel,
+            )
+            continue
+        used_macs.add(claim.mac)
+        used_tunnels.add(claim.tunnel)
+        out[name] = Vtep(
+            FdbEntry(device.name, claim.mac, claim.remote),
+            NeighbourEntry(device.name, claim.tunnel, claim.mac),
+        )
+    return out
+
+
 def _vteps(
     cluster: Cluster, me: str, devices: Mapping[int, VxlanDevice]
-) -> dict[tuple[str, int], _Vtep]:
+) -> dict[tuple[str, int], Vtep]:
     """The remote VXLAN endpoints, per (live node, IP version) of a local device: a node
     needs its underlay address, tunnel address and a unicast MAC of its own. A Node whose
     MAC or tunnel address another node (or this one) already uses is left out, with a
     warning: one bad document must not make the whole kernel state invalid (the first
     node in name order keeps the entry)."""
-    out: dict[tuple[str, int], _Vtep] = {}
+    out: dict[tuple[str, int], Vtep] = {}
     for version, device in sorted(devices.items()):
-        used_macs = {device.mac}
-        used_tunnels = {device.address} if device.address is not None else set()
+        claims = []
         for node in cluster.alive():
             if node.name == me:
                 continue
-            remote = node.ipv4 if version == 4 else node.ipv6
-            tunnel = node.vxlan_v4 if version == 4 else node.vxlan_v6
-            mac = node.vxlan_mac if version == 4 else node.vxlan_mac_v6
-            if remote is None or tunnel is None or not mac:
-                continue
-            try:
-                mac = normalise_mac(mac)
-            except ValueError as e:
-                log.warning("node %s: ignoring its VXLAN endpoint: %s", node.name, e)
-                continue
-            if mac in used_macs or tunnel in used_tunnels:
-                log.warning(
-                    "node %s: ignoring its VXLAN endpoint: MAC %s or tunnel address %s is "
-                    "another node's",
-                    node.name,
-                    mac,
-                    tunnel,
-                )
-                continue
-            used_macs.add(mac)
-            used_tunnels.add(tunnel)
-            out[(node.name, version)] = _Vtep(
-                FdbEntry(device.name, mac, remote.ip), NeighbourEntry(device.name, tunnel, mac)
-            )
+            claim = vtep_claim(node, version)
+            if claim is not None:
+                claims.append((node.name, claim))
+        for name, vtep in accept_vteps(device, claims).items():
+            out[(name, version)] = vtep
     return out
 
 
+def vxlan_wanted(pools: Iterable[PoolInfo], version: int, backend: str) -> bool:
+    """A VXLAN device of this family is wanted when some pool of it uses VXLAN (or, under
+    ``--backend vxlan``, when there is no pool at all yet)."""
+    empty = True
+    for p in pools:
+        empty = False
+        if p.cidr.version == version and p.encap(backend)[0] == "vxlan":
+            return True
+    return empty and backend == "vxlan"
+
+
 def _vxlan_wanted(cluster: Cluster, version: int, backend: str) -> bool:
-    """A VXLAN device of this family is wanted when some pool of it uses VXLAN."""
-    return any(
-        p.cidr.version == version and p.encap(backend)[0] == "vxlan" for p in cluster.pools
-    ) or (backend == "vxlan" and not cluster.pools)
+    return vxlan_wanted(cluster.pools, version, backend)
 
 
 def device_names() -> Iterable[str]:

@@ -11,7 +11,8 @@ one). Two kinds of numbers:
 * state, read at scrape time by a collector from what the agent already holds: the IPAM
   gauges from the cache's pool and block documents (through the very views ``tabbyctl ipam
   show`` uses, recomputed only when the cache changed), BGP sessions from BIRD's control
-  socket, the nftables counters, the watch's resyncs, the etcd store's transaction counters.
+  socket, the nftables counters, the store's watch counters (re-reads, resumed streams), the
+  etcd store's transaction counters.
 
 Only tabby-node imports this module: the per-call binaries never load prometheus_client
 (tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
@@ -130,6 +131,13 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "type",
         "items the last routing pass could not program (conflict: not tabby's; failure)",
     ),
+    "tabby_routing_check_fixes_total": (
+        "counter",
+        "what",
+        "what the periodic routing check had to fix (0 while the per-change passes keep "
+        "everything right): kernel objects the whole reconcile changed, model facts or objects"
+        " the passes kept wrong, bird configurations that differed",
+    ),
     "tabby_bgp_peers": ("gauge", "state", "BGP sessions by BIRD state"),
     "tabby_bgp_announced_prefixes": (
         "gauge",
@@ -161,6 +169,17 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "time to compute and program one policy change",
     ),
     "tabby_policy_last_apply_duration_seconds": ("gauge", "", "duration of the last apply"),
+    "tabby_policy_checks_total": (
+        "counter",
+        "",
+        "periodic full computations checked against the incrementally kept policy state",
+    ),
+    "tabby_policy_check_fixes_total": (
+        "counter",
+        "",
+        "differences those checks found and fixed (sets, elements, chains, programs): 0 "
+        "unless a change was missed",
+    ),
     # datastore
     "tabby_datastore_errors_total": (
         "counter",
@@ -171,7 +190,16 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_datastore_watch_resyncs_total": (
         "counter",
         "",
-        "full snapshots the watch read (the first one, and one after every broken watch)",
+        "times the watch read its kinds again because the store could not say what changed "
+        "(etcd's history compacted, a failed poll of the file store); the first read not "
+        "counted; only the differences were applied",
+    ),
+    "tabby_datastore_watch_resumes_total": (
+        "counter",
+        "",
+        "times the etcd watch streams were opened again after a break (member restarted, "
+        "connection lost, no leader), every range from the last revision it had delivered: "
+        "nothing read again",
     ),
     "tabby_datastore_synced": ("gauge", "", "1 when the watch has a snapshot and no error"),
     "tabby_datastore_transactions_total": ("counter", "", "etcd transactions the agent sent"),
@@ -184,6 +212,13 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "counter",
         "outcome",
         "writes retried after an unknown outcome: applied, unknown",
+    ),
+    "tabby_datastore_fast_path_total": (
+        "counter",
+        "outcome",
+        "served CNI calls' datastore operations on etcd: committed (one optimistic commit), "
+        "retried (it did not land: run on the store), declined (one commit could not do it), "
+        "failed (it failed on the view: run on the store)",
     ),
     # the node
     "tabby_node_up": ("gauge", "", "1: tabby-node runs"),
@@ -373,6 +408,14 @@ class Metrics:
         )
         for kind in ("conflict", "failure"):
             self.problems.labels(type=kind)
+        self.check_fixes = Counter(
+            "tabby_routing_check_fixes",
+            _help("tabby_routing_check_fixes_total"),
+            ["what"],
+            registry=r,
+        )
+        for what in ("kernel", "model", "bird"):
+            self.check_fixes.labels(what=what)
         self.policy_apply = Histogram(
             "tabby_policy_apply_duration_seconds",
             _help("tabby_policy_apply_duration_seconds"),
@@ -428,6 +471,12 @@ class Metrics:
                     self.changes.labels(kind=kind, action=action).inc(n)
         self.problems.labels(type="conflict").set(len(changes.conflicts))
         self.problems.labels(type="failure").set(len(changes.failures))
+
+    def routing_checked(self, fixes: Mapping[str, int]) -> None:
+        """The periodic routing check: what it had to fix, by kind."""
+        for what, n in fixes.items():
+            if n:
+                self.check_fixes.labels(what=what).inc(n)
 
     def bird(self, supervisor: BirdSupervisor) -> None:
         """The BIRD supervisor (bird backend): sessions and restarts are read at scrape."""
@@ -590,19 +639,34 @@ class Metrics:
             _help("tabby_policy_apply_errors_total"),
             value=c.apply_errors if c else 0,
         )
+        yield CounterMetricFamily(
+            "tabby_policy_checks", _help("tabby_policy_checks_total"), value=c.checks if c else 0
+        )
+        yield CounterMetricFamily(
+            "tabby_policy_check_fixes",
+            _help("tabby_policy_check_fixes_total"),
+            value=c.check_fixes if c else 0,
+        )
 
     def _datastore_families(self) -> Iterator[Metric]:
         agent = self.agent
         cache = agent.cache if agent is not None else None
-        resyncs = cache.resyncs if cache is not None else 0
         synced = cache is not None and cache.synced.is_set() and cache.last_error is None
+        store = agent.store if agent is not None else None
+        sync_stats = getattr(store, "sync_stats", None)
+        watch: Mapping[str, int] = sync_stats if isinstance(sync_stats, Mapping) else {}
         yield CounterMetricFamily(
             "tabby_datastore_watch_resyncs",
             _help("tabby_datastore_watch_resyncs_total"),
-            value=resyncs,
+            value=watch.get("rereads", 0),
+        )
+        yield CounterMetricFamily(
+            "tabby_datastore_watch_resumes",
+            _help("tabby_datastore_watch_resumes_total"),
+            value=watch.get("resumes", 0),
         )
         yield _gauge("tabby_datastore_synced", 1 if synced else 0)
-        store_stats = getattr(agent.store, "stats", None) if agent is not None else None
+        store_stats = getattr(store, "stats", None)
         stats: dict[str, int] = dict(store_stats) if isinstance(store_stats, dict) else {}
         yield CounterMetricFamily(
             "tabby_datastore_transactions",
@@ -622,6 +686,16 @@ class Metrics:
         retried.add_metric(["applied"], stats.get("resolved", 0))
         retried.add_metric(["unknown"], stats.get("unknown", 0))
         yield retried
+        served = agent.served if agent is not None else None
+        counts = served.counts.as_dict() if served is not None else {}
+        fast = CounterMetricFamily(
+            "tabby_datastore_fast_path",
+            _help("tabby_datastore_fast_path_total"),
+            labels=["outcome"],
+        )
+        for outcome in ("committed", "retried", "declined", "failed"):
+            fast.add_metric([outcome], counts.get(outcome, 0))
+        yield fast
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:

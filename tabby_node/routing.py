@@ -15,15 +15,29 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from resources.index import (
+    BGP_CONFIGURATIONS,
+    BGP_PEERS,
+    BLOCKS,
+    HEARTBEATS,
+    NODES,
+    POOLS,
+    Change,
+    Documents,
+)
 from tabby_node.cluster import Cluster, NodeInfo, PeerSpec, encap_of
+from tabby_node.cluster_index import BlockEntry, ClusterIndex, Present, Touched
+from tabby_node.view import RoutingCheck, RoutingPass
+from tabby_node.vxlan_table import ROUTE_KINDS, VxlanTable, route_kind
 
 if TYPE_CHECKING:
     from bird import BirdConfig, Peer
     from dataplane.model import IPAddress, IPNetwork
-    from dataplane.overlay_model import DesiredState
+    from dataplane.overlay import Changes
+    from dataplane.overlay_model import DesiredState, FdbEntry, NeighbourEntry
     from tabby_node.view import AgentView
 
 log = logging.getLogger("tabby.node")
@@ -39,71 +53,255 @@ _SEVERITY = {
 
 
 class _Overlay:
-    """The kernel side of VXLAN (and of nothing, when no pool wants it)."""
+    """The kernel side of VXLAN (and of nothing, when no pool wants it): kept per change
+    (:meth:`update`), or computed whole from a cluster view (:meth:`reconcile`)."""
 
     def __init__(self, agent: AgentView) -> None:
         from dataplane.overlay import Reconciler
 
         self.agent = agent
         self.reconciler = Reconciler()
+        self.table: VxlanTable | None = None
+        #: The last whole state programmed by :meth:`reconcile` (None: by :meth:`update`).
         self.last: DesiredState | None = None
         self.programmed: dict[str, int] = {}
         self.problems: list[str] = []
+        self.passes = 0
+        self._peers: list[dict[str, Any]] | None = []
+        self._whole = False  # a pass failed half-way: the next one reconciles whole
 
-    def reconcile(self, cluster: Cluster) -> None:
+    def _table(self) -> VxlanTable:
+        if self.table is None:
+            facts = self.agent.facts
+            assert facts is not None
+            self.table = VxlanTable(facts.name, self.agent.underlay(), self.agent.options.backend)
+        return self.table
+
+    def reconcile(self, cluster: Cluster) -> Changes:
+        """The whole state from ``cluster`` (``vxlan_state``), reconciled whole."""
         desired = self.agent.vxlan_state(cluster)
         changes = self.reconciler.reconcile(desired)
+        self.last = desired
+        by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
+        by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
+        names = {(f.device, f.mac): by_mac.get(f.mac, "") for f in desired.fdb}
+        self._peers = _vxlan_peers(desired.fdb, desired.neighbours, names)
+        self._done(changes, _programmed(desired))
+        return changes
+
+    def update(self, index: ClusterIndex, touched: Touched) -> Changes | None:
+        """The objects ``touched`` changed, recomputed and applied as a delta (the first
+        pass, and one after devices changed or a delta failed, reconcile whole)."""
+        table = self._table()
+        delta = table.update(index, touched)
+        # whole: the first pass, one after the whole path, or after a pass that failed
+        whole = self._whole or self.last is not None or self.passes == 0
+        if not delta and not whole:
+            return None
+        self._whole = True
+        if whole:
+            changes = self.reconciler.reconcile(table.desired())
+        else:
+            changes = self.reconciler.apply(delta, table.desired)
+        self._whole = False
+        self.last = None
+        if whole or delta.devices or delta.fdb or delta.neighbours:
+            self._peers = None
+        self._done(changes, table.programmed())
+        return changes
+
+    def check(
+        self, cluster: Cluster, index: ClusterIndex, *, rebuild: bool = False
+    ) -> tuple[int, Changes]:
+        """The periodic check: the whole state from ``cluster`` (the documents) against the
+        kept one (the objects that differ are counted and the table is rebuilt from
+        ``index``, as it is with ``rebuild``: a new index), then reconciled whole. Returns
+        (objects that differed, what the kernel needed)."""
+        desired = self.agent.vxlan_state(cluster)
+        table = self._table()
+        model = 0
+        if table.ready and self.last is None:
+            model = _difference(table.desired(), desired)
+            if model:
+                log.warning(
+                    "routing check: the incremental vxlan state differed from the whole "
+                    "recompute in %d objects: rebuilt",
+                    model,
+                )
+        if table.ready and (model or rebuild):
+            table.rebuild(index)
+        changes = self.reconciler.reconcile(desired)
+        if not table.ready:
+            self.last = desired  # the table could not be built: the whole path stands
+        self._peers = None
+        self._done(changes, _programmed(desired))
+        return model, changes
+
+    def _done(self, changes: Changes, programmed: dict[str, int]) -> None:
+        self.passes += 1
         if changes:
             log.info("routing: %s", changes.summary())
-        self.last = desired
-        self.programmed = {
-            "block": sum(1 for r in desired.routes if r.type == "unicast" and not _host(r.dst)),
-            "borrowed": sum(1 for r in desired.routes if r.type == "unicast" and _host(r.dst)),
-            "blackhole": sum(1 for r in desired.routes if r.type == "blackhole"),
-            "tunnel": len(desired.neighbours),
-            "fdb": len(desired.fdb),
-        }
+        self.programmed = programmed
         self.problems = [str(p) for p in (*changes.conflicts, *changes.failures)]
         if self.agent.metrics is not None:
             self.agent.metrics.routes(self.programmed, changes)
 
-    def vxlan_peers(self, cluster: Cluster) -> list[dict[str, Any]]:
-        if self.last is None:
-            return []
-        macs = {(n.device, n.mac): n.address for n in self.last.neighbours}
-        by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
-        by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
-        out = []
-        for f in sorted(self.last.fdb, key=lambda f: (f.device, str(f.dst))):
-            out.append(
-                {
-                    "node": by_mac.get(f.mac, ""),
-                    "address": str(f.dst),
-                    "tunnel_address": str(macs.get((f.device, f.mac), "")),
-                    "mac": f.mac,
-                    "device": f.device,
-                }
-            )
-        return out
+    def vxlan_peers(self) -> list[dict[str, Any]]:
+        if self._peers is None:
+            table = self._table()
+            names = {(v.fdb.device, v.fdb.mac): name for (name, _), v in table.vteps.items()}
+            self._peers = _vxlan_peers(table.fdb.values(), table.neighbours.values(), names)
+        return self._peers
 
 
-def _host(net: IPNetwork) -> bool:
-    return bool(net.prefixlen == net.max_prefixlen)
+def _vxlan_peers(
+    fdb: Iterable[FdbEntry],
+    neighbours: Iterable[NeighbourEntry],
+    names: Mapping[tuple[str, str], str],
+) -> list[dict[str, Any]]:
+    """``node status``'s VXLAN peers: one per FDB entry, with its node and tunnel address."""
+    tunnels = {(n.device, n.mac): n.address for n in neighbours}
+    out = []
+    for f in sorted(fdb, key=lambda f: (f.device, str(f.dst))):
+        out.append(
+            {
+                "node": names.get((f.device, f.mac), ""),
+                "address": str(f.dst),
+                "tunnel_address": str(tunnels.get((f.device, f.mac), "")),
+                "mac": f.mac,
+                "device": f.device,
+            }
+        )
+    return out
+
+
+def _programmed(desired: DesiredState) -> dict[str, int]:
+    out = dict.fromkeys(ROUTE_KINDS, 0)
+    for route in desired.routes:
+        out[route_kind(route)] += 1
+    return {**out, "tunnel": len(desired.neighbours), "fdb": len(desired.fdb)}
+
+
+def _difference(kept: DesiredState, whole: DesiredState) -> int:
+    """How many objects (devices, FDB entries, neighbours, routes) differ."""
+    n = int(kept.vxlan_v4 != whole.vxlan_v4) + int(kept.vxlan_v6 != whole.vxlan_v6)
+    n += len(kept.fdb ^ whole.fdb) + len(kept.neighbours ^ whole.neighbours)
+    return n + len(kept.routes ^ whole.routes)
+
+
+def _cluster_difference(kept: Cluster, whole: Cluster) -> int:
+    """How many facts (nodes, pools, blocks, borrowed addresses, peers, BGP settings)
+    differ between two cluster views."""
+    n = len(set(kept.nodes) ^ set(whole.nodes))
+    n += sum(1 for k, v in kept.nodes.items() if k in whole.nodes and whole.nodes[k] != v)
+    for a, b in (
+        (kept.pools, whole.pools),
+        (kept.blocks, whole.blocks),
+        (kept.borrowed, whole.borrowed),
+        (kept.peers, whole.peers),
+    ):
+        n += len(set(a) ^ set(b)) + int(set(a) == set(b) and a != b)
+    settings = (kept.as_number, kept.mesh, kept.log_severity)
+    return n + int(settings != (whole.as_number, whole.mesh, whole.log_severity))
 
 
 class NoRouting:
+    """``--backend none``; the base of the others.
+
+    Per dataplane pass the agent hands over the documents that changed (:meth:`sync`);
+    periodically it has everything recomputed from the documents and checked
+    (:meth:`check`). :meth:`reconcile` is a whole pass from a cluster view."""
+
     def __init__(self, agent: AgentView) -> None:
         self.agent = agent
         self.overlay = _Overlay(agent)
+        self.index: ClusterIndex | None = None
+        #: What the periodic checks had to fix so far, by kind (see RoutingCheck).
+        self.check_fixes: dict[str, int] = RoutingCheck().as_dict()
+        self.last_check: RoutingCheck | None = None
 
     def start(self) -> None:
         pass
 
+    def _index(self) -> ClusterIndex:
+        if self.index is None:
+            facts = self.agent.facts
+            assert facts is not None
+            self.index = ClusterIndex(facts.name)
+        return self.index
+
+    def sync(self, changes: Iterable[Change], present: Present | None = None) -> RoutingPass:
+        """One dataplane pass: the documents that changed since the last one
+        (``Index.drain()``: kinds routing does not read are ignored; ``present``:
+        ``Index.has``, for a heartbeat that does not parse) are taken into the cluster view,
+        and the kernel (and BIRD) get what they change. The first pass (given every
+        document) programs everything."""
+        index = self._index()
+        touched = index.apply(changes, present)
+        kernel = None
+        try:
+            kernel = self.overlay.update(index, touched)
+        finally:  # BIRD gets its change even when the kernel's failed (and vice versa)
+            bird = self._sync_bird(index, touched)
+        return RoutingPass(touched, kernel, bird)
+
+    def _sync_bird(self, index: ClusterIndex, touched: Touched) -> bool:
+        return False
+
+    def check(self, docs: Documents) -> RoutingCheck:
+        """The periodic check: the cluster view, the vxlan state and BIRD's configuration
+        recomputed from ``docs`` (the cache's snapshot) and compared with what the passes
+        kept (a difference is a bug: logged, counted, and the kept state rebuilt from the
+        documents), then the kernel reconciled whole against it. All counts 0 when all was
+        right; they are added to :attr:`check_fixes` and exported."""
+        facts = self.agent.facts
+        assert facts is not None
+        cluster = Cluster.from_documents(docs, facts.name)
+        model = 0
+        if self.index is not None:
+            model = _cluster_difference(self.index.cluster(), cluster)
+            if model:
+                log.warning(
+                    "routing check: the kept cluster view differed from the documents in %d "
+                    "facts: rebuilt",
+                    model,
+                )
+                self.index = None
+        rebuild = self.index is None
+        if rebuild:
+            self._index().apply(_every(docs), lambda kind, key: key in docs.raw(kind))
+        vxlan, changes = self.overlay.check(cluster, self._index(), rebuild=rebuild)
+        result = RoutingCheck(len(changes), model + vxlan, self._check_bird(cluster))
+        self.last_check = result
+        for key, n in result.as_dict().items():
+            self.check_fixes[key] += n
+        if result.fixes:
+            log.warning("routing check fixed %s", result.as_dict())
+        if self.agent.metrics is not None:
+            self.agent.metrics.routing_checked(result.as_dict())
+        return result
+
+    def _check_bird(self, cluster: Cluster) -> int:
+        return 0
+
     def reconcile(self, cluster: Cluster, *, full: bool = False) -> None:
+        """A whole pass from ``cluster`` (what every pass was before :meth:`sync`)."""
         self.overlay.reconcile(cluster)  # empty under --backend none: removes leftovers
 
-    def status(self, cluster: Cluster) -> dict[str, Any]:
-        return {"peers": [], "vxlan": [], "routing_problems": self.overlay.problems}
+    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+        return {"peers": [], "vxlan": [], **self._status_common()}
+
+    def _status_common(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"routing_problems": self.overlay.problems}
+        table = self.overlay.table
+        out["routing_passes"] = {
+            "passes": self.overlay.passes,
+            "rebuilds": table.rebuilds if table is not None else 0,
+            "deltas": table.updates if table is not None else 0,
+            "fallbacks": self.overlay.reconciler.fallbacks,
+            "check_fixes": dict(self.check_fixes),
+        }
+        return out
 
     def readiness(self) -> list[str]:
         return []
@@ -115,16 +313,25 @@ class NoRouting:
         pass
 
 
+def _every(docs: Documents) -> list[Change]:
+    """Every routing document of a snapshot, as changes (to build a cluster view anew)."""
+    return [
+        Change(kind.name, key, entry.value)
+        for kind in (NODES, HEARTBEATS, POOLS, BLOCKS, BGP_CONFIGURATIONS, BGP_PEERS)
+        for key, entry in docs.of(kind).items()
+    ] + [
+        Change(HEARTBEATS.name, key, None)  # present, though it did not parse
+        for key in docs.raw(HEARTBEATS.name)
+        if key not in docs.of(HEARTBEATS)
+    ]
+
+
 class VxlanRouting(NoRouting):
-    def status(self, cluster: Cluster) -> dict[str, Any]:
-        return {
-            "peers": [],
-            "vxlan": self.overlay.vxlan_peers(cluster),
-            "routing_problems": self.overlay.problems,
-        }
+    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+        return {"peers": [], "vxlan": self.overlay.vxlan_peers(), **self._status_common()}
 
     def readiness(self) -> list[str]:
-        if self.overlay.last is None:
+        if self.overlay.passes == 0:
             return ["vxlan: not programmed yet"]
         return [f"vxlan: {p}" for p in self.overlay.problems[:3]]
 
@@ -139,14 +346,20 @@ class BirdRouting(NoRouting):
         self.bird = BirdSupervisor(agent.options.run_dir)
         self.started = False
         self.config: BirdConfig | None = None
+        #: BIRD's configuration rendered, and rendered because a change could alter it
+        self.renders = 0
+        self._retry = False  # the last render or reload failed: the next pass tries again
 
     def start(self) -> None:
         pass  # BIRD starts (or is adopted) with the first configuration
 
-    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None:
-        self.overlay.reconcile(cluster)
+    def _bird(self, cluster: Cluster) -> None:
+        """Render BIRD's configuration from ``cluster``; start BIRD with it, or reload it
+        when it changed."""
         facts = self.agent.facts
         assert facts is not None
+        self._retry = True
+        self.renders += 1
         config = bird_config(cluster, facts.name, ipip=facts.ipip_available)
         if config is None:
             raise RuntimeError("BIRD needs the node's IPv4 address (--node-ip)")
@@ -158,21 +371,45 @@ class BirdRouting(NoRouting):
         elif config != self.config:
             self.bird.apply(config)
         self.config = config
+        self._retry = False
         if self.agent.metrics is not None:
             self.agent.metrics.bird(self.bird)
 
-    def status(self, cluster: Cluster) -> dict[str, Any]:
+    def _sync_bird(self, index: ClusterIndex, touched: Touched) -> bool:
+        if self.started and not self._retry and not bird_touched(index, touched):
+            return False  # e.g. a pod on another node: BIRD's configuration cannot change
+        self._bird(index.bird_cluster())
+        return True
+
+    def _check_bird(self, cluster: Cluster) -> int:
+        facts = self.agent.facts
+        assert facts is not None
+        before = self.config
+        self._bird(cluster)
+        if before is not None and before != self.config:
+            log.warning("routing check: BIRD's configuration differed from the whole recompute")
+            return 1
+        return 0
+
+    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None:
+        self.overlay.reconcile(cluster)
+        self._bird(cluster)
+
+    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+        problems = []
         try:
             peers = [p.as_dict() for p in self.bird.peers()]
         except Exception as e:
             peers = []
-            self.overlay.problems = [*self.overlay.problems, f"bird: {e}"]
-        return {
+            problems = [f"bird: {e}"]
+        out = {
             "peers": peers,
-            "vxlan": self.overlay.vxlan_peers(cluster),
-            "bird": {"pid": self.bird.pid, "restarts": self.bird.restarts},
-            "routing_problems": self.overlay.problems,
+            "vxlan": self.overlay.vxlan_peers(),
+            "bird": {"pid": self.bird.pid, "restarts": self.bird.restarts, "renders": self.renders},
+            **self._status_common(),
         }
+        out["routing_problems"] = [*self.overlay.problems, *problems]
+        return out
 
     def announced(self) -> dict[str, int]:
         if self.config is None:
@@ -189,6 +426,50 @@ class BirdRouting(NoRouting):
             self.bird.stop()
         else:
             self.bird.detach()
+
+
+def bird_touched(index: ClusterIndex, touched: Touched) -> bool:
+    """Whether what ``touched`` changed can alter node ``index.me``'s BIRD configuration
+    (``bird_config`` reads): pools, the BGP configuration and peers; a node appearing,
+    expiring, going, or changing its address, AS, route reflector cluster id or labels;
+    this node's own blocks coming and going; an address it holds in another's block; the
+    one address of a one-address block of its own held by another node. Pods, its own or
+    another node's, come and go without it (but for those borrowed addresses)."""
+    if touched.pools or touched.bgp:
+        return True
+    me = index.me
+    for name, before in touched.nodes.items():
+        if _bird_facts(before, name == me) != _bird_facts(index.nodes.get(name), name == me):
+            return True
+    for key, old in touched.blocks.items():
+        if _bird_block(index, old) != _bird_block(index, index.blocks.get(key)):
+            return True
+    return False
+
+
+def _bird_block(index: ClusterIndex, entry: BlockEntry | None) -> tuple[object, ...] | None:
+    """What ``bird_config`` reads of a block document: its prefix if it is this node's
+    (announced), whether another node holds its one address (then that node announces
+    it), and the addresses this node holds in it (announced as /32 or /128)."""
+    if entry is None:
+        return None
+    me = index.me
+    mine = entry.info.node == me
+    held = frozenset((b.address, b.block) for b in entry.borrowed if b.holder == me)
+    lent = any(b.holder != me and b.prefix == b.block for b in entry.borrowed)
+    if lent and not mine:  # counts only for a block of this node's of that prefix
+        at = index.blocks_at.get(entry.info.cidr, ())
+        lent = any(index.blocks[k].info.node == me for k in at)
+    if not mine and not held and not lent:
+        return None
+    return (entry.info.cidr if mine else None, lent, held)
+
+
+def _bird_facts(node: NodeInfo | None, mine: bool) -> tuple[object, ...] | None:
+    """What ``bird_config`` reads of a node (of another only while it is alive)."""
+    if node is None or not (node.alive or mine):
+        return None
+    return (node.ipv4, node.ipv6, node.as_number, node.rr_cluster_id, node.labels)
 
 
 # -- the BIRD configuration from the cluster view (confd's role) --------------------------------

@@ -9,8 +9,9 @@ over.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,11 +21,48 @@ if TYPE_CHECKING:
     from dataplane.nft import ApplyResult, PolicyDataplane
     from dataplane.overlay import Changes
     from dataplane.overlay_model import DesiredState
+    from datastore import Served
     from datastore.base import Store
+    from resources.index import Change, Documents
     from tabby_node.cache import Cache
-    from tabby_node.cluster import Cluster
+    from tabby_node.cluster import Cluster, Underlay
+    from tabby_node.cluster_index import Present, Touched
     from tabby_node.facts import Facts
     from tabby_node.options import NodeOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingPass:
+    """What one :meth:`NoRouting.sync` did."""
+
+    #: What the batch changed in the cluster view (``pools``: the agent's IP-in-IP notice).
+    touched: Touched
+    #: What the kernel got (None: nothing to change).
+    kernel: Changes | None = None
+    #: BIRD's configuration was rendered again (and reloaded if it changed).
+    bird: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingCheck:
+    """What the periodic check (:meth:`NoRouting.check`) had to fix; all 0 when the
+    incremental passes kept everything right."""
+
+    #: Kernel objects the whole reconcile changed (a route someone removed, or a delta
+    #: that went wrong).
+    kernel: int = 0
+    #: Facts or desired objects where the kept state differed from the recompute from
+    #: the documents (a bug in the incremental passes: logged, and the state rebuilt).
+    model: int = 0
+    #: BIRD's configuration differed from the one rendered from the whole cluster.
+    bird: int = 0
+
+    @property
+    def fixes(self) -> int:
+        return self.kernel + self.model + self.bird
+
+    def as_dict(self) -> dict[str, int]:
+        return {"kernel": self.kernel, "model": self.model, "bird": self.bird}
 
 
 class MetricsHooks(Protocol):
@@ -33,6 +71,8 @@ class MetricsHooks(Protocol):
     def reconciled(self, seconds: float, ok: bool) -> None: ...
 
     def routes(self, programmed: Mapping[str, int], changes: Changes) -> None: ...
+
+    def routing_checked(self, fixes: Mapping[str, int]) -> None: ...
 
     def bird(self, supervisor: BirdSupervisor) -> None: ...
 
@@ -59,9 +99,18 @@ class RoutingBackend(Protocol):
 
     def start(self) -> None: ...
 
+    def sync(self, changes: Iterable[Change], present: Present | None = None) -> RoutingPass:
+        """A dataplane pass: the routing documents that changed (``Index.drain``)."""
+        ...
+
+    def check(self, docs: Documents) -> RoutingCheck:
+        """The periodic check: everything recomputed from the documents, the kernel
+        reconciled whole; what it had to fix."""
+        ...
+
     def reconcile(self, cluster: Cluster, *, full: bool = False) -> None: ...
 
-    def status(self, cluster: Cluster) -> dict[str, Any]: ...
+    def status(self, cluster: Cluster | None = None) -> dict[str, Any]: ...
 
     def readiness(self) -> list[str]: ...
 
@@ -91,6 +140,9 @@ class AgentView(Protocol):
     def store(self) -> Store | None: ...
 
     @property
+    def served(self) -> Served | None: ...
+
+    @property
     def problems(self) -> dict[str, str]: ...
 
     @property
@@ -116,6 +168,10 @@ class AgentView(Protocol):
 
     @property
     def http_servers(self) -> list[ThreadingHTTPServer]: ...
+
+    def underlay(self) -> Underlay:
+        """This node's underlay addresses, uplinks and MTU."""
+        ...
 
     def vxlan_state(self, cluster: Cluster) -> DesiredState:
         """The kernel state the vxlan backend wants on this node."""

@@ -136,8 +136,17 @@ def run(
             closed = _policy_paths(lab, db, client, others, echo)
             _step(echo, 6, total, "IPAM across the cluster")
             show = lab.tabbyctl("ipam", "show")
-            for line in show.stdout.splitlines()[:12]:
+            shown = show.stdout.splitlines()
+            # the pools and blocks in full; the allocations (one per pod) cut short, said so
+            cut = shown.index("") if "" in shown else len(shown)
+            rest = shown[cut + 1 :] if cut < len(shown) else []
+            blocks_end = rest.index("") if "" in rest else len(rest)
+            listed = shown[: cut + 1 + blocks_end]
+            for line in listed:
                 echo(f"      {line}")
+            more = len(shown) - len(listed) - 1
+            if more > 0:
+                echo(f"      ... and {more} more lines (every pod's address): tabbyctl ipam show")
             ok = closed
             if keep:
                 echo(

@@ -142,6 +142,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
 
 
+#: Counts up to this many digits print as they are; larger ones (IPv6 pools) as powers of two.
+PLAIN_DIGITS = 9
+
+
+def count_text(n: object) -> str:
+    """An address count a person can read: as is up to ``PLAIN_DIGITS`` digits, else as a
+    power of two (``2^80``), or one plus or minus a small rest (``2^64-70``), or roughly
+    (``~2^79.6``). JSON output keeps the exact number."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 10**PLAIN_DIGITS:
+        return "-" if n is None else str(n)
+    low = n.bit_length() - 1
+    for p in (low, low + 1):
+        rest = n - (1 << p)
+        if abs(rest) < 10**6:
+            return f"2^{p}" + ("" if rest == 0 else f"{rest:+d}")
+    import math
+
+    return f"~2^{math.log2(n):.1f}"
+
+
 def when(ts: object) -> str:
     if not isinstance(ts, int | float):
         return "-"
@@ -222,10 +242,10 @@ def ipam_tables(report: dict[str, Any]) -> list[str]:
             [
                 p["cidr"],
                 f"/{p['block_size']}",
-                p["total"],
+                count_text(p["total"]),
                 p["in_use"],
-                p["reserved"],
-                p["free"],
+                count_text(p["reserved"]),
+                count_text(p["free"]),
                 p["blocks"],
                 "disabled" if p["disabled"] else "enabled",
             ]

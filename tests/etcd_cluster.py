@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -158,6 +159,7 @@ class EtcdCluster:
         heartbeat_ms: int = 50,
         election_ms: int = 500,
         start_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         binary = etcd_binary()
         if binary is None:
@@ -167,6 +169,7 @@ class EtcdCluster:
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
         self.start_timeout = start_timeout
+        self.extra_args = list(extra_args)  # more etcd flags for every member
         self.base = tempfile.mkdtemp(prefix=f"tabby-etcd-{os.getpid()}-")
         self.tls: TlsFiles | None = None
         self.members: list[Member] = []
@@ -236,6 +239,7 @@ class EtcdCluster:
             "--election-timeout", str(self.election_ms),
             "--logger", "zap",
             "--log-outputs", "stderr",
+            *self.extra_args,
         ]  # fmt: skip
         if self.tls:
             args += [

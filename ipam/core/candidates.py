@@ -235,13 +235,10 @@ class Candidates:
         docs = self.docs
         listed = set(self.aff().blocks)
         in_pools = {p.cidr for p in self.pools}
-        for cidr in docs.store.list_keys("block"):
+        for blk, rev in docs.scan_blocks():
+            cidr = blk.cidr
             if cidr in listed or family(cidr) != self.fam:
                 continue
-            got = docs.try_block(cidr)
-            if got is None:
-                continue
-            blk, rev = got
             if blk.pool in self.closed or blk.pool not in in_pools:
                 continue
             if blk.node == docs.node:

@@ -37,7 +37,10 @@ def check_consistency(store: Store, *, lock: bool = True) -> list[Problem]:
 
 class _Checker:
     def __init__(self, store: Store) -> None:
+        from ipam.core.docs import Docs
+
         self.store = store
+        self.docs = Docs(store, "", lambda: 0.0)
         self.out: list[Problem] = []
         self.pools: dict[str, Pool] = {}
         self.blocks: dict[str, Block] = {}
@@ -52,12 +55,11 @@ class _Checker:
     ) -> Iterator[tuple[str, str, T]]:
         """(key, location, decoded object) of every readable document of ``kind``; an
         unreadable or undecodable one is reported as corrupt and skipped."""
-        for key in self.store.list_keys(kind):
+        for key, doc in self.docs.scan(kind):
             where = self.store.location(kind, key)
             try:
-                doc = self.store.get(kind, key)
-                if doc is None:  # deleted since it was listed
-                    continue
+                if isinstance(doc, StoreCorrupt):
+                    raise doc
                 decoded = decode(doc.data, where)
             except StoreCorrupt as e:
                 self.problem(ERROR, "corrupt", e.path, e.reason)

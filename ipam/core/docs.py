@@ -24,7 +24,9 @@ from ipam.core.model import (
 )
 
 if TYPE_CHECKING:
-    from datastore.base import Store
+    from collections.abc import Iterator
+
+    from datastore.base import Doc, Store
 
 WARNING = 30
 INFO = 20
@@ -87,10 +89,43 @@ class Docs:
         doc = self.store.get("block", cidr)
         if doc is None:
             return None
+        return self.parse_block(cidr, doc), doc.revision
+
+    def parse_block(self, cidr: str, doc: Doc) -> Block:
         blk = Block.from_data(doc.data, self.store.location("block", cidr))
         if blk.cidr != cidr:
             raise StoreCorrupt(self.store.location("block", cidr), f"holds block {blk.cidr}")
-        return blk, doc.revision
+        return blk
+
+    def scan(self, kind: str) -> Iterator[tuple[str, Doc | StoreCorrupt]]:
+        """Every document of ``kind``, by key: one ranged read (``list``); when that meets
+        an unreadable document, one read per document instead, so that the others are
+        still seen (the unreadable ones are yielded as their ``StoreCorrupt``)."""
+        try:
+            listed = self.store.list(kind)
+        except StoreCorrupt:
+            pass
+        else:
+            yield from listed
+            return
+        for key in self.store.list_keys(kind):
+            try:
+                doc = self.store.get(kind, key)
+            except StoreCorrupt as e:
+                yield key, e
+                continue
+            if doc is not None:  # else deleted since it was listed
+                yield key, doc
+
+    def scan_blocks(self) -> Iterator[tuple[Block, int]]:
+        """Every readable block (an unreadable one is logged and skipped)."""
+        for cidr, doc in self.scan("block"):
+            try:
+                if isinstance(doc, StoreCorrupt):
+                    raise doc
+                yield self.parse_block(cidr, doc), doc.revision
+            except StoreCorrupt as e:
+                log(WARNING, "skipping unreadable block: %s", e)
 
     def try_block(self, cidr: str) -> tuple[Block, int] | None:
         """Like ``block``, but a corrupt block is logged and skipped (None): for scans that
@@ -102,12 +137,7 @@ class Docs:
             return None
 
     def all_blocks(self) -> list[tuple[Block, int]]:
-        out = []
-        for cidr in self.store.list_keys("block"):
-            got = self.try_block(cidr)
-            if got is not None:
-                out.append(got)
-        return out
+        return list(self.scan_blocks())
 
     def block_cidr_for(self, ip: IPAddress) -> str | None:
         pool = self.pool_containing(ip)

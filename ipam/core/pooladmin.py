@@ -26,7 +26,7 @@ from ipam.core import affinity
 from ipam.core.block import Block
 from ipam.core.cas import DELETE, Delete, cas, update
 from ipam.core.docs import INFO, WARNING, Docs, Op, family, inside, log
-from ipam.core.errors import InvalidConfig
+from ipam.core.errors import InvalidConfig, StoreCorrupt
 from ipam.core.model import Pool, PoolSpec, parse_network
 
 if TYPE_CHECKING:
@@ -165,12 +165,14 @@ def delete_pool(docs: Docs, cidr: str) -> int:
 def _blocks_of(docs: Docs, pool: Pool) -> list[tuple[Block, int]]:
     """The pool's blocks (a corrupt one raises: it might hold addresses)."""
     out = []
-    for cidr in docs.store.list_keys("block"):
+    for cidr, doc in docs.scan("block"):
         if family(cidr) != pool.version or not inside(cidr, [pool]):
             continue
-        got = docs.block(cidr)
-        if got is not None and got[0].pool == pool.cidr:
-            out.append(got)
+        if isinstance(doc, StoreCorrupt):
+            raise doc
+        blk = docs.parse_block(cidr, doc)
+        if blk.pool == pool.cidr:
+            out.append((blk, doc.revision))
     return out
 
 

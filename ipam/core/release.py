@@ -285,13 +285,10 @@ def repair_affinity(docs: Docs, op: Op) -> None:
     if gone or roomy:
         affinity.repair(docs, op, gone, roomy)
     listed = set(docs.my_affinity(op).blocks)
-    for cidr in docs.store.list_keys("block"):
-        if cidr in listed:
+    for blk, rev in docs.scan_blocks():
+        cidr = blk.cidr
+        if cidr in listed or blk.node != docs.node:
             continue
-        got = docs.try_block(cidr)
-        if got is None or got[0].node != docs.node:
-            continue
-        blk, rev = got
         if affinity.adopt(docs, op, blk):
             continue
         if blk.is_empty() and docs.pool(blk.pool) is None:

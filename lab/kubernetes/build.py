@@ -466,6 +466,14 @@ def machine_apt_sources() -> list[AptSource]:
 def deb_src_entries(sources: Sequence[AptSource], suite: str = SUITE) -> list[AptSource]:
     """deb-src entries for `suite` and `suite`-updates (main), on the mirror that serves `suite`
     main, plus `suite`-security on its own mirror if the machine uses one."""
+    return suite_entries(sources, suite, "deb-src")
+
+
+def suite_entries(sources: Sequence[AptSource], suite: str, kind: str) -> list[AptSource]:
+    """Entries of type `kind` (``deb`` or ``deb-src``) for `suite`, `suite`-updates and
+    `suite`-security (main), derived from the machine's ``deb`` entries as
+    :func:`deb_src_entries` says (packaging/image.py bootstraps its root from the ``deb``
+    ones)."""
 
     def find(s: str) -> AptSource | None:
         for src in sources:
@@ -485,7 +493,7 @@ def deb_src_entries(sources: Sequence[AptSource], suite: str = SUITE) -> list[Ap
             key = (src.uris[0], tuple(sorted(carried.items())))
             grouped.setdefault(key, []).append(s)
     return [
-        AptSource(("deb-src",), (uri,), tuple(suites), ("main",), dict(options))
+        AptSource((kind,), (uri,), tuple(suites), ("main",), dict(options))
         for (uri, options), suites in grouped.items()
     ]
 

@@ -437,6 +437,20 @@ def test_teardown_finds_our_pod_end_under_another_host_name(node: Node, make_pod
     assert spec.host_ifname not in node.links()
 
 
+def test_teardown_without_a_host_name_removes_the_pod_end(node: Node, make_pod: MakePod) -> None:
+    """DEL-9: a DEL whose ``veth_prefix`` is invalid knows no host veth name; the pod end,
+    found by ifname, goes, and the host end and its routes with it."""
+    pod = make_pod()
+    spec = make_spec(pod, 26)
+    node.run(dataplane.setup, spec)
+    for _ in range(2):
+        node.run(dataplane.teardown, pod.path, "eth0", None, spec.addresses)
+    assert pod.links() == ["lo"]
+    assert spec.host_ifname not in node.links()
+    assert host_routes(node, "10.244.0.26/32") == ""
+    node.run(dataplane.teardown, None, "eth0", None, None)  # nothing to find: no error
+
+
 # --- check --------------------------------------------------------------------------------
 
 

@@ -9,6 +9,12 @@ Each case runs an ADD in-process through the binary's real handlers (tabby with 
 dataplane and IPAM that record calls; tabby-ipam over a temporary file store) and expects
 code 2 naming the field (or 7 for a structural problem) and nothing done: no IPAM call, no
 kernel call, no allocation.
+
+The DEL and GC columns run every case again after a real ADD with the good configuration
+(tabby as tabby-node runs it: tabby-ipam in-process over the temporary store, endpoints in
+that store, a fake dataplane): DEL and GC succeed and remove everything that does not derive
+from the bad field (TEARDOWN_NEEDS says what does), open no store but the one the
+configuration names, and still fail on a structural problem (CONFORMANCE.md DEL-9).
 """
 
 from __future__ import annotations
@@ -369,3 +375,246 @@ def test_documented_leniencies(tmp_path: Path, field: str, value: Any) -> None:
     assert rc == 0, out
     rc, out = _run_ipam(config)
     assert rc == 0, out
+
+
+# -- the DEL and GC columns: the same cases, tolerated (CONFORMANCE.md DEL-9) ------------------
+
+#: What a DEL or GC cannot do when the field is invalid, because it derives from the field
+#: (with the base configuration: a file store, ``nodename`` given). It does all the rest.
+#: ``host veth``: the veth's name (tabby looks for none, only the pod side); ``endpoint``: the
+#: WorkloadEndpoint's key or store; ``release``: the store DEL releases from; ``gc``: the
+#: store, node and grace tabby-ipam's GC needs.
+TEARDOWN_NEEDS: dict[str, set[str]] = {
+    "veth_prefix": {"host veth"},
+    "nodename": {"endpoint", "gc"},
+    "ipam.datastore_type": {"endpoint", "release", "gc"},
+    "ipam.data_dir": {"endpoint", "release", "gc"},
+    "ipam.gc_grace_seconds": {"gc"},
+}
+
+
+class TeardownRecorder(Recorder):
+    """The Recorder, also remembering what teardown was asked to remove and listing the host
+    veths GC is to judge."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.torn_down: list[tuple[str, str | None]] = []
+        self.veths: list[Any] = []
+
+    def teardown(self, netns: Any, ifname: str, host_ifname: str | None, *a: Any) -> None:
+        self.calls.append("teardown")
+        self.torn_down.append((ifname, host_ifname))
+
+    def list_host_veths(self, prefix: str) -> list[Any]:
+        self.calls.append("list_host_veths")
+        return self.veths
+
+
+class Node:
+    """tabby as tabby-node runs it, over a temporary file store: tabby-ipam in-process
+    (``tabby_node.server.InProcessIpam``), WorkloadEndpoints in the store, a fake dataplane
+    (:class:`TeardownRecorder`). Every store a call opens is recorded: a DEL must never open
+    one its configuration does not name."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        import datastore
+        from tabby_node.server import InProcessIpam
+
+        self.data_dir = str(tmp_path / "ipam")
+        self.dp = TeardownRecorder()
+        self.opened: list[str] = []
+        real_open = datastore.open_store
+
+        def recording_open(settings: Any) -> Any:
+            self.opened.append(settings.data_dir if settings.datastore_type == "file" else "?")
+            return real_open(settings)
+
+        monkeypatch.setattr(datastore, "open_store", recording_open)
+        self.handlers = plugin.Plugin(
+            dataplane=lambda: self.dp,
+            ipam=InProcessIpam(),
+            validate_first=True,
+        ).handlers()
+
+    def run(self, config: dict[str, Any], command: str) -> tuple[int, Any]:
+        rc, out = skel.run(
+            self.handlers,
+            _env(command),
+            json.dumps(config).encode(),
+            before_dispatch=plugin.configure_logging,
+        )
+        return rc, json.loads(out) if out.strip() else None
+
+    def add(self, config: dict[str, Any]) -> str:
+        """A real ADD with the good configuration; the host veth's name."""
+        from dataplane.model import HostVeth
+
+        rc, out = self.run(config, "ADD")
+        assert rc == 0, out
+        assert self.handles()
+        assert self.endpoints()
+        host = str(out["interfaces"][0]["name"])
+        self.dp.veths = [HostVeth(host, 2, True, plugin.attachment_alias(_args(config)), ())]
+        self.dp.calls.clear()
+        self.opened.clear()
+        return host
+
+    def handles(self) -> list[str]:
+        return _listing(Path(self.data_dir) / "handles")
+
+    def endpoints(self) -> list[str]:
+        return _listing(Path(self.data_dir) / "workloadendpoints")
+
+
+def _listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob("*.json")) if directory.exists() else []
+
+
+def _args(config: dict[str, Any]) -> skel.CmdArgs:
+    return skel.build_args(_env(), json.dumps(config).encode())
+
+
+def _tolerated(rc: int, out: Any, field: str) -> None:
+    assert (rc, out) == (0, None), f"{field}: {out}"
+
+
+def _only_the_named_store(node: Node, needs: set[str]) -> None:
+    """Either the store the configuration names, or none at all: never the default's."""
+    if "release" in needs:
+        assert node.opened == [], node.opened
+    assert set(node.opened) <= {node.data_dir}, node.opened
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"), _cases({**PLUGIN_CASES, **SECTION_CASES, **COMMON_CASES})
+)
+def test_tabby_del_tolerates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, value: Any, code: int
+) -> None:
+    """DEL column: after a real ADD with the good configuration, a DEL whose configuration
+    has the field's bad value succeeds and removes what does not depend on the field; a
+    structural problem (code 7) still fails, and touches nothing."""
+    node = Node(tmp_path, monkeypatch)
+    good = _base(tmp_path)
+    host = node.add(good)
+    rc, out = node.run(_set(good, field, value), "DEL")
+    if code == 7:
+        assert (rc, out["code"]) == (1, 7), out
+        assert node.dp.calls == []
+        assert node.opened == []
+        assert node.handles()
+        assert node.endpoints()
+        return
+    _tolerated(rc, out, field)
+    needs = TEARDOWN_NEEDS.get(field, set())
+    assert node.dp.torn_down == [("eth0", None if "host veth" in needs else host)]
+    assert bool(node.endpoints()) is ("endpoint" in needs), node.endpoints()
+    assert bool(node.handles()) is ("release" in needs), node.handles()
+    _only_the_named_store(node, needs)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"), _cases({**PLUGIN_CASES, **SECTION_CASES, **COMMON_CASES})
+)
+def test_tabby_gc_tolerates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, value: Any, code: int
+) -> None:
+    """GC column: with every attachment stale (an empty valid list), a GC whose configuration
+    has the field's bad value removes the host veth and (through tabby-ipam) the allocation,
+    except what depends on the field."""
+    node = Node(tmp_path, monkeypatch)
+    good = {**_base(tmp_path), "cni.dev/valid-attachments": []}
+    host = node.add(good)
+    rc, out = node.run(_set(good, field, value), "GC")
+    if code == 7:
+        assert (rc, out["code"]) == (1, 7), out
+        assert node.dp.calls == []
+        assert node.handles()
+        return
+    _tolerated(rc, out, field)
+    needs = TEARDOWN_NEEDS.get(field, set())
+    removed = [c for c in node.dp.calls if c == "delete_host_veth"]
+    assert removed == ([] if "host veth" in needs else ["delete_host_veth"]), host
+    assert bool(node.handles()) is ("gc" in needs), node.handles()
+    _only_the_named_store(node, needs)
+
+
+def _ipam_good(tmp_path: Path, field: str) -> dict[str, Any]:
+    config = _base(tmp_path)
+    if field == "ipam.ipv6_pools":
+        config["ipam"]["assign_ipv6"] = True
+    return config
+
+
+def _ipam_handles(tmp_path: Path) -> list[str]:
+    return _listing(tmp_path / "ipam" / "handles")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    _cases({**COMMON_CASES, **{f"ipam.{k}": v for k, v in IPAM_CASES.items()}}),
+)
+def test_tabby_ipam_del_tolerates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, value: Any, code: int
+) -> None:
+    """DEL column of tabby-ipam: after a real ADD, a DEL with the field's bad value releases
+    the allocation by its handle, unless the field says which store it is in."""
+    good = _ipam_good(tmp_path, field)
+    assert _run_ipam(good)[0] == 0
+    assert _ipam_handles(tmp_path)
+    node = Node(tmp_path, monkeypatch)  # records the stores opened
+    rc, out = _run_ipam(_set(good, field, value), "DEL")
+    _tolerated(rc, out, field)
+    needs = TEARDOWN_NEEDS.get(field, set())
+    assert bool(_ipam_handles(tmp_path)) is ("release" in needs)
+    _only_the_named_store(node, needs)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    _cases({**COMMON_CASES, **{f"ipam.{k}": v for k, v in IPAM_CASES.items()}}),
+)
+def test_tabby_ipam_gc_tolerates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, value: Any, code: int
+) -> None:
+    """GC column of tabby-ipam: every attachment stale; the allocation is released unless the
+    store, the node or the grace it would be judged by comes from the bad field."""
+    good = {**_ipam_good(tmp_path, field), "cni.dev/valid-attachments": []}
+    assert _run_ipam(good)[0] == 0
+    node = Node(tmp_path, monkeypatch)
+    rc, out = _run_ipam(_set(good, field, value), "GC")
+    _tolerated(rc, out, field)
+    needs = TEARDOWN_NEEDS.get(field, set())
+    assert bool(_ipam_handles(tmp_path)) is ("gc" in needs)
+    if "gc" in needs:
+        assert node.opened == []
+    assert set(node.opened) <= {node.data_dir}
+
+
+def test_the_teardown_needs_name_fields_of_the_tables() -> None:
+    assert set(TEARDOWN_NEEDS) <= set(PLUGIN_CASES) | set(COMMON_CASES) | {
+        f"ipam.{k}" for k in IPAM_CASES
+    }
+
+
+@pytest.mark.parametrize(
+    ("stdin", "code"),
+    [
+        (b"not json", 6),
+        (b'{"cniVersion": "1.1.0", "type": "tabby", "ipam": {"type": "tabby-ipam"}}', 7),
+        (b'{"cniVersion": "1.1.0", "name": "net1", "type": "tabby"}', 7),
+        (b'{"cniVersion": "1.1.0", "name": "net1", "ipam": {"data_dir": "/tmp/x"}}', 7),
+        (b'{"cniVersion": "1.1.0", "name": "net1", "ipam": "tabby-ipam"}', 7),
+    ],
+    ids=["not-json", "no-name", "no-ipam", "no-ipam-type", "ipam-not-an-object"],
+)
+def test_structural_problems_still_fail_del(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdin: bytes, code: int
+) -> None:
+    """The configuration names no plugin or network: DEL fails with the code ADD has."""
+    node = Node(tmp_path, monkeypatch)
+    rc, out = skel.run(node.handlers, _env("DEL"), stdin, before_dispatch=plugin.configure_logging)
+    assert (rc, json.loads(out)["code"]) == (1, code)
+    assert node.dp.calls == []
+    assert node.opened == []

@@ -32,12 +32,24 @@ def test_show_table_lists_pools_usage_and_every_allocation(ctl: Ctl) -> None:
     assert " ".join(header) == "POOL BLOCK SIZE TOTAL IN USE RESERVED FREE BLOCKS STATE"
     # 65536 addresses, 2 in use, the 4 of the reserved /30, the rest free; one block.
     assert row(lines, V4)[1:] == ["/26", "65536", "2", "4", "65530", "1", "enabled"]
-    assert row(lines, V6)[1:4] == ["/122", str(2**80), "2"]
+    # IPv6 sizes a person can read (JSON keeps the exact numbers)
+    assert row(lines, V6)[1:4] == ["/122", "2^80", "2"]
+    assert row(lines, V6)[5] == "2^80-2"
     assert "BLOCK" not in [line.split()[0] for line in lines if line]  # no --show-blocks
     for ip in a:
         assert row(lines, ip)[1:5] == [NODE, "e2e/pod-a", "eth0", "pod-a"]
     for ip in b:
         assert row(lines, ip)[1:5] == [NODE, "e2e/pod-b", "eth0", "pod-b"]
+
+
+def test_large_counts_read_as_powers_of_two() -> None:
+    from tabbyctl.views import count_text
+
+    assert [count_text(n) for n in (0, 65530, 10**9 - 1, None)] == ["0", "65530", "999999999", "-"]
+    assert count_text(2**64) == "2^64"
+    assert count_text(2**64 - 70) == "2^64-70"
+    assert count_text(2**122 + 5) == "2^122+5"
+    assert count_text(3 * 2**70) == "~2^71.6"
 
 
 def test_show_json_lists_both_pods_with_their_addresses(ctl: Ctl) -> None:

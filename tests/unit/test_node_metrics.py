@@ -64,6 +64,8 @@ README_TABLE = {
     "tabby_policy_rules": "gauge",
     "tabby_policy_apply_duration_seconds": "histogram",
     "tabby_datastore_errors_total": "counter",
+    "tabby_datastore_watch_resyncs_total": "counter",
+    "tabby_datastore_watch_resumes_total": "counter",
 }
 
 POOL = "10.250.0.0/28"  # 4 blocks of /30 (4 addresses each)
@@ -459,6 +461,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
             full_applies=1,
             apply_errors=1,
             last_apply_seconds=0.003,
+            checks=3,
+            check_fixes=2,
         )
 
     agent.policy = Policy()
@@ -470,6 +474,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_policy_networkpolicies") == 2
     assert sample(m, "tabby_policy_applies_total", mode="incremental") == 4
     assert sample(m, "tabby_policy_apply_errors_total") == 1
+    assert sample(m, "tabby_policy_checks_total") == 3
+    assert sample(m, "tabby_policy_check_fixes_total") == 2
 
     m.datastore_error("default pools")
     m.datastore_error("watch")
@@ -479,7 +485,41 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     agent.store = type("S", (), {"stats": {"txns": 7, "conflicts": 1, "resolved": 0}})()
     assert sample(m, "tabby_datastore_transactions_total") == 7
     assert sample(m, "tabby_datastore_retried_writes_total", outcome="unknown") == 0
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 0
+    from datastore import Served
+
+    agent.served = Served(agent.store, None)
+    for outcome in ("committed", "committed", "retried"):
+        agent.served.counts.add(outcome)
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 2
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="retried") == 1
     assert sample(m, "tabby_node_info", node="node-a", version=__version__, backend="none") == 1
+
+
+def test_watch_counters_are_the_stores_rereads_and_resumes() -> None:
+    """The watch metrics count what the store did (sync_stats), not snapshot events: the
+    first read is not a re-read, a store's re-read is one (its events are only the
+    differences), and an etcd store's resumed streams are counted as it counts them."""
+    store = MemoryStore()
+    agent = make_agent("node-a", store)
+    agent.store = store
+    m = Metrics(agent)
+    assert sample(m, "tabby_datastore_watch_resyncs_total") == 0
+    assert sample(m, "tabby_datastore_watch_resumes_total") == 0
+    stop = threading.Event()
+    events = store.sync(WATCHED_KINDS, stop)
+    agent.cache.apply(next(events))
+    store.put("node", "node-b", {}, None)
+    store.resync()
+    event = next(events)
+    assert (event.type, event.key) == ("put", "node-b")
+    agent.cache.apply(event)
+    stop.set()
+    assert list(events) == []
+    assert sample(m, "tabby_datastore_watch_resyncs_total") == 1
+    agent.store = type("S", (), {"sync_stats": {"snapshots": 1, "rereads": 2, "resumes": 5}})()
+    assert sample(m, "tabby_datastore_watch_resyncs_total") == 2
+    assert sample(m, "tabby_datastore_watch_resumes_total") == 5
 
 
 def test_a_broken_section_does_not_break_the_scrape() -> None:

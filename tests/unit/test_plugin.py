@@ -56,7 +56,9 @@ class FakeDataplane:
             routes=routes,
         )
 
-    def teardown(self, netns: str | None, ifname: str, host_ifname: str, addresses: Any) -> None:
+    def teardown(
+        self, netns: str | None, ifname: str, host_ifname: str | None, addresses: Any
+    ) -> None:
         self.calls.append(("teardown", (netns, ifname, host_ifname, addresses)))
         if self.fail_teardown:
             raise self.fail_teardown
@@ -346,6 +348,72 @@ def test_del_with_garbage_prev_result_still_cleans(fakes: tuple[FakeDataplane, F
     assert ipam.calls == ["DEL"]
 
 
+def test_del_with_an_invalid_veth_prefix_removes_the_pod_side(
+    fakes: tuple[FakeDataplane, FakeIpam], caplog: pytest.LogCaptureFixture
+) -> None:
+    """DEL-9: the host veth's name derives from veth_prefix: none is looked for; the pod end
+    (by ifname), the endpoint and the addresses still go; the dropped field is logged."""
+    dp, ipam = fakes
+    with caplog.at_level("WARNING", logger="tabby.plugin"):
+        rc, out = run("DEL", conf(veth_prefix="1ab", mtu=65536))
+    assert (rc, out) == (0, None)
+    assert dp.calls == [("teardown", ("/run/netns/p1", "eth0", None, None))]
+    assert ENDPOINTS[-1].calls == [("removed", "c1")]
+    assert ipam.calls == ["DEL"]
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "invalid veth_prefix='1ab'" in logged
+    assert "invalid mtu=65536" in logged
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"ipam": {"type": "tabby-ipam", "data_dir": "relative"}},
+        {"ipam": {"type": "tabby-ipam", "datastore_type": "zk"}},
+        {"nodename": "node:a"},
+        {"nodename_file": "relative"},  # no nodename: the node would come from the file
+    ],
+)
+def test_del_with_an_invalid_store_or_node_removes_no_endpoint(
+    fakes: tuple[FakeDataplane, FakeIpam], change: dict[str, Any]
+) -> None:
+    """DEL-9: the endpoint's key holds the node and it lives in the store: neither is
+    guessed; the kernel side goes and IPAM DEL is still called (it judges the store itself)."""
+    dp, ipam = fakes
+    rc, out = run("DEL", conf(**change))
+    assert (rc, out) == (0, None)
+    assert [c[0] for c in dp.calls] == ["teardown"]
+    assert dp.calls[0][1][2] == host_veth_name("cali", "net1", "c1", "eth0")
+    assert ENDPOINTS[-1].calls == []
+    assert ipam.calls == ["DEL"]
+
+
+def test_del_with_garbage_in_the_nodename_file_succeeds(
+    fakes: tuple[FakeDataplane, FakeIpam], tmp_path: Any
+) -> None:
+    """DEL-9: a node-name file that holds no node name names no endpoint: DEL does the rest
+    and succeeds (ADD refuses it with code 2)."""
+    _dp, ipam = fakes
+    garbage = tmp_path / "nodename"
+    garbage.write_text("not a node name!\n")
+    rc, out = run("DEL", conf(nodename_file=str(garbage)))
+    assert (rc, out) == (0, None)
+    assert ENDPOINTS[-1].calls == []
+    assert ipam.calls == ["DEL"]
+
+
+@pytest.mark.parametrize("field", ["container_settings", "ipam"])
+def test_del_still_fails_on_a_structural_problem(
+    fakes: tuple[FakeDataplane, FakeIpam], field: str
+) -> None:
+    """DEL-9: a section that is not an object is code 7 for DEL as for ADD."""
+    dp, ipam = fakes
+    rc, out = run("DEL", conf(**{field: "yes"}))
+    assert (rc, out["code"]) == (1, 7)
+    assert dp.calls == []
+    assert ipam.calls == []
+
+
 def test_del_uses_prev_result_addresses(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     dp, _ = fakes
     prev = {"cniVersion": "1.1.0", "ips": [{"address": "10.244.0.5/32"}]}
@@ -453,6 +521,18 @@ def test_gc_legacy_key_and_absent_key(fakes: tuple[FakeDataplane, FakeIpam]) -> 
         ("delete_host_veth", "cali-stale")
     ]
     assert ipam.calls == ["GC", "GC"]
+
+
+def test_gc_with_an_invalid_veth_prefix_removes_no_host_veth(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """DEL-9: no host veth has an invalid prefix; GC is still forwarded to IPAM (GC-6)."""
+    dp, ipam = fakes
+    dp.veths = [SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0")]
+    rc, out = run("GC", _gc_conf(veth_prefix="toolong", **{"cni.dev/valid-attachments": []}))
+    assert (rc, out) == (0, None)
+    assert not [c for c in dp.calls if c[0] == "delete_host_veth"]
+    assert ipam.calls == ["GC"]
 
 
 def test_gc_keeps_going_and_reports_all_errors(fakes: tuple[FakeDataplane, FakeIpam]) -> None:

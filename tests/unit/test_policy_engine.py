@@ -519,53 +519,6 @@ def test_an_endpoint_without_host_interface_counts_for_sets_but_gets_no_chains()
     assert any("10.244.1.99" in e for e in ir.elements.values())
 
 
-# --- one-endpoint updates equal a full computation -----------------------------------------------
-
-NEWCOMERS = [
-    Endpoint("x", "n1", "node1", "calin1", ("10.244.1.50", "fd00::50"), labels=(("pod", "b"),)),
-    Endpoint("y", "n2", "node1", "calin2", ("10.244.2.50",), labels=(("pod", "a"),)),
-    Endpoint("z", "n3", "node2", "calin3", ("10.244.3.50",), labels=(("pod", "c"),)),
-    Endpoint("q", "n4", "node1", "calin4", ("10.244.9.50",), labels=()),
-    Endpoint("x", "n5", "node1", "", ("10.244.1.51",), labels=(("pod", "a"),)),
-]
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_add_and_remove_endpoint_match_compute(case: Case) -> None:
-    for step in case.steps:
-        state = build_state(step)
-        ir = engine.compute(state, "node1")
-        for ep in NEWCOMERS:
-            pod = Pod(ep.namespace, ep.pod, ep.labels, tt.NAMED_PORTS[:2])
-            for p in (None, pod):
-                grown = state.with_endpoint(ep, p)
-                inc = engine.add_endpoint(ir, state, ep, p, "node1")
-                if inc is None:  # a policy selecting it has no chain here yet
-                    full = engine.compute(grown, "node1")
-                    assert ep.interface in full.endpoints
-                    assert full.chains.keys() - ir.chains.keys()
-                    continue
-                assert inc == engine.compute(grown, "node1")
-                back = engine.remove_endpoint(inc, grown, ep.namespace, ep.name)
-                assert back == ir
-        for victim in ("x/a", "y/b"):
-            ns, name = victim.split("/")
-            key = f"{name}-eth0"
-            shrunk = state.without_endpoint(ns, key)
-            assert engine.remove_endpoint(ir, state, ns, key) == engine.compute(shrunk, "node1")
-
-
-def test_add_endpoint_falls_back_when_labels_of_a_known_pod_change() -> None:
-    state = build_state(tt.CASES[2].steps[0])
-    ir = engine.compute(state, "node1")
-    ep = Endpoint("x", "b", "node1", "calixb2", ("10.244.1.77",), "b-net1")
-    assert engine.add_endpoint(ir, state, ep, Pod("x", "b", (("pod", "zz"),)), "node1") is None
-    same = next(p for p in state.pods if (p.namespace, p.name) == ("x", "b"))
-    assert engine.add_endpoint(ir, state, ep, same, "node1") is not None
-    existing = state.endpoints[0]
-    assert engine.add_endpoint(ir, state, existing, None, "node1") is None
-
-
 def test_explain_node_traffic_cidrs_and_pods_without_endpoints() -> None:
     st = _state(tt.DENY_INGRESS)
     ex = engine.explain(

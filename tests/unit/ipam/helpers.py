@@ -89,6 +89,10 @@ class DyingStore:
         self._alive()
         return self.inner.list_keys(kind)
 
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
+        self._alive()
+        return self.inner.list(kind, prefix)
+
     def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
         self._write()
         return self.inner.put(kind, key, data, expected_revision)
@@ -131,6 +135,10 @@ class CountingStore(DyingStore):
     def list_keys(self, kind: str) -> list[str]:
         self.lists += 1
         return self.inner.list_keys(kind)
+
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
+        self.lists += 1
+        return self.inner.list(kind, prefix)
 
 
 class NodeStore:
@@ -191,6 +199,10 @@ class NodeStore:
     def list_keys(self, kind: str) -> list[str]:
         self._fire("before", "list", kind, "")
         return self.inner.list_keys(kind)
+
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
+        self._fire("before", "list", kind, "")
+        return self.inner.list(kind, prefix)
 
     def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
         method = "create" if expected_revision is None else "put"

@@ -182,3 +182,22 @@ def test_cost_is_flat_at_high_occupancy(full_pool: tuple[MemoryStore, Ipam]) -> 
     assert counting.gets / 40 <= 12
     assert counting.lists == 0
     assert counting.writes / 40 <= 5
+
+
+def test_a_scan_is_one_ranged_read_and_survives_a_corrupt_document(
+    full_pool: tuple[MemoryStore, Ipam],
+) -> None:
+    """Every block in one ``list`` (on etcd: one round trip, not one per block); with an
+    unreadable block in it, one read per block instead, the others still seen."""
+    store, _ = full_pool
+    counting = CountingStore(store)
+    ipam = Ipam(counting, "node-a")
+    blocks = len(store.list_keys("block"))
+    assert blocks > 50
+    assert len(ipam.block_usage()) == blocks
+    assert (counting.lists, counting.gets) == (1, 0)
+    store.corrupt("block", "10.20.0.0/26")
+    counting.lists = counting.gets = 0
+    usage = ipam.block_usage()
+    assert len(usage) == blocks - 1
+    assert counting.gets == blocks  # the fallback: each block on its own

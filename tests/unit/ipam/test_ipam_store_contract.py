@@ -679,7 +679,17 @@ def test_commit_writes_everything_and_returns_revisions(store: Store) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["stale", "exists", "missing", "delete-stale", "delete-missing", "absent-exists"],
+    [
+        "stale",
+        "exists",
+        "missing",
+        "delete-stale",
+        "delete-missing",
+        "absent-exists",
+        "unchanged-stale",
+        "unchanged-missing",
+        "unchanged-exists",
+    ],
 )
 def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
     r_a = store.put("pool", "a", {"v": 1}, None)
@@ -692,6 +702,9 @@ def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
         "delete-stale": Op("pool", "b", None, r_b),
         "delete-missing": Op("pool", "c", None, r_a),
         "absent-exists": Op("pool", "b", None, None),
+        "unchanged-stale": Op.unchanged("pool", "b", r_b),
+        "unchanged-missing": Op.unchanged("pool", "c", r_a),
+        "unchanged-exists": Op.unchanged("pool", "b", None),
     }[bad]
     before = store.list("pool")
     with pytest.raises(RevisionConflict):
@@ -706,6 +719,32 @@ def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
     assert store.list("pool") == before
     assert store.get("block", "10.0.0.0/26") is None
     assert store.get("handle", "h") is None
+
+
+def test_commit_compares_unchanged_documents_without_writing_them(
+    store: Store, mirrors: list[Mirror]
+) -> None:
+    """``Op.unchanged``: the commit holds only while the document is as read; it keeps its
+    revision and no watcher hears of it."""
+    r_pool = store.put("pool", "p", {"v": 1}, None)
+    m = Mirror(store, ["pool", "block"])
+    mirrors.append(m)
+    m.wait(lambda: m.snapshots == 1)
+    revs = store.commit(
+        [
+            Op.unchanged("pool", "p", r_pool),
+            Op.unchanged("pool", "absent", None),
+            Op("block", "10.0.0.0/26", {"b": 1}, None),
+        ]
+    )
+    assert revs[:2] == [0, 0]
+    assert store.get("pool", "p") == Doc({"v": 1}, r_pool)
+    assert store.get("pool", "absent") is None
+    assert store.commit([Op.unchanged("pool", "p", r_pool)]) == [0]  # compare only: fine
+    m.wait(lambda: "10.0.0.0/26" in m.state["block"])
+    store.put("pool", "q", {}, None)
+    m.wait(lambda: "q" in m.state["pool"])
+    assert [(e.kind, e.key) for e in m.events[1:]] == [("block", "10.0.0.0/26"), ("pool", "q")]
 
 
 def test_commit_rejects_bad_ops_before_writing(store: Store) -> None:
@@ -839,6 +878,7 @@ class Mirror:
                     if ev.type == "snapshot":
                         assert ev.snapshot is not None
                         assert (ev.kind, ev.key, ev.doc) == ("", "", None)
+                        assert len(self.events) == 1, "a snapshot after the first event"
                         self.state = {k: dict(v) for k, v in ev.snapshot.items()}
                         self.snapshots += 1
                     elif ev.type == "put":
@@ -932,6 +972,7 @@ def test_sync_snapshot_then_changes_in_order(store: Store, mirrors: list[Mirror]
     }
     assert all(e.kind != "block" for e in m.events)
     assert m.snapshots == 1
+    assert store.sync_stats == {"snapshots": 1, "rereads": 0, "resumes": 0}
     assert m.close() < 2.0
 
 
@@ -981,34 +1022,82 @@ def test_close_is_idempotent(store: Store) -> None:
 # -- memory / file specifics of the extension ---------------------------------------------
 
 
-def test_memory_resync_starts_over_with_a_snapshot(mirrors: list[Mirror]) -> None:
+def test_memory_resync_reports_only_the_differences() -> None:
+    """``resync`` drops what the iterator had queued and reads again (as etcd's store does
+    after a compaction): the changes it had not delivered come as puts and deletes, an
+    unchanged document is not reported again, and there is no second snapshot."""
     store = MemoryStore()
-    m = Mirror(store, ["pod"])
-    mirrors.append(m)
-    m.wait(lambda: m.snapshots == 1)
-    store.put("pod", "ns/a", {}, None)
+    r_a = store.put("pod", "ns/a", {"v": 1}, None)
+    store.put("pod", "ns/same", {}, None)
+    r_gone = store.put("pod", "ns/gone", {}, None)
+    store.put("node", "n", {}, None)
+    stop = threading.Event()
+    events = store.sync(["pod", "node"], stop)
+    first = next(events)
+    assert first.type == "snapshot"
+    # changes the consumer has not taken yet, then the queue is dropped
+    store.put("pod", "ns/a", {"v": 2}, r_a)
+    store.delete("pod", "ns/gone", r_gone)
+    store.put("pod", "ns/new", {}, None)
     store.resync()
-    m.wait(lambda: m.snapshots == 2)
-    assert m.state == {"pod": {"ns/a": store.get("pod", "ns/a")}}
+    got = [next(events) for _ in range(3)]
+    stop.set()
+    got += list(events)
+    assert [(e.type, e.kind, e.key) for e in got] == [
+        ("delete", "pod", "ns/gone"),
+        ("put", "pod", "ns/a"),
+        ("put", "pod", "ns/new"),
+    ]
+    assert got[1].doc == store.get("pod", "ns/a")
+    assert store.sync_stats == {"snapshots": 1, "rereads": 1, "resumes": 0}
 
 
-def test_file_store_sync_failed_poll_gives_a_fresh_snapshot(
+def test_file_store_sync_failed_poll_reports_only_the_differences(
     file_store: FileStore, tmp_path: Path, mirrors: list[Mirror]
 ) -> None:
-    file_store.put("pod", "ns/a", {}, None)
+    """The pods' directory is swapped for a symlink (refused: every poll fails) while
+    another writer changes, deletes and adds documents in it, then swapped back: one
+    re-read reports exactly those changes (an unchanged document is not reported again, no
+    second snapshot) and the mirror equals the store."""
+    r_a = file_store.put("pod", "ns/a", {"v": 1}, None)
+    file_store.put("pod", "ns/same", {}, None)
+    file_store.put("pod", "ns/gone", {}, None)
     m = Mirror(file_store, ["pod"])
     mirrors.append(m)
     m.wait(lambda: m.snapshots == 1)
     pods = Path(file_store.data_dir) / "pods"
-    aside = tmp_path / "pods-aside"
-    pods.rename(aside)
-    pods.symlink_to(aside)  # refused: the poll fails
-    time.sleep(0.6)
-    pods.unlink()
-    aside.rename(pods)
-    file_store.put("pod", "ns/b", {}, None)
-    m.wait(lambda: m.snapshots == 2)
+    other = FileStore(str(tmp_path / "other"), lock_timeout=2.0)
+    other.put("node", "x", {}, None)  # makes its data dir
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    _exchange(pods, link)  # atomically: the store's pods/ is a symlink, link the directory
+    link.rename(tmp_path / "other" / "pods")
+    time.sleep(0.5)  # polls fail
+    other.put("pod", "ns/a", {"v": 2}, r_a)
+    gone = other.get("pod", "ns/gone")
+    assert gone is not None
+    other.delete("pod", "ns/gone", gone.revision)
+    other.put("pod", "ns/new", {}, None)
+    (tmp_path / "other" / "pods").rename(link)
+    _exchange(pods, link)
     m.wait_matches(file_store)
+    assert [(e.type, e.key) for e in m.events[1:]] == [
+        ("delete", "ns/gone"),
+        ("put", "ns/a"),
+        ("put", "ns/new"),
+    ]
+    assert file_store.sync_stats == {"snapshots": 1, "rereads": 1, "resumes": 0}
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """renameat2(RENAME_EXCHANGE): swap two paths in one step (no moment without either)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, bytes(a), at_fdcwd, bytes(b), rename_exchange) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def test_file_store_sync_sees_many_quick_writes(
@@ -1188,3 +1277,39 @@ def test_etcd_lock_file_names_node_and_cluster(tmp_path: Path) -> None:
         pass
     with a.lock(), pytest.raises(RuntimeError, match="re-entrant"), a.lock():
         pass
+
+
+def test_etcd_lock_file_exists_only_while_held(tmp_path: Path) -> None:
+    """Lock files are named after settings (endpoints, prefix, network namespace): they
+    must not pile up in the lock directory, one per cluster ever used."""
+    a = EtcdStore(["http://a:1"], prefix="/p", lock_dir=str(tmp_path))
+    with a.lock():
+        assert os.path.exists(a.lock_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_etcd_lock_excludes_across_processes_while_its_file_comes_and_goes(
+    tmp_path: Path, subprocess_env: dict[str, str]
+) -> None:
+    """Four processes, two threads each, increment one counter under the lock: a waiter
+    that got the flock of a file its holder unlinked must not count as holding the lock."""
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    rounds = 150
+    code = (
+        "import sys, threading\n"
+        "from datastore.etcd import EtcdStore\n"
+        f"s = EtcdStore(['http://a:1'], prefix='/p', lock_dir={str(tmp_path / 'locks')!r})\n"
+        "def work():\n"
+        f"    for _ in range({rounds}):\n"
+        "        with s.lock():\n"
+        f"            with open({str(counter)!r}) as f: n = int(f.read())\n"
+        f"            with open({str(counter)!r}, 'w') as f: f.write(str(n + 1))\n"
+        "ts = [threading.Thread(target=work) for _ in range(2)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=subprocess_env) for _ in range(4)]
+    for p in procs:
+        assert p.wait(120) == 0
+    assert int(counter.read_text()) == 4 * 2 * rounds
+    assert os.listdir(tmp_path / "locks") == []

@@ -1,5 +1,7 @@
-"""The etcd store against real etcd members: failover, TLS, quorum loss, leader kill, watch
-resync, and the allocator of three "nodes" sharing one cluster.
+"""The etcd store against real etcd members: failover, TLS, quorum loss, leader kill, the
+watch (only the wanted ranges; resumed after a member restart; read again only after a
+compaction, and then only the differences), and the allocator of three "nodes" sharing one
+cluster.
 
 The store contract itself (every rule, also on etcd) is ``test_ipam_store_contract.py``.
 Faults that a live etcd cannot be made to produce on cue (a member that accepts and never
@@ -25,8 +27,9 @@ from typing import Any
 import pytest
 
 from datastore import etcd as etcd_module
-from datastore.base import Doc, Op, SyncEvent
-from datastore.etcd import EtcdStore
+from datastore.base import KINDS, Doc, Op, SyncEvent
+from datastore.etcd import EtcdStore, watch_groups
+from datastore.etcd_client import prefix_end
 from ipam.core import (
     AssignRequest,
     InvalidConfig,
@@ -38,6 +41,8 @@ from ipam.core import (
     check_consistency,
     handle_id,
 )
+from resources.wep import endpoint_key, remove_endpoint, write_endpoint
+from tabby_node.cache import WATCHED_KINDS
 from tests.etcd_cluster import EtcdCluster, EtcdMissing, free_ports
 
 pytestmark = pytest.mark.etcd
@@ -56,9 +61,13 @@ def etcd1() -> Iterator[EtcdCluster]:
         yield cluster
 
 
+#: etcd 3.4's flag: progress notifications to caught-up watches every 300 ms, not 10 min
+PROGRESS_NOTIFY = ("--experimental-watch-progress-notify-interval", "300ms")
+
+
 @pytest.fixture(scope="module")
 def etcd3_module() -> Iterator[EtcdCluster]:
-    with _cluster(3) as cluster:
+    with _cluster(3, extra_args=PROGRESS_NOTIFY) as cluster:
         yield cluster
 
 
@@ -298,11 +307,9 @@ def test_lost_answer_of_an_applied_write_is_not_a_conflict(
         rev = store.put("block", "10.0.0.0/26", {"v": 1}, None)  # create
         assert direct.get("block", "10.0.0.0/26") == Doc({"v": 1}, rev)
         store.client._preferred = 0  # every write below goes through the fake first
-        store.client._local.__dict__.clear()
         rev2 = store.put("block", "10.0.0.0/26", {"v": 2}, rev)  # update
         assert direct.get("block", "10.0.0.0/26") == Doc({"v": 2}, rev2)
         store.client._preferred = 0
-        store.client._local.__dict__.clear()
         revs = store.commit([Op("pool", "p", {}, None), Op("block", "10.0.0.0/26", None, rev2)])
         assert revs[1] == 0
         assert direct.get("block", "10.0.0.0/26") is None
@@ -313,7 +320,6 @@ def test_lost_answer_of_an_applied_write_is_not_a_conflict(
         # that it was not its own write overwritten since: "unknown", not a conflict
         pool = direct.get("pool", "p")
         store.client._preferred = 0
-        store.client._local.__dict__.clear()
         with pytest.raises(StoreUnavailable, match="unknown"):
             store.put("pool", "p", {"other": True}, revs[0] - 1)
         assert direct.get("pool", "p") == pool
@@ -522,6 +528,7 @@ class _Mirror:
     """Runs ``store.sync`` in a thread, keeps the consumer's state."""
 
     def __init__(self, store: EtcdStore, kinds: list[str]) -> None:
+        self.store = store
         self.stop = threading.Event()
         self.state: dict[str, dict[str, Doc]] = {}
         self.events: list[SyncEvent] = []
@@ -550,7 +557,7 @@ class _Mirror:
         except BaseException as e:
             self.error = e
 
-    def wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    def wait(self, cond: Callable[[], bool], timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while not cond():
@@ -558,7 +565,8 @@ class _Mirror:
                     raise AssertionError("sync failed") from self.error
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    pytest.fail(f"sync state never got there: {self.state}")
+                    stats = self.store.sync_stats
+                    pytest.fail(f"sync state never got there ({stats}): {self.state}")
                 self._cond.wait(min(left, 0.1))
 
     def close(self) -> None:
@@ -601,66 +609,431 @@ def test_sync_ends_soon_after_stop_while_etcd_does_not_answer(
     store.close()
 
 
-def test_sync_resyncs_after_compaction(
+def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> None:
+    node_kinds = list(WATCHED_KINDS)
+    assert watch_groups(node_kinds) == [
+        ("heartbeat",),
+        ("block",),
+        (
+            "pool",
+            "bgpconfiguration",
+            "bgppeer",
+            "namespace",
+            "networkpolicy",
+            "node",
+            "pod",
+            "workloadendpoint",
+        ),
+    ]
+    assert watch_groups(["pod", "node"]) == [("node", "pod")]
+    assert watch_groups(["heartbeat", "affinity"]) == [("heartbeat", "affinity")]
+    assert watch_groups(KINDS) == [tuple(sorted(KINDS, key=etcd_module.LAYOUT.__getitem__))]
+    # the byte ranges of a store hold exactly their kinds' keys
+    store = EtcdStore(["http://127.0.0.1:1"], prefix="/p")
+    for kinds in (node_kinds, ["pod", "heartbeat"], ["handle"], list(KINDS)):
+        groups = watch_groups(kinds)
+        assert sorted(k for g in groups for k in g) == sorted(set(kinds))
+        for kind in KINDS:
+            key = store.raw_key(kind, "x")
+            inside = [g for g in groups if store._kp[g[0]] <= key < prefix_end(store._kp[g[-1]])]
+            assert inside == ([next(g for g in groups if kind in g)] if kind in kinds else [])
+
+
+def _counting_watch(store: EtcdStore, wire: dict[str, int]) -> Any:
+    """``store.client.watch_ranges``, counting every event etcd sent by kind (before the
+    store looks at it): what the watch costs etcd and the node."""
+    real = store.client.watch_ranges
+    by_prefix = sorted(((store._kp[k], k) for k in KINDS), reverse=True)
+
+    def counting(*args: Any, **kw: Any) -> Iterator[Any]:
+        for resp in real(*args, **kw):
+            for ev in resp.events:
+                kind = next((k for p, k in by_prefix if ev.kv.key.startswith(p)), "other")
+                wire[kind] = wire.get(kind, 0) + 1
+            yield resp
+
+    return counting
+
+
+def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     etcd1: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """History compacted between the snapshot and the watch: etcd cancels the watch, the
-    store reads everything again (a second snapshot with the changes it missed)."""
+    """What a pod ADD and DEL write (the IPAM handle and block, the first ADD also the
+    block's claim and the node's affinity; the WorkloadEndpoint) as tabby-node's watch
+    receives them: counted on the wire, so a kind the store dropped after receiving it
+    would count. The old single range (heartbeats/ to resources/) is watched alongside
+    for the comparison printed."""
     store = store_on(etcd1, tmp_path)
     writer = store_on(etcd1, tmp_path, prefix=store.prefix)
-    store.put("node", "a", {}, None)
-    real_watch = store.client.watch
-    calls = []
-
-    def compact_first(*args: Any, **kw: Any) -> Any:
-        calls.append(args[2])
-        if len(calls) == 1:
-            writer.put("node", "b", {}, None)
-            writer.put("node", "c", {}, None)
-            etcd1.compact()
-        return real_watch(*args, **kw)
-
-    monkeypatch.setattr(store.client, "watch", compact_first)
-    m = _Mirror(store, ["node"])
+    wire: dict[str, int] = {}
+    monkeypatch.setattr(store.client, "watch_ranges", _counting_watch(store, wire))
+    kinds = list(WATCHED_KINDS)
+    old_start = min(store._kp[k] for k in kinds)
+    old_end = max(prefix_end(store._kp[k]) for k in kinds)
+    old: dict[str, int] = {}
+    old_stop = threading.Event()
+    m = _Mirror(store, kinds)
+    old_counting = threading.Thread(
+        target=_count_raw, args=(writer, old_start, old_end, old_stop, old), daemon=True
+    )
     try:
-        m.wait(lambda: m.snapshots == 2)
-        assert set(m.state["node"]) == {"a", "b", "c"}
-        writer.put("node", "d", {}, None)
-        m.wait(lambda: "d" in m.state["node"])
-        assert m.snapshots == 2
-        assert len(calls) == 2
+        m.wait(lambda: m.snapshots == 1)
+        old_counting.start()
+        time.sleep(0.3)  # its watch is up
+        ipam = Ipam(writer, "node-a")
+        pool = "10.60.0.0/16"
+        ipam.ensure_pools([PoolSpec(pool, 30)])  # 4 addresses a block: one fills
+        pods = 5
+        for n in range(pods):
+            hid = handle_id("net", f"{n:064x}", "eth0")
+            (alloc,) = ipam.assign(AssignRequest(hid, {"node": "node-a"}, True, False, [pool]))
+            write_endpoint(
+                writer,
+                namespace="ns",
+                node="node-a",
+                pod=f"p{n}",
+                container_id=f"{n:064x}",
+                interface="eth0",
+                host_interface=f"cali{n}",
+                ip_networks=[f"{alloc.ip}/32"],
+            )
+        m.wait(lambda: len(m.state["workloadendpoint"]) == pods)
+        added = dict(wire)
+        for n in range(pods):
+            ipam.release_handle(handle_id("net", f"{n:064x}", "eth0"))
+            remove_endpoint(writer, endpoint_key("ns", "node-a", f"p{n}", "eth0"), f"{n:064x}")
+        m.wait(lambda: not m.state["workloadendpoint"])
+        want = {k: dict(writer.list(k)) for k in kinds}
+        m.wait(lambda: m.state == want)
+        time.sleep(0.3)  # anything late would show
+        deleted = {k: wire.get(k, 0) - added.get(k, 0) for k in wire}
+        print(f"\n{pods} ADDs, events to a node: {added}; {pods} DELs: {deleted}")
+        print(f"the old single range, the ADDs and DELs: {old}")
+        assert "handle" not in wire
+        assert "affinity" not in wire
+        assert "other" not in wire
+        assert added["workloadendpoint"] == pods
+        assert deleted["workloadendpoint"] == pods
+        assert added["block"] >= pods
+        assert deleted["block"] >= pods
+        assert old["handle"] >= 2 * pods  # what the old range carried to every node
+        assert {e.kind for e in m.events if e.type != "snapshot"} <= set(kinds)
+        assert store.sync_stats == {"snapshots": 1, "rereads": 0, "resumes": 0}
+    finally:
+        old_stop.set()
+        m.close()
+        if old_counting.ident is not None:
+            old_counting.join(10)
+        store.close()
+        writer.close()
+
+
+def _count_raw(
+    store: EtcdStore, start: bytes, end: bytes, stop: threading.Event, out: dict[str, int]
+) -> None:
+    """What one watch of [start, end) receives, by kind, until ``stop``."""
+    rev = store.client.range(start, end, count_only=True).revision
+    by_prefix = sorted(((store._kp[k], k) for k in KINDS), reverse=True)
+    for resp in store.client.watch(start, end, rev + 1, stop):
+        for ev in resp.events:
+            kind = next((k for p, k in by_prefix if ev.kv.key.startswith(p)), "other")
+            out[kind] = out.get(kind, 0) + 1
+
+
+def _only(cluster: EtcdCluster, i: int) -> list[str]:
+    return [cluster.endpoints[i]]
+
+
+def _others(cluster: EtcdCluster, i: int) -> list[str]:
+    return [u for j, u in enumerate(cluster.endpoints) if j != i]
+
+
+def _per_key(events: list[SyncEvent]) -> dict[tuple[str, str, str], int]:
+    out: dict[tuple[str, str, str], int] = {}
+    for e in events:
+        out[(e.type, e.kind, e.key)] = out.get((e.type, e.kind, e.key), 0) + 1
+    return out
+
+
+SYNC_KINDS = ["heartbeat", "block", "node", "pod"]  # three ranges: heartbeats, blocks, resources
+
+
+def test_sync_watches_every_range_also_with_a_long_prefix(
+    etcd1: EtcdCluster, tmp_path: Path
+) -> None:
+    """Each range is a stream of its own: one request body carrying every range's create
+    request would lose the later ones whenever etcd answered the first before its gateway
+    had read them (bodies over 512 bytes, as a long prefix makes them, on a busy member)."""
+    prefix = "/" + "long-prefix-" * 20 + uuid.uuid4().hex[:8]
+    store = store_on(etcd1, tmp_path, prefix=prefix)
+    writer = store_on(etcd1, tmp_path, prefix=prefix)
+    try:
+        for n in range(5):
+            _sync_sees_a_write_in_every_range(store, writer, n)
+    finally:
+        store.close()
+        writer.close()
+
+
+def _sync_sees_a_write_in_every_range(store: EtcdStore, writer: EtcdStore, n: int) -> None:
+    m = _Mirror(store, SYNC_KINDS)
+    try:
+        m.wait(lambda: m.snapshots == 1)
+        writer.put("heartbeat", f"n{n}", {}, None, ttl=60)
+        writer.put("block", f"10.0.{n}.0/26", {}, None)
+        writer.put("pod", f"ns/p{n}", {}, None)
+        want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+        m.wait(lambda: m.state == want)
+    finally:
+        m.close()
+
+
+def test_sync_resumes_after_its_member_is_killed_and_restarted(
+    etcd3: EtcdCluster, tmp_path: Path
+) -> None:
+    """The store knows only member 0; it is SIGKILLed while the sync runs, the others take
+    writes and deletions, then it comes back: every range resumes from its own revision.
+    Every change made meanwhile arrives once, nothing from before arrives again, nothing is
+    read again, and the mirror equals the store."""
+    store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
+    writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
+    try:
+        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put("block", "10.0.0.0/26", {"v": 1}, None)
+        r_a = writer.put("pod", "ns/a", {"v": 1}, None)
+        writer.put("pod", "ns/gone", {}, None)
+        writer.put("node", "n1", {}, None)
+        m = _Mirror(store, SYNC_KINDS)
+        try:
+            m.wait(lambda: m.snapshots == 1)
+            writer.put("pod", "ns/live", {}, None)  # seen: the stream is up
+            m.wait(lambda: "ns/live" in m.state["pod"], 30)
+            before = len(m.events)
+            etcd3.kill(0)
+            b = writer.get("block", "10.0.0.0/26")
+            assert b is not None
+            writer.put("block", "10.0.0.0/26", {"v": 2}, b.revision)
+            gone = writer.get("pod", "ns/gone")
+            assert gone is not None
+            writer.delete("pod", "ns/gone", gone.revision)
+            writer.put("pod", "ns/a", {"v": 2}, r_a)
+            for i in range(5):
+                writer.put("pod", f"ns/new{i}", {}, None)
+            writer.put("heartbeat", "n2", {}, None, ttl=60)
+            time.sleep(1.0)  # the store tries meanwhile
+            assert store.sync_stats["resumes"] == 0
+            etcd3.start_member(0)
+            t0 = time.monotonic()
+            m.wait(lambda: store.sync_stats["resumes"] >= 1, 30)
+            resumed = time.monotonic() - t0
+            want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+            m.wait(lambda: m.state == want, 30)
+            caught_up = time.monotonic() - t0
+            print(
+                f"\nmember restarted: stream resumed in {resumed:.2f} s, caught up in "
+                f"{caught_up:.2f} s (stats {store.sync_stats})"
+            )
+            assert m.snapshots == 1
+            after = m.events[before:]
+            assert _per_key(after) == {
+                ("put", "block", "10.0.0.0/26"): 1,
+                ("delete", "pod", "ns/gone"): 1,
+                ("put", "pod", "ns/a"): 1,
+                **{("put", "pod", f"ns/new{i}"): 1 for i in range(5)},
+                ("put", "heartbeat", "n2"): 1,
+            }
+            stats = store.sync_stats
+            assert stats["rereads"] == 0
+            assert stats["resumes"] >= 1
+            writer.put("node", "n2", {}, None)  # and it goes on
+            m.wait(lambda: "n2" in m.state["node"])
+        finally:
+            m.close()
+    finally:
+        etcd3.start_member(0)
+        store.close()
+        writer.close()
+
+
+def test_sync_ignores_a_compaction_while_caught_up(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """A compaction while the watch is connected and has delivered everything cancels
+    nothing: no re-read, no resume, no event."""
+    store = store_on(etcd1, tmp_path)
+    writer = store_on(etcd1, tmp_path, prefix=store.prefix)
+    m = _Mirror(store, SYNC_KINDS)
+    try:
+        m.wait(lambda: m.snapshots == 1)
+        for i in range(5):
+            writer.put("pod", f"ns/p{i}", {}, None)
+        writer.put("block", "10.0.0.0/26", {}, None)
+        m.wait(lambda: len(m.state["pod"]) == 5 and m.state["block"])
+        seen = len(m.events)
+        etcd1.compact()
+        time.sleep(0.5)  # etcd checks its watchers against a compaction every 100 ms
+        assert len(m.events) == seen
+        writer.put("pod", "ns/after", {}, None)
+        m.wait(lambda: "ns/after" in m.state["pod"])
+        assert [(e.type, e.key) for e in m.events[seen:]] == [("put", "ns/after")]
+        assert store.sync_stats == {"snapshots": 1, "rereads": 0, "resumes": 0}
     finally:
         m.close()
         store.close()
         writer.close()
 
 
-def test_sync_resyncs_after_a_broken_stream(tmp_path: Path) -> None:
-    """The member goes away (SIGKILL) and comes back: a fresh snapshot that includes what
-    was written meanwhile through it; nothing stale survives."""
-    with _cluster(1) as cluster:
-        store = store_on(cluster, tmp_path, timeout=2.0)
-        writer = store_on(cluster, tmp_path, prefix=store.prefix, timeout=5.0)
+def test_sync_rereads_once_after_a_compaction_while_away(
+    etcd3: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Member 0 (the only one the store knows) is killed; the others take writes and
+    deletions and compact the history; member 0 comes back: the ranges cannot resume. One
+    re-read, after a random delay of at most REREAD_JITTER, reports only the differences
+    (no second snapshot; documents that did not change are not reported again) and the
+    mirror equals the store."""
+    delays: list[float] = []
+
+    def jittered(most: float) -> float:
+        delays.append(most)
+        return min(most, 0.3)
+
+    monkeypatch.setattr(etcd_module, "jittered", jittered)
+    store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
+    writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
+    try:
+        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put("block", "10.0.0.0/26", {"v": 1}, None)
+        writer.put("node", "n1", {}, None)
+        r_a = writer.put("pod", "ns/a", {"v": 1}, None)
+        for key in ("ns/same", "ns/gone", "ns/gone2"):
+            writer.put("pod", key, {}, None)
+        m = _Mirror(store, SYNC_KINDS)
         try:
-            r_a = store.put("pod", "ns/a", {}, None)
-            store.put("pod", "ns/gone", {}, None)
-            m = _Mirror(store, ["pod"])
+            m.wait(lambda: m.snapshots == 1 and len(m.state["pod"]) == 4, 30)
+            before = len(m.events)
+            etcd3.kill(0)
+            for key in ("ns/gone", "ns/gone2"):
+                doc = writer.get("pod", key)
+                assert doc is not None
+                writer.delete("pod", key, doc.revision)
+            writer.put("pod", "ns/a", {"v": 2}, r_a)
+            writer.put("pod", "ns/new", {}, None)
+            writer.put("heartbeat", "n2", {}, None, ttl=60)
+            etcd3.compact()
+            etcd3.start_member(0)
+            want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+            m.wait(lambda: m.state == want, 30)
+            time.sleep(0.5)  # nothing more comes
+            assert m.snapshots == 1
+            assert _per_key(m.events[before:]) == {
+                ("delete", "pod", "ns/gone"): 1,
+                ("delete", "pod", "ns/gone2"): 1,
+                ("put", "pod", "ns/a"): 1,
+                ("put", "pod", "ns/new"): 1,
+                ("put", "heartbeat", "n2"): 1,
+            }
+            assert store.sync_stats["rereads"] == 1
+            assert delays.count(etcd_module.REREAD_JITTER) == 1
+            writer.put("pod", "ns/later", {}, None)  # watching again
+            m.wait(lambda: "ns/later" in m.state["pod"])
+            assert store.sync_stats["rereads"] == 1
+            print(f"\ncompacted while away: stats {store.sync_stats}")
+        finally:
+            m.close()
+    finally:
+        etcd3.start_member(0)
+        store.close()
+        writer.close()
+
+
+def test_sync_keeps_a_quiet_range_resumable_by_progress_notifications(
+    etcd3: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd sends a caught-up watch that asked for them progress notifications (every
+    300 ms in this cluster: etcd 3.4's --experimental-watch-progress-notify-interval; 10 min
+    by default), so a quiet range's progress follows the store's revision. The heartbeats
+    and blocks stay quiet while the pods move on; member 0 is killed, the history compacted
+    at the revision everything had got to, a pod written: the store resumes every range,
+    reading nothing again (without the notifications the quiet ranges would start before
+    the compaction and be read again)."""
+    monkeypatch.setattr(etcd_module, "jittered", lambda most: min(most, 0.2))
+    store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
+    writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
+    try:
+        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put("block", "10.0.0.0/26", {}, None)
+        m = _Mirror(store, SYNC_KINDS)
+        try:
+            m.wait(lambda: m.snapshots == 1)
+            for i in range(5):
+                writer.put("pod", f"ns/p{i}", {}, None)
+            m.wait(lambda: len(m.state["pod"]) == 5)
+            time.sleep(1.0)  # a few notifications
+            etcd3.kill(0)
+            etcd3.compact()  # the revision of the last pod: every range has got there
+            writer.put("pod", "ns/while-away", {}, None)
+            etcd3.start_member(0)
+            m.wait(lambda: "ns/while-away" in m.state["pod"], 30)
+            want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+            m.wait(lambda: m.state == want)
+            stats = store.sync_stats
+            assert stats["rereads"] == 0, stats
+            assert stats["resumes"] >= 1, stats
+            assert m.snapshots == 1
+        finally:
+            m.close()
+    finally:
+        etcd3.start_member(0)
+        store.close()
+        writer.close()
+
+
+def test_sync_rereads_only_the_ranges_whose_history_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With etcd's default notification interval (10 min) a quiet range's progress stays
+    at its last event. A compaction while the watch is caught up cancels nothing; when the
+    stream breaks later (the member restarted), the quiet ranges (heartbeats, blocks) start
+    before the compaction and are read again; the busy one (pods) resumes. Nothing changed,
+    so nothing is reported."""
+    monkeypatch.setattr(etcd_module, "jittered", lambda most: min(most, 0.2))
+    with _cluster(1) as cluster:
+        store = store_on(cluster, tmp_path, timeout=3.0)
+        writer = store_on(cluster, tmp_path, prefix=store.prefix)
+        reads: list[tuple[bytes, bytes]] = []
+        real = store._read_ranges
+
+        def recording(ranges: list[tuple[bytes, bytes]], stop: threading.Event) -> Any:
+            reads.extend(ranges)
+            return real(ranges, stop)
+
+        monkeypatch.setattr(store, "_read_ranges", recording)
+        try:
+            writer.put("heartbeat", "n1", {}, None, ttl=60)
+            writer.put("block", "10.0.0.0/26", {}, None)
+            m = _Mirror(store, SYNC_KINDS)
             try:
                 m.wait(lambda: m.snapshots == 1)
-                store.put("pod", "ns/live", {}, None)  # seen: the watch stream is up
-                m.wait(lambda: "ns/live" in m.state["pod"])
+                for i in range(5):
+                    writer.put("pod", f"ns/p{i}", {}, None)
+                m.wait(lambda: len(m.state["pod"]) == 5)
+                cluster.compact()
+                time.sleep(0.3)
+                assert store.sync_stats == {"snapshots": 1, "rereads": 0, "resumes": 0}
+                seen = len(m.events)
+                del reads[:]
                 cluster.kill(0)
-                time.sleep(0.5)
                 cluster.start_member(0)
                 cluster.wait_healthy()
-                gone = writer.get("pod", "ns/gone")
-                assert gone is not None
-                writer.delete("pod", "ns/gone", gone.revision)
-                writer.put("pod", "ns/a", {"v": 2}, r_a)
-                m.wait(lambda: m.snapshots >= 2)
-                want = dict(writer.list("pod"))
-                assert set(want) == {"ns/a", "ns/live"}
-                m.wait(lambda: m.state["pod"] == want)
+                m.wait(lambda: store.sync_stats["rereads"] == 1, 30)
+                m.wait(lambda: store.sync_stats["resumes"] >= 1, 30)
+                assert sorted(reads) == sorted(
+                    (store._kp[k], prefix_end(store._kp[k])) for k in ("heartbeat", "block")
+                )
+                assert m.events[seen:] == []
+                writer.put("pod", "ns/after", {}, None)
+                writer.put("heartbeat", "n2", {}, None, ttl=60)
+                want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
+                m.wait(lambda: m.state == want)
+                assert m.snapshots == 1
             finally:
                 m.close()
         finally:
@@ -668,26 +1041,76 @@ def test_sync_resyncs_after_a_broken_stream(tmp_path: Path) -> None:
             writer.close()
 
 
-def test_sync_covers_kinds_in_one_range_and_drops_the_others(
-    etcd1: EtcdCluster, tmp_path: Path
+def test_sync_compacted_before_its_watch_started_reports_the_differences(
+    etcd1: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """heartbeat .. resources spans the IPAM keys: handle churn is filtered out."""
+    """History compacted between the snapshot and the watch: etcd cancels the watch, the
+    store reads the range again and reports what changed (no second snapshot)."""
+    monkeypatch.setattr(etcd_module, "jittered", lambda most: min(most, 0.2))
     store = store_on(etcd1, tmp_path)
-    m = _Mirror(store, ["heartbeat", "workloadendpoint"])
+    writer = store_on(etcd1, tmp_path, prefix=store.prefix)
+    store.put("node", "a", {}, None)
+    store.put("node", "gone", {}, None)
+    real = store.client.watch_ranges
+    calls: list[list[int]] = []
+
+    def compact_first(ranges: Any, *args: Any, **kw: Any) -> Any:
+        calls.append([r[2] for r in ranges])
+        if len(calls) == 1:
+            writer.put("node", "b", {}, None)
+            gone = writer.get("node", "gone")
+            assert gone is not None
+            writer.delete("node", "gone", gone.revision)
+            etcd1.compact()
+        return real(ranges, *args, **kw)
+
+    monkeypatch.setattr(store.client, "watch_ranges", compact_first)
+    m = _Mirror(store, ["node"])
     try:
-        m.wait(lambda: m.snapshots == 1)
-        store.put("handle", "n:c:eth0", {}, None)
-        store.put("block", "10.0.0.0/26", {}, None)
-        store.put("workloadendpoint", "ns/p", {"x": 1}, None)
-        store.put("heartbeat", "node-a", {}, None, ttl=30)
-        m.wait(lambda: "node-a" in m.state["heartbeat"])
-        m.wait(lambda: "ns/p" in m.state["workloadendpoint"])
-        assert {e.kind for e in m.events if e.type != "snapshot"} == {
-            "heartbeat",
-            "workloadendpoint",
-        }
+        m.wait(lambda: set(m.state.get("node", ())) == {"a", "b"})
+        assert m.snapshots == 1
+        assert set(m.state["node"]) == {"a", "b"}
+        assert _per_key(m.events[1:]) == {("put", "node", "b"): 1, ("delete", "node", "gone"): 1}
+        writer.put("node", "d", {}, None)
+        m.wait(lambda: "d" in m.state["node"])
+        assert store.sync_stats == {"snapshots": 1, "rereads": 1, "resumes": 0}
+        assert len(calls) == 2
+        assert calls[1][0] > calls[0][0]
     finally:
         m.close()
+        store.close()
+        writer.close()
+
+
+def test_sync_stops_during_the_reread_delay(
+    etcd1: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting = threading.Event()
+
+    def longest(most: float) -> float:
+        if most == etcd_module.REREAD_JITTER:
+            waiting.set()
+        return most
+
+    monkeypatch.setattr(etcd_module, "REREAD_JITTER", 60.0)
+    monkeypatch.setattr(etcd_module, "jittered", longest)
+    store = store_on(etcd1, tmp_path)
+    store.put("node", "a", {}, None)
+    real = store.client.watch_ranges
+
+    def compact_first(*args: Any, **kw: Any) -> Any:
+        store.put("node", "b", {}, None)
+        etcd1.compact(store.put("node", "c", {}, None))  # past the watch's start
+        return real(*args, **kw)
+
+    monkeypatch.setattr(store.client, "watch_ranges", compact_first)
+    m = _Mirror(store, ["node"])
+    try:
+        assert waiting.wait(10)
+    finally:
+        t0 = time.monotonic()
+        m.close()
+        assert time.monotonic() - t0 < 2.0
         store.close()
 
 

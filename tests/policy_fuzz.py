@@ -1,0 +1,257 @@
+"""Random policy inputs and changes, for replaying against the incremental engine.
+
+A small world where collisions are likely: four namespaces (not all with a Namespace
+resource), three label keys with few values, twelve pod names per namespace (a Pod resource
+for some), endpoints on three nodes with addresses drawn from 16 IPv4 and 8 IPv6 addresses
+(duplicates happen), interfaces from 26 names (two local endpoints on one interface
+happen), some without an interface; policies with pod and namespace selectors (labels and
+expressions), ipBlocks with excepts in both families, numeric ports, ranges, named ports,
+whole protocols, every ``policyTypes`` form; the NAT pools. :func:`random_update` draws one
+change, biased to touch what exists (relabel, move, readdress, delete).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from policy.engine import (
+    NAMESPACE_NAME_LABEL,
+    PROTOCOLS,
+    ClusterState,
+    ContainerPort,
+    Endpoint,
+    IPBlock,
+    Labels,
+    LabelSelector,
+    Namespace,
+    NatConfig,
+    Peer,
+    Pod,
+    Policy,
+    PortSpec,
+    Requirement,
+    Rule,
+)
+from policy.incremental import Update
+
+NODE = "n1"
+NODES = (NODE, NODE, "n2", "n3")
+NAMESPACES = ("a", "b", "c", "d")
+KEYS = {"app": ("x", "y", "z"), "tier": ("web", "db"), "env": ("prod", "dev")}
+PORTS = (
+    ContainerPort("http", 8080),
+    ContainerPort("http", 8081),
+    ContainerPort("dns", 53, "UDP"),
+    ContainerPort("metrics", 9090),
+)
+
+
+def labels(r: random.Random) -> Labels:
+    return tuple((k, r.choice(v)) for k, v in KEYS.items() if r.random() < 0.6)
+
+
+def selector(r: random.Random) -> LabelSelector:
+    if r.random() < 0.2:
+        return LabelSelector()
+    match = tuple((k, r.choice(v)) for k, v in KEYS.items() if r.random() < 0.35)
+    exprs: list[Requirement] = []
+    if r.random() < 0.4:
+        key = r.choice(list(KEYS))
+        op = r.choice(("In", "NotIn", "Exists", "DoesNotExist"))
+        values = (
+            tuple(r.sample(KEYS[key], r.randint(1, len(KEYS[key]))))
+            if op in ("In", "NotIn")
+            else ()
+        )
+        exprs.append(Requirement(key, op, values))  # type: ignore[arg-type]
+    return LabelSelector(match, tuple(exprs))
+
+
+def namespace_selector(r: random.Random) -> LabelSelector:
+    c = r.random()
+    if c < 0.2:
+        return LabelSelector()
+    if c < 0.4:
+        return LabelSelector(((NAMESPACE_NAME_LABEL, r.choice(NAMESPACES)),))
+    if c < 0.5:
+        return LabelSelector((), (Requirement("env", "NotIn", ("dev",)),))
+    return LabelSelector((("team", r.choice(("red", "blue"))),))
+
+
+def peer(r: random.Random) -> Peer:
+    c = r.random()
+    if c < 0.25:
+        if r.random() < 0.5:
+            excepts = tuple(r.sample(["10.0.0.4/30", "10.0.0.8/32"], r.randint(0, 2)))
+            return Peer(ip_block=IPBlock("10.0.0.0/28", excepts))
+        return Peer(ip_block=IPBlock("fd00::/125", ("fd00::4/126",) if r.random() < 0.5 else ()))
+    if c < 0.55:
+        return Peer(selector(r), None)
+    if c < 0.75:
+        return Peer(None, namespace_selector(r))
+    return Peer(selector(r), namespace_selector(r))
+
+
+def port_spec(r: random.Random) -> PortSpec:
+    c = r.random()
+    if c < 0.3:
+        return PortSpec(r.choice(("TCP", "UDP")), r.choice(("http", "dns", "metrics")))
+    if c < 0.6:
+        return PortSpec(r.choice(PROTOCOLS), r.randint(1, 100))
+    if c < 0.8:
+        lo = r.randint(1, 100)
+        return PortSpec("TCP", lo, lo + r.randint(0, 20))
+    return PortSpec(r.choice(PROTOCOLS), None)
+
+
+def rule(r: random.Random) -> Rule:
+    peers = tuple(peer(r) for _ in range(r.choice((0, 1, 1, 2))))
+    return Rule(peers, tuple(port_spec(r) for _ in range(r.choice((0, 1, 2)))))
+
+
+def policy(r: random.Random) -> Policy:
+    types = r.choice(((), ("Ingress",), ("Egress",), ("Ingress", "Egress")))
+    return Policy(
+        r.choice(NAMESPACES),
+        f"p{r.randint(0, 7)}",
+        selector(r),
+        tuple(rule(r) for _ in range(r.choice((0, 1, 2)))),
+        tuple(rule(r) for _ in range(r.choice((0, 0, 1, 2)))),
+        types,  # type: ignore[arg-type]
+    )
+
+
+def namespace(r: random.Random) -> Namespace:
+    labs = [("team", r.choice(("red", "blue")))] if r.random() < 0.7 else []
+    if r.random() < 0.5:
+        labs.append(("env", r.choice(("prod", "dev"))))
+    return Namespace(r.choice(NAMESPACES), tuple(labs))
+
+
+def pod(r: random.Random) -> Pod:
+    ports = tuple(r.sample(PORTS, r.randint(0, 2)))
+    return Pod(r.choice(NAMESPACES), f"pod{r.randint(0, 9)}", labels(r), ports)
+
+
+def addresses(r: random.Random) -> tuple[str, ...]:
+    out = []
+    if r.random() < 0.9:
+        out.append(f"10.0.0.{r.randint(0, 15)}")
+    if r.random() < 0.5:
+        out.append(f"fd00::{r.randint(0, 7):x}")
+    if out and r.random() < 0.05:  # the same address twice, as a host CIDR
+        out.append(out[0] + ("/128" if ":" in out[0] else "/32"))
+    return tuple(out)
+
+
+def interface(r: random.Random) -> str:
+    return "" if r.random() < 0.1 else f"cali{r.randint(0, 25):02d}"
+
+
+def endpoint(r: random.Random) -> Endpoint:
+    """Pods pod10 and pod11 never have a Pod resource: their own labels count."""
+    ns, name = r.choice(NAMESPACES), f"pod{r.randint(0, 11)}"
+    return Endpoint(
+        ns,
+        name,
+        r.choice(NODES),
+        interface(r),
+        addresses(r),
+        f"{name}-e{r.randint(0, 1)}",
+        labels(r),
+    )
+
+
+def nat(r: random.Random) -> NatConfig:
+    pools = []
+    if r.random() < 0.7:
+        pools.append(("10.0.0.0/16", r.random() < 0.5))
+    if r.random() < 0.5:
+        pools.append(("fd00::/64", r.random() < 0.5))
+    if r.random() < 0.3:
+        pools.append(("10.9.0.0/16", False))
+    return NatConfig(tuple(pools))
+
+
+def changed_endpoint(r: random.Random, ep: Endpoint) -> Endpoint:
+    """The same endpoint moved to another node, readdressed, relabelled or re-plugged."""
+    c = r.random()
+    if c < 0.4:
+        return dataclasses.replace(ep, node=r.choice(NODES))
+    if c < 0.7:
+        return dataclasses.replace(ep, addresses=addresses(r))
+    return dataclasses.replace(ep, labels=labels(r), interface=interface(r))
+
+
+def put(value: Policy | Namespace | Pod | Endpoint) -> Update:
+    """The update that puts ``value``, with its key."""
+    if isinstance(value, Namespace):
+        return Update("namespace", value.name, value)
+    kind = (
+        "policy" if isinstance(value, Policy) else "pod" if isinstance(value, Pod) else "endpoint"
+    )
+    return Update(kind, f"{value.namespace}/{value.name}", value)  # type: ignore[arg-type]
+
+
+def random_update(r: random.Random, st: ClusterState) -> Update:
+    """One change to the world ``st``."""
+    c = r.random()
+    if c < 0.12:
+        return put(policy(r))
+    if c < 0.17 and st.policies:
+        p = r.choice(st.policies)
+        return Update("policy", f"{p.namespace}/{p.name}", None)
+    if c < 0.22:
+        if r.random() < 0.2:
+            return Update("namespace", r.choice(NAMESPACES), None)
+        return put(namespace(r))
+    if c < 0.35:
+        return put(pod(r))
+    if c < 0.40 and st.pods:
+        p2 = r.choice(st.pods)
+        return Update("pod", f"{p2.namespace}/{p2.name}", None)
+    if c < 0.72:
+        return put(endpoint(r))
+    if c < 0.82 and st.endpoints:
+        return put(changed_endpoint(r, r.choice(st.endpoints)))
+    if c < 0.95 and st.endpoints:
+        e = r.choice(st.endpoints)
+        return Update("endpoint", f"{e.namespace}/{e.name}", None)
+    return Update("nat", "", nat(r))
+
+
+class World:
+    """The inputs as plain dictionaries, changed by :class:`Update` s independently of the
+    engine under test: the reference its ``state()`` is compared with."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, Policy] = {}
+        self.namespaces: dict[str, Namespace] = {}
+        self.pods: dict[str, Pod] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+        self.nat = NatConfig()
+
+    def apply(self, u: Update) -> None:
+        if u.kind == "nat":
+            assert isinstance(u.value, NatConfig)
+            self.nat = u.value
+            return
+        table: dict[str, object] = {
+            "policy": self.policies,
+            "namespace": self.namespaces,
+            "pod": self.pods,
+            "endpoint": self.endpoints,
+        }[u.kind]  # type: ignore[assignment]
+        if u.value is None:
+            table.pop(u.key, None)
+        else:
+            table[u.key] = u.value
+
+    def state(self) -> ClusterState:
+        return ClusterState(
+            tuple(self.policies.values()),
+            tuple(self.namespaces.values()),
+            tuple(self.pods.values()),
+            tuple(self.endpoints.values()),
+        )
