@@ -95,6 +95,9 @@ class Stream:
         self.last_raw: bytes | None = None  # (gRPC: the message, converted when needed)
         self.cancel_line: bytes | None = None
         self.ended = threading.Event()
+        self.wake: threading.Event | None = None  # set when created or ended (the reader waits)
+        self.index = 0  # the position of its range in tabby's watch_ranges call
+        self.url = ""  # the gateway endpoint (gRPC: the target)
         self.reason = ""
         self.detail = ""
         self.closer: Any = None  # asyncio transport or gRPC call
@@ -179,6 +182,8 @@ class Hub:
         t = now()
         if stream.created_at is None:
             stream.created_at = t
+            if stream.wake is not None:
+                stream.wake.set()
             if not events and not canceled:
                 self._check_sync(stream.node)
                 return
@@ -187,7 +192,13 @@ class Hub:
                 stream.cancel_line = raw if gateway else wire.watch_response_json(raw)
             self.end(stream, "canceled", "")
             return
-        if not events:
+        if not events:  # a progress notification: what tabby resumes from, if it is the last
+            if _rev > stream.pos:
+                stream.pos = _rev
+                stream.history.append((_rev, t))
+                self._keep_last(stream, raw, gateway)
+                if self.expect is not None:
+                    self._check_sync(stream.node)
             return
         counts = self.events
         arrivals = self.arrivals
@@ -205,12 +216,19 @@ class Hub:
         if top > stream.pos:
             stream.pos = top
             stream.history.append((top, t))
+        self._keep_last(stream, raw, gateway)
+        if self.expect is not None:
+            self._check_sync(stream.node)
+
+    @staticmethod
+    def _keep_last(stream: Stream, raw: bytes, gateway: bool) -> None:
+        """The last message that moved the stream's revision (events or a progress
+        notification): handed to tabby's code when the stream ends, so that tabby resumes
+        from where it would have."""
         if gateway:
             stream.last = raw
         else:
             stream.last_raw, stream.last = raw, None
-        if self.expect is not None:
-            self._check_sync(stream.node)
 
     def end(self, stream: Stream, reason: str, detail: str) -> None:
         if stream.ended.is_set():
@@ -229,6 +247,8 @@ class Hub:
             except Exception as e:  # closing what may already be closed
                 logging.debug("closing a stream: %s", e)
         stream.ended.set()
+        if stream.wake is not None:
+            stream.wake.set()
 
     def adopt(self, stream: Stream) -> None:
         self.streams.add(stream)
@@ -397,11 +417,12 @@ class GatewayStream(asyncio.Protocol):
 
 
 class _GrpcConn:
-    """What ``SimClient._open_watch`` hands ``_read_watch`` for a gRPC stream."""
+    """What ``SimClient._open_watch`` hands tabby's ``watch_ranges`` for a gRPC stream."""
 
     def __init__(self, stream: Stream, url: str) -> None:
         self.stream = stream
         self.url = url
+        self.sock = None  # tabby's reader never sees it: _sim_read_watches takes the stream
 
     def close(self) -> None:
         """tabby's client drops the connection when the watch ends: the hub has."""
@@ -448,12 +469,16 @@ class SimClient(EtcdClient):
         return conn
 
     def _open_watch(self, payload: bytes, deadline: float, stop: threading.Event) -> Any:
+        """One stream of tabby's ``watch_ranges`` (which builds the create requests,
+        one stream per range): the gateway's opened by tabby's own code, a gRPC one by the
+        hub from the very same request."""
         hub = self.hub
         create = json.loads(payload)["create_request"]
         node = self.node
         if hub.engine == "gateway":
             conn = super()._open_watch(payload, deadline, stop)
             conn.sim_create = create  # type: ignore[attr-defined]
+            conn.sim_node = node  # type: ignore[attr-defined]
             return conn
         request = wire.encode_create(create)
         target = hub.cfg["grpc_target"]
@@ -470,33 +495,91 @@ class SimClient(EtcdClient):
             except _Transient as e:
                 tries.failed(str(e))
 
-    def _read_watch(self, conn: Any, stop: threading.Event) -> Iterator[etcd_client.WatchResponse]:
-        hub = self.hub
-        if isinstance(conn, _GrpcConn):
-            stream, url = conn.stream, conn.url
-        else:
-            url = conn.ep.url
-            stream = Stream(self.node, conn.sim_create)
-            sock, conn.sock = conn.sock, None  # the hub owns it now (tabby's close is a no-op)
-            buffered = bytes(conn.buf)
-            conn.buf.clear()
-            asyncio.run_coroutine_threadsafe(
-                hub.adopt_gateway(stream, sock, buffered), hub.loop
-            ).result()
-        stream.ended.wait()
-        if stream.reason == "stopped" or stop.is_set():
-            return
-        last = stream.last_line()
-        if last is not None:
-            resp = _watch_response(url, last)
-            if resp is not None:
-                yield resp
-        if stream.reason == "canceled" and stream.cancel_line is not None:
-            resp = _watch_response(url, stream.cancel_line)  # raises on an error object
-            if resp is not None:
-                yield resp
-            return
-        raise EtcdUnavailable([url], f"watch broken: {stream.detail}")
+
+def _hub_stream(ws: Any) -> Stream | None:
+    """The hub's stream behind one of tabby's ``_WatchStream`` (None: not a simulated
+    node's), handing a gateway socket over to the hub."""
+    conn = ws.conn
+    if isinstance(conn, _GrpcConn):
+        conn.stream.index = ws.index
+        return conn.stream
+    node = getattr(conn, "sim_node", None)
+    if node is None:
+        return None
+    hub: Hub = node.hub
+    stream = Stream(node, conn.sim_create)
+    stream.index = ws.index
+    stream.url = conn.ep.url
+    sock, conn.sock = conn.sock, None  # the hub owns it now (tabby's close is a no-op)
+    buffered = bytes(conn.buf)
+    conn.buf.clear()
+    asyncio.run_coroutine_threadsafe(hub.adopt_gateway(stream, sock, buffered), hub.loop).result()
+    return stream
+
+
+_TABBY_READ_WATCHES = etcd_client._read_watches
+
+
+def _sim_read_watches(
+    streams: list[Any], stop: threading.Event
+) -> Iterator[etcd_client.WatchResponse]:
+    """tabby's ``_read_watches`` for a simulated node's streams (any other client's go to
+    tabby's own): the hub reads the bytes; tabby's code gets each stream's "created", and,
+    when a stream ends, the last message that moved its revision and how it ended
+    (cancelled: the cancel answer; broken: ``EtcdUnavailable``), as its own reader would
+    have given them."""
+    hubbed = [_hub_stream(ws) for ws in streams]
+    if any(s is None for s in hubbed):
+        if not all(s is None for s in hubbed):
+            raise RuntimeError("a watch mixing simulated and real streams")
+        yield from _TABBY_READ_WATCHES(streams, stop)
+        return
+    mine: list[Stream] = [s for s in hubbed if s is not None]
+    hub = mine[0].node.hub
+    wake = threading.Event()
+    for s in mine:
+        s.wake = wake
+    reported: set[int] = set()
+    try:
+        while not stop.is_set():
+            wake.clear()
+            for s in mine:
+                if s.created_at is not None and s.index not in reported:
+                    reported.add(s.index)
+                    resp = etcd_client.WatchResponse({"created": True})
+                    resp.index = s.index
+                    yield resp
+            done = next((s for s in mine if s.ended.is_set()), None)
+            if done is None:
+                wake.wait(0.25)
+                continue
+            if done.reason == "stopped":
+                return
+            url = getattr(done, "url", None) or str(hub.cfg.get("grpc_target", ""))
+            last = done.last_line()
+            if last is not None:
+                resp_last = _watch_response(url, last)
+                if resp_last is not None:
+                    resp_last.index = done.index
+                    yield resp_last
+            if done.reason == "canceled" and done.cancel_line is not None:
+                resp_cancel = _watch_response(url, done.cancel_line)  # raises on an error
+                if resp_cancel is not None:
+                    resp_cancel.index = done.index
+                    yield resp_cancel
+                    if resp_cancel.canceled:
+                        mine.remove(done)
+                        if not mine:
+                            return
+                        continue
+            raise EtcdUnavailable([url], f"watch broken: {done.detail or done.reason}")
+    finally:
+        for s in mine:
+            if not s.ended.is_set():
+                hub.loop.call_soon_threadsafe(hub.end, s, "closed", "tabby closed the watch")
+
+
+etcd_client._read_watches = _sim_read_watches  # type: ignore[assignment]
 
 
 # == simulated nodes ===============================================================================
@@ -655,8 +738,9 @@ class Sim:
                 return
             time.sleep(0.05)
         raise SystemExit(
-            "the first simulated node opened no watch through EtcdClient._open_watch/"
-            "_read_watch: tabby's store changed how it watches; bench/scale_sim.py must follow"
+            "the first simulated node opened no watch through EtcdClient._open_watch and "
+            "etcd_client._read_watches: tabby's store changed how it watches; "
+            "bench/scale_sim.py must follow"
         )
 
     def counters(self) -> dict[str, Any]:

@@ -299,7 +299,14 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
     import inspect
 
     from datastore.etcd import EtcdStore
-    from datastore.etcd_client import EtcdClient, _Conn, _Rotation, _watch_response
+    from datastore.etcd_client import (
+        EtcdClient,
+        _Conn,
+        _read_watches,
+        _Rotation,
+        _watch_response,
+        _WatchStream,
+    )
     from tabby_node.agent import Agent
     from tabby_node.cache import WATCHED_KINDS, Cache
 
@@ -309,7 +316,10 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
         "deadline",
         "stop",
     ]
-    assert list(inspect.signature(EtcdClient._read_watch).parameters) == ["self", "conn", "stop"]
+    assert list(inspect.signature(_read_watches).parameters) == ["streams", "stop"]
+    assert set(_WatchStream.__slots__) >= {"conn", "index"}
+    assert "_open_watch" in inspect.getsource(EtcdClient.watch_ranges)
+    assert "_read_watches" in inspect.getsource(EtcdClient.watch_ranges)
     assert list(inspect.signature(EtcdClient._connect).parameters)[:3] == [
         "self",
         "index",
