@@ -443,3 +443,100 @@ def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -
         runner.join(timeout=5)
         loop.close()
         store.close()
+
+
+# == the writer writes what tabby would ================================================
+
+
+@pytest.mark.etcd
+def test_writer_fills_and_churns_the_datastore(
+    etcd1: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/scale_writer.py: the simulated nodes registered as tabby-node registers (a
+    Node with its VXLAN tunnel, a block of its own), their pods ADDed through tabby's CNI
+    handlers (a WorkloadEndpoint each, the Pod mirrored), a churn of ADDs, DELs, new blocks
+    and policy changes on schedule with every write's revision recorded, and a
+    compaction."""
+    from datastore import etcd_client
+    from datastore.etcd import EtcdStore
+
+    writer_mod = _load("scale_writer")
+    # the writer wraps these to record revisions: undone after the test
+    monkeypatch.setattr(etcd_client.EtcdClient, "txn", etcd_client.EtcdClient.txn)
+    monkeypatch.setattr(EtcdStore, "_apply", EtcdStore._apply)
+    writer_mod._instrument()
+    prefix = f"/scale-{uuid.uuid4().hex[:10]}"
+    endpoint = etcd1.endpoints[0]
+    cfg = {
+        "prefix": prefix,
+        "pool": "10.77.0.0/16",
+        "kubernetes": True,
+        "lanes": [endpoint, endpoint],
+        "endpoint": endpoint,
+        "cni_log": str(tmp_path / "cni.log"),
+        "node_argv": [
+            *("--nodename", "{node}", "--backend", "vxlan", "--node-ttl", "30"),
+            *("--datastore-type", "etcdv3", "--etcd-endpoints", "{endpoint}"),
+            *("--etcd-prefix", prefix, "--log-file", ""),
+        ],
+        "sim_underlay": "172.30.0.1",
+        "namespaces": 2,
+    }
+    writer = writer_mod.Writer(cfg)
+    store = EtcdStore(endpoint, prefix=prefix, lock_dir=str(tmp_path))
+    try:
+        setup = writer.handle(
+            {"op": "setup", "sims": ["sim-a", "sim-b"], "pods_per_node": 2, "namespaces": 2}
+        )
+        assert setup["revision"] > 0
+        nodes = dict(store.list("node"))
+        assert set(nodes) == {"sim-a", "sim-b"}
+        for name, doc in nodes.items():
+            text = json.dumps(doc.data)
+            assert "vxlan" in text.lower(), (name, text)
+        blocks = {key: json.dumps(doc.data) for key, doc in store.list("block")}
+        for name in ("sim-a", "sim-b"):
+            assert any(name in text for text in blocks.values()), (name, blocks)
+        weps = dict(store.list("workloadendpoint"))
+        assert len(weps) == 4
+        pods = dict(store.list("pod"))  # mirrored as tabby-kube-controllers do, with the address
+        assert len(pods) == 4
+        assert all(doc.data["status"]["podIPs"] for doc in pods.values())
+        policies = dict(store.list("networkpolicy"))
+        assert len(policies) == 2
+
+        log = writer.handle(
+            {"op": "churn", "rate": 4, "duration": 2, "block_every": 1, "policy_every": 1}
+        )
+        ops = log["ops"]
+        assert [o for o in ops if "error" in o] == []
+        counts = {k: sum(1 for o in ops if o["op"] == k) for k in ("add", "del", "block")}
+        assert counts == {"add": 4, "del": 4, "block": 2}
+        assert sum(1 for o in ops if "cidr" in o) == 2  # the marker policy, twice
+        revs = [w[2] for w in log["writes"]]
+        assert revs
+        assert all(r > setup["revision"] for r in revs)
+        for op in ops:
+            assert op["writes"], op
+            assert op["t0"] <= op["t1"]
+        # every write recorded is in the store at (or after) its revision
+        for op in ops:
+            if op["op"] == "block":
+                doc = store.get("block", op["block"])
+                assert doc is not None
+                assert op["node"] in json.dumps(doc.data)
+                assert any(w[0] == "block" for w in op["writes"])
+        marker = store.get("networkpolicy", f"{writer_mod.PROBE_NAMESPACE}/probe-marker")
+        assert marker is not None
+        last_cidr = [o["cidr"] for o in ops if "cidr" in o][-1]
+        assert last_cidr in json.dumps(marker.data)
+        # ADDs minus DELs plus the block pods: the endpoints alive now
+        assert len(dict(store.list("workloadendpoint"))) == 4 + 4 - 4 + 2
+        compacted = writer.handle({"op": "compact"})["compacted"]
+        assert compacted >= max(revs)
+    finally:
+        writer.pool_exec.shutdown(wait=True)
+        writer.store.close()
+        for lane_store in writer.lane_stores:
+            lane_store.close()
+        store.close()
