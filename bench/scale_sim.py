@@ -136,6 +136,7 @@ class Hub:
         self.arrivals: dict[int, list[float]] = {}  # revision -> [count, first, last]
         self.booting = True
         self.boot_cache: dict[bytes, tuple[float, tuple[int, dict[str, str], bytes]]] = {}
+        self.boot_flights: dict[bytes, threading.Event] = {}  # boot reads under way
         self.expect: tuple[bytes, int] | None = None
         self.channels: dict[str, Any] = {}
         self.stopping = False
@@ -430,7 +431,11 @@ class _GrpcConn:
 
 class SimConn(_Conn):
     """tabby's HTTP connection; a multi-key range answer is read in full and handed to
-    tabby's paging code reduced to its last key (and, while the nodes boot, shared)."""
+    tabby's paging code reduced to its last key. While the nodes boot, one read of a given
+    request is made at a time and its answer shared for ``BOOT_CACHE_SECONDS`` (the
+    nodes asking meanwhile wait for it): a thousand nodes booting in seconds, each reading
+    tens of MB, is a storm the bench must not make by accident (etcd 3.4 holding hundreds
+    of such answers at once was OOM-killed at ~19 GB here)."""
 
     hub: Hub
 
@@ -438,20 +443,41 @@ class SimConn(_Conn):
         if path != "/v3/kv/range" or b'"range_end"' not in body:
             return super().request(path, body, deadline)
         hub = self.hub
-        if hub.booting:
-            hit = hub.boot_cache.get(body)
-            if hit is not None and now() - hit[0] < BOOT_CACHE_SECONDS:
-                return hit[1]
+        if not hub.booting:
+            return self._read(path, body, deadline)
+        while True:
+            with hub.lock:
+                hit = hub.boot_cache.get(body)
+                if hit is not None and now() - hit[0] < BOOT_CACHE_SECONDS:
+                    return hit[1]
+                flight = hub.boot_flights.get(body)
+                mine = flight is None
+                if mine:
+                    flight = hub.boot_flights[body] = threading.Event()
+            assert flight is not None
+            if not mine:
+                flight.wait(max(0.0, deadline - now()))
+                if now() >= deadline:
+                    raise _Transient(f"{self.ep.url}: shared boot read not done", sent=False)
+                continue
+            try:
+                answer = self._read(path, body, deadline)
+                if answer[0] == 200:
+                    with hub.lock:
+                        hub.boot_cache[body] = (now(), answer)
+                return answer
+            finally:
+                with hub.lock:
+                    hub.boot_flights.pop(body, None)
+                flight.set()
+
+    def _read(self, path: str, body: bytes, deadline: float) -> tuple[int, dict[str, str], bytes]:
         status, headers, data = super().request(path, body, deadline)
         if status != 200:
             return status, headers, data
         reduced, keys = wire.reduce_range_answer(data)
-        hub.note_range(len(data), keys)
-        answer = (status, headers, reduced)
-        if hub.booting:
-            with hub.lock:
-                hub.boot_cache[body] = (now(), answer)
-        return answer
+        self.hub.note_range(len(data), keys)
+        return status, headers, reduced
 
 
 class SimClient(EtcdClient):
