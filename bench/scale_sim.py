@@ -656,6 +656,16 @@ class SimNode:
         client.node = self
         inner.close()
         store.client = client  # type: ignore[attr-defined]
+        count_sync = store.count_sync
+
+        def counted(what: str) -> None:
+            # tabby's store counts its full reads: a re-read after a compaction yields
+            # only the differences (no snapshot event reaches the cache), so note it here
+            if what == "rereads":
+                hub.note_snapshot(name)
+            count_sync(what)
+
+        store.count_sync = counted  # type: ignore[method-assign]
         agent.store = store
 
     def beat(self) -> None:
