@@ -544,7 +544,13 @@ class Run:
             "engine": "gateway" if engine == "gateway" else "grpc",
             "grpc_target": target,
             "nodes": self.sims,
-            "node_argv": self.node_argv(f"http://127.0.0.1:{CLIENT_PORT}"),
+            "node_argv": self.node_argv("{endpoint}"),
+            # etcd serves each client listener's JSON gateway through one gRPC connection
+            # to itself: --sim-listeners spreads the simulated nodes over several
+            "endpoints": [
+                f"http://127.0.0.1:{CLIENT_PORT}",
+                *lab.lane_urls()[: max(self.args.sim_listeners, 1) - 1],
+            ],
             "log_file": os.path.join(lab.workdir, f"sim-{engine}.log"),
             "boot_rate": self.args.boot_rate,
             "boot_timeout": 1800,
@@ -1308,6 +1314,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--boot-rate", type=float, default=100, help="simulated nodes started per s")
     ap.add_argument("--lanes", type=int, default=16, help="the writer's concurrent lanes (16)")
+    ap.add_argument(
+        "--sim-listeners",
+        type=int,
+        default=1,
+        help="etcd client listeners the simulated nodes are spread over (1; at most --lanes + 1)",
+    )
     ap.add_argument(
         "--node-ttl", type=float, default=None, help="tabby-node's --node-ttl (its default)"
     )

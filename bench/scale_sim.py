@@ -708,8 +708,12 @@ class Sim:
         cfg = self.cfg
         t0 = now()
         names: list[str] = cfg["nodes"]
-        for name in names:
-            argv = [a.replace("{node}", name) for a in cfg["node_argv"]]
+        endpoints: list[str] = cfg.get("endpoints") or [""]
+        for i, name in enumerate(names):
+            endpoint = endpoints[i % len(endpoints)]  # spread over etcd's client listeners
+            argv = [
+                a.replace("{node}", name).replace("{endpoint}", endpoint) for a in cfg["node_argv"]
+            ]
             hub.nodes.append(SimNode(hub, name, argv))
         with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda n: n.beat(), hub.nodes))
