@@ -19,7 +19,6 @@ values rebuilt from a validation equal the model it made.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -131,6 +130,8 @@ class CommonValues(Values):
                 )
             return text
         # As the kubelet does: a Node is named by the lower-cased hostname.
+        import socket  # here: ~5 ms a call that names its node does not pay
+
         return socket.gethostname().lower()
 
     def node_name_fields(self) -> tuple[str, ...]:
