@@ -86,13 +86,15 @@ def fingerprint() -> str:
         files = [os.path.join(_ROOT, m) for m in RULE_MODULES]
         candidates = [f + ext for f in files for ext in (".py", ".pyc")]
         if getattr(sys, "frozen", False):
-            candidates.append(sys.executable)
+            # the bundle itself, however it was exec'd (tabby-node and the plugins are links
+            # to one executable: they share their entries)
+            candidates.append(os.path.realpath(sys.executable))
         for path in candidates:
             try:
                 st = os.stat(path)
             except OSError:
                 continue
-            parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+            parts.append(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
         _fingerprint.append(str(_sha256("\n".join(parts).encode()).hexdigest()))
     return _fingerprint[0]
 
