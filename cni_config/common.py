@@ -19,8 +19,12 @@ that is not an object, a required field missing) is code 7. Unknown fields are i
 and GC read the same models through ``cni_config.teardown``, which drops a code-2 field to its
 default instead (a rule over several fields says which it reads: :class:`RuleBroken`).
 
-pydantic costs ~30 ms to import and a few ms to build these models, so only the code paths
-that parse a configuration import this package (never VERSION, never the tabby-node client).
+What the plugins read of a model (its fields, ``node_name()``, ``runtime_value()``, ...) is
+its plain base in ``cni_config.values``, which every model here inherits. pydantic costs a
+fresh process ~100 ms of CPU to import and to build these models, so only the code paths
+that validate a configuration import this package (never VERSION, never the tabby-node
+client, never a standalone call whose configuration was validated before:
+``cni_config.known``).
 """
 
 from __future__ import annotations
