@@ -285,6 +285,11 @@ class Index:
     def has(self, kind: str, key: str) -> bool:
         return key in self._raw.get(kind, {})
 
+    def values(self, kind: Kind[T]) -> list[T]:
+        """Every parsed document of ``kind``, in key order."""
+        held = self._typed.get(kind.name, {})
+        return [cast("T", held[key].value) for key in sorted(held)]
+
     def watches(self, kind: str) -> bool:
         return kind in self._kinds
 

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -39,9 +40,9 @@ from datastore.base import Doc, Store
 from ipam.core.errors import DatastoreError, RevisionConflict
 from policy.inputs import PolicyInputs, pod_key
 from resources.heartbeat import Heartbeat
-from resources.index import ENDPOINTS, HEARTBEATS, NODES, PODS, Documents
+from resources.index import ENDPOINTS, HEARTBEATS, NODES, PODS, POOLS, Change, Documents
 from tabby_node.cache import WATCHED_KINDS, Cache
-from tabby_node.cluster import Cluster, Underlay, vxlan_state
+from tabby_node.cluster import Cluster, PoolInfo, Underlay, pool_info, vxlan_state
 from tabby_node.facts import Facts
 from tabby_node.options import NodeOptions
 from tabby_node.status import RESYNC_SECONDS, write_status
@@ -72,6 +73,18 @@ DEBOUNCE_SECONDS = 0.02
 ENDPOINT_WAIT_SECONDS = 10.0
 #: How long a pod's ADD waits for tabby-kube-controllers to mirror the pod's labels.
 MIRROR_WAIT_SECONDS = 10.0
+#: The periodic check (everything recomputed and compared; the kernel reconciled whole, the
+#: nftables table replaced): it repairs drift behind tabby's back. felix's default refresh.
+CHECK_SECONDS = 90.0
+#: After a failed pass, the check comes this soon.
+RETRY_SECONDS = 1.0
+#: The status file is rewritten at most this often after passes.
+STATUS_SECONDS = 1.0
+
+
+def _jittered(seconds: float) -> float:
+    """``seconds`` +- 10 %: the nodes' checks do not fall into step."""
+    return seconds * random.uniform(0.9, 1.1)  # noqa: S311 (spreading, not secrecy)
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -100,6 +113,8 @@ class Agent:
         self.http_servers: list[ThreadingHTTPServer] = []
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
+        self._status_due = False
+        self._status_written = 0.0
         self.served: Served | None = None
 
     # -- start-up ------------------------------------------------------------------------
@@ -446,15 +461,17 @@ class Agent:
                 delay = min(delay * 2, 5.0)
 
     def run(self) -> None:
-        """The dataplane loop: serve endpoint requests at once, reconcile on change (a
-        burst of watch events debounced into one pass), resync periodically."""
-        next_full = time.monotonic() + RESYNC_SECONDS
+        """The dataplane loop: serve endpoint requests at once, a pass on change (a burst
+        of watch events debounced into one; the pass costs what the changes touch), the
+        whole check periodically (sooner again after a failed pass)."""
+        next_check = time.monotonic() + _jittered(CHECK_SECONDS)
         cache = self.cache
         while not self.stopping.is_set():
             self.loop_beat["dataplane"] = time.monotonic()
             if cache.wake.wait(0.1):
                 cache.wake.clear()
             self._serve_requests()
+            ok = True
             if cache.changed.is_set():
                 # Debounce, but a CNI call waiting for its pod's rules is never kept
                 # waiting for it, nor for the pass its own endpoint write triggered.
@@ -465,10 +482,14 @@ class Agent:
                         self._serve_requests()
                 cache.changed.clear()
                 self._serve_requests()
-                self.reconcile()
-            if time.monotonic() >= next_full:
-                next_full = time.monotonic() + RESYNC_SECONDS
-                self.reconcile(full=True)
+                ok = self.reconcile()
+            now = time.monotonic()
+            if now >= next_check:
+                ok = self.reconcile(full=True)
+                next_check = now + _jittered(CHECK_SECONDS)
+            if not ok:  # what a failed pass took from the journal is redone by a check
+                next_check = min(next_check, time.monotonic() + RETRY_SECONDS)
+            self._maybe_write_status()
 
     def _serve_requests(self) -> None:
         while True:
@@ -491,31 +512,50 @@ class Agent:
             assert isinstance(value, BaseException)
             raise value
 
-    def reconcile(self, *, full: bool = False) -> None:
-        facts = self.facts
-        assert facts is not None
+    def reconcile(self, *, full: bool = False) -> bool:
+        """One dataplane pass; True when every part of it succeeded.
+
+        A pass takes the documents that changed since the last one (the cache's journal)
+        to the routing backend and the policy dataplane, which change in the kernel (and
+        in BIRD) what those documents touch: its cost does not grow with the cluster.
+        ``full`` (the first pass, then every ``CHECK_SECONDS``, and after a failed pass):
+        then everything is recomputed from a snapshot taken with the journal and checked
+        against what the passes kept, the kernel reconciled whole and the nftables table
+        replaced; what the check had to fix is counted (expected 0)."""
         start = time.monotonic()
-        docs = self.cache.view()
-        cluster = Cluster.from_documents(docs, facts.name)
-        self._ipip_notice(cluster)
+        assert self.routing is not None
+        assert self.policy is not None
+        full = full or not self.policy.synced
+        changes, docs = self.cache.drain(snapshot=full)
         ok = True
+        routing_error: str | None = None
         try:
-            assert self.routing is not None
-            self.routing.reconcile(cluster, full=full)
+            self.routing.sync(changes, self.cache.has)
         except Exception as e:
+            routing_error = str(e)
+            log.exception("routing pass failed")
+        if docs is not None:  # the check rebuilds from the documents: it covers a failed sync
+            try:
+                self.routing.check(docs)
+                routing_error = None
+            except Exception as e:
+                routing_error = str(e)
+                log.exception("routing check failed")
+        if routing_error is not None:
             ok = False
-            self.problems["routing"] = str(e)
-            log.exception("routing reconcile failed")
+            self.problems["routing"] = routing_error
         else:
             self.problems.pop("routing", None)
         try:
-            self.policy_sync(docs, cluster, full=full)
+            self.policy_pass(changes, docs)
         except Exception as e:
             ok = False
             self.problems["policy"] = str(e)
-            log.exception("policy reconcile failed")
+            log.exception("policy pass failed")
         else:
             self.problems.pop("policy", None)
+        if docs is not None or any(ch.kind == POOLS.name for ch in changes):
+            self._ipip_notice([pool_info(p) for p in self.cache.values(POOLS)])
         self.reconciles += 1
         if not ok:
             self.reconcile_failures += 1
@@ -523,15 +563,18 @@ class Agent:
         self.last_reconcile = time.monotonic() - start
         if self.metrics is not None:
             self.metrics.reconciled(self.last_reconcile, ok)
-        self._write_status(cluster)
+        self._status_due = True
+        if full:
+            self._write_status()
+        return ok
 
-    def _ipip_notice(self, cluster: Cluster) -> None:
+    def _ipip_notice(self, pools: list[PoolInfo]) -> None:
         """A pool asks for IP-in-IP on a kernel without it: said once in the log, and kept
         in the status (node status) and in readiness while it lasts; the pool's routes stay
         direct."""
         facts = self.facts
         assert facts is not None
-        wanted = [str(p.cidr) for p in cluster.pools if p.encap(self.options.backend)[0] == "ipip"]
+        wanted = [str(p.cidr) for p in pools if p.encap(self.options.backend)[0] == "ipip"]
         if not wanted or facts.ipip_available:
             self.problems.pop("ipip", None)
             return
@@ -543,14 +586,34 @@ class Agent:
             log.warning("%s", text)
         self.problems["ipip"] = text
 
-    def policy_sync(self, docs: Documents, cluster: Cluster, full: bool) -> None:
-        assert self.policy is not None
-        state, nat = self.policy_memo.convert(docs)
-        result = self.policy.sync(state, nat, full=full)
-        if self.metrics is not None:  # metrics
-            self.metrics.policy_applied(result)
+    def policy_pass(self, changes: list[Change], docs: Documents | None) -> None:
+        """The changed documents' updates to the policy dataplane (it sends their delta);
+        with ``docs``, then the whole check from them (the first pass loads them)."""
+        policy = self.policy
+        assert policy is not None
+        if policy.synced:
+            updates = self.policy_memo.updates(changes)
+            if updates:
+                result = policy.update(updates)
+                if self.metrics is not None:  # metrics
+                    self.metrics.policy_applied(result)
+        if docs is not None:
+            state, nat = self.policy_memo.convert(docs)
+            result = policy.sync(state, nat, full=True)
+            if self.metrics is not None:  # metrics
+                self.metrics.policy_applied(result)
 
-    def _write_status(self, cluster: Cluster) -> None:
+    def _maybe_write_status(self) -> None:
+        """The status file after passes, at most every ``STATUS_SECONDS`` (reading BIRD's
+        sessions and the vxlan peers is not for every pod started anywhere), and at least
+        every ``RESYNC_SECONDS``."""
+        since = time.monotonic() - self._status_written
+        if (self._status_due and since >= STATUS_SECONDS) or since >= RESYNC_SECONDS:
+            self._write_status()
+
+    def _write_status(self) -> None:
+        self._status_due = False
+        self._status_written = time.monotonic()
         facts = self.facts
         assert facts is not None
         assert self.routing is not None
@@ -565,7 +628,7 @@ class Agent:
             "problems": dict(self.problems),
             "pid": os.getpid(),
         }
-        status.update(self.routing.status(cluster))
+        status.update(self.routing.status())
         try:
             write_status(self.options.run_dir, status)
         except OSError as e:

@@ -10,7 +10,17 @@ from typing import TypeVar
 from datastore.base import Doc, SyncEvent
 from datastore.optimistic import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
-from resources.index import HEARTBEATS, NAMESPACES, PODS, POLICY, ROUTING, Documents, Index, Kind
+from resources.index import (
+    HEARTBEATS,
+    NAMESPACES,
+    PODS,
+    POLICY,
+    ROUTING,
+    Change,
+    Documents,
+    Index,
+    Kind,
+)
 
 T = TypeVar("T")
 
@@ -118,3 +128,20 @@ class Cache:
     def view(self) -> Documents:
         with self.lock:
             return self.index.snapshot()
+
+    def drain(self, *, snapshot: bool = False) -> tuple[list[Change], Documents | None]:
+        """The documents that changed since the last drain (each once, typed, as they are
+        now) and, with ``snapshot``, every document at the same instant: the changes
+        applied to what the previous drains gave make exactly that snapshot."""
+        with self.lock:
+            return self.index.drain(), (self.index.snapshot() if snapshot else None)
+
+    def has(self, kind: str, key: str) -> bool:
+        """A document is held (also one that did not parse)."""
+        with self.lock:
+            return self.index.has(kind, key)
+
+    def values(self, kind: Kind[T]) -> list[T]:
+        """Every parsed document of a kind (for small kinds: pools)."""
+        with self.lock:
+            return self.index.values(kind)

@@ -159,7 +159,7 @@ class Cluster:
             name: _node(name, e.value, alive=name in live)
             for name, e in sorted(docs.of(NODES).items())
         }
-        pools = tuple(_pool(e.value) for _, e in sorted(docs.of(POOLS).items()))
+        pools = tuple(pool_info(e.value) for _, e in sorted(docs.of(POOLS).items()))
         blocks: list[BlockInfo] = []
         borrowed: list[Borrowed] = []
         for _, entry in sorted(docs.of(BLOCKS).items()):
@@ -221,7 +221,8 @@ def _node(name: str, node: Node, *, alive: bool) -> NodeInfo:
     )
 
 
-def _pool(pool: IPPool) -> PoolInfo:
+def pool_info(pool: IPPool) -> PoolInfo:
+    """A pool as routing reads it."""
     spec = pool.spec
     return PoolInfo(
         cidr=ipaddress.ip_network(spec.cidr),

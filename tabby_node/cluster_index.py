@@ -46,7 +46,7 @@ from tabby_node.cluster import (
     _block,
     _node,
     _peer,
-    _pool,
+    pool_info,
 )
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class ClusterIndex:
             self._set_node(name, dataclasses.replace(info, alive=alive), touched)
 
     def _pool(self, key: str, pool: IPPool | None, touched: Touched) -> None:
-        info = _pool(pool) if pool is not None else None
+        info = pool_info(pool) if pool is not None else None
         if self.pools.get(key) == info:
             return
         if info is None:

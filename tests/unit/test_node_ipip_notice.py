@@ -9,7 +9,7 @@ import pytest
 
 from cni_config.common import DatastoreSettings
 from tabby_node.agent import Agent, Facts
-from tabby_node.cluster import Cluster, PoolInfo
+from tabby_node.cluster import PoolInfo
 from tabby_node.http import Health
 from tabby_node.options import NodeOptions
 
@@ -20,12 +20,12 @@ def _agent(available: bool) -> Agent:
     return agent
 
 
-def _cluster(*modes: str | None) -> Cluster:
-    pools = tuple(
+def _cluster(*modes: str | None) -> list[PoolInfo]:
+    """The pools a pass hands the notice."""
+    return [
         PoolInfo(ipaddress.ip_network(f"10.{i}.0.0/16"), 26, ipip_mode=m)
         for i, m in enumerate(modes)
-    )
-    return Cluster(nodes={}, pools=pools, blocks=(), borrowed=())
+    ]
 
 
 def test_said_once_and_kept_while_it_lasts(caplog: pytest.LogCaptureFixture) -> None:

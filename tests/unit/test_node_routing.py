@@ -493,3 +493,52 @@ def test_node_labels_applied_with_tabbyctl_select_peers() -> None:
     w.label("b", edge="yes")
     assert peers(config(w, "b")) == {"192.168.1.200": (NODE, 65010, False, "edge")}
     assert ipaddress.ip_address("192.168.1.200") not in {p.address for p in config(w, "a").peers}
+
+
+# == above ~100 nodes: route reflectors (the configuration README recommends) ===============
+
+
+def _big(n: int, reflectors: int) -> World:
+    """``n`` nodes on 10.1.0.0/16, node n010 with a pod (a block); with ``reflectors``, mesh off and
+    the first nodes reflectors sharing one cluster id (redundant: a client keeps its routes
+    while one is down), every node peering with them by label (Calico's set-up)."""
+    w = World("bird")
+    w.pool("pods", V4_POOL)
+    names = [f"n{i:03d}" for i in range(n)]
+    for i, name in enumerate(names):
+        w.node(name, f"10.1.{i // 250}.{i % 250 + 1}/16", None, tunnels=False)  # no vxlan
+    w.pod("n010", pool=V4_POOL)
+    if reflectors:
+        w.bgp_configuration(nodeToNodeMeshEnabled=False)
+        for name in names[:reflectors]:
+            w.label(name, **RR_LABEL)
+            w.node_bgp(name, routeReflectorClusterID="244.0.0.1")
+        w.bgp_peer("rr", nodeSelector="all()", peerSelector="route-reflector == 'true'")
+    return w
+
+
+def test_with_reflectors_a_node_has_two_sessions_whatever_the_cluster_size(
+    bird_accepts: list[BirdConfig],
+) -> None:
+    """The full mesh costs every node a session per other node (N-1; N(N-1)/2 in all, each
+    carrying every block); with two reflectors a client has two sessions and a rendered
+    configuration whose size does not depend on N, and only the reflectors carry N."""
+    for n in (50, 200):  # (the blocks other nodes hold change no session: left out)
+        mesh = _big(n, reflectors=0)
+        assert len(config(mesh, "n010").peers) == n - 1
+        w = _big(n, reflectors=2)
+        client = config(w, "n010")
+        assert [(p.name, p.type) for p in client.peers] == [("n000", RR), ("n001", RR)]
+        assert client.node.rr_cluster_id is None
+        assert client.blocks == (w.block_of("n010"),)
+        reflector = config(w, "n000")
+        assert reflector.node.rr_cluster_id == ip("244.0.0.1")
+        clients = [p for p in reflector.peers if p.rr_client]
+        assert len(clients) == n - 2  # every node but the two reflectors
+        # the other reflector: a peer, not a client (same cluster id)
+        assert [(p.name, p.rr_client) for p in reflector.peers if not p.rr_client] == [
+            ("n001", False)
+        ]
+        if n == 200:
+            assert len(render(client)) == len(render(config(_big(50, 2), "n010")))
+            bird_accepts.extend([client, reflector])
