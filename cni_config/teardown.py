@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from cni_config.values import CommonValues, DatastoreValues
@@ -51,13 +50,30 @@ TEARDOWN_VERBS = frozenset({"DEL", "GC"})
 _ROUNDS = 8
 
 
-@dataclass(frozen=True)
 class Dropped:
-    """One field whose value could not be honoured: the configuration holds its default."""
+    """One field whose value could not be honoured: the configuration holds its default.
 
-    path: str
-    value: object
-    problem: str
+    (It and ``Teardown`` are plain classes, not dataclasses: tabby-ipam imports
+    nothing else that needs ``dataclasses``, ~10 ms with the ``inspect`` it imports.)"""
+
+    __slots__ = ("path", "problem", "value")
+
+    def __init__(self, path: str, value: object, problem: str) -> None:
+        self.path = path
+        self.value = value
+        self.problem = problem
+
+    def _key(self) -> tuple[str, object, str]:
+        return (self.path, self.value, self.problem)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Dropped) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.problem))
+
+    def __repr__(self) -> str:
+        return f"Dropped(path={self.path!r}, value={self.value!r}, problem={self.problem!r})"
 
     def __str__(self) -> str:
         shown = repr(self.value)
@@ -71,12 +87,17 @@ class Unknown(Exception):
     to remove."""
 
 
-@dataclass(frozen=True)
 class Teardown(Generic[C]):
     """A configuration read for teardown: the model, with each dropped field at its default."""
 
-    conf: C
-    dropped: tuple[Dropped, ...] = ()
+    __slots__ = ("conf", "dropped")
+
+    def __init__(self, conf: C, dropped: tuple[Dropped, ...] = ()) -> None:
+        self.conf = conf
+        self.dropped = dropped
+
+    def __repr__(self) -> str:
+        return f"Teardown(conf={self.conf!r}, dropped={self.dropped!r})"
 
     def need(self, *paths: str) -> None:
         """Raise :class:`Unknown` naming the first of ``paths`` that was dropped."""
