@@ -9,7 +9,8 @@ state back over its control socket for ``node status`` and readiness (:mod:`.con
     sup.start(BirdConfig(node=BirdNode("node-a", IPv4Address("10.0.0.1")), peers=..., ...))
     sup.apply(new_config)   # on every datastore change; a no-op when the text is the same
     sup.peers(); sup.readiness()
-    sup.stop()              # on SIGTERM (SIGKILL of tabby-node leaves BIRD to the next one)
+    sup.stop(graceful=True) # on SIGTERM: peers keep the routes until the next BIRD; SIGKILL
+                            # of tabby-node leaves BIRD running for the next one to adopt
 """
 
 from __future__ import annotations

@@ -34,6 +34,11 @@ ESTABLISHED = "Established"
 #: How long after BIRD's start every peer must be Established for readiness (later one is
 #: enough), as Calico's readiness check does.
 DEFAULT_SETTLE_SECONDS = 30.0
+#: ``show protocols all`` of a session whose peer went away without a notification (its
+#: BIRD restarts): BIRD keeps the peer's routes (as stale) until it is back or its restart
+#: time is over.
+NEIGHBOR_RESTARTING = "Neighbor graceful restart active"
+RESTARTING_KEY = "Neighbor graceful restart"
 
 
 class BirdError(Exception):
@@ -115,6 +120,8 @@ class PeerStatus:
     neighbor_as: int | None = None
     description: str = ""
     last_error: str = ""
+    #: The peer is restarting (graceful restart): its routes are kept meanwhile.
+    restarting: bool = False
 
     @property
     def established(self) -> bool:
@@ -241,6 +248,9 @@ def parse_protocols(reply: Sequence[ReplyLine]) -> list[ProtocolStatus]:
                 assert isinstance(channels, dict)
                 channel = channels.setdefault(text.split(None, 1)[1], {})
                 continue
+            if text == NEIGHBOR_RESTARTING and channel is None:
+                details.setdefault(RESTARTING_KEY, "active")
+                continue
             kv = _split_key(text)
             if kv is not None:
                 (channel if channel is not None else details).setdefault(*kv)
@@ -277,6 +287,7 @@ def peer_statuses(
                 neighbor_as=int(neighbor_as) if neighbor_as.isdigit() else None,
                 description=proto.details.get("Description", ""),
                 last_error=proto.details.get("Last error", ""),
+                restarting=proto.details.get(RESTARTING_KEY) == "active",
             )
         )
     if memo is not None:
@@ -327,7 +338,9 @@ def readiness(
 ) -> list[str]:
     """Why BGP is not ready (empty: ready), counted as Calico counts it: BIRD must answer
     and not be in graceful-restart recovery; no peers is fine; for ``settle_seconds`` after
-    BIRD started every peer must be Established, later at least one."""
+    BIRD started every peer must be Established, later at least one. A peer that is
+    restarting (graceful restart: its routes are kept) is not down: one node's upgrade must
+    not make the others unready (a DaemonSet replaces an unready pod at once)."""
     if status is None:
         return ["BIRD is not running"]
     reasons = []
@@ -335,7 +348,7 @@ def readiness(
         reasons.append("BIRD: graceful restart recovery in progress")
     if not peers:
         return reasons
-    down = [p for p in peers if not p.established]
+    down = [p for p in peers if not p.established and not p.restarting]
     uptime = status.uptime_seconds
     if uptime is None or uptime < settle_seconds:
         reasons += [
@@ -473,6 +486,18 @@ class BirdControl:
         last = reply[-1]
         # 3 Reconfigured, 4 in progress, 5 queued behind a running one, 17 replaced a queued one.
         if last.code not in (3, 4, 5, 17):
+            raise BirdCommandError(last.code, last.text)
+        return last.text
+
+    def graceful_restart(self) -> str:
+        """Shut BIRD down for a graceful restart (BIRD's ``graceful restart`` command): it
+        closes its BGP sessions without a notification, so peers that negotiated graceful
+        restart keep this node's routes (as stale, for their restart time) until a new BIRD
+        has sent them again, and its kernel protocols leave their routes in place. BIRD
+        exits; its answer is returned."""
+        reply = self.command("graceful restart")
+        last = reply[-1]
+        if last.code != 25:  # 0025 Graceful restart requested
             raise BirdCommandError(last.code, last.text)
         return last.text
 

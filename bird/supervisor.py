@@ -18,9 +18,14 @@ control socket), ``bird.pid`` and ``bird.log`` (BIRD's stderr; one older ``bird.
 * A monitor thread waits on a pidfd; when BIRD dies it is started again with ``-R`` after a
   back-off (0.5 s doubling to 30 s; reset once a BIRD stayed up 30 s). It also keeps
   ``bird.log`` under 10 MiB (copy to ``bird.log.1``, truncate).
-* :meth:`BirdSupervisor.stop` (tabby-node's SIGTERM) stops BIRD with SIGTERM (it closes its
-  sessions; ``persist`` leaves its kernel routes in place). :meth:`BirdSupervisor.detach`
-  stops supervising and leaves BIRD running for a successor.
+* :meth:`BirdSupervisor.stop` stops BIRD with SIGTERM (it closes its sessions with a
+  notification: peers withdraw this node's routes at once; ``persist`` leaves its kernel
+  routes in place); ``stop(graceful=True)`` (tabby-node's SIGTERM: a restart, an upgrade)
+  with BIRD's ``graceful restart`` command instead: sessions closed without a notification,
+  so peers keep this node's routes as stale until the next BIRD (started with ``-R``) has
+  sent them again, for at most their graceful-restart time (BIRD's default 120 s); the
+  kernel routes stay too. :meth:`BirdSupervisor.detach` stops supervising and leaves BIRD
+  running for a successor.
 
 The monitor thread and BIRD inherit the network namespace of the thread that calls
 :meth:`BirdSupervisor.start`.
@@ -169,7 +174,7 @@ class BirdSupervisor:
     sup.apply(new_config)      # True if the text changed and BIRD reloaded it
     sup.peers()                # BGP sessions for node status
     sup.readiness()            # [] when ready, else the reasons
-    sup.stop()                 # on SIGTERM; detach() leaves BIRD to a successor
+    sup.stop(graceful=True)    # on SIGTERM; detach() leaves BIRD to a successor
     """
 
     def __init__(
@@ -274,14 +279,29 @@ class BirdSupervisor:
             self._text = text
             return True
 
-    def stop(self) -> None:
-        """Stop BIRD (SIGTERM, SIGKILL after ``stop_timeout``) and the monitor thread."""
+    def stop(self, *, graceful: bool = False) -> None:
+        """Stop BIRD and the monitor thread: SIGTERM (peers withdraw this node's routes),
+        or with ``graceful`` BIRD's ``graceful restart`` (peers keep them until the next
+        BIRD sent them again; module docstring); SIGKILL after ``stop_timeout``, which
+        also leaves every route in place."""
         pid, pidfd = self._close_monitor()
         if pid is None or pidfd is None:
             return
-        log.info("stopping BIRD (pid %d)", pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+        if graceful:
+            log.info("stopping BIRD (pid %d) for a graceful restart: routes kept", pid)
+            try:
+                with self.control() as bird:
+                    bird.graceful_restart()
+            except BirdError as exc:
+                # SIGKILL closes the sessions without a notification too (peers keep the
+                # routes) and cannot clean the kernel up: the graceful outcome either way.
+                log.warning("BIRD (pid %d) refused a graceful restart (%s): SIGKILL", pid, exc)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        else:
+            log.info("stopping BIRD (pid %d)", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         if not _wait_pidfd(pidfd, self.stop_timeout):
             log.warning("BIRD (pid %d) ignored SIGTERM for %.0f s: SIGKILL", pid, self.stop_timeout)
             with contextlib.suppress(ProcessLookupError):

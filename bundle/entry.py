@@ -130,6 +130,11 @@ def role_from_argv0(argv0: str) -> str:
 
 
 def main() -> None:
+    from bundle import environ
+
+    # Children (BIRD, nft, delegated plugins) get the environment we were given, not the
+    # bundle's library path (bundle/environ.py).
+    environ.restore()
     role = role_from_argv0(sys.argv[0])
     if role == "tabbyctl":
         main_ctl()
@@ -142,6 +147,9 @@ def main() -> None:
 
 
 def main_ipam() -> None:
+    from bundle import environ
+
+    environ.restore()
     _exit_now(cni_main("tabby-ipam"))
 
 

@@ -201,8 +201,13 @@ class _PerCallFileHandler(logging.Handler):
 
 
 def setup_resident(level: str, path: str | None) -> None:
-    """Logging for a long-lived process that serves many calls (tabby-node)."""
+    """Logging for a long-lived process that serves many calls (tabby-node). Without a
+    log file stderr is its only log (a container's: ``kubectl logs``), at ``level``."""
     setup(level, path)
+    if not path:
+        for h in _configured:
+            if type(h) is logging.StreamHandler:
+                h.setLevel(LEVELS.get(level.lower(), logging.INFO))
     _resident.append(True)
     handler = _PerCallFileHandler()
     handler.addFilter(_context)

@@ -422,8 +422,11 @@ class BirdRouting(NoRouting):
         return [f"bird: {r}" for r in self.bird.readiness()]
 
     def stop(self, *, stop_bird: bool = True) -> None:
+        """tabby-node's SIGTERM: BIRD goes for a graceful restart (peers keep this node's
+        routes until the next tabby-node's BIRD sent them again: a restart or an upgrade
+        moves no traffic); ``stop_bird`` False leaves it running for a successor."""
         if stop_bird:
-            self.bird.stop()
+            self.bird.stop(graceful=True)
         else:
             self.bird.detach()
 

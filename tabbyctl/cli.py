@@ -338,7 +338,7 @@ def pool_delete(obj: Ctx, cidr: str) -> None:
 
 @cli.group("node")
 def node_group() -> None:
-    """This node's tabby-node: status (and diagnostics)."""
+    """This node: tabby-node's status, diagnostics, and installing tabby on it."""
 
 
 # -- demo --------------------------------------------------------------------------------
@@ -442,5 +442,7 @@ node_group.add_command(_node.status_cmd)
 cli.add_command(_policy.policy_group)
 
 from tabbyctl import diags as _diags  # noqa: E402  (node diags)
+from tabbyctl import install as _install  # noqa: E402  (node install)
 
 _diags.register(cli)
+_install.register(node_group)

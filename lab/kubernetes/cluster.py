@@ -126,6 +126,11 @@ class KubeLab(Lab):
 
     nodes_wanted: int = 3
     ipv6: bool = False  # Kubernetes 1.20's dual stack is alpha: pods are IPv4
+    #: False: the lab installs no network (no conflist, no tabby binaries, no tabby-node; a
+    #: private /opt in every node): the nodes stay NotReady until something installs one,
+    #: as manifests/tabby.yaml does (lab.kubernetes.manifest). build() returns when every
+    #: node has registered.
+    install_cni: bool = True
     kube_bin: Path | None = None  # the Kubernetes binaries (default: lab.kubernetes.build's)
     image_cache: str = build.DEFAULT_ROOT
     progress: Echo | None = None  # bring-up and teardown steps, with their times
@@ -138,6 +143,10 @@ class KubeLab(Lab):
     timings: dict[str, float] = field(default_factory=dict)
     _pki: pki.Pki | None = None
     _netns_inodes: set[int] = field(default_factory=set)
+    #: Open descriptors of the lab's network and mount namespaces, closed after
+    #: :meth:`leftovers`: a freed namespace's inode number is soon another's (the kernel
+    #: hands out the lowest free one), and another lab's process in it would look like ours.
+    _ns_pins: list[int] = field(default_factory=list)
     _host_before: dict[str, set[str]] = field(default_factory=dict)
 
     # -- names, addresses, files --------------------------------------------------------------
@@ -191,8 +200,13 @@ class KubeLab(Lab):
 
     def make_netns(self, name: str) -> None:
         super().make_netns(name)
+        self._pin(f"/run/netns/{name}")
         with contextlib.suppress(OSError):
             self._netns_inodes.add(os.stat(f"/run/netns/{name}").st_ino)
+
+    def _pin(self, ns_path: str) -> None:
+        with contextlib.suppress(OSError):
+            self._ns_pins.append(os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC))
 
     def spawn_on(
         self, which: LabNode | str, argv: list[str], log_name: str, *, mount: bool = True
@@ -465,7 +479,8 @@ class KubeLab(Lab):
         for name in build.BINARIES:
             if not os.access(self.binary(name), os.X_OK):
                 raise LabError(f"{self.binary(name)} is missing: python3 -m lab.kubernetes.build")
-        knode.cni_binaries(self.cni_bin)
+        if self.install_cni:
+            knode.cni_binaries(self.cni_bin)
 
     def _timed(self, name: str, started: float) -> None:
         self.timings[name] = round(time.monotonic() - started, 2)
@@ -483,8 +498,11 @@ class KubeLab(Lab):
         self.build_underlay()
         self._timed("underlay+etcd", t0)
         self._make_pki()
-        binaries = knode.cni_binaries(self.cni_bin)
-        conflist = knode.conflist(self.endpoints(), self.etcd_prefix)
+        if self.install_cni:
+            binaries = knode.cni_binaries(self.cni_bin)
+            conflist: dict[str, Any] | None = knode.conflist(self.endpoints(), self.etcd_prefix)
+        else:
+            binaries, conflist = knode.loopback_binary(), None
         self._log("node holders: a private mount namespace in every node")
         for n in self.nodes:
             kn = KubeNode(n, cgroup_root=f"/{self.prefix}-{n.name}")
@@ -494,12 +512,16 @@ class KubeLab(Lab):
                 knode.holder_argv(n.netns), os.path.join(n.workdir, "holder.log")
             )
             knode.wait_holder(kn)
+            self._pin(f"/proc/{kn.pid}/ns/mnt")
             knode.prepare(kn, Path(n.workdir), conflist, binaries)
         self._timed("holders", t0)
         self._log(f"control plane on {self.nodes[0].name}: kube-apiserver at {self.api_server}")
         self._start_apiserver()
-        self._log(f"tabby-node ({self.backend}) and containerd on every node")
-        self.start_agents()
+        if self.install_cni:
+            self._log(f"tabby-node ({self.backend}) and containerd on every node")
+            self.start_agents()
+        else:
+            self._log("containerd on every node (no network: nothing installs one yet)")
         for kn in self.kube.values():
             kn.containerd = self.spawn(
                 [*kn.enter(), "containerd", "--config", str(self._containerd_config(kn))],
@@ -514,9 +536,13 @@ class KubeLab(Lab):
         self._log("kubelet on every node")
         for kn in self.kube.values():
             self._start_kubelet(kn)
-        self.wait_ready(90)  # tabby-node on every node
-        self.wait_for("every node Ready", self._nodes_ready, timeout=120)
-        self._timed("nodes Ready", t0)
+        if self.install_cni:
+            self.wait_ready(90)  # tabby-node on every node
+            self.wait_for("every node Ready", self._nodes_ready, timeout=120)
+            self._timed("nodes Ready", t0)
+        else:
+            self.wait_for("every node registered", self.nodes_registered, timeout=120)
+            self._timed("nodes registered", t0)
         self.wait_for(
             "the default service account's token",
             lambda: self._default_token_ready(),
@@ -793,6 +819,28 @@ class KubeLab(Lab):
         }
         return ready == set(self.kube)
 
+    def node_conditions(self) -> dict[str, dict[str, str]]:
+        """Every registered node's conditions: name -> {type: status}."""
+        items = self.kubectl_json("get", "nodes")["items"]
+        return {
+            i["metadata"]["name"]: {
+                c["type"]: c["status"] for c in i.get("status", {}).get("conditions", [])
+            }
+            for i in items
+        }
+
+    def nodes_registered(self) -> bool:
+        """Every node's kubelet has registered its Node (Ready or not)."""
+        for kn in self.kube.values():
+            if kn.kubelet is not None and kn.kubelet.poll() is not None:
+                log = _tail(Path(kn.node.workdir) / "kubelet.log")
+                raise Broken(f"kubelet on {kn.name} exited: {log}")
+        return set(self.node_conditions()) == set(self.kube)
+
+    def nodes_ready(self) -> bool:
+        """Every node Ready (the public name of what build() waits for)."""
+        return self._nodes_ready()
+
     def _default_token_ready(self) -> bool:
         sa = self.kubectl("get", "serviceaccount", "default", "-o", "json", check=False)
         return sa.returncode == 0 and bool(json.loads(sa.stdout).get("secrets"))
@@ -834,6 +882,13 @@ class KubeLab(Lab):
     # -- tearing down ------------------------------------------------------------------------------
 
     def teardown(self) -> list[str]:
+        try:
+            return self._teardown()
+        finally:
+            while self._ns_pins:
+                os.close(self._ns_pins.pop())
+
+    def _teardown(self) -> list[str]:
         t0 = time.monotonic()
         problems: list[str] = []
         self._log("stopping kubelets and the control plane")

@@ -171,11 +171,13 @@ def namespace_mounts(pid: int) -> list[str]:
     return sorted(points, key=lambda p: (-p.count("/"), p))
 
 
-def setup_script(kn: KubeNode, move_dir: str) -> str:
+def setup_script(kn: KubeNode, move_dir: str, private_opt: bool = False) -> str:
     """What the holder's namespaces get once (module docstring), as one shell script run
     inside them. ``move_dir``: an empty directory of the lab's to park the cgroup
     hierarchies in while /sys is replaced. ``-n`` everywhere: libmount would otherwise touch
-    the machine's /run/mount/utab before the node has a /run of its own."""
+    the machine's /run/mount/utab before the node has a /run of its own. ``private_opt``: a
+    tmpfs over all of /opt too (a node whose tabby a DaemonSet installs into /opt/tabby must
+    not reach the machine's)."""
     lines = ["set -e"]
     for point in namespace_mounts(kn.pid):
         lines.append(f"umount -n -l {shlex.quote(point)} 2>/dev/null || true")
@@ -186,6 +188,9 @@ def setup_script(kn: KubeNode, move_dir: str) -> str:
         f"mount -n --move {shlex.quote(move_dir)} /sys/fs/cgroup",
     ]
     tag = f"tabby-lab-{kn.name}"
+    if private_opt:
+        lines.append(f"mount -n -t tmpfs -o mode=0755 {tag} /opt")
+        lines += [f"mkdir -p {d}" for d in PRIVATE_DIRS if d.startswith("/opt/")]
     for d in PRIVATE_DIRS:
         lines.append(f"mount -n -t tmpfs -o mode=0755 {tag} {d}")
     lines.append("mkdir -p /run/kernel-tunables")
@@ -199,15 +204,17 @@ def setup_script(kn: KubeNode, move_dir: str) -> str:
 
 
 def prepare(
-    kn: KubeNode, workdir: Path, conflist: dict[str, Any], binaries: dict[str, str]
+    kn: KubeNode, workdir: Path, conflist: dict[str, Any] | None, binaries: dict[str, str]
 ) -> None:
     """The holder's mounts (setup_script), then the node's files: the conflist, the node
     name for tabby, and /opt/cni/bin (``binaries``: name -> target, resolved on the machine
-    before its /opt/cni/bin is hidden)."""
+    before its /opt/cni/bin is hidden). ``conflist`` None: a node without a network (no
+    conflist, no node name, a private /opt): what manifests/tabby.yaml installs on."""
     move_dir = workdir / "cgroup-move"
     move_dir.mkdir(mode=0o700)
+    script = setup_script(kn, str(move_dir), private_opt=conflist is None)
     proc = run(
-        [*kn.enter(), "sh", "-c", setup_script(kn, str(move_dir))],
+        [*kn.enter(), "sh", "-c", script],
         capture_output=True,
         text=True,
         timeout=30,
@@ -220,10 +227,20 @@ def prepare(
         raise LabError(f"preparing {kn.name}'s mount namespace failed: {proc.stderr.strip()}")
     for name, target in binaries.items():
         os.symlink(target, kn.path(f"{CNI_BIN}/{name}"))
+    if conflist is None:
+        return
     nodename = kn.path(NODENAME_FILE)
     nodename.parent.mkdir(parents=True, exist_ok=True)
     nodename.write_text(kn.name + "\n")
     kn.path(CONFLIST).write_text(json.dumps(conflist, indent=2) + "\n")
+
+
+def loopback_binary() -> dict[str, str]:
+    """The one plugin a node without a network has: Debian's loopback (a Kubernetes node's
+    ``kubernetes-cni``); a CNI installer brings the rest."""
+    if not os.access(DEBIAN_LOOPBACK, os.X_OK):
+        raise LabError(f"{DEBIAN_LOOPBACK} is missing: apt-get install containernetworking-plugins")
+    return {"loopback": DEBIAN_LOOPBACK}
 
 
 def cni_binaries(cni_bin: str) -> dict[str, str]:

@@ -8,6 +8,10 @@ tears each cluster down (then checks the machine: nothing may be left) before th
 comes up. A test that needs one backend only says so with
 ``@pytest.mark.parametrize("kube_lab", ["bird"], indirect=True)``.
 
+tests/kubernetes/test_manifest.py brings up clusters of its own, with no network until it
+installs tabby with manifests/tabby.yaml; its tests run first (before the lab clusters above
+exist), one cluster at a time.
+
 Needs root, the installed binaries (./build.sh --no-demo), Kubernetes built by
 ``python -m lab.kubernetes.build`` and the Debian packages lab.kubernetes.cluster.TOOLS names
 (tests/run.sh does all of it): ``.venv/bin/pytest --run-kubernetes tests/kubernetes``.
@@ -74,3 +78,10 @@ def controllers(kube_lab: KubeLab) -> Controllers:
     c.wait_leader()
     c.wait_ready()
     return c
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The manifest's tests first: their clusters come and go before the session's lab
+    clusters are built, so that two clusters never run at once."""
+    items.sort(key=lambda item: 0 if item.path.name == "test_manifest.py" else 1)

@@ -396,6 +396,65 @@ def test_killed_bird_is_restarted_with_routes_kept(
     assert successor.pid == running
 
 
+def test_graceful_stop_keeps_every_route_until_the_next_bird(
+    underlay: list[UnderlayNode], supervisors: list[BirdSupervisor]
+) -> None:
+    """tabby-node's SIGTERM (an upgrade replaces its pod): stop(graceful=True) makes node 3's
+    BIRD close its sessions without a notification and exit. Its peers keep its block (stale,
+    graceful restart) and node 3 keeps its kernel routes, every moment until a new BIRD
+    (started with -R in the same run directory) has re-established the sessions and the
+    routes are fresh again. A plain stop() (SIGTERM) withdraws them at once: the contrast."""
+    n1, n2, n3 = underlay
+    for node in underlay:
+        supervisors.append(start(node, mesh_config(node, underlay)))
+    for sup in supervisors:
+        wait_established(sup, 2)
+    wait_converged(underlay)
+    held = {
+        n1: {str(n3.block4): f"via {n3.ipv4}"},
+        n2: {str(n3.block4): f"via {n3.ipv4}"},
+        n3: {
+            str(n3.block4): "blackhole",
+            str(n1.block4): f"via {n1.ipv4}",
+            str(n2.block4): f"via {n2.ipv4}",
+        },
+    }
+
+    def missing() -> list[str]:
+        out = []
+        for node, wanted in held.items():
+            routes = node.routes()
+            out += [f"{node.ns}: {p}" for p, w in wanted.items() if routes.get(p) != w]
+        return out
+
+    old = supervisors[2]
+    old_pid = old.pid
+    assert old_pid is not None
+    old.stop(graceful=True)
+    assert not _bird_alive(old_pid)
+    gaps: list[str] = []
+    deadline = time.monotonic() + 3  # BIRD's peers would keep the routes 120 s
+    while time.monotonic() < deadline:
+        gaps += missing()
+        time.sleep(0.05)
+    successor = start(n3, mesh_config(n3, underlay))
+    supervisors.append(successor)
+    assert not successor.adopted
+    with BirdControl(str(n3.run_dir / "bird.ctl")) as bird:
+        assert "Graceful restart recovery in progress" in str(bird.command("show status"))
+    while not all_established(successor, 2):
+        gaps += missing()
+        time.sleep(0.05)
+    wait_for("node 3 ready (recovery done)", lambda: successor.readiness() == [])
+    gaps += missing()
+    assert gaps == []
+    wait_converged(underlay)
+
+    successor.stop()  # SIGTERM: a notification, the peers withdraw node 3's block
+    for other in (n1, n2):
+        wait_route(other, str(n3.block4), None)
+
+
 def _restarted(sup: BirdSupervisor, old: int) -> bool:
     return sup.pid not in (None, old) and sup.running()
 

@@ -4,6 +4,7 @@ daemon with the rendered ``timeformat``); the client is driven against a fake se
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import os
@@ -122,6 +123,7 @@ def test_show_protocols_all_is_parsed() -> None:
         "bgp1",
     ]
     device, static, mesh, rr, _ = protocols
+    assert "Neighbor graceful restart" not in mesh.details
     assert (device.kind, device.table, device.state, device.info) == ("Device", "---", "up", "")
     assert static.channels["ipv4"]["Routes"] == "1 imported, 0 exported, 1 preferred"
     assert static.bgp_state == ""
@@ -145,6 +147,8 @@ def test_peer_statuses_for_node_status() -> None:
         (PeerType.RR, ipaddress.ip_address("fd77::3"), "Active"),
     ]  # bgp1 is not tabby's; the order is mesh, rr, global, node
     mesh, rr = peers
+    assert not mesh.restarting
+    assert not rr.restarting
     assert mesh.established
     assert not rr.established
     assert mesh.since == "2026-11-23T11:08:23Z"
@@ -161,6 +165,39 @@ def test_peer_statuses_for_node_status() -> None:
     }
     assert rr.last_error == "Socket: Connection refused"
     assert rr.protocol_state == "start"
+
+
+SHOW_PROTOCOLS_RESTARTING = """\
+2002-Name       Proto      Table      State  Since         Info
+1002-Mesh_10_77_0_4 BGP        ---        start  2026-11-23T11:09:39.625206+0000  \
+Passive       Socket: Connection closed
+1006-  Description:    node-d
+     BGP state:          Passive
+       Neighbor address: 10.77.0.4
+       Neighbor AS:      64512
+       Local AS:         64512
+       Neighbor graceful restart active
+       Restart timer:    118.995/-
+       Last error:       Socket: Connection closed
+     Channel ipv4
+       State:          START
+       Routes:         1 imported, 0 exported, 1 preferred
+       Neighbor GR:    Regular
+ 
+0000 
+"""
+
+
+def test_a_peer_in_graceful_restart_is_restarting() -> None:
+    """What BIRD shows of a session whose peer closed it without a notification (its BIRD
+    restarts for an upgrade): the peer's routes are kept, the peer is restarting."""
+    (proto,) = parse_protocols(parse_reply(reply(SHOW_PROTOCOLS_RESTARTING)))
+    assert proto.details["Neighbor graceful restart"] == "active"
+    assert proto.details["Restart timer"] == "118.995/-"
+    assert proto.channels["ipv4"]["Neighbor GR"] == "Regular"
+    (peer,) = peer_statuses([proto])
+    assert (peer.state, peer.restarting) == ("Passive", True)
+    assert peer.last_error == "Socket: Connection closed"
 
 
 def test_since_memo_keeps_a_session_start_stable() -> None:
@@ -213,6 +250,13 @@ def test_readiness_counts_as_calico_does() -> None:
         "BIRD: graceful restart recovery in progress"
     ]
     assert readiness(_status(5), [up, down], settle_seconds=1) == []
+    # A peer in graceful restart (its BIRD restarts: an upgrade) is not down, at any time.
+    restarting = dataclasses.replace(_peer("10.0.0.4", "Passive"), restarting=True)
+    assert readiness(_status(5), [up, restarting]) == []
+    assert readiness(_status(300), [restarting]) == []
+    assert readiness(_status(5), [restarting, down]) == [
+        "BGP not established with 10.0.0.3 (mesh: Active)"
+    ]
 
 
 class FakeBird:

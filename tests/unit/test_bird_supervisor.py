@@ -3,7 +3,8 @@
 The fake is a small Python script with BIRD's command line: ``-p -c FILE`` rejects a file
 containing ``INVALID`` the way BIRD does; ``-f -c CONF -s CTL -P PID [-R]`` writes the pid
 file, greets on the control socket, answers ``configure`` and ``show status``, records every
-launch and command, and on SIGTERM removes its socket and pid file as BIRD does. The real
+launch and command, and on SIGTERM (or ``graceful restart``) removes its socket and pid
+file as BIRD does. The real
 daemon is covered by tests/privileged/test_bird.py.
 """
 
@@ -67,6 +68,10 @@ while True:
                 f.write(b"1000-BIRD 2.0.12\n0013 Daemon is up and running\n")
             elif cmd == "show protocols all":
                 f.write(b"2002-Name Proto Table State Since Info\n0000 \n")
+            elif cmd == "graceful restart" and not os.environ.get("FAKE_BIRD_NO_GRACEFUL"):
+                f.write(b"0025 Graceful restart requested\n"); f.flush()
+                note(event="graceful", pid=os.getpid())
+                term()
             else:
                 f.write(b"9001 syntax error\n")
             f.flush()
@@ -227,3 +232,41 @@ def test_stale_pidfile_and_socket_do_not_fool_adoption(fake: Fake) -> None:
         assert fake.events("start")[-1]["recover"] is True
     finally:
         second.stop()
+
+
+def test_graceful_stop_asks_bird_for_a_graceful_restart(fake: Fake) -> None:
+    """tabby-node's SIGTERM: BIRD is told ``graceful restart`` (it closes its sessions
+    without a notification, peers keep the routes) and exits; the next BIRD in this run
+    directory starts with -R."""
+    sup = fake.supervisor()
+    sup.start("router id 10.0.0.1;\n")
+    pid = sup.pid
+    sup.stop(graceful=True)
+    assert [e["pid"] for e in fake.events("graceful")] == [pid]
+    assert not sup.running()
+    assert not (fake.run_dir / "bird.ctl").exists()
+    successor = fake.supervisor()
+    successor.start("router id 10.0.0.1;\n")
+    try:
+        assert not successor.adopted
+        assert fake.events("start")[-1]["recover"] is True
+    finally:
+        successor.stop()
+
+
+def test_graceful_stop_of_a_bird_that_refuses_is_a_sigkill(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A BIRD that does not take the command is killed, not stopped with SIGTERM: SIGKILL
+    also closes its sessions without a notification and leaves its routes."""
+    monkeypatch.setenv("FAKE_BIRD_NO_GRACEFUL", "1")
+    sup = fake.supervisor()
+    sup.start("router id 10.0.0.1;\n")
+    pid = sup.pid
+    assert pid is not None
+    sup.stop(graceful=True)
+    assert fake.events("graceful") == []
+    assert not sup.running()
+    assert (fake.run_dir / "bird.ctl").exists()  # SIGKILLed: it could not clean up
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

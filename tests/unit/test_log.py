@@ -40,3 +40,41 @@ def test_log_file_is_private(tmp_path: Path) -> None:
         log.setup("info", None, stderr=False)
     assert path.read_text().strip().endswith("hello")
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_resident_process_without_a_log_file_logs_to_stderr_at_its_level(
+    tmp_path: Path,
+) -> None:
+    """tabby-node in a container (``--log-file ''``): stderr is its log, info included;
+    with a file, stderr keeps only warnings and errors."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "from cni_protocol import log\n"
+        "log.setup_resident('info', sys.argv[1] or None)\n"
+        "logging.getLogger('tabby.node').info('an info line')\n"
+        "logging.getLogger('tabby.node').debug('a debug line')\n"
+        "logging.getLogger('tabby.node').warning('a warning line')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+
+    def stderr_of(path: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", script, path],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return proc.stderr
+
+    alone = stderr_of("")
+    assert "an info line" in alone
+    assert "a warning line" in alone
+    assert "a debug line" not in alone
+    with_file = stderr_of(str(tmp_path / "node.log"))
+    assert "an info line" not in with_file
+    assert "a warning line" in with_file
+    assert "an info line" in (tmp_path / "node.log").read_text()

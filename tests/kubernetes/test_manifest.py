@@ -1,0 +1,534 @@
+"""tabby installed the Kubernetes way (README "Installing on Kubernetes"), per backend, on a
+fresh 3-node Kubernetes whose lab installs no network (lab.kubernetes.cluster.KubeLab with
+``install_cni=False``; lab.kubernetes.manifest does what the README tells an operator):
+
+* the manifest passes the API server's validation and admission (server-side dry run, RBAC
+  on); the nodes are NotReady: no network;
+* the image imported into every node's containerd, ``kubectl apply`` of the manifest with the
+  ConfigMap set to the lab's etcd: the nodes turn Ready, tabby-node is ready everywhere, the
+  controllers elect a leader; each node got its files (the bundle under
+  /opt/tabby/bundles, the links, the conflist, its name) and the BIRD tabby-node runs has
+  the image's environment, not the bundle's library path;
+* a Deployment's pods across the nodes reach each other; a NetworkPolicy applied with
+  kubectl is enforced;
+* every service account is denied what it does not need and allowed what it needs;
+* a rolling update of the DaemonSet to another image (another bundle: a real install on
+  every node) while ICMP streams at 50 packets/s run between pods on different nodes, in a
+  ring that crosses every node: no packet lost; a pod created while a node's tabby-node is
+  being replaced is networked;
+* ``kubectl delete -f`` removes tabby; running pods keep their interfaces and routes and
+  reach each other, and a pod deleted afterwards is still torn down.
+
+The tests of one backend run in this order on one cluster, which the last one leaves
+without tabby; then the cluster is torn down (nothing may be left on the machine). The
+numbers (image import, install to Ready, rollout, packets) are printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.kubernetes import build
+from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod
+from lab.kubernetes.manifest import NAMESPACE, ManifestInstall
+from lab.proc import LabError
+from tests import packaging_image
+from tests.kubernetes.helpers import eventually
+from tests.kubernetes.icmp import Stream
+
+pytestmark = pytest.mark.kubernetes
+
+IMAGE = packaging_image.load()
+WEB_NS = "mf-web"
+RATE = 50.0  # packets per second, per stream
+
+
+@dataclass
+class Images:
+    first: Path
+    upgrade: Path
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
+    """The image to install (``TABBY_IMAGE_ARCHIVE``, else built from the bundle the
+    installed tabbyctl runs from, or ``TABBY_BUNDLE_DIR``) and the upgrade: the same bundle
+    with one file more (so another bundle id, a real install on every node), tagged
+    ``<version>-upgrade``."""
+    if os.geteuid() != 0:
+        pytest.fail("the Kubernetes tier needs root")
+    if build.find_binaries() is None:
+        pytest.fail("Kubernetes is not built: python -m lab.kubernetes.build (tests/run.sh does)")
+    found = shutil.which("tabbyctl")
+    default = os.path.dirname(os.path.realpath(found)) if found else "/opt/tabby"
+    bundle = Path(os.environ.get("TABBY_BUNDLE_DIR") or default)
+    if not os.access(bundle / "tabby", os.X_OK):
+        pytest.fail(f"no bundle in {bundle}: ./build.sh --no-demo (or set TABBY_BUNDLE_DIR)")
+    work = tmp_path_factory.mktemp("images")
+    cache = Path(IMAGE.DEFAULT_CACHE)
+    started = time.monotonic()
+    given = os.environ.get("TABBY_IMAGE_ARCHIVE")
+    if given:
+        first = Path(given)
+    else:
+        out = work / "tabby.oci.tar"
+        first = IMAGE.build_image(bundle, out, IMAGE.DEFAULT_NAME, None, cache).archive
+    changed = work / "bundle-upgrade"
+    shutil.copytree(bundle, changed, symlinks=True)
+    (changed / "_internal" / "UPGRADE-TEST").write_text("another bundle, the same programs\n")
+    version = IMAGE.bundle_version(bundle)
+    upgrade = IMAGE.build_image(
+        changed, work / "tabby-upgrade.oci.tar", IMAGE.DEFAULT_NAME, f"{version}-upgrade", cache
+    ).archive
+    shutil.rmtree(changed)
+    return Images(first, upgrade, time.monotonic() - started)
+
+
+@pytest.fixture(scope="module", params=["bird", "vxlan"])
+def bare(request: pytest.FixtureRequest, images: Images) -> Iterator[KubeLab]:
+    """A 3-node Kubernetes with no network (nothing installed in /opt/cni/bin but loopback,
+    no conflist)."""
+    lab = KubeLab(install_cni=False, backend=request.param)
+    try:
+        try:
+            lab.build()
+        except LabError as e:
+            pytest.fail(f"the cluster without a network did not come up: {e}")
+        print(f"\n[{request.param}] cluster without a network up: {lab.timings}")
+        yield lab
+    finally:
+        problems = lab.teardown()
+        assert not problems, f"the cluster left things behind: {problems}"
+
+
+_INSTALLS: dict[str, ManifestInstall] = {}
+
+
+@pytest.fixture
+def tabby(bare: KubeLab, images: Images) -> ManifestInstall:
+    """tabby installed by the manifest on ``bare`` (once per cluster): the image imported
+    on every node, the manifest applied, everything ready."""
+    found = _INSTALLS.get(bare.prefix)
+    if found is not None:
+        return found
+    install = ManifestInstall(bare, backend=bare.backend)
+    ref = install.import_image(images.first)
+    install.apply(ref)
+    install.wait_installed()
+    _INSTALLS[bare.prefix] = install
+    print(f"\n[{bare.backend}] installed: {install.timings}")
+    return install
+
+
+_WEB: dict[str, list[KubePod]] = {}
+
+
+@pytest.fixture
+def web(bare: KubeLab, tabby: ManifestInstall) -> list[KubePod]:
+    """6 busybox httpd pods of one Deployment, 2 per node (made once per cluster)."""
+    if bare.prefix not in _WEB:
+        bare.kubectl("create", "namespace", WEB_NS)
+        bare.apply(bare.web_deployment("web", WEB_NS, 6))
+        _WEB[bare.prefix] = bare.wait_pods(WEB_NS, "app=web", 6, timeout=180)
+    return _WEB[bare.prefix]
+
+
+def in_node(kube: KubeLab, node: str, *argv: str) -> str:
+    proc = kube.run_on(node, list(argv))
+    assert proc.returncode == 0, f"{node}: {argv}: {proc.stderr}"
+    return str(proc.stdout)
+
+
+def node_files(kube: KubeLab, node: str) -> dict[str, str]:
+    """What the install put on a node's filesystem (links as their targets)."""
+    kn = kube.kube_node(node)
+    out: dict[str, str] = {}
+    for link in ("/opt/tabby/current", "/opt/cni/bin/tabby", "/opt/cni/bin/tabby-ipam"):
+        try:
+            out[link] = os.readlink(kn.path(link))
+        except OSError:
+            out[link] = ""
+    for path in ("/var/lib/tabby/nodename", "/etc/cni/net.d/10-tabby.conflist"):
+        out[path] = kn.read(path)
+    try:
+        out["bundles"] = " ".join(sorted(os.listdir(kn.path("/opt/tabby/bundles"))))
+    except OSError:
+        out["bundles"] = ""
+    return out
+
+
+def bird_process(kube: KubeLab, node: str) -> tuple[int, dict[str, str]]:
+    """The BIRD on a node (its PID on the machine, its environment)."""
+    kn = kube.kube_node(node)
+    netns = os.readlink(f"/proc/{kn.pid}/ns/net")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{entry}/comm").read_text().strip() != "bird":
+                continue
+            if os.readlink(f"/proc/{entry}/ns/net") != netns:
+                continue
+            raw = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(v.split("=", 1) for v in raw.decode(errors="replace").split("\0") if "=" in v)
+        return int(entry), env
+    raise AssertionError(f"no BIRD runs on {node}")
+
+
+def node_status(kube: KubeLab, node: str) -> dict[str, Any]:
+    """``tabbyctl node status -o json`` in the node's tabby-node container."""
+    pod = tabby_pod(kube, node)
+    proc = kube.kubectl(
+        "exec", "-n", NAMESPACE, pod, "-c", "tabby-node", "--", "tabbyctl", "node", "status",
+        "-o", "json", check=False,
+    )  # fmt: skip
+    assert proc.stdout, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+def tabby_pod(kube: KubeLab, node: str) -> str:
+    install = _INSTALLS[kube.prefix]
+    return str(install.node_pods()[node]["metadata"]["name"])
+
+
+def one_per_node(pods: list[KubePod]) -> dict[str, KubePod]:
+    out: dict[str, KubePod] = {}
+    for p in sorted(pods, key=lambda p: p.name):
+        out.setdefault(p.node, p)
+    return out
+
+
+# == install ======================================================================================
+
+
+def test_the_manifest_is_valid_and_the_nodes_wait_for_a_network(bare: KubeLab) -> None:
+    """The API server (RBAC on) validates and admits every object (server-side dry run:
+    nothing kept); until tabby is installed no node is Ready, for want of a network."""
+    install = ManifestInstall(bare, backend=bare.backend)
+    bare.kubectl("create", "namespace", NAMESPACE)  # a dry run cannot create it for the rest
+    out = install.dry_run()
+    for what in (
+        "serviceaccount/tabby-node",
+        "clusterrole.rbac.authorization.k8s.io/tabby-kube-controllers",
+        "configmap/tabby-config",
+        "daemonset.apps/tabby-node",
+        "deployment.apps/tabby-kube-controllers",
+    ):
+        assert f"{what} created (server dry run)" in out, out
+    assert bare.kubectl("get", "daemonset", "-n", NAMESPACE, "-o", "name").stdout == ""
+    conditions = bare.node_conditions()
+    assert sorted(conditions) == ["node-1", "node-2", "node-3"]
+    assert all(c.get("Ready") != "True" for c in conditions.values()), conditions
+    node = bare.kubectl_json("get", "node", "node-1")
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert "network" in ready["message"].lower(), ready
+    assert node_files(bare, "node-1")["/etc/cni/net.d/10-tabby.conflist"] == ""
+
+
+def test_kubectl_apply_installs_tabby_on_every_node(bare: KubeLab, tabby: ManifestInstall) -> None:
+    assert bare.nodes_ready()
+    assert tabby.lease_holder().startswith("tabby-kube-controllers-")
+    for node in bare.kube:
+        files = node_files(bare, node)
+        assert files["/var/lib/tabby/nodename"] == f"{node}\n"
+        current = files["/opt/tabby/current"]
+        assert current.startswith("bundles/0.")
+        assert files["bundles"] == current.removeprefix("bundles/")
+        for name in ("tabby", "tabby-ipam"):
+            assert files[f"/opt/cni/bin/{name}"] == "/opt/tabby/current/tabby"
+        conflist = json.loads(files["/etc/cni/net.d/10-tabby.conflist"])
+        ipam = conflist["plugins"][0]["ipam"]
+        assert ipam["etcd_endpoints"] == bare.endpoints()
+        assert ipam["etcd_prefix"] == bare.etcd_prefix
+        status = node_status(bare, node)
+        assert status["backend"] == bare.backend
+        assert status["node"] == node
+        if bare.backend == "bird":
+            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+            # the fix of bundle/environ.py where it matters: BIRD started by the frozen
+            # tabby-node gets the image's environment, not the bundle's library path
+            _, env = bird_process(bare, node)
+            assert "LD_LIBRARY_PATH" not in env, env.get("LD_LIBRARY_PATH")
+            assert "LD_LIBRARY_PATH_ORIG" not in env
+        else:
+            assert len(status["vxlan"]) == 2
+    spec = tabby.node_pods()["node-1"]["spec"]
+    volumes = [v["name"] for v in spec["volumes"]]
+    assert not [v for v in volumes if "token" in v], volumes  # no API credentials on nodes
+
+
+def test_pods_across_nodes_reach_each_other(bare: KubeLab, web: list[KubePod]) -> None:
+    assert sorted({p.node for p in web}) == ["node-1", "node-2", "node-3"]
+    assert bare.http_matrix(web) == []
+
+
+def test_a_network_policy_applied_with_kubectl_is_enforced(
+    bare: KubeLab, web: list[KubePod]
+) -> None:
+    """web pods accept only pods labelled role=client: a client reaches them all, a stranger
+    none; deleting the policy opens them again."""
+    assert bare.busybox is not None
+    clients = []
+    for name, role, node in (("client", "client", "node-1"), ("stranger", "stranger", "node-2")):
+        bare.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": WEB_NS, "labels": {"role": role}},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": bare.busybox.ref,
+                            "imagePullPolicy": "Never",
+                            "command": ["sleep", "100000"],
+                        }
+                    ],
+                },
+            }
+        )
+    clients = bare.wait_pods(WEB_NS, "role in (client,stranger)", 2)
+    client = next(p for p in clients if p.name == "client")
+    stranger = next(p for p in clients if p.name == "stranger")
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web-from-clients", "namespace": WEB_NS},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}],
+        },
+    }
+    addresses = [p.ip for p in web]
+    try:
+        bare.apply(policy)
+
+        def enforced() -> bool:
+            return all(bare.probe_http(client, addresses, 2).values()) and not any(
+                bare.probe_http(stranger, addresses, 2).values()
+            )
+
+        eventually("the policy enforced on every node", enforced, timeout=30)
+    finally:
+        bare.kubectl("delete", "networkpolicy", "-n", WEB_NS, "web-from-clients")
+    eventually(
+        "the web pods open again",
+        lambda: all(bare.probe_http(stranger, addresses, 2).values()),
+        timeout=30,
+    )
+    bare.kubectl("delete", "pod", "-n", WEB_NS, "client", "stranger", "--wait=false")
+
+
+def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: ManifestInstall) -> None:
+    node_sa = f"system:serviceaccount:{NAMESPACE}:tabby-node"
+    controllers_sa = f"system:serviceaccount:{NAMESPACE}:tabby-kube-controllers"
+    needs = [
+        ("get", "pods", None),
+        ("list", "pods", None),
+        ("watch", "pods", None),
+        ("list", "namespaces", None),
+        ("watch", "namespaces", None),
+        ("get", "nodes", None),
+        ("list", "nodes", None),
+        ("watch", "nodes", None),
+        ("list", "networkpolicies.networking.k8s.io", None),
+        ("watch", "networkpolicies.networking.k8s.io", None),
+        ("create", "leases.coordination.k8s.io", NAMESPACE),
+        ("get", "leases.coordination.k8s.io/tabby-kube-controllers", NAMESPACE),
+        ("update", "leases.coordination.k8s.io/tabby-kube-controllers", NAMESPACE),
+    ]
+    nobody_needs = [
+        ("create", "pods", "default"),
+        ("delete", "pods", "default"),
+        ("patch", "pods", "default"),
+        ("update", "nodes", None),
+        ("delete", "nodes", None),
+        ("update", "namespaces", None),
+        ("create", "networkpolicies.networking.k8s.io", "default"),
+        ("get", "secrets", NAMESPACE),
+        ("list", "secrets", None),
+        ("get", "configmaps", NAMESPACE),
+        ("list", "configmaps", None),
+        ("update", "daemonsets.apps", NAMESPACE),
+        ("create", "serviceaccounts", NAMESPACE),
+        ("delete", "leases.coordination.k8s.io/tabby-kube-controllers", NAMESPACE),
+        ("update", "leases.coordination.k8s.io/another-lease", NAMESPACE),
+        ("create", "leases.coordination.k8s.io", "kube-system"),
+        ("get", "endpoints", None),
+        ("create", "pods/exec", "default"),
+    ]
+
+    def can(user: str, verb: str, what: str, ns: str | None) -> bool:
+        args = ["auth", "can-i", verb, what, f"--as={user}"]
+        args += ["-n", ns] if ns else ["--all-namespaces"]
+        return str(bare.kubectl(*args, check=False).stdout.strip()) == "yes"
+
+    assert [n for n in needs if not can(controllers_sa, *n)] == []
+    assert [d for d in nobody_needs if can(controllers_sa, *d)] == []
+    # tabby-node reads tabby's datastore, nothing of the API
+    assert [n for n in [*needs, *nobody_needs] if can(node_sa, *n)] == []
+    # and what they are allowed is enough: the controllers lead and mirror (a web pod)
+    assert tabby.lease_holder()
+    mirrored = bare.tabbyctl("get", "pods", "-n", WEB_NS, "-o", "json")
+    assert mirrored.returncode == 0, mirrored.stderr
+
+
+# == upgrade ======================================================================================
+
+
+def test_a_rolling_update_moves_no_traffic(
+    bare: KubeLab, tabby: ManifestInstall, web: list[KubePod], images: Images
+) -> None:
+    """ICMP at 50 packets/s in a ring node-1 -> node-2 -> node-3 -> node-1 (pod to pod)
+    while the DaemonSet rolls to another image: one node at a time (no node's restart makes
+    another's tabby-node unready), and no request goes unanswered. A pod created while a
+    node's tabby-node is being replaced is networked."""
+    ref = tabby.import_image(images.upgrade)
+    by_node = one_per_node(web)
+    before = {n: node_files(bare, n) for n in bare.kube}
+    birds = {n: bird_process(bare, n)[0] for n in bare.kube} if bare.backend == "bird" else {}
+    ring = [("node-1", "node-2"), ("node-2", "node-3"), ("node-3", "node-1")]
+    streams = [
+        Stream(
+            bare.pod_netns(WEB_NS, by_node[a].name),
+            by_node[b].ip,
+            RATE,
+            f"{by_node[a].label} -> {by_node[b].label}",
+        ).start()
+        for a, b in ring
+    ]
+    born: tuple[str, float] | None = None
+    most_down: set[str] = set()
+    try:
+        time.sleep(2)
+        started = time.monotonic()
+        tabby.set_image(ref)
+        while not tabby.rolled_out(ref):
+            assert time.monotonic() - started < 400, f"rollout: {tabby.describe()}"
+            pods = tabby.node_pods()
+            down = {
+                n
+                for n in bare.kube
+                if n not in pods
+                or pods[n].get("status", {}).get("phase") != "Running"
+                or not all(c.get("ready") for c in pods[n]["status"].get("containerStatuses", []))
+            }
+            if len(down) > len(most_down):
+                most_down = down
+            if born is None and down:
+                born = (sorted(down)[0], time.monotonic() - started)
+                bare.apply(_httpd_pod(bare, "born-mid-rollout", born[0]))
+            time.sleep(0.3)
+        rollout = time.monotonic() - started
+        time.sleep(3)
+    finally:
+        for s in streams:
+            s.stop()
+    tabby.timings["rollout"] = round(rollout, 2)
+    summary = "; ".join(s.summary() for s in streams)
+    print(f"\n[{bare.backend}] rolling update in {rollout:.1f} s: {summary}")
+    assert all(len(s.sent) >= rollout * RATE * 0.5 for s in streams), summary
+    assert [s.lost for s in streams] == [[], [], []], summary
+    # one node at a time: a node's restart never made another node's tabby-node unready
+    # (a DaemonSet replaces an unready pod at once, whatever maxUnavailable says)
+    assert len(most_down) == 1, f"down together: {sorted(most_down)}"
+
+    # every node runs the new bundle; the old one stays beside it (it may still run)
+    for node in bare.kube:
+        after = node_files(bare, node)
+        assert after["/opt/tabby/current"] != before[node]["/opt/tabby/current"]
+        old = before[node]["/opt/tabby/current"].removeprefix("bundles/")
+        assert old in after["bundles"].split()
+        status = node_status(bare, node)
+        if bare.backend == "bird":
+            assert bird_process(bare, node)[0] != birds[node]  # BIRD was restarted with it
+            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+    # the pod born while a tabby-node was down is networked: reached from another node
+    assert born is not None, "no moment of the rollout found a node without tabby-node"
+    node, when = born
+    (pod,) = bare.wait_pods(WEB_NS, "app=born", 1, timeout=120)
+    src = next(p for p in web if p.node != node)
+    eventually(
+        f"the pod created on {node} {when:.1f} s into the rollout reached",
+        lambda: bare.probe_http(src, [pod.ip], 3)[pod.ip],
+        timeout=30,
+    )
+    print(f"[{bare.backend}] a pod created on {node} {when:.1f} s into the rollout: {pod.ip}")
+
+
+def _httpd_pod(kube: KubeLab, name: str, node: str) -> dict[str, Any]:
+    assert kube.busybox is not None
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": WEB_NS, "labels": {"app": "born"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "httpd",
+                    "image": kube.busybox.ref,
+                    "imagePullPolicy": "Never",
+                    "command": HTTPD,
+                }
+            ],
+        },
+    }
+
+
+# == uninstall ====================================================================================
+
+
+def _pod_routes(kube: KubeLab, node: str) -> list[str]:
+    out = in_node(kube, node, "ip", "-4", "route", "show")
+    return sorted(line for line in out.splitlines() if " dev cali" in line)
+
+
+def test_kubectl_delete_leaves_running_pods_reachable(
+    bare: KubeLab, tabby: ManifestInstall, web: list[KubePod]
+) -> None:
+    """Everything of tabby goes from the API; on the nodes the pods' interfaces and routes
+    stay as they were, pods still reach each other, on their node and across nodes, and a
+    pod deleted afterwards is still torn down (the plugins stay: the runtime needs them)."""
+    routes = {n: _pod_routes(bare, n) for n in bare.kube}
+    links = {n: in_node(bare, n, "ip", "-o", "link", "show").count(" cali") for n in bare.kube}
+    tabby.delete()
+    print(f"\n[{bare.backend}] uninstalled in {tabby.timings['uninstall']:.1f} s")
+    assert bare.kubectl("get", "clusterrole", "tabby-kube-controllers", check=False).returncode
+    pods = bare.get_pods(WEB_NS, "app=web")
+    assert sorted(p.name for p in pods) == sorted(p.name for p in web)
+    assert all(p.phase == "Running" for p in pods)
+    for node in bare.kube:
+        assert _pod_routes(bare, node) == routes[node], node
+        assert in_node(bare, node, "ip", "-o", "link", "show").count(" cali") == links[node]
+        assert node_files(bare, node)["/opt/cni/bin/tabby"] == "/opt/tabby/current/tabby"
+    # on their node (and from it), and across nodes
+    for node, pod in one_per_node(web).items():
+        same = [p for p in web if p.node == node and p is not pod]
+        assert all(bare.probe_http(pod, [p.ip for p in same], 3).values()), node
+        assert bare.ping(bare.node(node).netns, pod.ip), f"{node} -> {pod.label}"
+    assert bare.http_matrix(web, timeout=10) == []
+    # a pod deleted now: the plugins tear it down in-process, its address is released
+    gone = web[0]
+    bare.kubectl("delete", "pod", "-n", WEB_NS, gone.name, "--wait=false")
+
+    def released() -> bool:
+        report = json.loads(bare.tabbyctl("ipam", "show", "-o", "json").stdout)
+        return gone.ip not in {a["ip"] for a in report["allocations"]}
+
+    eventually(f"{gone.label}'s address released without tabby-node", released, timeout=60)
