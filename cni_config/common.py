@@ -42,7 +42,8 @@ from pydantic import (
     model_validator,
 )
 
-from cni_config.values import AttachmentValues, CommonValues, DatastoreValues, node_name_problem
+from cni_config.values import AttachmentValues, CommonValues, DatastoreValues
+from cni_config.values import node_name_problem as node_name_problem  # (also read from here)
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
 
