@@ -14,7 +14,8 @@ validation's output (:func:`rebuild`) without importing pydantic (~100 ms per pr
 
 The models declare and validate the fields (types, defaults, rules); the annotations here
 say what a reader gets, and a test checks that they name exactly the models' fields and that
-values rebuilt from a validation equal the model it made.
+values rebuilt from a validation equal the model it made. Rule IDs (CAP-3, ...) are defined
+in cni_protocol/CONFORMANCE.md.
 """
 
 from __future__ import annotations
