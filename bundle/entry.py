@@ -163,8 +163,10 @@ def _exit_now(rc: int) -> None:
 
 
 def main_ctl() -> None:
-    from tabbyctl.cli import main as ctl
-
+    try:
+        from tabbyctl.cli import main as ctl
+    except KeyboardInterrupt:  # Ctrl-C while starting: nothing done yet, no traceback
+        sys.exit(130)
     ctl()
 
 

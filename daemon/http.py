@@ -1,22 +1,25 @@
 """The HTTP endpoints every tabby daemon serves: ``/liveness`` and ``/readiness`` (200 or
 503 with ``{"ready": bool, "reasons": [...]}``, ``reasons`` empty when ready) and Prometheus
-``/metrics``; anything else is 404. Each daemon says what its checks are; a check that
-raises answers 503 naming the failure (a probe always gets an answer)."""
+``/metrics``, plus the daemon's own ``routes`` (GET only, the query string as a mapping);
+anything else is 404. Each daemon says what its checks are; a check that raises answers 503
+naming the failure (a probe always gets an answer)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl
 
 log = logging.getLogger("tabby.http")
 
 Check = Callable[[], list[str]]  # the reasons it is not ok (empty: ok)
 Exposition = Callable[[str | None], tuple[str, bytes]]  # Accept -> (content type, body)
+Route = Callable[[Mapping[str, str]], tuple[int, str, bytes]]  # query -> (status, type, body)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Endpoints:
     liveness: Check
     readiness: Check
     metrics: Exposition | None = None
+    routes: Mapping[str, Route] = field(default_factory=dict)
 
 
 def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
@@ -31,7 +35,7 @@ def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
         server_version = name
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path in ("/liveness", "/readiness"):
                 check = endpoints.liveness if path == "/liveness" else endpoints.readiness
                 try:
@@ -43,6 +47,13 @@ def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
             elif path == "/metrics" and endpoints.metrics is not None:
                 ctype, body = endpoints.metrics(self.headers.get("Accept"))
                 self._send(200, ctype, body)
+            elif path in endpoints.routes:
+                try:
+                    code, ctype, body = endpoints.routes[path](dict(parse_qsl(query)))
+                except Exception as e:
+                    log.exception("http: %s failed", path)
+                    code, ctype, body = 500, "text/plain", f"{path} failed: {e}\n".encode()
+                self._send(code, ctype, body)
             else:
                 self._send(404, "text/plain", b"not found\n")
 

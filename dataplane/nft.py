@@ -14,6 +14,12 @@ Layout (see DESIGN.md beside this file)::
       chain fwd-ingress       hook forward, priority filter + 1: traffic to a pod
       chain input             hook input, priority filter:       a pod to its node
       chain nat-postrouting   hook postrouting (srcnat): natOutgoing pools (when any)
+    with visibility (the default):
+      counter pkt-pi-<h> ...  packets one policy's chain accepted (one per policy chain)
+      counter deny-in-<h> ... packets denied by isolation in one namespace and direction
+      chain log-ingress/-egress  a denied packet's first of its flow to NFLOG group 116
+      set flows-{p,x}{4,6}    the flows logged in the last 10 s (dynamic, timeout)
+      limit log-denied        100 logged packets a second, node-wide
 
 Allowing is ``accept``: an accept ends only the base chain it happens in, so pod-to-pod
 traffic on one node passes the sender's egress (``fwd-egress``) and then the receiver's
@@ -30,6 +36,17 @@ refilled chains, map elements: :meth:`Renderer.incremental`, the same lines
 (and ``sync(full=True)``, and any failed difference) replaces the whole table in one
 transaction (``add table; delete table; <everything>``), so a restart never opens a window.
 Everything runs in the network namespace of the calling thread.
+
+Visibility (``PolicyDataplane(visibility=True)``): every accept rule of a policy chain
+counts into the policy's named counter, and an endpoint chain counts what it denies into
+its namespace's ``default-deny`` counter before it sends the packet through
+``log-ingress``/``log-egress`` (NFLOG, rate-limited and once per flow) and drops it. Only
+packets that open a connection reach these chains (``ct state established,related accept``
+comes first), so counting costs a long stream nothing. The kernel's counters are read and
+zeroed (netlink ``GETOBJ_RESET``, what ``nft reset counters`` sends) by
+:meth:`PolicyDataplane.packet_counts` and summed here, so a
+full replacement of the table (which makes new counters) loses nothing but the packets of
+the moment between the read and the replacement.
 """
 
 from __future__ import annotations
@@ -41,7 +58,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal, Protocol
 
 from policy import engine
@@ -77,6 +94,24 @@ _SET_TYPE = {
 }
 
 
+#: The NFLOG group denied packets go to (tabby's route protocol number, for memory).
+LOG_GROUP = 116
+#: Denied packets sent to userspace at most this often, node-wide (a named limit), with
+#: this burst: a flood of denied packets costs tabby-node at most this many messages.
+LOG_RATE = 100
+LOG_BURST = 200
+#: A flow (source, destination, protocol, destination port) is logged once in this time.
+LOG_FLOW_SECONDS = 10
+LOG_FLOW_SET_SIZE = 8192
+#: Bytes of each logged packet copied to userspace (IPv6 + extension headers + ports).
+LOG_SNAPLEN = 128
+LOG_PREFIX = "tabby-deny "
+#: The ``policy`` label of packets denied because the pod is isolated and nothing allowed it.
+DEFAULT_DENY = "default-deny"
+_DIRECTION_SHORT = {"ingress": "in", "egress": "eg"}
+_PORTED = "{ tcp, udp, sctp }"
+
+
 class NftError(RuntimeError):
     """nft refused a transaction (nothing of it was applied)."""
 
@@ -107,6 +142,62 @@ class Snapshot:
         return elems
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class CounterKey:
+    """What one named counter counts: ``tabby_policy_packets_total``'s labels."""
+
+    namespace: str
+    policy: str
+    direction: str
+    verdict: str
+
+
+def chain_counter(c: PolicyChain) -> tuple[str, CounterKey]:
+    """The named counter of one policy chain's accepts, and what it counts."""
+    ns, _, name = c.policy.partition("/")
+    return f"pkt-{c.name}", CounterKey(ns, name, c.direction, "allow")
+
+
+def endpoint_counters(p: EndpointProgram) -> dict[str, CounterKey]:
+    """The named counters of one endpoint (by host interface): what its chains deny by
+    isolation, per direction. Both exist whether the endpoint is isolated or not, so a
+    change of policy flushes the chain but never adds or deletes a counter (its count
+    stays in the kernel)."""
+    ns = p.endpoint.partition("/")[0]
+    return {
+        f"deny-{_DIRECTION_SHORT[d]}-{p.interface}": CounterKey(ns, DEFAULT_DENY, d, "deny")
+        for d in ("ingress", "egress")
+    }
+
+
+def deny_counter(iface: str, direction: str) -> str:
+    return f"deny-{_DIRECTION_SHORT[direction]}-{iface}"
+
+
+def counters_of(ir: DesiredState) -> dict[str, CounterKey]:
+    """The named counters a table with visibility holds for ``ir``: one per policy chain
+    (its accepts) and two per local endpoint (what isolation denies, per direction)."""
+    out = dict(chain_counter(c) for c in ir.chains.values())
+    for p in ir.endpoints.values():
+        out.update(endpoint_counters(p))
+    return out
+
+
+def counted_keys(
+    chains: Iterable[PolicyChain], programs: Iterable[EndpointProgram]
+) -> set[CounterKey]:
+    """The series ``tabby_policy_packets_total`` shows (at 0 before any packet): every
+    policy chain's, and the default deny of each namespace and direction in which a local
+    endpoint is isolated."""
+    keys = {chain_counter(c)[1] for c in chains}
+    for p in programs:
+        ns = p.endpoint.partition("/")[0]
+        for d, jumps in (("ingress", p.ingress), ("egress", p.egress)):
+            if jumps is not None:
+                keys.add(CounterKey(ns, DEFAULT_DENY, d, "deny"))
+    return keys
+
+
 # --- rendering --------------------------------------------------------------------------------
 
 
@@ -130,13 +221,16 @@ class Renderer:
     """nft text for one table. Every statement is a flat command (``add ...``), so full and
     incremental transactions are made of the same pieces."""
 
-    def __init__(self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX, *, visibility: bool = True
+    ) -> None:
         if not table.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"invalid table name {table!r}")
         if not prefix or not prefix.isalnum() or len(prefix) > 14:
             raise ValueError(f"invalid interface prefix {prefix!r}")
         self.table = table
         self.prefix = prefix
+        self.visibility = visibility
         self.t = f"inet {table}"
 
     # sets
@@ -168,6 +262,8 @@ class Renderer:
         if r.named_port_set is not None:
             assert r.family is not None
             parts.append(f"{_FAM[r.family]} daddr . meta l4proto . th dport @{r.named_port_set}")
+        if self.visibility:
+            parts.append(f'counter name "{chain_counter(chain)[0]}"')
         parts.append(f"accept comment {_quote(r.comment)}")
         return f"add rule {self.t} {chain.name} {' '.join(parts)}"
 
@@ -188,8 +284,60 @@ class Renderer:
                 out.append(f"add rule {self.t} {chain} accept comment {note}")
                 continue
             out.extend(f"add rule {self.t} {chain} jump {j}" for j in jumps)
+            if self.visibility:
+                count = deny_counter(p.interface, what)
+                out.append(f'add rule {self.t} {chain} counter name "{count}" jump log-{what}')
             note = _quote(f"{p.endpoint}: {what} not allowed")
             out.append(f"add rule {self.t} {chain} drop comment {note}")
+        return out
+
+    # visibility: counters and the denied-flow log
+    def add_counter(self, name: str, key: CounterKey) -> str:
+        if key.policy == DEFAULT_DENY:  # an endpoint's: the same whoever has the interface
+            what = f"{key.direction} denied by isolation"
+        else:
+            what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
+        return f"add counter {self.t} {name} {{ comment {_quote(what)}; }}"
+
+    def log_objects(self) -> list[str]:
+        """The flow sets, the rate limit and the two log chains (``log-ingress``,
+        ``log-egress``): a packet of a flow logged in the last LOG_FLOW_SECONDS returns at
+        once; else, within the node-wide limit, its flow is remembered and the packet sent
+        to NFLOG group LOG_GROUP with the prefix ``tabby-deny <direction>``. The chains
+        never drop: the endpoint chain that jumped here does."""
+        t = self.t
+        out = [f"add limit {t} log-denied {{ rate {LOG_RATE}/second burst {LOG_BURST} packets; }}"]
+        flags = f"flags dynamic,timeout; timeout {LOG_FLOW_SECONDS}s; size {LOG_FLOW_SET_SIZE};"
+        for fam, kw in ((4, "ipv4_addr"), (6, "ipv6_addr")):
+            ported = f"{kw} . {kw} . inet_proto . inet_service"
+            out.append(f"add set {t} flows-p{fam} {{ type {ported}; {flags} }}")
+            out.append(f"add set {t} flows-x{fam} {{ type {kw} . {kw} . inet_proto; {flags} }}")
+        for direction in ("ingress", "egress"):
+            chain = f"log-{direction}"
+            out.append(f"add chain {t} {chain}")
+            log = f"log prefix {_quote(LOG_PREFIX + direction)} group {LOG_GROUP}"
+            log += f" snaplen {LOG_SNAPLEN}"
+            rules: list[str] = []
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                rules.append(f"meta l4proto {_PORTED} {key_p} @flows-p{fam} return")
+                rules.append(f"meta l4proto != {_PORTED} {key_x} @flows-x{fam} return")
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                first = f"meta nfproto ipv{fam}"
+                rules.append(
+                    f'{first} meta l4proto {_PORTED} limit name "log-denied"'
+                    f" add @flows-p{fam} {{ {key_p} }} {log}"
+                )
+                rules.append(
+                    f'{first} meta l4proto != {_PORTED} limit name "log-denied"'
+                    f" add @flows-x{fam} {{ {key_x} }} {log}"
+                )
+            out.extend(f"add rule {t} {chain} {r}" for r in rules)
         return out
 
     def map_elements(self, verb: str, ifaces: Iterable[str]) -> list[str]:
@@ -253,6 +401,10 @@ class Renderer:
             out.append(self.add_set(sets[name]))
             out.extend(self.elements("add", name, elems[name]))
         ir = snap.ir
+        if self.visibility:
+            out.extend(self.log_objects())
+            for name, key in sorted(counters_of(ir).items()):
+                out.append(self.add_counter(name, key))
         for name in sorted(ir.chains):
             out.append(f"add chain {t} {name}")
         for iface in sorted(ir.endpoints):
@@ -293,6 +445,10 @@ class Renderer:
                 out.extend(self.elements("add", name, came))
         ochains, nchains = old.ir.chains, new.ir.chains
         oeps, neps = old.ir.endpoints, new.ir.endpoints
+        ocount = counters_of(old.ir) if self.visibility else {}
+        ncount = counters_of(new.ir) if self.visibility else {}
+        for name in sorted(ncount.keys() - ocount.keys()):
+            out.append(self.add_counter(name, ncount[name]))
         for name in sorted(nchains.keys() - ochains.keys()):
             out.append(f"add chain {t} {name}")
         for iface in sorted(neps.keys() - oeps.keys()):
@@ -325,6 +481,8 @@ class Renderer:
             late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
         for name in sorted(osets.keys() - nsets.keys()):
             late.append(f"delete set {t} {name}")
+        for name in sorted(ocount.keys() - ncount.keys()):
+            late.append(f"delete counter {t} {name}")
         return out + late
 
     def incremental(self, d: Delta) -> list[str] | None:
@@ -353,6 +511,11 @@ class Renderer:
                 *self.elements("add", name, d.added.get(name, ())),
             ]
         out = [line for name in sorted(by_set) for line in by_set[name]]
+        if self.visibility:
+            came = dict(chain_counter(c) for c in d.new_chains.values())
+            for p in d.new_endpoints.values():
+                came.update(endpoint_counters(p))
+            out.extend(self.add_counter(name, came[name]) for name in sorted(came))
         out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
         for iface in sorted(d.new_endpoints):
             out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
@@ -382,6 +545,10 @@ class Renderer:
         for name in d.gone_chains:
             late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
         late.extend(f"delete set {t} {name}" for name in d.gone_sets)
+        if self.visibility:
+            gone = [f"pkt-{name}" for name in d.gone_chains]
+            gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
+            late.extend(f"delete counter {t} {name}" for name in sorted(gone))
         return out + late
 
 
@@ -563,6 +730,10 @@ class PolicyDataplane:
       ADD answers (its chains and its addresses in every set exist when it returns) or after
       a DEL; the same path as ``update``.
     * ``explain(src, dst, protocol, port)`` on the current inputs; ``counters``.
+    * ``packet_counts()``: with ``visibility``, the packets each policy allowed and each
+      namespace denied by isolation, per direction, since this object was made; they
+      survive both paths (a difference never deletes a counter that still counts; a full
+      replacement reads them first).
 
     When an incremental transaction is refused, the table is replaced whole.
     """
@@ -575,10 +746,14 @@ class PolicyDataplane:
         families: Iterable[Family] = (4, 6),
         table: str = DEFAULT_TABLE,
         backend: NftBackend | None = None,
+        visibility: bool = True,
+        counter_reader: Callable[[str], Iterable[tuple[str, int, int]]] | None = None,
     ) -> None:
         self.node = node
+        #: table name -> (name, packets, bytes) of its counters, read and zeroed
+        self.counter_reader = counter_reader if counter_reader is not None else _reset_counters
         self.families: tuple[Family, ...] = tuple(families)
-        self.renderer = Renderer(table, iface_prefix)
+        self.renderer = Renderer(table, iface_prefix, visibility=visibility)
         self.backend = backend if backend is not None else default_backend()
         self._lock = threading.RLock()
         self._engine = IncrementalPolicy(node, self.families)
@@ -586,6 +761,15 @@ class PolicyDataplane:
         #: the table holds what the engine held after the last apply (else: replace it)
         self._table_current = False
         self._counters = PolicyCounters(backend=self.backend.name)
+        #: packets (and bytes) counted so far, by what they count; kept while the policy
+        #: (or, for default-deny, a policy of the namespace) exists
+        self._totals: dict[CounterKey, tuple[int, int]] = {}
+        #: the named counters the table holds (name -> what it counts)
+        self._counter_names: dict[str, CounterKey] = {}
+
+    @property
+    def visibility(self) -> bool:
+        return self.renderer.visibility
 
     # state
     @property
@@ -693,6 +877,91 @@ class PolicyDataplane:
                 host_addresses=host_addresses,
             )
 
+    def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
+        """(packets, bytes) per counter key: what the kernel counted since the last read
+        (read and zeroed in one step) added to what was read before; every policy of a
+        local pod and every isolated namespace and direction is there, at 0 if nothing was
+        counted. Empty without visibility."""
+        with self._lock:
+            if not self.visibility or not self._synced:
+                return {}
+            self._harvest()
+            self._prune_totals()
+            eng = self._engine
+            out = dict.fromkeys(counted_keys(eng.chains.values(), eng.programs.values()), (0, 0))
+            out.update(self._totals)
+            return out
+
+    def isolating(self, iface: str, direction: str) -> tuple[str, ...]:
+        """The policies (``namespace/name``) the endpoint chain of host interface ``iface``
+        tries for ``direction``, as programmed; () when it is not isolated or unknown."""
+        with self._lock:
+            if not self._synced:
+                return ()
+            chains = self._engine.chains
+            prog = self._engine.programs.get(iface)
+            if prog is None:
+                return ()
+            jumps = prog.ingress if direction == "ingress" else prog.egress
+            return tuple(chains[c].policy for c in jumps or () if c in chains)
+
+    def _harvest(self) -> None:
+        """Add the kernel's counters to the totals and zero them (``reset counters``).
+        Called when read, and before anything that removes counters: a full replacement,
+        a difference that deletes some. A counter the table holds that tabby did not make
+        is ignored."""
+        names = self._counter_names
+        if not self.visibility or not names:
+            return
+        try:
+            read = list(self.counter_reader(self.renderer.table))
+        except (OSError, NftError) as e:
+            log.warning("cannot read the policy counters: %s", e)
+            return
+        for name, packets, nbytes in read:
+            key = names.get(name)
+            if key is None or not packets:
+                continue
+            p, b = self._totals.get(key, (0, 0))
+            self._totals[key] = (p + packets, b + nbytes)
+
+    def _prune_totals(self) -> None:
+        """Forget the totals of policies that no longer exist (and the default-deny of
+        namespaces without any policy), so that deleted policies' series end (when read:
+        nothing of it on the path of a change)."""
+        if not self._totals:
+            return
+        policies = self._engine.policies
+        namespaces = {ns for ns, _ in policies}
+        self._totals = {
+            k: v
+            for k, v in self._totals.items()
+            if (k.namespace, k.policy) in policies
+            or (k.policy == DEFAULT_DENY and k.namespace in namespaces)
+        }
+
+    def _recount(self, d: Delta | None) -> None:
+        """Keep ``_counter_names`` what the table holds after a difference ``d`` (None:
+        after a full replacement)."""
+        if not self.visibility:
+            return
+        if d is None:
+            self._counter_names = counters_of(self._engine.desired())
+            return
+        names = self._counter_names
+        for c in d.new_chains.values():
+            name, key = chain_counter(c)
+            names[name] = key
+        for p in d.new_endpoints.values():
+            names.update(endpoint_counters(p))
+        for _, now in d.changed_endpoints.values():  # another pod on the same interface
+            names.update(endpoint_counters(now))
+        for name in d.gone_chains:
+            names.pop(f"pkt-{name}", None)
+        for iface in d.gone_endpoints:
+            for w in ("ingress", "egress"):
+                names.pop(deny_counter(iface, w), None)
+
     def ruleset(self) -> str:
         """``nft list table inet tabby`` as nft prints it (tests, debugging)."""
         return self.backend.run(f"list table {self.renderer.t}")
@@ -718,6 +987,8 @@ class PolicyDataplane:
         done_full = lines is None
         try:
             if lines is not None:
+                if any(line.startswith("delete counter ") for line in lines):
+                    self._harvest()
                 try:
                     self.backend.run("\n".join(lines) + "\n")
                 except NftError as exc:
@@ -726,6 +997,7 @@ class PolicyDataplane:
                     self._count_error()
                     done_full = True
             if done_full:
+                self._harvest()
                 text = self.renderer.full(Snapshot(self._engine.desired(), self._engine.nat))
                 lines = text.splitlines()
                 self.backend.run(text)
@@ -734,6 +1006,7 @@ class PolicyDataplane:
             self._count_error()
             raise
         self._table_current = True
+        self._recount(None if done_full else delta)
         seconds = time.monotonic() - start
         endpoints, policies, rules, sets, elements = self._engine.stats()
         nat = self._engine.nat
@@ -763,6 +1036,12 @@ class PolicyDataplane:
         )
 
 
+def _reset_counters(table: str) -> list[tuple[str, int, int]]:
+    from dataplane.nfnetlink import reset_counters
+
+    return reset_counters(table)
+
+
 Mechanism = Literal["libnftables", "nft-cli", "nft-cli-json"]
 
 
@@ -773,7 +1052,14 @@ def backend_named(name: Mechanism) -> NftBackend:
 
 
 __all__ = [
+    "DEFAULT_DENY",
+    "LOG_BURST",
+    "LOG_FLOW_SECONDS",
+    "LOG_GROUP",
+    "LOG_PREFIX",
+    "LOG_RATE",
     "ApplyResult",
+    "CounterKey",
     "LibNftables",
     "NatConfig",
     "NftBackend",
@@ -784,5 +1070,9 @@ __all__ = [
     "Renderer",
     "Snapshot",
     "backend_named",
+    "chain_counter",
+    "counted_keys",
+    "counters_of",
     "default_backend",
+    "endpoint_counters",
 ]

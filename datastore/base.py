@@ -63,7 +63,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping, Sequence
     from contextlib import AbstractContextManager
 
-#: IPAM documents, resources, and node liveness ("heartbeat", written with a ttl).
+#: IPAM documents, resources, node liveness ("heartbeat", written with a ttl), and the
+#: requests and results of ``tabbyctl policy trace`` across nodes ("trace", with a ttl).
 IPAM_KINDS = ("pool", "block", "handle", "affinity")
 RESOURCE_KINDS = (
     "node",
@@ -74,7 +75,7 @@ RESOURCE_KINDS = (
     "pod",
     "workloadendpoint",
 )
-KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, "heartbeat")
+KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, "heartbeat", "trace")
 _KIND_SET = frozenset(KINDS)
 
 

@@ -81,6 +81,7 @@ PLURALS = {
     "pod": "pods",
     "workloadendpoint": "workloadendpoints",
     "heartbeat": "heartbeats",
+    "trace": "traces",
 }
 LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 _SEPARATORS = (",", ":")

@@ -15,6 +15,8 @@ key is appended as is, UTF-8)::
     <p>/resources/v1/<plural>/<key>              nodes, bgpconfigurations, bgppeers,
                                                  networkpolicies, namespaces, pods,
                                                  workloadendpoints (key "<ns>/<name>" or name)
+    <p>/traces/<id>[.<node>]                     kind "trace" (with a ttl): policy trace requests
+                                                 and their results
 
 A value is the document's JSON (UTF-8), nothing else; its revision is the key's
 ``mod_revision``. Mapping of the contract:
@@ -125,6 +127,7 @@ _GROUPS = {
     **dict.fromkeys(IPAM_KINDS, "ipam/v1/"),
     **dict.fromkeys(RESOURCE_KINDS, "resources/v1/"),
     "heartbeat": "",
+    "trace": "",
 }
 #: kind -> key prefix below ``<p>/`` (see the module docstring)
 LAYOUT = {kind: f"{_GROUPS[kind]}{PLURALS[kind]}/" for kind in KINDS}

@@ -14,6 +14,7 @@ Layout (``data_dir`` and every directory 0700, files 0600)::
     <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/, pods/,
         workloadendpoints/               resources (keys: name, or "<namespace>/<name>")
     <data_dir>/heartbeats/<key>.json     kind "heartbeat" key: node name (written with a ttl)
+    <data_dir>/traces/<key>.json         kind "trace"     key: "<id>" or "<id>.<node>" (ttl)
 
 A key is kept as is except characters outside ``[A-Za-z0-9_.:-]`` (and a leading ``.``),
 which are percent-encoded (UTF-8), so ``10.244.0.64/26`` is ``10.244.0.64%2F26.json``. Names

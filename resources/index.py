@@ -13,7 +13,8 @@ a :class:`Documents` snapshot and ask it for a kind by its typed handle::
 Kinds and what they parse into: resources through their models (``IPPool``, ``Node``,
 ``BGPConfiguration``, ``BGPPeer``, ``NetworkPolicy``, ``Namespace``, ``Pod``,
 ``WorkloadEndpoint``: defaults applied, validated), blocks through the IPAM core
-(:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`. A
+(:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`,
+policy traces as :mod:`resources.trace`'s request and answer. A
 document that does not parse is left out of the typed view and logged once per revision
 (its raw document stays, so the IPAM views can still report it).
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from resources.heartbeat import Heartbeat
     from resources.k8s import Namespace, NetworkPolicy, Pod
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
+    from resources.trace import TraceAnswer, TraceRequest
 
 log = logging.getLogger("tabby.resources")
 
@@ -103,6 +105,12 @@ def _heartbeat(key: str, doc: Doc) -> Heartbeat:
     return Heartbeat.from_data(doc.data, f"heartbeat {key}")
 
 
+def _trace(key: str, doc: Doc) -> TraceRequest | TraceAnswer:
+    from resources.trace import parse
+
+    return parse(key, doc.data, f"trace {key}")
+
+
 NODES: Kind[Node] = _resource("Node", "node")
 HEARTBEATS: Kind[Heartbeat] = Kind("heartbeat", _heartbeat)
 POOLS: Kind[IPPool] = _resource("IPPool", "pool")
@@ -113,6 +121,7 @@ POLICIES: Kind[NetworkPolicy] = _resource("NetworkPolicy", "networkpolicy")
 NAMESPACES: Kind[Namespace] = _resource("Namespace", "namespace")
 PODS: Kind[Pod] = _resource("Pod", "pod")
 ENDPOINTS: Kind[WorkloadEndpoint] = _resource("WorkloadEndpoint", "workloadendpoint")
+TRACES: Kind[TraceRequest | TraceAnswer] = Kind("trace", _trace)
 
 ALL: tuple[Kind[object], ...] = (
     NODES,
@@ -125,6 +134,7 @@ ALL: tuple[Kind[object], ...] = (
     NAMESPACES,
     PODS,
     ENDPOINTS,
+    TRACES,
 )
 BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 #: What routing reads, and what policy reads (tabby-node watches both).
@@ -284,6 +294,10 @@ class Index:
 
     def has(self, kind: str, key: str) -> bool:
         return key in self._raw.get(kind, {})
+
+    def of(self, kind: Kind[T]) -> dict[str, Entry[T]]:
+        """One kind's typed documents (a copy)."""
+        return cast("dict[str, Entry[T]]", dict(self._typed.get(kind.name, {})))
 
     def values(self, kind: Kind[T]) -> list[T]:
         """Every parsed document of ``kind``, in key order."""

@@ -2,8 +2,8 @@
 
 Standard library only, and generic store -> store: a node's file store into etcd, or any
 store into any other. Pools, blocks, affinities, handles and every resource (workload
-endpoints included) are copied as they are; heartbeats (ephemeral) are not. The target
-assigns its own revisions.
+endpoints included) are copied as they are; heartbeats and traces (ephemeral) are not. The
+target assigns its own revisions.
 
 The target must hold no tabby document at all (else ``TargetNotEmpty``, nothing written).
 The source's lock is held for the whole copy, so the node's own CNI calls wait instead of
@@ -21,7 +21,7 @@ from datastore.base import KINDS, Op, Store
 from resources.errors import Conflict
 
 #: Kinds copied, in order (IPAM state first, then resources).
-MIGRATED_KINDS = tuple(k for k in KINDS if k != "heartbeat")
+MIGRATED_KINDS = tuple(k for k in KINDS if k not in ("heartbeat", "trace"))
 BATCH = 64
 
 

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 DEFAULT_RUN_DIR = "/run/tabby"
 DEFAULT_NODE_LOG_FILE = "/var/log/tabby/node.log"
 DEFAULT_SOCKET = f"{DEFAULT_RUN_DIR}/node.sock"
+#: /liveness, /readiness and the denied-flow log /policy/log, on 127.0.0.1 (--health-port).
+DEFAULT_HEALTH_PORT = 9099
+#: /metrics (and /policy/log) on 127.0.0.1 and the node's IPv4 address (--metrics-port).
+DEFAULT_METRICS_PORT = 9091
 SOCKET_ENV = "TABBY_NODE_SOCKET"
 ACCEPT = b"A"
 REJECT = b"R"

@@ -11,7 +11,9 @@ Threads::
                  VXLAN) and the nftables table; it also programs a new pod's policy before
                  that pod's ADD answers (requests from the CNI threads)
     cni server   one thread per CNI call (tabby_node.server)
-    http         /metrics, /liveness, /readiness
+    http         /metrics, /liveness, /readiness, /policy/log
+    policy log   denied flows from NFLOG into a ring (tabby_node.policylog)
+    tracer       this node's half of a policy trace from another node (tabby_node.tracer)
 
 The dataplane thread lives in tabby-node's own network namespace (the node's), so every
 kernel change lands there even when the CNI thread asking for it has entered a caller's
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from dataplane.overlay_model import DesiredState
     from datastore import Served
     from tabby_node.metrics import Metrics
+    from tabby_node.policylog import DeniedFlows
     from tabby_node.server import NodeServer
     from tabby_node.view import RoutingBackend
 
@@ -113,6 +116,7 @@ class Agent:
         self.http_servers: list[ThreadingHTTPServer] = []
         self.mtu: int | None = None
         self.policy_memo = PolicyInputs()
+        self.denied_flows: DeniedFlows | None = None
         self._status_due = False
         self._status_written = 0.0
         self.served: Served | None = None
@@ -188,8 +192,17 @@ class Agent:
         routing.start()
         from dataplane.nft import PolicyDataplane
 
-        self.policy = PolicyDataplane(facts.name)
+        visibility = self.options.policy_visibility == "on"
+        self.policy = PolicyDataplane(facts.name, visibility=visibility)
         self.reconcile(full=True)
+        if visibility:
+            from tabby_node import policylog
+
+            self.denied_flows = policylog.DeniedFlows(facts.name)
+            policylog.start(self.policy, self.denied_flows, self.stopping, self.problems)
+        from tabby_node import tracer
+
+        tracer.start(facts.name, self.cache, store, self.stopping)
 
     def serve_calls(self, store: Store) -> None:
         """The CNI calls this node serves use its store (warm connections) when their

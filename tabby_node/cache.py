@@ -16,16 +16,19 @@ from resources.index import (
     PODS,
     POLICY,
     ROUTING,
+    TRACES,
     Change,
     Documents,
+    Entry,
     Index,
     Kind,
 )
 
 T = TypeVar("T")
 
-#: The store kinds tabby-node watches: routing's, then policy's.
-WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY))
+#: The store kinds tabby-node watches: routing's, policy's, and the policy traces other
+#: nodes ask of it (which the dataplane does not depend on: no reconcile for them).
+WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY, TRACES))
 
 
 class Cache:
@@ -36,7 +39,7 @@ class Cache:
         self.lock = threading.Lock()
         #: Notified on every change (``wait_mirrored`` waits on it).
         self.updated = threading.Condition(self.lock)
-        self.index = Index((*ROUTING, *POLICY))
+        self.index = Index((*ROUTING, *POLICY, TRACES))
         self.version = 0
         self.synced = threading.Event()
         #: Set when a document changed that the dataplane depends on (a reconcile is due).
@@ -59,6 +62,13 @@ class Cache:
                 # (a node appearing or expiring does). No reconcile for it: with many nodes
                 # these are most of the watch events.
                 self.index.apply(event)
+                self.last_error = None
+                self.synced.set()
+                return
+            if event.kind == TRACES.name:  # for the tracer alone (tabby_node.tracer)
+                if self.index.apply(event):
+                    self.version += 1
+                    self.updated.notify_all()
                 self.last_error = None
                 self.synced.set()
                 return
@@ -124,6 +134,11 @@ class Cache:
                 if left <= 0:
                     return False
                 self.updated.wait(left)
+
+    def of(self, kind: Kind[T]) -> dict[str, Entry[T]]:
+        """One kind's documents, typed (no snapshot of the rest)."""
+        with self.lock:
+            return self.index.of(kind)
 
     def view(self) -> Documents:
         with self.lock:

@@ -1,5 +1,8 @@
 """tabby-node's HTTP endpoints (served by ``daemon.http``): ``/liveness`` and ``/readiness``
-on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics).
+on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics),
+and the denied-flow log ``/policy/log`` on both (tabby_node.policylog; ``tabbyctl policy
+log``: on the node through the health port, from elsewhere through the metrics port, which
+is as readable as ``/metrics``).
 
 Both answer 200 or 503 with ``{"ready": bool, "reasons": [...]}`` (``reasons`` empty when
 ready). Liveness fails only when tabby-node's own loops are stuck. Readiness is 200 only when
@@ -17,6 +20,9 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from daemon.http import Route
     from datastore.base import Store
     from tabby_node.view import AgentView
 
@@ -94,12 +100,20 @@ class Health:
         return reasons
 
 
-def _serve(agent: AgentView, host: str, port: int, health: Health, what: str) -> None:
+def _serve(
+    agent: AgentView,
+    host: str,
+    port: int,
+    health: Health,
+    what: str,
+    routes: Mapping[str, Route] | None = None,
+) -> None:
     from daemon.http import Endpoints, serve
 
     metrics = agent.metrics.exposition if agent.metrics is not None else None
+    endpoints = Endpoints(health.liveness, health.readiness, metrics, routes or {})
     try:
-        server = serve(host, port, Endpoints(health.liveness, health.readiness, metrics), what)
+        server = serve(host, port, endpoints, what)
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
         agent.problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
@@ -109,18 +123,24 @@ def _serve(agent: AgentView, host: str, port: int, health: Health, what: str) ->
 
 def start(agent: AgentView) -> None:
     """Serve health on 127.0.0.1 (probes run on the node) and metrics on 127.0.0.1 and the
-    node's IPv4 address (Prometheus scrapes from elsewhere), as the ports say (0: off)."""
+    node's IPv4 address (Prometheus scrapes from elsewhere), as the ports say (0: off);
+    the denied-flow log on both."""
     health = Health(agent)
     options = agent.options
+    routes: dict[str, Route] = {}
+    if agent.denied_flows is not None:
+        from tabby_node.policylog import http_route
+
+        routes["/policy/log"] = http_route(agent.denied_flows)
     if options.health_port:
-        _serve(agent, "127.0.0.1", options.health_port, health, "health")
+        _serve(agent, "127.0.0.1", options.health_port, health, "health", routes)
     if options.metrics_port and agent.metrics is not None:
         hosts = ["127.0.0.1"]
         facts = agent.facts
         if facts is not None and facts.ipv4 is not None:
             hosts.append(str(facts.ipv4.address))
         for host in hosts:
-            _serve(agent, host, options.metrics_port, health, f"metrics {host}")
+            _serve(agent, host, options.metrics_port, health, f"metrics {host}", routes)
 
 
 def stop(agent: AgentView) -> None:

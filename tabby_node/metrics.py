@@ -169,6 +169,19 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "time to compute and program one policy change",
     ),
     "tabby_policy_last_apply_duration_seconds": ("gauge", "", "duration of the last apply"),
+    "tabby_policy_packets_total": (
+        "counter",
+        "namespace, policy, direction, verdict",
+        "packets that opened a connection (or were denied) on this node, by the policy whose "
+        "rule allowed them (verdict allow) or, policy default-deny, the namespace whose "
+        "isolated pod denied them (verdict deny); direction ingress or egress",
+    ),
+    "tabby_policy_denied_flows_total": (
+        "counter",
+        "",
+        "denied flows the kernel logged to tabby-node (once per flow in 10 s, at most 100 a "
+        "second: tabbyctl policy log)",
+    ),
     "tabby_policy_checks_total": (
         "counter",
         "",
@@ -638,6 +651,20 @@ class Metrics:
             "tabby_policy_apply_errors",
             _help("tabby_policy_apply_errors_total"),
             value=c.apply_errors if c else 0,
+        )
+        packets = CounterMetricFamily(
+            "tabby_policy_packets",
+            _help("tabby_policy_packets_total"),
+            labels=["namespace", "policy", "direction", "verdict"],
+        )
+        for key, (n, _bytes) in sorted(policy.packet_counts().items() if policy else ()):
+            packets.add_metric([key.namespace, key.policy, key.direction, key.verdict], n)
+        yield packets
+        flows = self.agent.denied_flows if self.agent is not None else None
+        yield CounterMetricFamily(
+            "tabby_policy_denied_flows",
+            _help("tabby_policy_denied_flows_total"),
+            value=flows.last_seq if flows is not None else 0,
         )
         yield CounterMetricFamily(
             "tabby_policy_checks", _help("tabby_policy_checks_total"), value=c.checks if c else 0

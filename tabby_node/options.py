@@ -17,8 +17,8 @@ from pydantic import AfterValidator, Field
 
 from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
 from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
+from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, DEFAULT_RUN_DIR
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
-from tabby_node import DEFAULT_RUN_DIR
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
 DEFAULT_V4_POOL = "10.244.0.0/16"
@@ -57,14 +57,15 @@ class NodeOptions(Section):
     state_dir: AbsPath = DEFAULT_STATE_DIR
     run_dir: AbsPath = DEFAULT_RUN_DIR
     socket: AbsPath | None = None
-    metrics_port: int = Field(default=9091, ge=0, le=65535)
-    health_port: int = Field(default=9099, ge=0, le=65535)
+    metrics_port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+    health_port: int = Field(default=DEFAULT_HEALTH_PORT, ge=0, le=65535)
     node_ttl: float = Field(default=90.0, ge=3, le=86400)
     ipv4_pool: Annotated[str, _cidr(4)] = DEFAULT_V4_POOL
     ipv6_pool: Annotated[str, _cidr(6)] | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: AbsPath | None = DEFAULT_LOG_FILE
     conf: AbsPath | None = None
+    policy_visibility: Literal["on", "off"] = "on"
 
     @property
     def socket_path(self) -> str:
@@ -96,6 +97,7 @@ ENV = {
     "log_level": "TABBY_LOG_LEVEL",
     "log_file": "TABBY_NODE_LOG_FILE",
     "conf": "TABBY_CONF",
+    "policy_visibility": "TABBY_POLICY_VISIBILITY",
 }
 _NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
 
@@ -115,8 +117,10 @@ def parser() -> argparse.ArgumentParser:
         "state_dir": f"where nodename and mtu are written (default {DEFAULT_STATE_DIR})",
         "run_dir": f"socket, BIRD config and control socket (default {DEFAULT_RUN_DIR})",
         "socket": "the plugins' socket (default <run-dir>/node.sock)",
-        "metrics_port": "Prometheus /metrics port, 0 = off (default 9091)",
-        "health_port": "/liveness and /readiness port, 0 = off (default 9099)",
+        "metrics_port": "Prometheus /metrics (and /policy/log) port, 0 = off "
+        f"(default {DEFAULT_METRICS_PORT})",
+        "health_port": "/liveness, /readiness and /policy/log port on 127.0.0.1, 0 = off "
+        f"(default {DEFAULT_HEALTH_PORT})",
         "node_ttl": "seconds without a heartbeat before other nodes withdraw this "
         "node's routes (default 90)",
         "ipv4_pool": f"default IPv4 pool created when the datastore has none ({DEFAULT_V4_POOL})",
@@ -125,6 +129,8 @@ def parser() -> argparse.ArgumentParser:
         "log_file": f"log file (default {DEFAULT_LOG_FILE}; '' = stderr only)",
         "conf": "conflist whose tabby ipam section gives datastore settings "
         "(default: none; flags and TABBY_* variables win)",
+        "policy_visibility": "on: count packets per policy (tabby_policy_packets_total) and "
+        "log denied flows (tabbyctl policy log); off: neither (default on)",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tabby_node.cluster_index import Present, Touched
     from tabby_node.facts import Facts
     from tabby_node.options import NodeOptions
+    from tabby_node.policylog import DeniedFlows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +145,11 @@ class AgentView(Protocol):
 
     @property
     def problems(self) -> dict[str, str]: ...
+
+    @property
+    def denied_flows(self) -> DeniedFlows | None:
+        """The denied-flow log (None without policy visibility)."""
+        ...
 
     @property
     def loop_beat(self) -> dict[str, float]: ...

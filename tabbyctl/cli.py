@@ -436,7 +436,8 @@ cli.add_command(_resources.delete_cmd)
 cli.add_command(_resources.datastore)
 
 from tabbyctl import node as _node  # noqa: E402  (node status)
-from tabbyctl import policy as _policy  # noqa: E402  (policy explain)
+from tabbyctl import policy as _policy  # noqa: E402  (policy explain, log)
+from tabbyctl import policy_trace as _policy_trace  # noqa: E402, F401  (adds policy trace)
 
 node_group.add_command(_node.status_cmd)
 cli.add_command(_policy.policy_group)

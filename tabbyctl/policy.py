@@ -1,5 +1,6 @@
 """``tabbyctl policy explain``: which NetworkPolicies select a pod, and why a connection is
-allowed or denied.
+allowed or denied; ``policy log`` (``tabbyctl.policy_log``) and ``policy trace``
+(``tabbyctl.policy_trace``, which adds its command to this group): what the kernel did.
 
 Computed from the datastore's resources with the engine tabby-node enforces: the documents
 are read from the store and turned into the engine's inputs by the same function tabby-node
@@ -24,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT
 from tabbyctl.common import Ctx, output_option
 
 if TYPE_CHECKING:
     from datastore.base import Store
-    from policy.engine import ClusterState, DirectionVerdict, Target
+    from policy.engine import ClusterState, DirectionVerdict, Explanation, Target
     from resources.tabby import Node
+    from tabbyctl import policy_log
 
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 
@@ -221,14 +224,7 @@ def explain(
             number = _named_port(state, dst, value, protocol)
         else:
             number = value
-    node = _node_of(state, _pod_of(state, dst))
-    hosts: Iterable[str] = cluster.node_addresses.get(node or "", ())
-    try:
-        ex = engine.explain(state, src, dst, protocol, number, node=node, host_addresses=hosts)
-    except LookupError as e:
-        raise ExplainError(
-            f"{e.args[0] if e.args else e}: its traffic cannot be evaluated"
-        ) from None
+    ex = predict(cluster, src, dst, protocol, number)
     out["traffic"] = {
         "src": ex.src,
         "dst": ex.dst,
@@ -241,6 +237,25 @@ def explain(
         "summary": ex.lines(),
     }
     return out
+
+
+def predict(
+    cluster: PolicyCluster, src: Target, dst: Target, protocol: str, port: int | None
+) -> Explanation:
+    """The engine's answer for a new connection ``src -> dst`` (``protocol``: TCP, UDP,
+    SCTP, or e.g. ICMP, which only rules without ports allow), traffic from the
+    destination's own node unpoliced, as tabby-node enforces it."""
+    from policy import engine
+
+    state = cluster.state
+    node = _node_of(state, _pod_of(state, dst))
+    hosts: Iterable[str] = cluster.node_addresses.get(node or "", ())
+    try:
+        return engine.explain(state, src, dst, protocol, port, node=node, host_addresses=hosts)
+    except LookupError as e:
+        raise ExplainError(
+            f"{e.args[0] if e.args else e}: its traffic cannot be evaluated"
+        ) from None
 
 
 def explain_lines(answer: dict[str, Any]) -> list[str]:
@@ -273,7 +288,8 @@ def explain_lines(answer: dict[str, Any]) -> list[str]:
 
 @click.group("policy")
 def policy_group() -> None:
-    """NetworkPolicy: which policies select a pod, and why traffic is allowed or not."""
+    """NetworkPolicy: which policies select a pod, why traffic is allowed or not (explain),
+    what the kernel denied (log) and what it does with a real probe (trace)."""
 
 
 @policy_group.command("explain")
@@ -317,3 +333,101 @@ def explain_cmd(
     if answer["traffic"] is not None:
         answer["traffic"] = {k: v for k, v in answer["traffic"].items() if k != "summary"}
     emit(output, answer, lines)
+
+
+@policy_group.command("log")
+@click.option("--follow", "-f", is_flag=True, help="keep printing denied flows as they come")
+@click.option("-n", "--namespace", help="only flows with a pod of this namespace at either end")
+@click.option("--pod", metavar="POD", help="only flows with this pod at either end (NS/NAME)")
+@click.option(
+    "--node",
+    "nodes",
+    metavar="NODE",
+    multiple=True,
+    help="read this node's log (repeatable; its Node resource's address, --metrics-port) "
+    "instead of this node's",
+)
+@click.option("--all-nodes", is_flag=True, help="read every node's log, merged by time")
+@click.option(
+    "--health-port",
+    type=int,
+    default=DEFAULT_HEALTH_PORT,
+    show_default=True,
+    envvar="TABBY_HEALTH_PORT",
+    help="tabby-node's --health-port on this node (env TABBY_HEALTH_PORT)",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=DEFAULT_METRICS_PORT,
+    show_default=True,
+    envvar="TABBY_METRICS_PORT",
+    help="tabby-node's --metrics-port on the nodes --node names (env TABBY_METRICS_PORT)",
+)
+@output_option
+@click.pass_obj
+def log_cmd(
+    obj: Ctx,
+    follow: bool,
+    namespace: str | None,
+    pod: str | None,
+    nodes: tuple[str, ...],
+    all_nodes: bool,
+    health_port: int,
+    metrics_port: int,
+    output: str,
+) -> None:
+    """The flows the kernel denied on this node (or --node's, --all-nodes'), newest last:
+    when, both ends (pods named), protocol and port, the direction that denied it and the
+    policies that isolate that side. From tabby-node (its last 1,000, one per flow in
+    10 s). With -o json: one object per line."""
+    from tabbyctl.policy_log import LogError, local, pod_filter, show
+
+    try:
+        if nodes or all_nodes:
+            sources = _node_sources(obj, nodes, all_nodes, metrics_port)
+        else:
+            sources = [local(health_port)]
+        show(
+            sources,
+            follow=follow,
+            keep=pod_filter(namespace, pod),
+            output=output,
+            echo=click.echo,
+        )
+    except (LogError, ExplainError) as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        return
+
+
+def _node_sources(
+    obj: Ctx, wanted: tuple[str, ...], every: bool, port: int
+) -> list[policy_log.Source]:
+    """Where the named nodes' (or every node's) logs are: their Node resources' IPv4 (or
+    IPv6) address."""
+    from resources.index import NODES, Documents
+    from tabbyctl.common import operator_errors
+    from tabbyctl.policy_log import Source
+    from tabbyctl.resources import open_resource_store
+
+    with operator_errors():
+        store = open_resource_store(obj)
+        try:
+            known = {k: e.value for k, e in Documents.read(store, (NODES,)).of(NODES).items()}
+        finally:
+            store.close()
+    names = sorted(known) if every else list(dict.fromkeys(wanted))
+    out = []
+    for name in names:
+        node = known.get(name)
+        if node is None:
+            raise ExplainError(f"node {name!r}: no such node")
+        address = node.spec.ipv4Address or node.spec.ipv6Address
+        if not address:
+            raise ExplainError(f"node {name!r} has no address in its Node resource")
+        host = address.split("/")[0]
+        out.append(Source(host, port, f"tabby-node of {name} on {host}:{port}"))
+    if not out:
+        raise ExplainError("no node to read a log from")
+    return out

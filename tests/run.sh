@@ -37,7 +37,8 @@ fi
 # The real runtimes the e2e tier drives (libcni, podman, containerd, reference plugins),
 # what the cluster tier and the datastore tests run (etcd, BIRD 2, nftables, openssl for
 # test certificates), mmdebstrap for the image tier (tests/image builds the container image
-# from the installed bundle; its Debian root is made once per machine), then the test
+# from the installed bundle; its Debian root is made once per machine), Prometheus (promtool
+# for the alert rules' tests, a real server scraping the cluster tier's lab), then the test
 # tooling built from tests/e2e/tools (libcni driver, CRI client, pause image).
 if [ "${TABBY_SKIP_DEPS:-0}" != 1 ]; then
   [ -d /var/lib/apt/lists ] && [ -n "$(ls -A /var/lib/apt/lists 2>/dev/null | head -1)" ] \
@@ -45,7 +46,7 @@ if [ "${TABBY_SKIP_DEPS:-0}" != 1 ]; then
   PYTHON=$PWD/.venv/bin/python bash tests/e2e/tools/install-deps.sh
   missing=()
   for pair in etcd:etcd-server bird:bird2 nft:nftables openssl:openssl unshare:util-linux \
-              mmdebstrap:mmdebstrap; do
+              mmdebstrap:mmdebstrap promtool:prometheus; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair##*:}")
   done
   if [ ${#missing[@]} -gt 0 ]; then

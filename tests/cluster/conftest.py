@@ -4,7 +4,8 @@ installed binaries. Built with lab.cluster (the same lab the cluster demo uses);
 every process is stopped by PID and every namespace deleted, also when a test fails.
 
 Needs root, the installed binaries (./build.sh --no-demo), etcd, BIRD 2 and nftables:
-``.venv/bin/pytest --run-privileged --run-e2e tests/cluster``.
+``.venv/bin/pytest --run-privileged --run-e2e tests/cluster``. Binaries installed elsewhere
+(``./build.sh --cni-bin-dir C --bin-dir B``): ``TABBY_CNI_BIN=C PATH=B:$PATH``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from lab.cluster import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 
-BINARIES = ("/opt/cni/bin/tabby", "/opt/cni/bin/tabby-ipam")
+#: Where the plugins are (the tier's labs exec them from there); tabby-node and tabbyctl are
+#: found on PATH (lab.cluster).
+CNI_BIN = os.environ.get("TABBY_CNI_BIN", "/opt/cni/bin")
+BINARIES = (f"{CNI_BIN}/tabby", f"{CNI_BIN}/tabby-ipam")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,7 +50,7 @@ def _nothing_left() -> Iterator[None]:
 
 
 def new_lab(**kwargs: Any) -> Lab:
-    lab = Lab(**kwargs)
+    lab = Lab(**{"cni_bin": CNI_BIN, **kwargs})
     BUILT.append(lab.prefix)
     return lab
 

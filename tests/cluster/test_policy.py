@@ -26,6 +26,7 @@ import pytest
 from lab.cluster import Lab, LabNode, LabPod
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
+from tests.cluster.conftest import new_lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 
@@ -49,7 +50,7 @@ class Labs:
             return self.harness
         self.close()
         self.backend = backend
-        self.lab = lab = Lab(nodes_wanted=3, backend=backend, ipv6=False, echo=lambda _: None)
+        self.lab = lab = new_lab(nodes_wanted=3, backend=backend, ipv6=False, echo=lambda _: None)
         lab.build()
         lab.wait_ready(90)
         self.harness = harness = pl.TruthTableLab.build(lab)

@@ -143,7 +143,8 @@ def _listing(c: Cluster) -> str:
 
 def _canonical(c: Cluster) -> dict[str, object]:
     """The table's content independent of creation order: sets and maps (elements sorted),
-    chains with their rules in order, no handles."""
+    chains with their rules in order, no handles. What traffic changes is left out: the
+    counters' values and the flows the denied-flow log remembers (dynamic sets)."""
     raw = json.loads(c.node.exec("nft", "-j", "list", "table", "inet", "tabby").stdout)
     objects: dict[str, object] = {}
     rules: dict[str, list[object]] = {}
@@ -152,6 +153,11 @@ def _canonical(c: Cluster) -> dict[str, object]:
         if kind == "metainfo":
             continue
         body.pop("handle", None)
+        if kind == "counter":
+            body.pop("packets", None)
+            body.pop("bytes", None)
+        if kind == "set" and "timeout" in body.get("flags", ()):
+            body.pop("elem", None)
         if kind == "rule":
             rules.setdefault(body["chain"], []).append(body)
             continue

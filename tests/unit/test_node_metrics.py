@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bundle import __version__
 from cni_config.common import DatastoreSettings
-from dataplane.nft import ApplyResult, PolicyCounters
+from dataplane.nft import ApplyResult, CounterKey, PolicyCounters
 from datastore.base import Doc, SyncEvent
 from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
@@ -465,6 +465,9 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
             check_fixes=2,
         )
 
+        def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
+            return {CounterKey("x", "default-deny", "ingress", "deny"): (5, 300)}
+
     agent.policy = Policy()
     m.policy_applied(ApplyResult(True, False, 12, 0.003))
     m.policy_applied(ApplyResult(False, False, 0, 0.0))  # nothing programmed: not an apply
@@ -476,6 +479,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_policy_apply_errors_total") == 1
     assert sample(m, "tabby_policy_checks_total") == 3
     assert sample(m, "tabby_policy_check_fixes_total") == 2
+    deny = {"namespace": "x", "policy": "default-deny", "direction": "ingress", "verdict": "deny"}
+    assert sample(m, "tabby_policy_packets_total", **deny) == 5
 
     m.datastore_error("default pools")
     m.datastore_error("watch")

@@ -562,6 +562,7 @@ def test_kinds_are_the_documented_ones() -> None:
         "pod",
         "workloadendpoint",
         "heartbeat",
+        "trace",
     )
 
 
@@ -580,7 +581,7 @@ def test_layouts_are_the_documented_ones(tmp_path: Path) -> None:
         "pod": "pods",
         "workloadendpoint": "workloadendpoints",
     }
-    for kind, plural in {**ipam, **resources, "heartbeat": "heartbeats"}.items():
+    for kind, plural in {**ipam, **resources, "heartbeat": "heartbeats", "trace": "traces"}.items():
         assert files.location(kind, "k") == f"{tmp_path}/{plural}/k.json"
         group = "ipam/v1/" if kind in ipam else "resources/v1/" if kind in resources else ""
         assert etcd.location(kind, "k") == f"etcd:/p/{group}{plural}/k"
@@ -601,6 +602,7 @@ KEY_OF = {
     "pod": "default/web-0",
     "workloadendpoint": "default/web-0",
     "heartbeat": "node-a",
+    "trace": "0123456789abcdef.node-a",
 }
 
 
