@@ -623,6 +623,7 @@ def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> N
             "node",
             "pod",
             "workloadendpoint",
+            "trace",  # a policy trace's request to this node (tabbyctl policy trace)
         ),
     ]
     assert watch_groups(["pod", "node"]) == [("node", "pod")]
