@@ -115,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this existing network namespace as the node (e.g. one where the caller runs "
         "etcd or tabby-node): set up like the private one, never deleted",
     )
+    p.add_argument(
+        "--client-floor",
+        metavar="BINARY",
+        help="also time BINARY (no stdin, no CNI variables) the way the spawn floor is timed "
+        "and report it beside it: e.g. a frozen Python program that does nothing "
+        "(bench/client_floor.py builds one), the least any Python plugin process costs",
+    )
     p.add_argument("--json", action="store_true", help="JSON report on stdout (progress on stderr)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

@@ -455,6 +455,12 @@ def format_report(report: Mapping[str, Any]) -> str:
             f" cpu {floor['cpu_ms_p50']:.2f} ms"
             + (f", rss {rss:.1f} MB (all via /usr/bin/time)" if rss is not None else "")
         )
+    client = report.get("client_floor")
+    if client and client.get("wall_ms_p50") is not None:
+        lines.append(
+            f"  client floor (exec of {client['binary']} the same way): p50 "
+            f"{client['wall_ms_p50']:.2f} ms, cpu {client['cpu_ms_p50']:.2f} ms"
+        )
     lines.append("")
     label_w = max([6, *(len(c["label"]) for c in report["configs"])])
     verb_w = max([5, *(len(k) for per in report["stats"].values() for k in per)])

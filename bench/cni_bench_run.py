@@ -105,6 +105,7 @@ class Bench:
         self.failures: list[dict[str, Any]] = []
         self.phases: list[dict[str, Any]] = []
         self.floor: dict[str, Any] = {}
+        self.client_floor: dict[str, Any] = {}
         self.cleanup_info: dict[str, Any] = {"dels": 0, "netns_deleted": 0}
         self.interrupted: str | None = None
         self.stop = threading.Event()
@@ -366,19 +367,25 @@ class Bench:
             self.verify_del(pods)
 
     def measure_floor(self) -> None:
-        """Cost of the harness's own fork+exec+wait4 path, with /bin/true in the worker."""
-        true_bin = shutil.which("true") or "/bin/true"
+        """Cost of the harness's own fork+exec+wait4 path, with /bin/true in the worker; and
+        of ``--client-floor``'s binary the same way."""
+        self.floor = self._time_binary(shutil.which("true") or "/bin/true")
+        client = getattr(self.args, "client_floor", None)
+        if client:
+            self.client_floor = self._time_binary(client)
+
+    def _time_binary(self, binary: str) -> dict[str, Any]:
         env = {"PATH": self.path_var}
         assert self.pool is not None
         results = [
-            self.pool.submit(self.spawner.run, true_bin, env, b"").result()
+            self.pool.submit(self.spawner.run, binary, env, b"").result()
             for _ in range(FLOOR_CALLS)
         ]
         walls = [r.wall_ms for r in results[1:]]
         cpus = [r.cpu_ms for r in results[1:]]
         rss = [r.rss_kb / 1024.0 for r in results[1:] if r.rss_kb is not None]
-        self.floor = {
-            "binary": true_bin,
+        return {
+            "binary": binary,
             "n": len(walls),
             "wall_ms_p50": percentile(walls, 50),
             "cpu_ms_p50": percentile(cpus, 50),
@@ -588,6 +595,7 @@ class Bench:
                 for c in self.confs
             ],
             "spawn_floor": self.floor,
+            "client_floor": self.client_floor,
             "stats": stats,
             "phases": self.phases,
             "compare": cmp_,

@@ -21,6 +21,7 @@ the case's datastore in its ``ipam`` section. Everything is stopped by PID and t
 and temp dir removed afterwards, also on Ctrl-C.
 
     .venv/bin/python bench/datastore_cni_bench.py -n 100 --repeat 2
+    .venv/bin/python bench/datastore_cni_bench.py --table      # issue 21's table, one command
     .venv/bin/python bench/datastore_cni_bench.py --cases node-etcd3 --mode concurrent -k 8
 """
 
@@ -124,7 +125,12 @@ class Case:
             self.agent = in_netns(
                 self.netns,
                 lambda: subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=err,
+                    stderr=err,
+                    start_new_session=True,
+                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache()},
                 ),
             )
         finally:
@@ -147,8 +153,16 @@ class Case:
         Path(path).write_text(json.dumps(doc, indent=2))
         return path
 
-    def env(self) -> str:
-        return f"TABBY_NODE_SOCKET={self.socket if self.node else 'off'}"
+    def cache(self) -> str:
+        """Where the case's calls (and its tabby-node) keep validated configurations
+        (``cni_config.known``): the case's own, filled by its first calls (the warm-up)."""
+        return os.path.join(self.workdir, "config-cache")
+
+    def env(self) -> list[str]:
+        return [
+            f"TABBY_NODE_SOCKET={self.socket if self.node else 'off'}",
+            f"TABBY_CONFIG_CACHE={self.cache()}",
+        ]
 
     def close(self) -> None:
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: still clean up
@@ -204,19 +218,52 @@ def case_env(name: str, tabby_node: str) -> Iterator[Case]:
         case.close()
 
 
-def run_case(case: Case, args: argparse.Namespace, keep: str | None) -> dict[str, Any]:
-    out = os.path.join(case.workdir, "report.json")
-    argv = [
-        sys.executable,
-        str(BENCH / "cni_bench.py"),
-        *("--conf", str(REFERENCE), "--cni-path", args.ref_cni_path),
-        *("--compare", case.conflist(), "--cni-path-b", args.cni_path),
-        *("--label-a", "ptp", "--label-b", case.name),
+def run_case(
+    case: Case | None,
+    args: argparse.Namespace,
+    keep: str | None,
+    *,
+    mode: str | None = None,
+    alone: bool = False,
+    floor: str | None = None,
+) -> dict[str, Any]:
+    """One cni_bench run: the case interleaved with ptp+host-local (``alone``: the case by
+    itself; no case: ptp+host-local by itself, in a namespace of cni_bench's own)."""
+    workdir = case.workdir if case is not None else tempfile.mkdtemp(prefix="tabby-dsbench-")
+    out = os.path.join(workdir, "report.json")
+    name = case.name if case is not None else "ptp"
+    argv = [sys.executable, str(BENCH / "cni_bench.py")]
+    if case is None:
+        argv += ["--conf", str(REFERENCE), "--cni-path", args.ref_cni_path, "--label-a", "ptp"]
+    elif alone:
+        argv += ["--conf", case.conflist(), "--cni-path", args.cni_path, "--label-a", name]
+    else:
+        argv += [
+            *("--conf", str(REFERENCE), "--cni-path", args.ref_cni_path),
+            *("--compare", case.conflist(), "--cni-path-b", args.cni_path),
+            *("--label-a", "ptp", "--label-b", name),
+        ]
+    argv += [
         *("-n", str(args.pods), "--warmup", str(args.warmup)),
-        *("--mode", args.mode, "-k", str(args.k)),
-        *("--node-netns", case.netns, "--env", case.env()),
+        *("--mode", mode or args.mode, "-k", str(args.k)),
         *("--output", out, "-q"),
     ]
+    if case is not None:
+        argv += ["--node-netns", case.netns]
+        for assignment in case.env():
+            argv += ["--env", assignment]
+    if floor:
+        argv += ["--client-floor", floor]
+    try:
+        return _cni_bench(argv, out, name, args, keep)
+    finally:
+        if case is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cni_bench(
+    argv: list[str], out: str, name: str, args: argparse.Namespace, keep: str | None
+) -> dict[str, Any]:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         text, _ = proc.communicate()
@@ -231,7 +278,7 @@ def run_case(case: Case, args: argparse.Namespace, keep: str | None) -> dict[str
     except (OSError, ValueError) as e:
         raise RuntimeError(f"cni_bench gave no report ({e}): {text.decode()[-1500:]}") from None
     if keep:
-        shutil.copy(out, os.path.join(keep, f"{case.name}-{int(time.time())}.json"))
+        shutil.copy(out, os.path.join(keep, f"{name}-{int(time.time())}.json"))
     report["exit_status"] = proc.returncode
     return report
 
@@ -261,10 +308,109 @@ def fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+# -- issue 21's table: every path in one command ------------------------------------------------
+
+#: (case, the path as the table names it, the targets per verb: p50 over ptp+host-local's)
+TABLE_ROWS: list[tuple[str, str, dict[str, float]]] = [
+    ("node-file", "through tabby-node, file store", {"ADD": 2.0, "CHECK": 2.0, "DEL": 1.2}),
+    ("node-etcd1", "through tabby-node, etcd 1 member", {"ADD": 2.0, "DEL": 1.3}),
+    ("node-etcd3", "through tabby-node, etcd 3 members", {"ADD": 2.3, "DEL": 1.3}),
+    ("standalone-file", "standalone, file store", {"ADD": 10.0, "CHECK": 10.0, "DEL": 10.0}),
+]
+#: Cases whose throughput is measured: 8 ADDs at a time, against ptp+host-local's rate.
+TABLE_CONCURRENT = ("node-file", "node-etcd1")
+RATE_TARGET = 0.7
+
+
+def floor_text(report: dict[str, Any]) -> str:
+    floor = report.get("client_floor") or {}
+    if floor.get("wall_ms_p50") is None:
+        return "-"
+    return f"{floor['wall_ms_p50']:.1f}/{floor['cpu_ms_p50']:.1f}"
+
+
+def table(args: argparse.Namespace) -> int:
+    """Issue 21's table: each path one interleaved run against ptp+host-local (sequential),
+    then 8 concurrent ADDs of ptp+host-local alone and of each TABLE_CONCURRENT case alone;
+    the client floor (a frozen Python process that does nothing) measured in every run."""
+    floor: str | None = None
+    if not args.no_client_floor:
+        sys.path.insert(0, str(BENCH))
+        from client_floor import build
+
+        floor = build()
+    print(
+        f"datastore_cni_bench --table: {args.pods} pods per config, p50 ms (x: over "
+        f"ptp+host-local's p50 in the same run; paired: median of pod-by-pod ratios); "
+        f"floor: the client floor, wall/cpu p50 ms (a frozen Python process that does "
+        f"nothing); load at the end of each run",
+        flush=True,
+    )
+    head = (
+        f"{'path':35} {'verb':5} {'ptp':>6} {'tabby':>7} {'x':>6} {'paired':>6} "
+        f"{'target':>7} {'met':>3} {'floor':>9} {'load':>5}"
+    )
+    print(head, flush=True)
+    failures = 0
+    for name, path, targets in TABLE_ROWS:
+        with case_env(name, args.tabby_node) as case:
+            report = run_case(case, args, args.keep, mode="sequential", floor=floor)
+        failures += len(report.get("failures") or [])
+        r, load = row(report, name), os.getloadavg()[0]
+        for verb in ("ADD", "CHECK", "DEL"):
+            v = r.get(verb)
+            if v is None:
+                continue
+            target = targets.get(verb)
+            ratio = v["p50_ratio"]
+            met = "-" if target is None or ratio is None else ("yes" if ratio <= target else "no")
+            print(
+                f"{path:35} {verb:5} {fmt(v['ref_p50']):>6} {fmt(v['p50']):>7} "
+                f"{fmt(ratio, 2) + 'x':>6} {fmt(v['paired'], 2):>6} "
+                f"{'<= ' + fmt(target, 1) if target else '':>7} {met:>3} "
+                f"{floor_text(report):>9} {load:5.2f}",
+                flush=True,
+            )
+    reference = run_case(None, args, args.keep, mode="concurrent", floor=floor)
+    failures += len(reference.get("failures") or [])
+    ref_rate = phase_rate(reference, "ADD")
+    print(
+        f"{'8 concurrent ADDs, ptp+host-local':35} {'ADD':5} {fmt(ref_rate, 0):>6} calls/s"
+        f"{'':25} {floor_text(reference):>9} {os.getloadavg()[0]:5.2f}",
+        flush=True,
+    )
+    for name in TABLE_CONCURRENT:
+        with case_env(name, args.tabby_node) as case:
+            report = run_case(case, args, args.keep, mode="concurrent", alone=True, floor=floor)
+        failures += len(report.get("failures") or [])
+        rate = phase_rate(report, "ADD")
+        share = rate / ref_rate if rate and ref_rate else None
+        met = "-" if share is None else ("yes" if share >= RATE_TARGET else "no")
+        print(
+            f"{'8 concurrent ADDs, ' + name:35} {'ADD':5} {fmt(rate, 0):>6} calls/s "
+            f"{fmt(share, 2) + ' of ptp':>10} {'>= ' + fmt(RATE_TARGET, 1):>7} {met:>3} "
+            f"{floor_text(report):>9} {os.getloadavg()[0]:5.2f}",
+            flush=True,
+        )
+    if failures:
+        print(f"{failures} failed call(s) or check(s): see --keep", flush=True)
+    return 1 if failures else 0
+
+
+def phase_rate(report: dict[str, Any], verb: str) -> float | None:
+    for p in report.get("phases", []):
+        if p["verb"] == verb:
+            rate: float | None = p["calls_per_s"]
+            return rate
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated of {CASES}")
-    ap.add_argument("-n", "--pods", type=int, default=100, help="measured pods per config (100)")
+    ap.add_argument(
+        "-n", "--pods", type=int, default=None, help="measured pods per config (100; --table: 40)"
+    )
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="rounds over all cases (1)")
     ap.add_argument("--mode", choices=("sequential", "concurrent"), default="sequential")
@@ -277,7 +423,21 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
     ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="show cni_bench's own tables")
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="issue 21's table in one run per path: tabby-node with the file store and etcd "
+        "1 and 3 members, standalone with the file store, and 8 concurrent ADDs through "
+        "tabby-node (file, etcd) against ptp+host-local's rate; -n defaults to 40",
+    )
+    ap.add_argument(
+        "--no-client-floor",
+        action="store_true",
+        help="--table without the client floor (which bench/client_floor.py builds once)",
+    )
     args = ap.parse_args()
+    if args.pods is None:
+        args.pods = 40 if args.table else 100
     # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a background job);
     # cni_bench, exec'd from here, then gets the default disposition and cleans up too.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -288,6 +448,12 @@ def main() -> int:
         return 2
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
+    if args.table:
+        try:
+            return table(args)
+        except KeyboardInterrupt:
+            print("datastore_cni_bench: interrupted (everything was removed)", file=sys.stderr)
+            return 130
     print(
         f"datastore_cni_bench: {args.mode}{f' -k {args.k}' if args.mode == 'concurrent' else ''},"
         f" {args.pods} pods per config, each case interleaved with ptp+host-local; "

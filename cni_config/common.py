@@ -19,13 +19,16 @@ that is not an object, a required field missing) is code 7. Unknown fields are i
 and GC read the same models through ``cni_config.teardown``, which drops a code-2 field to its
 default instead (a rule over several fields says which it reads: :class:`RuleBroken`).
 
-pydantic costs ~30 ms to import and a few ms to build these models, so only the code paths
-that parse a configuration import this package (never VERSION, never the tabby-node client).
+What the plugins read of a model (its fields, ``node_name()``, ``runtime_value()``, ...) is
+its plain base in ``cni_config.values``, which every model here inherits. pydantic costs a
+fresh process ~100 ms of CPU to import and to build these models, so only the code paths
+that validate a configuration import this package (never VERSION, never the tabby-node
+client, never a standalone call whose configuration was validated before:
+``cni_config.known``).
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -39,9 +42,10 @@ from pydantic import (
     model_validator,
 )
 
+from cni_config.values import AttachmentValues, CommonValues, DatastoreValues
+from cni_config.values import node_name_problem as node_name_problem  # (also read from here)
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
-from resources.names import dns1123_subdomain
 
 DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
 DEFAULT_DATA_DIR = "/var/lib/tabby/ipam"
@@ -71,13 +75,6 @@ def _absolute_path(value: str) -> str:
 
 def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
-
-
-def node_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a node name, or None: a node is a Kubernetes Node, named by a
-    DNS-1123 subdomain (the one rule, ``resources.names``), which also makes it a safe
-    datastore key (no ``/`` or ``:``)."""
-    return dns1123_subdomain(name)
 
 
 def _node_name(value: str) -> str:
@@ -174,7 +171,7 @@ class Section(BaseModel):
 # -- sections ---------------------------------------------------------------------------------
 
 
-class Attachment(Section):
+class Attachment(Section, AttachmentValues):
     """One entry of GC's ``cni.dev/valid-attachments``."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
@@ -183,7 +180,7 @@ class Attachment(Section):
     ifname: str = Field(min_length=1)
 
 
-class DatastoreSettings(Section):
+class DatastoreSettings(Section, DatastoreValues):
     """Where tabby keeps its state (README "Datastore settings")."""
 
     datastore_type: Literal["file", "etcdv3"] = "file"
@@ -205,29 +202,8 @@ class DatastoreSettings(Section):
             )
         return self
 
-    def location_fields(self) -> tuple[str, ...]:
-        """The fields that say which store this is: its type and, for that type, where it is
-        and how it is reached (the etcd TLS files say which server to trust). A value derived
-        from them is unknown when one of them is invalid (``cni_config.teardown``)."""
-        if self.datastore_type == "file":
-            return ("datastore_type", "data_dir")
-        return (
-            "datastore_type",
-            "etcd_endpoints",
-            "etcd_prefix",
-            "etcd_ca_cert_file",
-            "etcd_cert_file",
-            "etcd_key_file",
-        )
 
-    def describe(self) -> str:
-        """One line for operators: where the store is."""
-        if self.datastore_type == "file":
-            return f"file store {self.data_dir}"
-        return f"etcd {','.join(self.etcd_endpoints)} prefix {self.etcd_prefix}"
-
-
-class CommonConf(Section):
+class CommonConf(Section, CommonValues):
     """Top-level fields both binaries read."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True, populate_by_name=True)
@@ -252,75 +228,6 @@ class CommonConf(Section):
     runtime_config: Any = Field(default=None, alias="runtimeConfig")
     capabilities: Any = None
     args: Any = None
-
-    def node_name(self) -> str:
-        """``nodename`` > contents of ``nodename_file`` > hostname (README "`tabby` fields").
-
-        A file that holds something that is not a node name is an error (code 2 naming the
-        file): silently using it would put the pod's block on a node that does not exist."""
-        if self.nodename is not None:
-            return self.nodename
-        try:
-            with open(self.nodename_file, encoding="utf-8") as f:
-                text = f.read().strip()
-        except (OSError, UnicodeDecodeError):
-            text = ""
-        if text:
-            problem = node_name_problem(text)
-            if problem:
-                raise CniError(
-                    Code.UNSUPPORTED_FIELD,
-                    f"unsupported value in nodename_file {self.nodename_file!r}: {text[:100]!r}",
-                    problem,
-                )
-            return text
-        # As the kubelet does: a Node is named by the lower-cased hostname.
-        return socket.gethostname().lower()
-
-    def node_name_fields(self) -> tuple[str, ...]:
-        """The fields :meth:`node_name` derives the name from (``cni_config.teardown``)."""
-        return ("nodename",) if self.nodename is not None else ("nodename", "nodename_file")
-
-    def valid_attachment_set(self) -> set[tuple[str, str]] | None:
-        """GC's valid (containerID, ifname) set, or None when the key is absent.
-
-        Absent means "no information": delete nothing. Only an explicit empty list means
-        everything of this network is stale. ``valid-attachments`` first, the 1.1.0 tag's
-        ``attachments`` as the fallback (libcni sends both)."""
-        for given in (self.valid_attachments, self.attachments):
-            if given is not None:
-                return {(a.container_id, a.ifname) for a in given}
-        return None
-
-    def runtime_value(self, capability: str) -> Any:
-        """A capability's value from runtimeConfig, only if declared (CAP-3, ADD-10).
-
-        Keys are matched case-insensitively (containerd capitalises Go-style). Runtimes at
-        1.0+ strip ``capabilities`` before calling; then whatever runtimeConfig holds was
-        declared."""
-        rc = self.runtime_config
-        if not isinstance(rc, dict) or not rc:
-            return None
-        want = capability.lower()
-        caps = self.capabilities
-        if isinstance(caps, dict) and not any(
-            isinstance(k, str) and k.lower() == want and v for k, v in caps.items()
-        ):
-            return None
-        for k, v in rc.items():
-            if k.lower() == want:
-                return v
-        return None
-
-    def args_ips(self) -> list[object] | None:
-        """``args.cni.ips`` (the convention for specific IPs), or None."""
-        cni = self.args.get("cni") if isinstance(self.args, dict) else None
-        ips = cni.get("ips") if isinstance(cni, dict) else None
-        if not ips:
-            return None
-        if not isinstance(ips, list):
-            raise CniError(Code.INVALID_CONFIG, "args.cni.ips must be a list", repr(ips)[:200])
-        return ips
 
 
 # -- parsing at the edge ------------------------------------------------------------------------

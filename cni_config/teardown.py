@@ -28,22 +28,19 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
-
-from cni_config.common import (
-    IDENTIFIES,
-    CommonConf,
-    DatastoreSettings,
-    RuleBroken,
-    problem_error,
-    problem_message,
-)
+from cni_config.values import CommonValues, DatastoreValues
 from cni_protocol.errors import CniError, Code
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    M = TypeVar("M", bound=BaseModel)
+
+#: What a Teardown holds: a model, or the values an earlier validation made
+#: (``cni_config.known``); pydantic is imported only by :func:`parse_for_teardown`.
+C = TypeVar("C")
 
 #: The verbs that read the configuration with :func:`parse_for_teardown`.
 TEARDOWN_VERBS = frozenset({"DEL", "GC"})
@@ -53,13 +50,30 @@ TEARDOWN_VERBS = frozenset({"DEL", "GC"})
 _ROUNDS = 8
 
 
-@dataclass(frozen=True)
 class Dropped:
-    """One field whose value could not be honoured: the configuration holds its default."""
+    """One field whose value could not be honoured: the configuration holds its default.
 
-    path: str
-    value: object
-    problem: str
+    (It and ``Teardown`` are plain classes, not dataclasses: tabby-ipam imports
+    nothing else that needs ``dataclasses``, ~10 ms with the ``inspect`` it imports.)"""
+
+    __slots__ = ("path", "problem", "value")
+
+    def __init__(self, path: str, value: object, problem: str) -> None:
+        self.path = path
+        self.value = value
+        self.problem = problem
+
+    def _key(self) -> tuple[str, object, str]:
+        return (self.path, self.value, self.problem)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Dropped) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.problem))
+
+    def __repr__(self) -> str:
+        return f"Dropped(path={self.path!r}, value={self.value!r}, problem={self.problem!r})"
 
     def __str__(self) -> str:
         shown = repr(self.value)
@@ -73,12 +87,17 @@ class Unknown(Exception):
     to remove."""
 
 
-@dataclass(frozen=True)
-class Teardown(Generic[M]):
+class Teardown(Generic[C]):
     """A configuration read for teardown: the model, with each dropped field at its default."""
 
-    conf: M
-    dropped: tuple[Dropped, ...] = ()
+    __slots__ = ("conf", "dropped")
+
+    def __init__(self, conf: C, dropped: tuple[Dropped, ...] = ()) -> None:
+        self.conf = conf
+        self.dropped = dropped
+
+    def __repr__(self) -> str:
+        return f"Teardown(conf={self.conf!r}, dropped={self.dropped!r})"
 
     def need(self, *paths: str) -> None:
         """Raise :class:`Unknown` naming the first of ``paths`` that was dropped."""
@@ -91,13 +110,13 @@ class Teardown(Generic[M]):
         for d in self.dropped:
             logger.warning("%s ignores invalid %s: its default is used", verb, d)
 
-    def store(self, settings: DatastoreSettings, prefix: str = "ipam.") -> DatastoreSettings:
+    def store(self, settings: DatastoreValues, prefix: str = "ipam.") -> DatastoreValues:
         """``settings`` (the section at ``prefix``), unless a field that says which store it is
         was dropped: then :class:`Unknown` (no store of that shape)."""
         self.need(*(prefix + f for f in settings.location_fields()))
         return settings
 
-    def node_name(self, conf: CommonConf) -> str:
+    def node_name(self, conf: CommonValues) -> str:
         """``conf.node_name()``, unless it derives from a dropped field or the node-name file
         holds no node name: then :class:`Unknown`."""
         self.need(*conf.node_name_fields())
@@ -110,6 +129,8 @@ class Teardown(Generic[M]):
 def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]:
     """``config`` validated with ``model``, each field that cannot be honoured dropped (see the
     module's rule). A structural problem is the CniError a strict parse raises (code 7)."""
+    from pydantic import ValidationError
+
     try:
         return Teardown(model.model_validate(config))
     except ValidationError as e:
@@ -128,7 +149,7 @@ def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]
                 found, value = _pop(raw, path)
                 if found:
                     dotted = ".".join(path)
-                    dropped.append(Dropped(dotted, value, problem_message(problem)))
+                    dropped.append(Dropped(dotted, value, _message(problem)))
                     progress = True
         if not progress:
             break
@@ -146,6 +167,10 @@ def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]
 def _plan(model: type[BaseModel], problem: Mapping[str, Any]) -> list[tuple[str, ...]] | CniError:
     """The fields (paths of input keys) to drop for one of pydantic's problems, or the
     CniError when the problem cannot be dropped."""
+    from pydantic import BaseModel
+
+    from cni_config.common import IDENTIFIES, RuleBroken, problem_error
+
     error = problem_error(problem)
     if error.code != Code.UNSUPPORTED_FIELD:
         return error  # structural (code 7)
@@ -175,6 +200,12 @@ def _plan(model: type[BaseModel], problem: Mapping[str, Any]) -> list[tuple[str,
     if isinstance(broken, RuleBroken):
         return [(*keys, field) for field in broken.fields]
     return error
+
+
+def _message(problem: Mapping[str, Any]) -> str:
+    from cni_config.common import problem_message
+
+    return problem_message(problem)
 
 
 def _field_name(model: type[BaseModel], key: str) -> str | None:

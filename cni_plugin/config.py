@@ -5,7 +5,9 @@ own (``mtu``, ``veth_prefix``, ``container_settings``) and what it reads of ``ip
 (``IpamRef``: the IPAM plugin's type and the datastore it records WorkloadEndpoints in). The
 rest of ``ipam`` is the IPAM plugin's (``ipam/config.py`` for tabby-ipam). Field errors
 become CNI code 2 or 7 through ``cni_config.common.parse``; DEL and GC read the same model with
-``cni_config.teardown`` (an invalid field is dropped to its default and reported).
+``cni_config.teardown`` (an invalid field is dropped to its default and reported). What the
+plugin reads of each model (fields, ``effective_mtu()``) is its plain base in
+``cni_plugin.values``.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from cni_config.common import (
     parse,
 )
 from cni_config.teardown import Teardown, parse_for_teardown
+from cni_plugin.values import DEFAULT_MTU, ContainerSettingsValues, IpamRefValues, PluginValues
 from dataplane.names import DEFAULT_VETH_PREFIX, veth_prefix_problem
-
-DEFAULT_MTU = 1500
-DEFAULT_MTU_FILE = "/var/lib/tabby/mtu"
 
 
 def _veth_prefix(value: str) -> str:
@@ -43,11 +43,11 @@ def _mtu(value: int) -> int:
     return value
 
 
-class ContainerSettings(Section):
+class ContainerSettings(Section, ContainerSettingsValues):
     allow_ip_forwarding: Flag = False
 
 
-class IpamRef(DatastoreSettings):
+class IpamRef(DatastoreSettings, IpamRefValues):
     """What ``tabby`` itself reads of the ``ipam`` section: which plugin to delegate to, and
     the datastore it records the pod's WorkloadEndpoint in (the one tabby-ipam uses).
 
@@ -56,32 +56,13 @@ class IpamRef(DatastoreSettings):
     type: PluginType
 
 
-class PluginConf(CommonConf):
+class PluginConf(CommonConf, PluginValues):
     """The ``tabby`` plugin's section."""
 
     mtu: Annotated[int, AfterValidator(_mtu)] = DEFAULT_MTU
     veth_prefix: Annotated[str, AfterValidator(_veth_prefix)] = DEFAULT_VETH_PREFIX
     container_settings: ContainerSettings = ContainerSettings()
     ipam: IpamRef
-
-    @property
-    def ipam_type(self) -> str:
-        return self.ipam.type
-
-    @property
-    def allow_ip_forwarding(self) -> bool:
-        return self.container_settings.allow_ip_forwarding
-
-    def effective_mtu(self, mtu_file: str = DEFAULT_MTU_FILE) -> int:
-        """``mtu``, or for 0 the MTU tabby-node wrote for this node (else 1500)."""
-        if self.mtu:
-            return self.mtu
-        try:
-            with open(mtu_file, encoding="utf-8") as f:
-                value = int(f.read().strip())
-        except (OSError, ValueError):
-            return DEFAULT_MTU
-        return value if 68 <= value <= 65535 else DEFAULT_MTU
 
 
 def parse_plugin(config: Mapping[str, Any]) -> PluginConf:

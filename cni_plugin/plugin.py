@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from cni_config.teardown import Teardown
-    from cni_plugin.config import PluginConf
+    from cni_plugin.values import PluginValues
     from dataplane.model import Dataplane, SetupResult, SetupSpec
     from datastore.base import Doc, Store
 
@@ -60,13 +60,13 @@ class EndpointRecorder(Protocol):
     addresses), for policy and operators."""
 
     def added(
-        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+        self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
     ) -> None:
         """The attachment is up; raises CniError when it cannot be recorded (ADD fails and
         is rolled back)."""
         ...
 
-    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+    def removed(self, args: skel.CmdArgs, conf: PluginValues) -> None:
         """The attachment is gone; raises CniError when the record could not be removed."""
         ...
 
@@ -86,15 +86,15 @@ class DatastoreEndpoints:
     names (the one tabby-ipam allocates from), with its Pod's labels."""
 
     def added(
-        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+        self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
     ) -> None:
         self.record(args, conf, addresses, host_ifname)
 
-    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+    def removed(self, args: skel.CmdArgs, conf: PluginValues) -> None:
         self.erase(args, conf)
 
     def record(
-        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], host_ifname: str
+        self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
     ) -> tuple[str, Doc | None]:
         """Write the endpoint; returns its key and the document as stored: None when the
         write landed as tabby-node's one optimistic commit (tabby-node then knows it as
@@ -124,7 +124,7 @@ class DatastoreEndpoints:
                 return key, None
             return key, attempt(conf.ipam, lambda store: store.get(KIND, key), optimistic=False)
 
-    def erase(self, args: skel.CmdArgs, conf: PluginConf) -> str | None:
+    def erase(self, args: skel.CmdArgs, conf: PluginValues) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
         from datastore import attempt
         from resources.wep import endpoint_key, remove_endpoint
@@ -176,36 +176,54 @@ def linux_dataplane() -> Dataplane:
     return get_dataplane()
 
 
-def configuration(args: skel.CmdArgs) -> PluginConf:
+def configuration(args: skel.CmdArgs) -> PluginValues:
     """The call's validated configuration (parsed once per call, then cached on ``args``):
     strict for ADD, CHECK and STATUS; for DEL and GC each invalid field at its default
     (:func:`teardown_configuration`).
 
-    The models (pydantic) are imported here, not at module level: a standalone ADD starts
-    its IPAM process first and validates while that process runs (see ``Plugin.add``)."""
+    A configuration an earlier call validated is read back without the models
+    (``cni_config.known``); else the models (pydantic) validate it, imported here, not at
+    module level: a standalone ADD starts its IPAM process first and validates while that
+    process runs (see ``Plugin.add``)."""
     from cni_config.teardown import TEARDOWN_VERBS
+    from cni_plugin.values import PluginValues
 
     if args.command in TEARDOWN_VERBS:
         return teardown_configuration(args).conf
-    from cni_plugin.config import PluginConf, parse_plugin
+    if not isinstance(args.parsed, PluginValues):
+        from cni_config import known
 
-    if not isinstance(args.parsed, PluginConf):
-        args.parsed = parse_plugin(args.config)
+        args.parsed = known.strict(PluginValues, args.config, _parse_plugin)
     return args.parsed
 
 
-def teardown_configuration(args: skel.CmdArgs) -> Teardown[PluginConf]:
-    """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
-    dropped to its default and listed; a structural problem still fails (code 7)."""
+def _parse_plugin(config: Mapping[str, Any]) -> PluginValues:
+    from cni_plugin.config import parse_plugin
+
+    return parse_plugin(config)
+
+
+def _parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[PluginValues]:
     from cni_config.teardown import Teardown
     from cni_plugin.config import parse_plugin_for_teardown
 
+    read = parse_plugin_for_teardown(config)
+    return Teardown(read.conf, read.dropped)
+
+
+def teardown_configuration(args: skel.CmdArgs) -> Teardown[PluginValues]:
+    """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
+    dropped to its default and listed; a structural problem still fails (code 7)."""
+    from cni_config import known
+    from cni_config.teardown import Teardown
+    from cni_plugin.values import PluginValues
+
     if not isinstance(args.parsed, Teardown):
-        args.parsed = parse_plugin_for_teardown(args.config)
+        args.parsed = known.tolerant(PluginValues, args.config, _parse_plugin_for_teardown)
     return args.parsed
 
 
-def apply_logging(args: skel.CmdArgs, conf: PluginConf | None) -> None:
+def apply_logging(args: skel.CmdArgs, conf: PluginValues | None) -> None:
     """The call's logging: the configuration's level and file, else the defaults."""
     from cni_protocol.log import DEFAULT_LOG_FILE
 
@@ -222,7 +240,7 @@ def configure_logging(args: skel.CmdArgs) -> None:
         apply_logging(args, None)
         return
     try:
-        conf: PluginConf | None = configuration(args)
+        conf: PluginValues | None = configuration(args)
     except CniError:
         conf = None
     apply_logging(args, conf)
@@ -235,7 +253,7 @@ def _raw_ipam_type(config: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _mac_capability(conf: PluginConf) -> str | None:
+def _mac_capability(conf: PluginValues) -> str | None:
     mac = conf.runtime_value("mac")
     if mac is None or mac == "":
         return None
@@ -256,7 +274,7 @@ def _addresses(result: Mapping[str, Any]) -> list[Address]:
     return [ipaddress.ip_interface(ip["address"]).ip for ip in result.get("ips", [])]
 
 
-def host_ifname(args: skel.CmdArgs, conf: PluginConf) -> str:
+def host_ifname(args: skel.CmdArgs, conf: PluginValues) -> str:
     return host_veth_name(conf.veth_prefix, args.network, args.container_id, args.ifname)
 
 
@@ -266,7 +284,7 @@ def attachment_alias(args: skel.CmdArgs) -> str:
 
 
 def setup_spec(
-    args: skel.CmdArgs, conf: PluginConf, addresses: list[Address], mac: str | None, mtu: int
+    args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], mac: str | None, mtu: int
 ) -> SetupSpec:
     """What the dataplane builds (ADD) or verifies (CHECK) for this attachment."""
     from dataplane.model import SetupSpec
@@ -285,7 +303,7 @@ def setup_spec(
 
 def build_result(
     args: skel.CmdArgs,
-    conf: PluginConf,
+    conf: PluginValues,
     prev: dict[str, Any],
     ipam_result: dict[str, Any],
     addresses: list[Address],
@@ -358,16 +376,16 @@ class Plugin:
     def dataplane(self) -> Dataplane:
         return self._load_dataplane()
 
-    def _ipam(self, args: skel.CmdArgs, conf: PluginConf, command: str) -> Pending:
+    def _ipam(self, args: skel.CmdArgs, conf: PluginValues, command: str) -> Pending:
         return self.ipam.start(conf.ipam_type, command, args)
 
-    def _mtu(self, conf: PluginConf) -> int:
+    def _mtu(self, conf: PluginValues) -> int:
         """The pods' MTU: ``mtu``, or for 0 the file tabby-node writes (the serving node's
         own state directory when tabby-node runs the call)."""
         return conf.effective_mtu(self.mtu_file) if self.mtu_file else conf.effective_mtu()
 
     def _teardown_quietly(
-        self, args: skel.CmdArgs, conf: PluginConf, addresses: list[Address]
+        self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address]
     ) -> None:
         try:
             self.dataplane.teardown(args.netns, args.ifname, host_ifname(args, conf), addresses)
@@ -387,7 +405,7 @@ class Plugin:
             return
         self._ipam_del_quietly(args, ipam_type)
 
-    def _erase_quietly(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+    def _erase_quietly(self, args: skel.CmdArgs, conf: PluginValues) -> None:
         try:
             self.endpoints.removed(args, conf)
         except CniError as e:

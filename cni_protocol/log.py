@@ -54,7 +54,9 @@ class SharedRotatingFileHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             data = (self.format(record) + "\n").encode("utf-8", "replace")
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._open()
+            if fd is None:
+                return  # no writable log directory (e.g. not root): stderr still gets warnings
             try:
                 os.write(fd, data)
                 if os.fstat(fd).st_size > self.max_bytes:
@@ -63,6 +65,23 @@ class SharedRotatingFileHandler(logging.Handler):
                 os.close(fd)
         except Exception:  # a log failure must never fail a CNI call
             self.handleError(record)
+
+    def _open(self) -> int | None:
+        """The file, opened for appending; its directory (mode 0700) is made by the first
+        record, not before: a process that writes nothing to a file creates nothing for it
+        (a CNI call reads its ``log_file_path`` only after its logging is set up)."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            return os.open(self.path, flags, 0o600)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            return os.open(self.path, flags, 0o600)
+        except OSError:
+            return None
 
     def _rotate(self, fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -121,14 +140,10 @@ def _setup(level: str, path: str | None, stderr: bool) -> None:
     root.propagate = False
     fmt = logging.Formatter(_FORMAT)
     if path:
-        try:
-            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-            fh = SharedRotatingFileHandler(path)
-            fh.setFormatter(fmt)
-            fh.addFilter(_context)
-            _configured.append(fh)
-        except OSError:
-            pass  # no writable log dir (e.g. not root): stderr still gets warnings
+        fh = SharedRotatingFileHandler(path)
+        fh.setFormatter(fmt)
+        fh.addFilter(_context)
+        _configured.append(fh)
     if stderr:
         sh = logging.StreamHandler(sys.stderr)
         sh.setLevel(logging.WARNING)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
+import importlib
+from collections.abc import Callable
+from typing import Any
 
 from cni_protocol.errors import CniError, Code
+
+try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms a CNI process)
+    _sha256: Callable[..., Any] = importlib.import_module("_sha256").sha256
+except ImportError:  # pragma: no cover - another interpreter
+    from hashlib import sha256 as _sha256
 
 #: Longest interface name the kernel accepts (IFNAMSIZ - 1). Defined here, not imported
 #: from model.py, so that computing a name does not load dataclasses.
@@ -54,4 +61,4 @@ def host_veth_name(prefix: str, network: str, container_id: str, ifname: str) ->
     # NUL cannot occur in any of the three (they come from env vars / JSON names), so the
     # joined string identifies the tuple unambiguously.
     key = "\0".join((network, container_id, ifname)).encode()
-    return prefix + hashlib.sha256(key).hexdigest()[:HASH_CHARS]
+    return prefix + str(_sha256(key).hexdigest())[:HASH_CHARS]

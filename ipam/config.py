@@ -11,7 +11,8 @@
 Field errors become CNI code 2 (field path and value) or 7 through
 ``cni_config.common.parse`` (DEL and GC: ``cni_config.teardown``, each invalid field dropped
 to its default and reported); block-size limits and defaults come from the IPAM core, so the
-rule is written once.
+rule is written once. What the plugin reads of each model is its plain base in
+``ipam.values``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from cni_config.common import (
 )
 from cni_config.teardown import Teardown, parse_for_teardown
 from ipam.core.model import BLOCK_SIZE_LIMITS, DEFAULT_BLOCK_SIZE
+from ipam.values import IpamPluginValues, IpamValues
 
 DEFAULT_V4_POOLS = ("10.244.0.0/16",)
 DEFAULT_V6_POOLS = ("fd00:10:244::/48",)
@@ -72,7 +74,7 @@ def _block_size(family: int) -> Any:
 # -- models -------------------------------------------------------------------------------------
 
 
-class IpamConf(DatastoreSettings):
+class IpamConf(DatastoreSettings, IpamValues):
     """tabby-ipam's ``ipam`` section (README "tabby-ipam fields")."""
 
     type: PluginType = "tabby-ipam"
@@ -105,12 +107,8 @@ class IpamConf(DatastoreSettings):
             )
         return self
 
-    @property
-    def reserved_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-        return [ipaddress.ip_network(r.strip(), strict=False) for r in self.reserved]
 
-
-class IpamPluginConf(CommonConf):
+class IpamPluginConf(CommonConf, IpamPluginValues):
     """What tabby-ipam reads of its stdin."""
 
     ipam: IpamConf = IpamConf()

@@ -12,19 +12,20 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from cni_config.common import CommonConf, DatastoreSettings
+from cni_config import known
 from cni_config.teardown import TEARDOWN_VERBS, Teardown, Unknown
+from cni_config.values import CommonValues, DatastoreValues
 from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
 from datastore import attempt
-from ipam import config as ipam_config
 from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
+from ipam.values import IpamPluginValues, IpamValues
 
 T = TypeVar("T")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -39,23 +40,37 @@ ANNOTATION_KEYS = {
 }
 
 
-def configuration(args: skel.CmdArgs) -> ipam_config.IpamPluginConf:
+def configuration(args: skel.CmdArgs) -> IpamPluginValues:
     """The call's validated configuration (parsed once per call, then cached on ``args``):
     strict for ADD, CHECK and STATUS; for DEL and GC each invalid field at its default
-    (:func:`teardown_configuration`)."""
+    (:func:`teardown_configuration`). A configuration an earlier call validated is read back
+    without the models (``cni_config.known``); else the models (pydantic) validate it."""
     if args.command in TEARDOWN_VERBS:
         return teardown_configuration(args).conf
-    if not isinstance(args.parsed, ipam_config.IpamPluginConf):
-        args.parsed = ipam_config.parse_plugin(args.config)
+    if not isinstance(args.parsed, IpamPluginValues):
+        args.parsed = known.strict(IpamPluginValues, args.config, _parse)
     return args.parsed
 
 
-def teardown_configuration(args: skel.CmdArgs) -> Teardown[ipam_config.IpamPluginConf]:
+def teardown_configuration(args: skel.CmdArgs) -> Teardown[IpamPluginValues]:
     """DEL's and GC's reading of the configuration: each field whose value cannot be honoured
     dropped to its default and listed; a structural problem still fails (code 7)."""
     if not isinstance(args.parsed, Teardown):
-        args.parsed = ipam_config.parse_plugin_for_teardown(args.config)
+        args.parsed = known.tolerant(IpamPluginValues, args.config, _parse_for_teardown)
     return args.parsed
+
+
+def _parse(config: Mapping[str, Any]) -> IpamPluginValues:
+    from ipam.config import parse_plugin
+
+    return parse_plugin(config)
+
+
+def _parse_for_teardown(config: Mapping[str, Any]) -> Teardown[IpamPluginValues]:
+    from ipam.config import parse_plugin_for_teardown
+
+    read = parse_plugin_for_teardown(config)
+    return Teardown(read.conf, read.dropped)
 
 
 def configure_logging(args: skel.CmdArgs) -> None:
@@ -70,7 +85,7 @@ def configure_logging(args: skel.CmdArgs) -> None:
 
 
 def with_ipam(
-    conf: DatastoreSettings,
+    conf: DatastoreValues,
     node: str,
     fn: Callable[[Ipam], T],
     *,
@@ -110,7 +125,7 @@ def _ip(text: object, source: str) -> Address:
         raise CniError(Code.INVALID_CONFIG, f"invalid IP in {source}", repr(text)) from None
 
 
-def requested_ips(conf: CommonConf, cni_args: dict[str, str]) -> list[Address]:
+def requested_ips(conf: CommonValues, cni_args: dict[str, str]) -> list[Address]:
     """Specific IPs, highest first: runtimeConfig.ips, args.cni.ips, CNI_ARGS IP= (IPM-12)."""
     rc_ips = conf.runtime_value("ips")
     if rc_ips:
@@ -143,7 +158,7 @@ def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
     return None
 
 
-def pod_annotations(conf: CommonConf) -> dict[str, Any]:
+def pod_annotations(conf: CommonValues) -> dict[str, Any]:
     value = conf.runtime_value(ANNOTATIONS_CAP)
     return value if isinstance(value, dict) else {}
 
@@ -160,7 +175,7 @@ def _annotation_pools(annotations: dict[str, Any], which: str, family: int) -> l
     return pools
 
 
-def build_request(args: skel.CmdArgs, conf: ipam_config.IpamPluginConf, node: str) -> AssignRequest:
+def build_request(args: skel.CmdArgs, conf: IpamPluginValues, node: str) -> AssignRequest:
     cni_args = parse_cni_args(args.args)
     annotations = pod_annotations(conf)
     specific = requested_ips(conf, cni_args)
@@ -196,7 +211,7 @@ def build_request(args: skel.CmdArgs, conf: ipam_config.IpamPluginConf, node: st
     )
 
 
-def _pool_specs(conf: ipam_config.IpamConf) -> list[PoolSpec]:
+def _pool_specs(conf: IpamValues) -> list[PoolSpec]:
     specs = [PoolSpec(p, conf.block_size_ipv4) for p in conf.ipv4_pools if conf.assign_ipv4]
     specs += [PoolSpec(p, conf.block_size_ipv6) for p in conf.ipv6_pools if conf.assign_ipv6]
     return specs

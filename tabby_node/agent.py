@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
 
     from cni_config.common import DatastoreSettings
-    from cni_plugin.config import PluginConf
+    from cni_plugin.values import PluginValues
     from cni_protocol import skel
     from dataplane.model import IPAddress
     from dataplane.nft import PolicyDataplane
@@ -126,7 +126,7 @@ class Agent:
     def node_name(self) -> str:
         if self.options.nodename:
             return self.options.nodename
-        from cni_config.common import node_name_problem
+        from cni_config.values import node_name_problem
 
         try:
             with open(self.options.nodename_file, encoding="utf-8") as f:
@@ -859,7 +859,7 @@ class AgentEndpoints:
     def added(
         self,
         args: skel.CmdArgs,
-        conf: PluginConf,
+        conf: PluginValues,
         addresses: list[IPAddress],
         host_ifname: str,
     ) -> None:
@@ -903,7 +903,7 @@ class AgentEndpoints:
                 (time.monotonic() - started) * 1000,
             )
 
-    def removed(self, args: skel.CmdArgs, conf: PluginConf) -> None:
+    def removed(self, args: skel.CmdArgs, conf: PluginValues) -> None:
         key = self.inner.erase(args, conf)
         if key is not None:
             with contextlib.suppress(Exception):

@@ -78,6 +78,11 @@ FORBIDDEN = [
     ("datastore", "pydantic"),
     ("cni_protocol", "pydantic"),
     ("policy.engine", "pydantic"),
+    # What a standalone call reads of a configuration validated before (cni_config.known).
+    ("cni_config.values", "pydantic"),
+    ("cni_config.known", "pydantic"),
+    ("cni_plugin.values", "pydantic"),
+    ("ipam.values", "pydantic"),
     # prometheus_client (~50 ms to import) is for the daemons alone: never on a binary's path.
     *(
         (binary_path, "prometheus_client")

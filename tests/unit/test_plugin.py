@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -600,3 +601,31 @@ def test_del_removes_the_endpoint_and_still_releases_when_it_cannot(
     assert (rc, out["code"]) == (1, 11)
     assert ipam.calls == ["DEL", "DEL"], "IPAM DEL runs although the record could not go"
     assert [c[0] for c in dp.calls] == ["teardown", "teardown"]
+
+
+def test_add_writes_its_log_only_where_the_configuration_says(
+    fakes: tuple[FakeDataplane, FakeIpam], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: logging is set up (with the defaults) before ADD reads its configuration;
+    that must not create the default log directory when ``log_file_path`` is elsewhere."""
+    from cni_protocol import log
+
+    default = tmp_path / "default" / "cni.log"
+    mine = tmp_path / "mine" / "cni.log"
+    monkeypatch.setattr(log, "DEFAULT_LOG_FILE", str(default))
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/run/netns/p1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+    }
+    stdin = json.dumps(conf(log_file_path=str(mine))).encode()
+    try:
+        rc, out = skel.run(HANDLERS[-1], env, stdin, before_dispatch=plugin.configure_logging)
+        assert rc == 0, out
+        assert not default.parent.exists()
+        assert "added" in mine.read_text()
+        assert mine.parent.stat().st_mode & 0o777 == 0o700
+    finally:
+        log.setup("info", None, stderr=False)
