@@ -67,6 +67,7 @@ class _Overlay:
         self.programmed: dict[str, int] = {}
         self.problems: list[str] = []
         self.passes = 0
+        #: node status's VXLAN peers when the whole path programmed the kernel (else: the table)
         self._peers: list[dict[str, Any]] | None = []
         self._whole = False  # a pass failed half-way: the next one reconciles whole
 
@@ -82,10 +83,7 @@ class _Overlay:
         desired = self.agent.vxlan_state(cluster)
         changes = self.reconciler.reconcile(desired)
         self.last = desired
-        by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
-        by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
-        names = {(f.device, f.mac): by_mac.get(f.mac, "") for f in desired.fdb}
-        self._peers = _vxlan_peers(desired.fdb, desired.neighbours, names)
+        self._peers = _whole_peers(cluster, desired)
         self._done(changes, _programmed(desired))
         return changes
 
@@ -105,8 +103,7 @@ class _Overlay:
             changes = self.reconciler.apply(delta, table.desired)
         self._whole = False
         self.last = None
-        if whole or delta.devices or delta.fdb or delta.neighbours:
-            self._peers = None
+        self._peers = None  # from the table, now the truth
         self._done(changes, table.programmed())
         return changes
 
@@ -133,7 +130,9 @@ class _Overlay:
         changes = self.reconciler.reconcile(desired)
         if not table.ready:
             self.last = desired  # the table could not be built: the whole path stands
-        self._peers = None
+        # What the kernel was just given: from the table when it is ready (just compared
+        # with the whole recompute, rebuilt if it differed), else from the whole state.
+        self._peers = None if table.ready else _whole_peers(cluster, desired)
         self._done(changes, _programmed(desired))
         return model, changes
 
@@ -147,11 +146,21 @@ class _Overlay:
             self.agent.metrics.routes(self.programmed, changes)
 
     def vxlan_peers(self) -> list[dict[str, Any]]:
-        if self._peers is None:
-            table = self._table()
-            names = {(v.fdb.device, v.fdb.mac): name for (name, _), v in table.vteps.items()}
-            self._peers = _vxlan_peers(table.fdb.values(), table.neighbours.values(), names)
-        return self._peers
+        """``node status``'s VXLAN peers as programmed: computed when asked (the status file
+        is written at most once a second), never kept across passes."""
+        if self._peers is not None:  # the whole path programmed the kernel
+            return self._peers
+        table = self._table()
+        names = {(v.fdb.device, v.fdb.mac): name for (name, _), v in table.vteps.items()}
+        return _vxlan_peers(table.fdb.values(), table.neighbours.values(), names)
+
+
+def _whole_peers(cluster: Cluster, desired: DesiredState) -> list[dict[str, Any]]:
+    """``node status``'s VXLAN peers of a whole state computed from ``cluster``."""
+    by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
+    by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
+    names = {(f.device, f.mac): by_mac.get(f.mac, "") for f in desired.fdb}
+    return _vxlan_peers(desired.fdb, desired.neighbours, names)
 
 
 def _vxlan_peers(
