@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+
+TYPE_CHECKING = False  # collections.abc would import collections (~2 ms on every CNI call)
+if TYPE_CHECKING:
+    from collections.abc import Mapping, MutableMapping
 
 LIBRARY_PATH = "LD_LIBRARY_PATH"
 SAVED = "LD_LIBRARY_PATH_ORIG"

@@ -202,8 +202,10 @@ def test_absent_or_off_socket_runs_in_process(tmp_path: Path) -> None:
 
 
 def test_fast_path_imports_no_json_and_no_config_models(fake: Callable[..., FakeNode]) -> None:
-    """The whole normal path (import, call, answer) in a fresh interpreter loads only C
-    modules: no json, no socket.py, no config models (they cost ms on every call)."""
+    """The whole normal path (the entry's environment restore, import, call, answer) in a
+    fresh interpreter without site (as the frozen bundle runs: site would load collections
+    and more first) loads only C modules: no json, no socket.py, no collections, no config
+    models (they cost ms on every call)."""
 
     def behave(conn: socket.socket) -> None:
         read_request(conn)
@@ -213,16 +215,18 @@ def test_fast_path_imports_no_json_and_no_config_models(fake: Callable[..., Fake
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
+        "from bundle import environ\n"
+        "environ.restore()\n"
         "from tabby_node.client import try_node\n"
         f"got = try_node('tabby', {{'TABBY_NODE_SOCKET': {node.path!r}}}, b'{{}}', '1')\n"
         "assert got == (0, b'{}\\n'), got\n"
         "new = set(sys.modules) - before\n"
-        "bad = [m for m in ('json', 'socket', 're', 'enum', 'typing', 'pydantic',\n"
+        "bad = [m for m in ('json', 'socket', 're', 'enum', 'typing', 'pydantic', 'collections',\n"
         "       'cni_plugin.config', 'ipam.config') if m in new]\n"
         "print(','.join(bad), sorted(new))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+        [sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stderr
     bad, new = proc.stdout.split(" ", 1)
