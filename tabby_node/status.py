@@ -1,5 +1,6 @@
-"""What tabby-node publishes for operators: ``<run-dir>/status.json``, rewritten after every
-reconcile, which ``tabbyctl node status`` and ``tabbyctl node diags`` read.
+"""What tabby-node publishes for operators: ``<run-dir>/status.json``, rewritten after the
+dataplane passes (at most once a second) and at least every ``RESYNC_SECONDS``, which
+``tabbyctl node status`` and ``tabbyctl node diags`` read.
 
 This module is tabby-node's interface to tabbyctl (the layering test allows tabbyctl to
 import it, and nothing else of tabby-node but the package's constants): standard library
@@ -13,8 +14,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-#: The periodic full reconcile (it repairs drift behind tabby's back); the status file is
-#: rewritten at least this often while tabby-node runs.
+#: The status file is rewritten at least this often while tabby-node runs (tabbyctl calls
+#: a file older than a few of these stale).
 RESYNC_SECONDS = 30.0
 STATUS_FILE = "status.json"
 
