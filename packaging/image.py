@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -56,7 +55,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -309,21 +308,6 @@ class Root:
     packed: bool = False  # the layer was packed by this run
 
 
-@contextlib.contextmanager
-def _locked(path: Path, log: Log) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another build of the root ({path})")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _run_logged(cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
     """Run cmd with its output in log_path; its whole process group goes if we are stopped."""
     with open(log_path, "w") as out:
@@ -390,7 +374,8 @@ def ensure_root(cache: Path, arch: str, log: Log, *, rebuild: bool = False) -> R
         return found
     if os.geteuid() != 0:
         raise ImageError(f"{here} is missing or incomplete; making it needs root (mmdebstrap)")
-    with _locked(cache / ".lock", log):
+    lock = cache / ".lock"
+    with apt_sources.cache_lock(lock, log, f"waiting for another build of the root ({lock})"):
         if not rebuild and (found := _cached(here)):
             log(f"another run made the root in {here}")
             return found

@@ -223,13 +223,15 @@ def find_binaries(root: str = DEFAULT_ROOT) -> Path | None:
 
 
 @contextlib.contextmanager
-def _locked(root: Path, log: Log) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a") as f:
+def cache_lock(path: Path, log: Log, waiting: str) -> Iterator[None]:
+    """An exclusive flock on ``path`` (made, with its directory) while a cache is built;
+    ``waiting`` is logged when another build holds it (also the image's root cache)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"{PREFIX} waiting for another build ({root / '.lock'})")
+            log(waiting)
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -808,7 +810,8 @@ def ensure(root: str = DEFAULT_ROOT, log: Log = print, *, force: bool = False) -
         return bin_dir
     if os.geteuid() != 0:
         raise BuildError(f"{bin_dir} is missing and building it needs root (apt-get)")
-    with _locked(Path(root), log):
+    lock = Path(root) / ".lock"
+    with cache_lock(lock, log, f"{PREFIX} waiting for another build ({lock})"):
         if not force and _complete(bin_dir):
             log(f"{PREFIX} another run built {bin_dir}")
             return bin_dir
