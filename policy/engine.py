@@ -50,7 +50,9 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 def _labels(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> Labels:
     items = value.items() if isinstance(value, Mapping) else value
-    return tuple(sorted((str(k), str(v)) for k, v in items))
+    labels = tuple(sorted((str(k), str(v)) for k, v in items))
+    # already so (another node's records, ``resources.remote``): shared, not copied
+    return value if isinstance(value, tuple) and value == labels else labels
 
 
 def _digest(text: str) -> str:
@@ -290,14 +292,14 @@ class Namespace:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ContainerPort:
     name: str
     port: int
     protocol: Protocol = "TCP"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
     """The labels and named ports a Kubernetes API server holds for a pod."""
 
@@ -310,7 +312,7 @@ class Pod:
         object.__setattr__(self, "labels", _labels(self.labels))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Endpoint:
     """A WorkloadEndpoint: one attachment of a pod on some node. ``addresses`` are bare
     addresses or host CIDRs (``10.244.0.5`` or ``10.244.0.5/32``); ``labels`` are used when
@@ -327,7 +329,8 @@ class Endpoint:
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", _labels(self.labels))
         addrs = tuple(str(ipaddress.ip_interface(a).ip) for a in self.addresses)
-        object.__setattr__(self, "addresses", addrs)
+        if addrs != self.addresses:  # bare already: shared, not copied
+            object.__setattr__(self, "addresses", addrs)
         if not self.name:
             object.__setattr__(self, "name", f"{self.pod}-{self.interface}")
 

@@ -26,6 +26,7 @@ from resources.index import (
     Documents,
     Kind,
 )
+from resources.remote import RemoteEndpoint, RemotePod
 
 if TYPE_CHECKING:
     from resources.k8s import (
@@ -88,10 +89,13 @@ def namespace(ns: Namespace) -> engine.Namespace:
     return engine.Namespace(ns.metadata.name or "", tuple((ns.metadata.labels or {}).items()))
 
 
-def pod(p: Pod) -> engine.Pod:
+def pod(p: Pod | RemotePod) -> engine.Pod:
+    """A Pod, whole or as another node's record (the same values: ``resources.remote``)."""
     ports = tuple(
         engine.ContainerPort(name, number, proto) for name, proto, number in p.named_ports()
     )
+    if isinstance(p, RemotePod):
+        return engine.Pod(p.namespace, p.name, p.labels, ports)
     return engine.Pod(
         p.metadata.namespace or "default",
         p.metadata.name or "",
@@ -100,9 +104,20 @@ def pod(p: Pod) -> engine.Pod:
     )
 
 
-def endpoint(wep: WorkloadEndpoint) -> engine.Endpoint:
+def endpoint(wep: WorkloadEndpoint | RemoteEndpoint) -> engine.Endpoint:
     """One without ``hostInterface`` gets an empty interface: its addresses count for
-    selectors, but no chain is made for it."""
+    selectors, but no chain is made for it. Another node's record has the same values
+    (``resources.remote``), and its strings are shared with the engine's input."""
+    if isinstance(wep, RemoteEndpoint):
+        return engine.Endpoint(
+            wep.namespace,
+            wep.pod,
+            wep.node,
+            wep.interface,
+            wep.addresses,
+            wep.name,
+            wep.labels,
+        )
     return engine.Endpoint(
         wep.metadata.namespace or "default",
         wep.spec.pod,
@@ -117,8 +132,8 @@ def endpoint(wep: WorkloadEndpoint) -> engine.Endpoint:
 def cluster_state(
     policies: Iterable[NetworkPolicy],
     namespaces: Iterable[Namespace],
-    pods: Iterable[Pod],
-    endpoints: Iterable[WorkloadEndpoint],
+    pods: Iterable[Pod | RemotePod],
+    endpoints: Iterable[WorkloadEndpoint | RemoteEndpoint],
 ) -> engine.ClusterState:
     return engine.ClusterState(
         tuple(policy(p) for p in policies),
@@ -133,8 +148,10 @@ def nat(pools: Iterable[IPPool]) -> engine.NatConfig:
     return engine.NatConfig(tuple((p.spec.cidr, p.spec.natOutgoing) for p in pools))
 
 
-def pod_key(wep: WorkloadEndpoint) -> str:
+def pod_key(wep: WorkloadEndpoint | RemoteEndpoint) -> str:
     """The key (``<namespace>/<name>``) of the Pod an endpoint belongs to."""
+    if isinstance(wep, RemoteEndpoint):
+        return f"{wep.namespace}/{wep.pod}"
     return f"{wep.metadata.namespace or 'default'}/{wep.spec.pod}"
 
 

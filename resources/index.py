@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ipam.core.block import Block
     from resources.heartbeat import Heartbeat
     from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.remote import RemoteEndpoint, RemotePod
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
     from resources.trace import TraceAnswer, TraceRequest
 
@@ -119,8 +120,11 @@ BGP_CONFIGURATIONS: Kind[BGPConfiguration] = _resource("BGPConfiguration", "bgpc
 BGP_PEERS: Kind[BGPPeer] = _resource("BGPPeer", "bgppeer")
 POLICIES: Kind[NetworkPolicy] = _resource("NetworkPolicy", "networkpolicy")
 NAMESPACES: Kind[Namespace] = _resource("Namespace", "namespace")
-PODS: Kind[Pod] = _resource("Pod", "pod")
-ENDPOINTS: Kind[WorkloadEndpoint] = _resource("WorkloadEndpoint", "workloadendpoint")
+#: Of an index with ``compact`` (tabby-node): other nodes' as ``resources.remote``'s records.
+PODS: Kind[Pod | RemotePod] = _resource("Pod", "pod")
+ENDPOINTS: Kind[WorkloadEndpoint | RemoteEndpoint] = _resource(
+    "WorkloadEndpoint", "workloadendpoint"
+)
 TRACES: Kind[TraceRequest | TraceAnswer] = Kind("trace", _trace)
 
 ALL: tuple[Kind[object], ...] = (
@@ -196,6 +200,9 @@ class Documents:
 #: read-only views (``raw``) and parsed instead of the whole one (its typed object then
 #: holds no more); ``(doc or reduced, False)`` the typed object only.
 KeepRaw = Callable[[Doc], tuple[Doc, bool]]
+#: What to hold of a parsed document whose stored form is not kept whole (``keep_raw``):
+#: the typed object made smaller (``resources.remote``), from the validated model.
+Compact = Callable[[Any], object]
 
 
 class Index:
@@ -216,21 +223,30 @@ class Index:
     stored, and a caller that writes reads the store. A remote pod's stored form is as big
     as its typed object: with 20k endpoints in the cluster, keeping both would double the
     agent's memory for nothing.
+
+    ``compact``: for the kinds it names, a document not kept whole is held as what the
+    function makes of its model (parsed and validated first), not as the model: tabby-node
+    holds other nodes' Pods and WorkloadEndpoints as ``resources.remote``'s records, what
+    policy reads of them (a model and the strings it references cost ~20 times more).
     """
 
     def __init__(
-        self, kinds: Iterable[Kind[object]], keep_raw: Mapping[str, KeepRaw] | None = None
+        self,
+        kinds: Iterable[Kind[object]],
+        keep_raw: Mapping[str, KeepRaw] | None = None,
+        compact: Mapping[str, Compact] | None = None,
     ) -> None:
         self.kinds = tuple(kinds)
         self._kinds = {k.name: k for k in self.kinds}
         self._keep_raw = dict(keep_raw or {})
+        self._compact = dict(compact or {})
         self._typed: dict[str, dict[str, Entry[object]]] = {k: {} for k in self._kinds}
         #: the stored documents kept (all, but for the kinds of ``keep_raw``)
         self._raw: dict[str, dict[str, Doc]] = {k: {} for k in self._kinds}
         #: the revision of every document held
         self._revs: dict[str, dict[str, int]] = {k: {} for k in self._kinds}
-        #: (kind, key) held whose stored form is not kept whole (reduced, or not at all)
-        self._reduced: set[tuple[str, str]] = set()
+        #: kind -> keys held whose stored form is not kept whole (reduced, or not at all)
+        self._reduced: dict[str, set[str]] = {k: set() for k in self._kinds}
         #: (kind, key) -> revision that did not parse: logged once, not parsed again.
         self._bad: dict[tuple[str, str], int] = {}
         self.parsed = 0  # documents parsed so far (tests, metrics)
@@ -276,7 +292,7 @@ class Index:
         self._revs = {k: {} for k in self._kinds}
         bad = self._bad
         self._bad = {}
-        self._reduced = set()
+        self._reduced = {k: set() for k in self._kinds}
         for name in self._kinds:
             before = old_typed[name]
             held = old_revs[name]
@@ -319,7 +335,7 @@ class Index:
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
         self._raw[kind].pop(key, None)
-        self._reduced.discard((kind, key))
+        self._reduced[kind].discard(key)
         if self._revs[kind].pop(key, None) is None:
             return False
         self._dirty[(kind, key)] = None
@@ -353,7 +369,7 @@ class Index:
         """``raw_get`` knows: the document is not held, or its stored form is kept whole."""
         if key not in self._revs[kind]:
             return True
-        return (kind, key) not in self._reduced
+        return key not in self._reduced[kind]
 
     def _hold(self, kind: str, key: str, doc: Doc) -> Doc:
         """Record ``doc`` (its revision, and what is kept of it); returns what to parse."""
@@ -365,9 +381,9 @@ class Index:
         else:
             self._raw[kind][key] = parsed
         if keep and parsed is doc:
-            self._reduced.discard((kind, key))
+            self._reduced[kind].discard(key)
         else:
-            self._reduced.add((kind, key))
+            self._reduced[kind].add(key)
         return parsed
 
     def snapshot(self) -> Documents:
@@ -381,6 +397,9 @@ class Index:
         handle = self._kinds[kind]
         try:
             value = handle.parse(key, doc)
+            compact = self._compact.get(kind)
+            if compact is not None and key in self._reduced[kind]:
+                value = compact(value)
         except StoreCorrupt as e:
             log.warning("skipping %s %s: %s", handle.label, key, e.reason)
         except (ValueError, TypeError) as e:  # e.g. "metadata" that is not a map

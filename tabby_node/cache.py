@@ -25,6 +25,7 @@ from resources.index import (
     Index,
     Kind,
 )
+from resources.remote import RemoteEndpoint, RemotePod
 
 T = TypeVar("T")
 
@@ -50,6 +51,8 @@ class Cache:
                 ENDPOINTS.name: self._endpoint,
                 BLOCKS.name: self._block,
             },
+            # other nodes' held as what policy reads of them, not as models
+            compact={PODS.name: RemotePod.of, ENDPOINTS.name: RemoteEndpoint.of},
         )
         self.version = 0
         self.synced = threading.Event()
@@ -68,16 +71,18 @@ class Cache:
 
     def _endpoint(self, doc: Doc) -> tuple[Doc, bool]:
         """A WorkloadEndpoint: this node's kept whole (its CNI calls read them through the
-        optimistic path: ``tabby_node.knowledge``); another node's held typed only (its
-        stored form is as big again as its model)."""
+        optimistic path: ``tabby_node.knowledge``); another node's held as what policy
+        reads of it (``resources.remote.RemoteEndpoint``: neither its stored form nor its
+        model)."""
         return doc, self._mine(doc, "node")
 
     def _pod(self, doc: Doc) -> tuple[Doc, bool]:
         """A Pod: this node's kept whole (the CNI ADD reads its labels, ``wait_mirrored``
         its uid); of another node's only what policy reads is parsed (name, namespace,
-        labels, node, the containers' named ports: ``policy.inputs.pod``) and nothing
-        kept of its stored form. Its annotations, uid, addresses and unnamed ports were
-        half of the model's memory, for nothing on this node."""
+        labels, node, the containers' named ports: ``policy.inputs.pod``), held as
+        ``resources.remote.RemotePod``, and nothing kept of its stored form. Its
+        annotations, uid, addresses and unnamed ports were half of the model's memory, and
+        the model the rest, for nothing on this node."""
         if self._mine(doc, "nodeName"):
             return doc, True
         data = doc.data
@@ -200,7 +205,8 @@ class Cache:
                 pod = self.index.get(PODS, f"{namespace}/{name}")
                 if (
                     pod is not None
-                    and (not uid or pod.metadata.uid == uid)
+                    # another node's (its uid is not held): not the pod starting here
+                    and (not uid or (not isinstance(pod, RemotePod) and pod.metadata.uid == uid))
                     and self.index.has(NAMESPACES.name, namespace)
                 ):
                     return True

@@ -15,17 +15,19 @@ import pytest
 
 from datastore.base import Doc
 from datastore.engine import Reported
+from policy.inputs import pod_key
 from resources.index import ENDPOINTS, PODS
+from resources.remote import RemoteEndpoint, RemotePod
 from tabby_node.cache import Cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import node_memory_bench as bench
 
-#: Bytes of state per endpoint (its Pod, WorkloadEndpoint and share of a block): 10.3 KB
-#: measured once other nodes' stored Pods, WorkloadEndpoints and block attributes were
-#: dropped and their Pods parsed to what policy reads (17.8 KB before, 12.6 KB with the
-#: whole Pod models): the margin (+26 %) stays below either, so that undoing one fails.
-PER_ENDPOINT_LIMIT = 13_000
+#: Bytes of state per endpoint (its Pod, WorkloadEndpoint and share of a block): 3.6 KB
+#: measured once other nodes' Pods and WorkloadEndpoints were held as ``resources.remote``'s
+#: records, not models (10.3 KB with the models, 17.8 KB with their stored forms as well):
+#: the margin (+38 %) stays far below either, so that undoing one fails.
+PER_ENDPOINT_LIMIT = 5_000
 
 
 def _traced(path: Path) -> tuple[int, int]:
@@ -244,12 +246,56 @@ def test_another_nodes_pod_is_parsed_to_what_policy_reads() -> None:
     assert slim is not None
     assert full is not None
     assert engine_pod(slim) == engine_pod(full)
-    assert slim.metadata.uid is None  # not read on this node: not held
+    # not a model: what policy reads (its uid, annotations, addresses are not held)
+    assert isinstance(slim, RemotePod)
+    assert not isinstance(full, RemotePod)
     assert full.metadata.uid == "u1"
+    assert slim.named_ports() == [("http", "TCP", 8080), ("dns", "UDP", 53)]
     # this node's: whole
     mine = {**data, "spec": {**data["spec"], "nodeName": "me"}}
     cache.apply(SyncEvent("put", "pod", "ns/web-1", Doc(mine, 4), None))
     own = cache.get(PODS, "ns/web-1")
     assert own is not None
+    assert not isinstance(own, RemotePod)
     assert own.metadata.uid == "u1"
     assert own.addresses() == ["10.0.0.5"]
+
+
+def test_another_nodes_endpoint_is_held_as_what_policy_reads() -> None:
+    from datastore.base import SyncEvent
+    from policy.inputs import endpoint as engine_endpoint
+    from resources.index import Index
+
+    doc = _wep("web-1", "other", 3)
+    doc.data["metadata"]["labels"] = {"app": "web", "tier": "front"}
+    whole = Index((ENDPOINTS,))
+    whole.put("workloadendpoint", "ns/other-k8s-web-1-eth0", doc)
+    cache = Cache("me")
+    cache.apply(
+        SyncEvent("snapshot", "", "", None, {"workloadendpoint": {"ns/other-k8s-web-1-eth0": doc}})
+    )
+    slim = cache.get(ENDPOINTS, "ns/other-k8s-web-1-eth0")
+    full = whole.get(ENDPOINTS, "ns/other-k8s-web-1-eth0")
+    assert isinstance(slim, RemoteEndpoint)
+    assert full is not None
+    assert not isinstance(full, RemoteEndpoint)
+    assert engine_endpoint(slim) == engine_endpoint(full)
+    assert pod_key(slim) == pod_key(full) == "ns/web-1"
+    # the engine's input shares the record's values (one copy of them per endpoint)
+    converted = engine_endpoint(slim)
+    assert converted.labels is slim.labels
+    assert converted.addresses is slim.addresses
+    # a document the model refuses stays refused (not held as a record either)
+    bad = _wep("web-2", "other", 4)
+    bad.data["spec"]["ipNetworks"] = ["10.0.0.1/24"]
+    cache.apply(SyncEvent("put", "workloadendpoint", "ns/other-k8s-web-2-eth0", bad, None))
+    assert cache.has("workloadendpoint", "ns/other-k8s-web-2-eth0")
+    assert cache.get(ENDPOINTS, "ns/other-k8s-web-2-eth0") is None
+    # this node's: the model, whole
+    cache.apply(
+        SyncEvent("put", "workloadendpoint", "ns/me-k8s-web-3-eth0", _wep("web-3", "me", 5), None)
+    )
+    own = cache.get(ENDPOINTS, "ns/me-k8s-web-3-eth0")
+    assert own is not None
+    assert not isinstance(own, RemoteEndpoint)
+    assert own.spec.containerID == "c" * 64

@@ -1,0 +1,136 @@
+"""Other nodes' Pods and WorkloadEndpoints as what a node reads of them, not as models.
+
+tabby-node watches every Pod and WorkloadEndpoint of the cluster, but of another node's it
+reads only what the policy engine resolves selectors with (``policy.inputs``): a pod's
+namespace, name, labels and named ports; an endpoint's namespace, name, pod, node, host
+interface, addresses and labels. Its CNI calls and ``wait_mirrored`` read only its own
+node's documents, which stay whole models. Held as models, another node's WorkloadEndpoint
+cost ~2.9 KB and its reduced Pod ~1.8 KB, plus the strings they reference: with 20k
+endpoints in the cluster, most of the agent's memory (bench/node_memory_bench.py). These
+slotted records hold the same values in ~0.1 KB each; the strings many of them repeat
+(namespaces, node names, label keys and values, port names) are interned.
+
+A record is made from the model once the model validated (``resources.index`` parses a
+document through its model first: what is refused stays refused), once per revision.
+This module imports no pydantic (the policy inputs check for these types at run time).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from sys import intern
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resources.k8s import Pod, Protocol
+    from resources.tabby import WorkloadEndpoint
+
+#: (key, value) pairs, sorted by key
+Labels = tuple[tuple[str, str], ...]
+
+
+def _labels(labels: dict[str, str] | None) -> Labels:
+    return tuple(sorted((intern(k), intern(v)) for k, v in (labels or {}).items()))
+
+
+class RemotePod:
+    """Another node's Pod: what policy reads of it (``policy.inputs.pod``)."""
+
+    __slots__ = ("labels", "name", "namespace", "ports")
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        labels: Labels = (),
+        ports: tuple[tuple[str, Protocol, int], ...] = (),
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.labels = labels
+        #: ``(name, protocol, containerPort)`` of every named port (``Pod.named_ports``)
+        self.ports = ports
+
+    @classmethod
+    def of(cls, pod: Pod) -> RemotePod:
+        return cls(
+            intern(pod.metadata.namespace or "default"),
+            pod.metadata.name or "",
+            _labels(pod.metadata.labels),
+            tuple((intern(n), proto, number) for n, proto, number in pod.named_ports()),
+        )
+
+    def named_ports(self) -> list[tuple[str, Protocol, int]]:
+        return list(self.ports)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePod) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.namespace, self.name, self.labels, self.ports)
+
+    def __repr__(self) -> str:
+        return f"RemotePod({self.namespace}/{self.name})"
+
+
+class RemoteEndpoint:
+    """Another node's WorkloadEndpoint: what policy reads of it (``policy.inputs.endpoint``).
+    ``addresses`` are bare addresses (``10.244.0.5`` of ``ipNetworks: [10.244.0.5/32]``:
+    the engine resolves selectors to them, and would make the same of the networks);
+    ``interface`` is ``spec.hostInterface`` ("" when unset)."""
+
+    __slots__ = ("addresses", "interface", "labels", "name", "namespace", "node", "pod")
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        pod: str,
+        node: str,
+        interface: str,
+        addresses: tuple[str, ...],
+        labels: Labels = (),
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.pod = pod
+        self.node = node
+        self.interface = interface
+        self.addresses = addresses
+        self.labels = labels
+
+    @classmethod
+    def of(cls, wep: WorkloadEndpoint) -> RemoteEndpoint:
+        spec = wep.spec
+        return cls(
+            intern(wep.metadata.namespace or "default"),
+            wep.metadata.name or "",
+            spec.pod,
+            intern(spec.node),
+            spec.hostInterface or "",
+            tuple(str(ipaddress.ip_interface(a).ip) for a in spec.ipNetworks),
+            _labels(wep.metadata.labels),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteEndpoint) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.namespace,
+            self.name,
+            self.pod,
+            self.node,
+            self.interface,
+            self.addresses,
+            self.labels,
+        )
+
+    def __repr__(self) -> str:
+        return f"RemoteEndpoint({self.namespace}/{self.name} on {self.node})"
