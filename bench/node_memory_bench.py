@@ -141,16 +141,24 @@ def _write(store: Any, settings: Any, nodes: int, pods_per_node: int, path: Path
                 f.write(json.dumps([kind, key, doc.data, doc.revision]) + "\n")
 
 
-def load(path: Path) -> dict[str, dict[str, Any]]:
-    """The saved documents as the store's sync snapshot hands them over."""
-    from datastore.base import Doc
+def load(path: Path) -> dict[str, Any]:
+    """The saved documents as etcd's sync snapshot hands them over: each kind's as stored
+    (JSON bytes, ``datastore.base.Undecoded``), decoded as the consumer takes them."""
+    from datastore.base import Undecoded
 
-    snapshot: dict[str, dict[str, Any]] = {}
+    stored: dict[str, dict[str, tuple[bytes, int]]] = {}
     with path.open() as f:
         for line in f:
             kind, key, data, revision = json.loads(line)
-            snapshot.setdefault(kind, {})[key] = Doc(data, revision)
-    return snapshot
+            value = json.dumps(data, separators=(",", ":")).encode()
+            stored.setdefault(kind, {})[key] = (value, revision)
+    return {kind: Undecoded(_decode, docs) for kind, docs in stored.items()}
+
+
+def _decode(key: str, value: bytes) -> dict[str, Any]:
+    data = json.loads(value)
+    assert isinstance(data, dict), key
+    return data
 
 
 # == one tabby-node's state ========================================================================

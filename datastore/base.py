@@ -56,11 +56,12 @@ against each of them):
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
     from contextlib import AbstractContextManager
 
 #: IPAM documents, resources, node liveness ("heartbeat", written with a ttl), and the
@@ -153,11 +154,52 @@ class Op(_Record):
         return cls(kind, key, UNCHANGED, expected_revision)
 
 
+class Undecoded(Mapping[str, Doc]):
+    """One kind's documents of a ``sync`` snapshot as stored (JSON bytes), decoded when read.
+
+    A consumer that takes the documents one at a time (``pop``: ``resources.index``) never
+    holds all of them decoded at once: with 20k endpoints in the cluster, the decoded
+    snapshot was ~150 MB at once on every tabby-node, and Python's allocator kept most of
+    that after it was freed (bench/node_memory_bench.py). The store decoded every value
+    once when it made the snapshot and left out what does not decode, as from any snapshot;
+    each read decodes again (a fresh copy, as ``get`` gives)."""
+
+    __slots__ = ("_decode", "_raw")
+
+    def __init__(
+        self, decode: Callable[[str, bytes], dict[str, Any]], raw: dict[str, tuple[bytes, int]]
+    ) -> None:
+        self._decode = decode  #: (key, value) -> data
+        self._raw = raw  #: key -> (value, revision)
+
+    def __getitem__(self, key: str) -> Doc:
+        value, revision = self._raw[key]
+        return Doc(self._decode(key, value), revision)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def pop(self, key: str) -> Doc:
+        """The document, no longer held here."""
+        value, revision = self._raw.pop(key)
+        return Doc(self._decode(key, value), revision)
+
+    def revisions(self) -> dict[str, int]:
+        return {key: revision for key, (_, revision) in self._raw.items()}
+
+
 class SyncEvent(_Record):
     """What ``sync`` yields.
 
     ``type`` is ``"snapshot"`` (the first event only: ``snapshot`` holds every document of
-    the watched kinds, by kind then key; ``kind``/``key`` are ``""`` and ``doc`` is None),
+    the watched kinds, by kind then key, a kind's as a dict or, from etcd, as
+    :class:`Undecoded`; ``kind``/``key`` are ``""`` and ``doc`` is None),
     ``"put"`` (``doc`` is the new document) or ``"delete"`` (``doc`` is None).
     """
 
@@ -167,7 +209,7 @@ class SyncEvent(_Record):
     kind: str
     key: str
     doc: Doc | None
-    snapshot: dict[str, dict[str, Doc]] | None
+    snapshot: Mapping[str, dict[str, Doc] | Undecoded] | None
 
     def __init__(
         self,
@@ -175,7 +217,7 @@ class SyncEvent(_Record):
         kind: str,
         key: str,
         doc: Doc | None,
-        snapshot: dict[str, dict[str, Doc]] | None,
+        snapshot: Mapping[str, dict[str, Doc] | Undecoded] | None,
     ) -> None:
         super().__init__(type, kind, key, doc, snapshot)
 

@@ -47,6 +47,7 @@ from datastore.base import (
     UNCHANGED,
     Doc,
     SyncEvent,
+    Undecoded,
     check_key,
     check_kind,
     check_ops,
@@ -62,7 +63,7 @@ from datastore.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from types import TracebackType
 
     from datastore.base import Op, Store
@@ -277,7 +278,7 @@ class Reported:
         #: kind -> key -> revision reported
         self.docs: dict[str, dict[str, int]] = {}
 
-    def snapshot(self, docs: dict[str, dict[str, Doc]]) -> SyncEvent:
+    def snapshot(self, docs: Mapping[str, dict[str, Doc] | Undecoded]) -> SyncEvent:
         """A ``"snapshot"`` of ``docs`` (every watched kind, by kind then key); the consumer
         gets them (the caller does not keep ``docs``)."""
         self.docs = {kind: _revisions(d) for kind, d in docs.items()}
@@ -305,7 +306,9 @@ class Reported:
         return events
 
 
-def _revisions(docs: dict[str, Doc]) -> dict[str, int]:
+def _revisions(docs: dict[str, Doc] | Undecoded) -> dict[str, int]:
+    if isinstance(docs, Undecoded):
+        return docs.revisions()  # without decoding them
     return {key: doc.revision for key, doc in docs.items()}
 
 

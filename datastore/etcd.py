@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import binascii
 import builtins
+import functools
 import math
 import os
 import random
@@ -81,6 +82,7 @@ from datastore.base import (
     RESOURCE_KINDS,
     Doc,
     SyncEvent,
+    Undecoded,
     check_key,
     check_kind,
 )
@@ -526,10 +528,16 @@ class EtcdStore(Engine):
                     pause = min(pause * 2, RETRY_PAUSE[1])
                     continue
                 docs: dict[str, dict[str, Doc]] = {k: {} for i in lost for k in groups[i]}
+                # the first snapshot: as stored, decoded again one at a time by the consumer
+                # (all of them decoded at once were the agent's memory peak)
+                stored: dict[str, dict[str, tuple[bytes, int]]] = {k: {} for k in docs}
                 for kv in kvs:
-                    found = self._classify(prefixes, kv)
+                    found = self._classify(prefixes, kv)  # decodes: leaves out garbage
                     if found is not None and found[2] is not None:
-                        docs[found[0]][found[1]] = found[2]
+                        if first:
+                            stored[found[0]][found[1]] = (kv.value, kv.mod_revision)
+                        else:
+                            docs[found[0]][found[1]] = found[2]
                 del kvs  # the raw values: not held while the consumer parses
                 for i in lost:
                     progress[i] = rev
@@ -538,7 +546,13 @@ class EtcdStore(Engine):
                 if first:
                     first = False
                     self.count_sync("snapshots")
-                    yield reported.snapshot(docs)
+                    yield reported.snapshot(
+                        {
+                            k: Undecoded(functools.partial(self._decode, k), v)
+                            for k, v in stored.items()
+                        }
+                    )
+                    del stored
                 else:
                     self.count_sync("rereads")
                     for kind, now in docs.items():

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-from datastore.base import Doc, SyncEvent
+from datastore.base import Doc, SyncEvent, Undecoded
 from datastore.errors import StoreCorrupt
 
 if TYPE_CHECKING:
@@ -281,10 +281,11 @@ class Index:
     def replace(self, snapshot: Mapping[str, Mapping[str, Doc]], *, consume: bool = False) -> None:
         """Everything anew (a fresh snapshot): entries whose revision did not change keep
         their parsed object. ``consume`` (the snapshot is the caller's to give away: its
-        dicts must then be ``dict``): each document is removed from it as it is taken, so
-        that what is not kept of it is freed at once, not after the whole snapshot was
-        parsed (the memory peak of a first sync is then the larger of the documents and
-        what is kept of them, not their sum)."""
+        kinds must then be ``dict`` or ``datastore.base.Undecoded``): each document is
+        removed from it as it is taken, so that what is not kept of it is freed at once,
+        not after the whole snapshot was parsed (the memory peak of a first sync is then
+        the larger of the documents and what is kept of them, not their sum; of an
+        ``Undecoded`` snapshot, one document decoded at a time)."""
         old_typed = self._typed
         old_revs = self._revs
         self._typed = {k: {} for k in self._kinds}
@@ -298,9 +299,14 @@ class Index:
             held = old_revs[name]
             now = snapshot.get(name) or {}
             keys = list(now)
-            given = cast("dict[str, Doc]", now) if consume else None
+            given = now if consume and isinstance(now, dict | Undecoded) else None
             for key in keys:
-                doc = self._hold(name, key, given.pop(key) if given is not None else now[key])
+                try:
+                    taken = given.pop(key) if given is not None else now[key]
+                except StoreCorrupt as e:  # an Undecoded value: decoded once by the store
+                    log.warning("skipping %s %s: %s", self._kinds[name].label, key, e.reason)
+                    continue
+                doc = self._hold(name, key, taken)
                 entry = before.get(key)
                 if entry is not None and entry.revision == doc.revision:
                     self._typed[name][key] = entry

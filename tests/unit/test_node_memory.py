@@ -299,3 +299,44 @@ def test_another_nodes_endpoint_is_held_as_what_policy_reads() -> None:
     assert own is not None
     assert not isinstance(own, RemoteEndpoint)
     assert own.spec.containerID == "c" * 64
+
+
+def test_an_undecoded_snapshot_is_decoded_one_document_at_a_time() -> None:
+    """etcd's first snapshot hands the documents over as stored: the cache decodes each as
+    it takes it (never all at once), and ends with what a decoded snapshot gives."""
+    import json
+
+    from datastore.base import SyncEvent, Undecoded
+    from datastore.errors import StoreCorrupt
+
+    decoded: list[str] = []
+
+    def decode(key: str, value: bytes) -> dict[str, Any]:
+        decoded.append(key)
+        data = json.loads(value)
+        if not isinstance(data, dict):
+            raise StoreCorrupt(key, "not a JSON object")
+        return data
+
+    docs = {
+        "ns/mine": _pod("mine", "me", 2),
+        "ns/theirs": _pod("theirs", "other", 3),
+    }
+    stored = {k: (json.dumps(d.data).encode(), d.revision) for k, d in docs.items()}
+    stored["ns/bad"] = (b"[]", 4)  # the store decoded it once: only garbage of a race
+    undecoded = Undecoded(decode, stored)
+    reported = Reported()
+    event = reported.snapshot({"pod": undecoded})
+    assert reported.docs == {"pod": {"ns/mine": 2, "ns/theirs": 3, "ns/bad": 4}}
+    assert decoded == []  # the revisions without decoding
+    assert undecoded["ns/mine"] == docs["ns/mine"]  # a read decodes (a fresh copy)
+    decoded.clear()
+    cache = Cache("me")
+    cache.apply(event)
+    assert sorted(decoded) == ["ns/bad", "ns/mine", "ns/theirs"]  # each once
+    assert len(undecoded) == 0  # consumed
+    whole = Cache("me")
+    whole.apply(SyncEvent("snapshot", "", "", None, {"pod": dict(docs)}))
+    assert cache.of(PODS) == whole.of(PODS)
+    assert cache.lookup("pod", "ns/mine") == docs["ns/mine"]
+    assert not cache.has("pod", "ns/bad")
