@@ -245,8 +245,9 @@ class Index:
         self._raw: dict[str, dict[str, Doc]] = {k: {} for k in self._kinds}
         #: the revision of every document held
         self._revs: dict[str, dict[str, int]] = {k: {} for k in self._kinds}
-        #: kind -> keys held whose stored form is not kept whole (reduced, or not at all)
-        self._reduced: dict[str, set[str]] = {k: set() for k in self._kinds}
+        #: of the kinds of ``keep_raw``: the keys whose stored form is kept whole (the few
+        #: of this node: a set of every other one cost more than the records themselves)
+        self._whole: dict[str, set[str]] = {k: set() for k in self._keep_raw}
         #: (kind, key) -> revision that did not parse: logged once, not parsed again.
         self._bad: dict[tuple[str, str], int] = {}
         self.parsed = 0  # documents parsed so far (tests, metrics)
@@ -293,7 +294,7 @@ class Index:
         self._revs = {k: {} for k in self._kinds}
         bad = self._bad
         self._bad = {}
-        self._reduced = {k: set() for k in self._kinds}
+        self._whole = {k: set() for k in self._keep_raw}
         for name in self._kinds:
             before = old_typed[name]
             held = old_revs[name]
@@ -341,7 +342,9 @@ class Index:
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
         self._raw[kind].pop(key, None)
-        self._reduced[kind].discard(key)
+        whole = self._whole.get(kind)
+        if whole is not None:
+            whole.discard(key)
         if self._revs[kind].pop(key, None) is None:
             return False
         self._dirty[(kind, key)] = None
@@ -375,7 +378,11 @@ class Index:
         """``raw_get`` knows: the document is not held, or its stored form is kept whole."""
         if key not in self._revs[kind]:
             return True
-        return key not in self._reduced[kind]
+        return self._is_whole(kind, key)
+
+    def _is_whole(self, kind: str, key: str) -> bool:
+        whole = self._whole.get(kind)
+        return whole is None or key in whole
 
     def _hold(self, kind: str, key: str, doc: Doc) -> Doc:
         """Record ``doc`` (its revision, and what is kept of it); returns what to parse."""
@@ -386,10 +393,12 @@ class Index:
             self._raw[kind].pop(key, None)
         else:
             self._raw[kind][key] = parsed
-        if keep and parsed is doc:
-            self._reduced[kind].discard(key)
-        else:
-            self._reduced[kind].add(key)
+        whole = self._whole.get(kind)
+        if whole is not None:
+            if keep and parsed is doc:
+                whole.add(key)
+            else:
+                whole.discard(key)
         return parsed
 
     def snapshot(self) -> Documents:
@@ -404,7 +413,7 @@ class Index:
         try:
             value = handle.parse(key, doc)
             compact = self._compact.get(kind)
-            if compact is not None and key in self._reduced[kind]:
+            if compact is not None and not self._is_whole(kind, key):
                 value = compact(value)
         except StoreCorrupt as e:
             log.warning("skipping %s %s: %s", handle.label, key, e.reason)

@@ -29,8 +29,22 @@ if TYPE_CHECKING:
 Labels = tuple[tuple[str, str], ...]
 
 
+#: One tuple for equal labels (the pods of one workload have the same): a cache, emptied
+#: when it grows past ``_SHARED_MAX`` (labels that come and go: a rollout's hash).
+_shared: dict[Labels, Labels] = {}
+_SHARED_MAX = 50_000
+
+
 def _labels(labels: dict[str, str] | None) -> Labels:
-    return tuple(sorted((intern(k), intern(v)) for k, v in (labels or {}).items()))
+    if not labels:
+        return ()
+    made = tuple(sorted((intern(k), intern(v)) for k, v in labels.items()))
+    shared = _shared.get(made)
+    if shared is None:
+        if len(_shared) >= _SHARED_MAX:
+            _shared.clear()
+        shared = _shared[made] = made
+    return shared
 
 
 class RemotePod:

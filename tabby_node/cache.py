@@ -3,9 +3,10 @@ parsed once per revision (``resources.index``)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from datastore.base import Doc, SyncEvent
 from datastore.optimistic import UNKNOWN, Unknown
@@ -62,6 +63,8 @@ class Cache:
         self.wake = threading.Event()
         self.resyncs = 0
         self.last_error: str | None = None
+        #: node -> the attributes of its allocations in other nodes' reduced blocks
+        self._holders: dict[str, dict[str, Any]] = {}
 
     def _mine(self, doc: Doc, field: str) -> bool:
         """The document is this node's (``spec.<field>``), or whose it is cannot be told."""
@@ -119,10 +122,21 @@ class Cache:
         for a in allocations:
             attrs = a.get("attrs") if isinstance(a, dict) else None
             if isinstance(attrs, dict):
-                node = attrs.get("node")
-                a = {**a, "attrs": {} if node is None else {"node": node}}
+                a = {**a, "attrs": self._holder(attrs.get("node"))}
             reduced.append(a)
         return Doc({**data, "allocations": reduced}, doc.revision), True
+
+    def _holder(self, node: object) -> dict[str, Any]:
+        """The attributes of a reduced allocation: one dict per holder, shared by all of
+        its allocations (read only: ``_block``), or a new one for an unusual value."""
+        if not isinstance(node, str):
+            return {} if node is None else {"node": node}
+        attrs = self._holders.get(node)
+        if attrs is None:
+            if len(self._holders) >= 10_000:  # names of nodes long gone
+                self._holders.clear()
+            attrs = self._holders[node] = {"node": sys.intern(node)}
+        return attrs
 
     def apply(self, event: SyncEvent) -> None:
         with self.lock:
