@@ -8,7 +8,8 @@ node's documents, which stay whole models. Held as models, another node's Worklo
 cost ~2.9 KB and its reduced Pod ~1.8 KB, plus the strings they reference: with 20k
 endpoints in the cluster, most of the agent's memory (bench/node_memory_bench.py). These
 slotted records hold the same values in ~0.1 KB each; the strings many of them repeat
-(namespaces, node names, label keys and values, port names) are interned.
+(namespaces, node names, label keys and values, port names, a pod's name in its endpoints)
+are interned, and equal labels are one tuple.
 
 A record is made from the model once the model validated (``resources.index`` parses a
 document through its model first: what is refused stays refused), once per revision.
@@ -69,7 +70,7 @@ class RemotePod:
     def of(cls, pod: Pod) -> RemotePod:
         return cls(
             intern(pod.metadata.namespace or "default"),
-            pod.metadata.name or "",
+            intern(pod.metadata.name or ""),  # one string with its endpoints' ``pod``
             _labels(pod.metadata.labels),
             tuple((intern(n), proto, number) for n, proto, number in pod.named_ports()),
         )
@@ -122,7 +123,7 @@ class RemoteEndpoint:
         return cls(
             intern(wep.metadata.namespace or "default"),
             wep.metadata.name or "",
-            spec.pod,
+            intern(spec.pod),
             intern(spec.node),
             spec.hostInterface or "",
             tuple(str(ipaddress.ip_interface(a).ip) for a in spec.ipNetworks),

@@ -30,6 +30,10 @@ from resources.remote import RemoteEndpoint, RemotePod
 
 T = TypeVar("T")
 
+#: The handle of every allocation in another node's block as this node keeps it (its owner's
+#: handles are read from the store, never from this copy).
+REMOTE_HANDLE = "(another node's)"
+
 #: The store kinds tabby-node watches: routing's, policy's, and the policy traces other
 #: nodes ask of it (which the dataplane does not depend on: no reconcile for them).
 WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY, TRACES))
@@ -63,8 +67,8 @@ class Cache:
         self.wake = threading.Event()
         self.resyncs = 0
         self.last_error: str | None = None
-        #: node -> the attributes of its allocations in other nodes' reduced blocks
-        self._holders: dict[str, dict[str, Any]] = {}
+        #: node -> its allocations in other nodes' reduced blocks (None: none named)
+        self._holders: dict[str | None, dict[str, Any]] = {}
 
     def _mine(self, doc: Doc, field: str) -> bool:
         """The document is this node's (``spec.<field>``), or whose it is cannot be told."""
@@ -109,9 +113,12 @@ class Cache:
     def _block(self, doc: Doc) -> tuple[Doc, bool]:
         """Another node's IPAM block, reduced to what this node reads of it: routing (its
         affinity, who holds each address) and the IPAM gauges (how many are in use). An
-        allocation's other attributes (pod, container, namespace, netns: ~1.2 KB each) are
-        its owner's; this node's CNI calls read such a block from the store
-        (``raw_kept``), never from this copy."""
+        allocation's handle, sequence number and other attributes (pod, container,
+        namespace, netns: ~1.2 KB each) are its owner's: each allocation becomes the one
+        shared record of its holder (``REMOTE_HANDLE``, seq 0, the holder's node); this
+        node's CNI calls read such a block from the store (``raw_kept``), never from this
+        copy. A malformed allocation stays as it is (the block is refused as the stored
+        one would be)."""
         data = doc.data
         allocations = data.get("allocations")
         if self.me is None or data.get("affinity") == f"host:{self.me}":
@@ -120,23 +127,28 @@ class Cache:
             return doc, True  # malformed: kept as is, for the views to report
         reduced = []
         for a in allocations:
-            attrs = a.get("attrs") if isinstance(a, dict) else None
-            if isinstance(attrs, dict):
-                a = {**a, "attrs": self._holder(attrs.get("node"))}
+            if (
+                isinstance(a, dict)
+                and isinstance(a.get("handle"), str)
+                and type(a.get("seq")) is int
+                and isinstance(a.get("attrs", {}), dict)
+            ):
+                a = self._allocation((a.get("attrs") or {}).get("node"))
             reduced.append(a)
         return Doc({**data, "allocations": reduced}, doc.revision), True
 
-    def _holder(self, node: object) -> dict[str, Any]:
-        """The attributes of a reduced allocation: one dict per holder, shared by all of
-        its allocations (read only: ``_block``), or a new one for an unusual value."""
-        if not isinstance(node, str):
-            return {} if node is None else {"node": node}
-        attrs = self._holders.get(node)
-        if attrs is None:
+    def _allocation(self, node: object) -> dict[str, Any]:
+        """The reduced allocation of a holder: one dict per node, shared by all of its
+        allocations in other nodes' blocks (read only), or a new one for an odd value."""
+        if node is not None and not isinstance(node, str):
+            return {"handle": REMOTE_HANDLE, "seq": 0, "attrs": {"node": node}}
+        shared = self._holders.get(node)
+        if shared is None:
             if len(self._holders) >= 10_000:  # names of nodes long gone
                 self._holders.clear()
-            attrs = self._holders[node] = {"node": sys.intern(node)}
-        return attrs
+            attrs = {} if node is None else {"node": sys.intern(node)}
+            shared = self._holders[node] = {"handle": REMOTE_HANDLE, "seq": 0, "attrs": attrs}
+        return shared
 
     def apply(self, event: SyncEvent) -> None:
         with self.lock:

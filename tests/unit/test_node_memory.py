@@ -18,7 +18,7 @@ from datastore.engine import Reported
 from policy.inputs import pod_key
 from resources.index import ENDPOINTS, PODS
 from resources.remote import RemoteEndpoint, RemotePod
-from tabby_node.cache import Cache
+from tabby_node.cache import REMOTE_HANDLE, Cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import node_memory_bench as bench
@@ -191,8 +191,20 @@ def test_other_nodes_blocks_keep_only_what_routing_and_the_gauges_read() -> None
         None,
         {"node": "other"},
         {"node": "me"},
-        None,
+        {},  # no attributes: none named
     ]
+    # handles and sequence numbers are the owner's: one shared allocation per holder
+    assert {a["handle"] for a in reduced.data["allocations"] if a} == {REMOTE_HANDLE}
+    other_block = _block("host:third", 5)
+    cache.apply(SyncEvent("put", "block", "10.0.1.0/30", other_block, None))
+    again = cache.view().raw("block")["10.0.1.0/30"]
+    assert again.data["allocations"][2] is reduced.data["allocations"][2]
+    # a malformed allocation is not made good: the block is refused as the stored one
+    broken = _block("host:other", 6)
+    broken.data["allocations"][1]["seq"] = "x"
+    cache.apply(SyncEvent("put", "block", "10.0.2.0/30", broken, None))
+    assert cache.has("block", "10.0.2.0/30")
+    assert cache.get(BLOCKS, "10.0.2.0/30") is None
     # routing reads the same facts from the reduced block as from the whole one
     from ipam.core.block import Block
 
