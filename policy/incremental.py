@@ -517,6 +517,8 @@ class IncrementalPolicy:
         labels, items = _label_view(pod.labels if pod is not None else ep.labels)
         unique = dict.fromkeys(ep.addresses)
         v4 = tuple(a for a in unique if ":" not in a)
+        if v4 == ep.addresses:
+            v4 = ep.addresses  # shared with the input, not a copy
         v6 = tuple(a for a in unique if ":" in a)
         return _Member(
             ep,

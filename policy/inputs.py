@@ -89,13 +89,25 @@ def namespace(ns: Namespace) -> engine.Namespace:
     return engine.Namespace(ns.metadata.name or "", tuple((ns.metadata.labels or {}).items()))
 
 
+#: The engine's named ports of another node's records, by their (shared) ports: the pods
+#: of one workload have the same (a cache, emptied when it grows past 10k).
+_ports: dict[tuple[tuple[str, str, int], ...], tuple[engine.ContainerPort, ...]] = {}
+
+
 def pod(p: Pod | RemotePod) -> engine.Pod:
     """A Pod, whole or as another node's record (the same values: ``resources.remote``)."""
+    if isinstance(p, RemotePod):
+        ports = _ports.get(p.ports)
+        if ports is None:
+            if len(_ports) >= 10_000:
+                _ports.clear()
+            ports = _ports[p.ports] = tuple(
+                engine.ContainerPort(name, number, proto) for name, proto, number in p.ports
+            )
+        return engine.Pod(p.namespace, p.name, p.labels, ports)
     ports = tuple(
         engine.ContainerPort(name, number, proto) for name, proto, number in p.named_ports()
     )
-    if isinstance(p, RemotePod):
-        return engine.Pod(p.namespace, p.name, p.labels, ports)
     return engine.Pod(
         p.metadata.namespace or "default",
         p.metadata.name or "",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 from sys import intern
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     from resources.k8s import Pod, Protocol
@@ -28,24 +28,29 @@ if TYPE_CHECKING:
 
 #: (key, value) pairs, sorted by key
 Labels = tuple[tuple[str, str], ...]
+T = TypeVar("T", bound=tuple[object, ...])
 
 
-#: One tuple for equal labels (the pods of one workload have the same): a cache, emptied
-#: when it grows past ``_SHARED_MAX`` (labels that come and go: a rollout's hash).
-_shared: dict[Labels, Labels] = {}
+#: One tuple for equal labels and named ports (the pods of one workload have the same): a
+#: cache, emptied when it grows past ``_SHARED_MAX`` (values that come and go: a rollout's
+#: hash). Sharing is an economy, never a meaning.
+_shared: dict[tuple[object, ...], Any] = {}
 _SHARED_MAX = 50_000
 
 
-def _labels(labels: dict[str, str] | None) -> Labels:
-    if not labels:
-        return ()
-    made = tuple(sorted((intern(k), intern(v)) for k, v in labels.items()))
+def _share(made: T) -> T:
     shared = _shared.get(made)
     if shared is None:
         if len(_shared) >= _SHARED_MAX:
             _shared.clear()
         shared = _shared[made] = made
-    return shared
+    return cast("T", shared)
+
+
+def _labels(labels: dict[str, str] | None) -> Labels:
+    if not labels:
+        return ()
+    return _share(tuple(sorted((intern(k), intern(v)) for k, v in labels.items())))
 
 
 class RemotePod:
@@ -72,7 +77,7 @@ class RemotePod:
             intern(pod.metadata.namespace or "default"),
             intern(pod.metadata.name or ""),  # one string with its endpoints' ``pod``
             _labels(pod.metadata.labels),
-            tuple((intern(n), proto, number) for n, proto, number in pod.named_ports()),
+            _share(tuple((intern(n), proto, port) for n, proto, port in pod.named_ports())),
         )
 
     def named_ports(self) -> list[tuple[str, Protocol, int]]:
