@@ -469,6 +469,105 @@ def run_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
         etcd.stop()
 
 
+def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
+    """``--agent``: a real tabby-node (this checkout's) in a lab node namespace
+    (``lab.cluster``, etcd in it), its datastore filled as for the in-process rows, then pod
+    ADDs and DELs through the installed ``tabby`` client and tabby-node's socket, as
+    bench/scale_bench.py measures a probe: tabby-node's CPU from the ADD until 0.3 s after
+    it (the watch's echo and the dataplane pass it causes), and the same for the DEL."""
+    from dataplane.netns import run_in_netns
+    from datastore.etcd import EtcdStore
+    from lab.cluster import CLIENT_PORT, V4_POOL, Lab
+
+    lab = Lab(
+        nodes_wanted=1,
+        backend="vxlan",
+        ipv6=False,
+        echo=echo,
+        etcd_members=1,
+        tabby_node=[str(ROOT / ".venv" / "bin" / "tabby-node")],
+        cni_bin=args.cni_bin,
+    )
+    try:
+        lab.build_underlay()
+        node = lab.nodes[0]
+        url = f"http://127.0.0.1:{CLIENT_PORT}"
+        fd = os.open(f"/run/netns/{node.netns}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+
+            def fill() -> dict[str, Any]:
+                store = EtcdStore(url, prefix=lab.etcd_prefix)
+                try:
+                    return scale_populate.populate(
+                        store,
+                        [f"sim-{i:04d}" for i in range(size - 1)],
+                        pool=V4_POOL,
+                        pods_per_node=args.pods,
+                        namespaces=[f"bench-ns-{i}" for i in range(args.namespaces)],
+                        node_argv=[
+                            *("--nodename", "{node}", "--backend", "vxlan", "--log-file", ""),
+                            *("--datastore-type", "etcdv3", "--etcd-endpoints", url),
+                            *("--etcd-prefix", lab.etcd_prefix),
+                        ],
+                        underlay="172.30.0.1",
+                        kubernetes=True,
+                    )
+                finally:
+                    store.close()
+
+            made = run_in_netns(fd, fill)
+        finally:
+            os.close(fd)
+        echo(f"  N={size} (agent): {made['documents']} documents in {made['commits']} commits")
+        lab.start_agent(node)
+        lab.wait_agent(node, 600)
+        lab.wait_ready(600)
+        assert node.agent is not None
+        assert node.etcd is not None
+        pid, etcd_pid = node.agent.pid, node.etcd.pid
+        adds: list[float] = []
+        dels: list[float] = []
+        etcd_ms: list[float] = []
+        for i in range(args.warmup + args.calls):
+            pod = lab.new_pod(node, f"bench-ns-{i % args.namespaces}", f"cni-{i}")
+            c0, e0 = proc_cpu(pid), proc_cpu(etcd_pid)
+            rc, out = lab.cni(node, "ADD", pod)
+            if rc != 0 or out is None:
+                raise RuntimeError(f"ADD failed: {out}")
+            pod.result = out
+            time.sleep(0.3)
+            c2 = proc_cpu(pid)
+            lab.del_pod(pod)
+            time.sleep(0.3)
+            c4, e4 = proc_cpu(pid), proc_cpu(etcd_pid)
+            if i >= args.warmup:
+                adds.append((c2 - c0) * 1000)
+                dels.append((c4 - c2) * 1000)
+                etcd_ms.append((e4 - e0) * 1000)
+        return {
+            "size": size,
+            "load": loadavg(),
+            "add_ms": sorted(adds)[len(adds) // 2],
+            "del_ms": sorted(dels)[len(dels) // 2],
+            "add_mean": sum(adds) / len(adds),
+            "del_mean": sum(dels) / len(dels),
+            "etcd_ms": sum(etcd_ms) / len(etcd_ms),
+            "calls": len(adds),
+        }
+    finally:
+        problems = lab.teardown()
+        if problems:
+            echo(f"  cleanup left: {problems}")
+
+
+def agent_table(r: dict[str, Any]) -> None:
+    echo(
+        f"N={r['size']:<5} tabby-node CPU per ADD p50 {r['add_ms']:.1f} ms (mean "
+        f"{r['add_mean']:.1f}), per DEL p50 {r['del_ms']:.1f} ms (mean {r['del_mean']:.1f}); "
+        f"etcd {r['etcd_ms']:.1f} ms per ADD+DEL; {r['calls']} pods (load {r['load']})"
+    )
+
+
 PROFILE = cProfile.Profile()
 
 
@@ -517,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("served-add", "served-del", "own-add", "own-del"),
         help="cProfile that row's calls and print the top functions",
     )
+    ap.add_argument(
+        "--agent",
+        action="store_true",
+        help="a real tabby-node in a lab namespace instead (root; the installed tabby client)",
+    )
+    ap.add_argument("--cni-bin", default="/opt/cni/bin", help="where the tabby client is")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if shutil.which("etcd") is None:
@@ -530,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     try:
         for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
+            if args.agent:
+                result = run_agent(args, size)
+                results.append(result)
+                agent_table(result)
+                continue
             result = run_size(args, size)
             results.append(result)
             table(result)
@@ -541,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         stats.sort_stats("cumulative").print_stats(40)
     if args.json:
         for r in results:
-            for rec in r["rows"].values():
+            for rec in r.get("rows", {}).values():
                 rec["req"] = dict(rec["req"])
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
