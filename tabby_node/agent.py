@@ -47,7 +47,7 @@ from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.cluster import Cluster, PoolInfo, Underlay, pool_info, vxlan_state
 from tabby_node.facts import Facts
 from tabby_node.options import NodeOptions
-from tabby_node.status import RESYNC_SECONDS, write_status
+from tabby_node.status import RESYNC_SECONDS, StatusWriter
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -119,6 +119,7 @@ class Agent:
         self.denied_flows: DeniedFlows | None = None
         self._status_due = False
         self._status_written = 0.0
+        self._status_writer = StatusWriter()
         self.served: Served | None = None
 
     # -- start-up ------------------------------------------------------------------------
@@ -643,7 +644,7 @@ class Agent:
         }
         status.update(self.routing.status())
         try:
-            write_status(self.options.run_dir, status)
+            self._status_writer.write(self.options.run_dir, status)
         except OSError as e:
             log.warning("cannot write the status file: %s", e)
 
