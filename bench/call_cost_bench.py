@@ -511,6 +511,7 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
                         ],
                         underlay="172.30.0.1",
                         kubernetes=True,
+                        heartbeat_ttl=3600,  # alive: the probe programs a VTEP for each
                     )
                 finally:
                     store.close()

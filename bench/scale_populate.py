@@ -27,6 +27,7 @@ node's endpoints there, making them would grow with the cluster).
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -222,11 +223,14 @@ def populate(
     kubernetes: bool,
     labels: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    heartbeat_ttl: float | None = None,
 ) -> dict[str, Any]:
     """The documents of ``nodes`` (each with ``pods_per_node`` pods named
     ``<node>-p<j>``, spread over ``namespaces`` as bench/scale_writer.py spreads them)
-    written into ``store``; the pool and namespaces first when it lacks them. Returns
-    counts and seconds."""
+    written into ``store``; the pool and namespaces first when it lacks them. With
+    ``heartbeat_ttl``, each node's heartbeat too, as tabby-node writes it (a lease of that
+    ttl, never kept alive here: the nodes count as alive for that long). Returns counts and
+    seconds."""
     t0 = time.monotonic()
     ensure_base(store, pool, namespaces, kubernetes)
     builder = Builder(pool=pool, node_argv=node_argv, underlay=underlay, kubernetes=kubernetes)
@@ -242,6 +246,12 @@ def populate(
     made = time.monotonic() - t0
     ops = builder.ops()
     commits = write_bulk(store, ops)
+    if heartbeat_ttl is not None:
+        from resources.heartbeat import KIND, Heartbeat
+
+        for node in nodes:
+            beat = Heartbeat(node, time.time(), os.getpid())
+            store.put(KIND, node, beat.to_data(), None, ttl=heartbeat_ttl)
     counts: dict[str, int] = {}
     for op in ops:
         counts[op.kind] = counts.get(op.kind, 0) + 1
