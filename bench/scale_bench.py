@@ -408,7 +408,10 @@ class Run:
             etcd_members=1,
             tabby_node=[args.tabby_node],
             cni_bin=args.cni_bin,
-            node_args=["--node-ttl", str(args.node_ttl)],
+            node_args=[
+                *("--node-ttl", str(args.node_ttl)),
+                *("--etcd-watch-transport", args.probe_watch),
+            ],
         )
         self.lab.etcd_cpus = args.etcd_cpu
         self.lab.lanes = args.lanes
@@ -1297,6 +1300,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--engines", default="gateway,grpc,proxy", help="fan-out of the simulated nodes' watches"
+    )
+    ap.add_argument(
+        "--probe-watch",
+        choices=("grpc", "gateway"),
+        default="grpc",
+        help="the probes' (real tabby-nodes') watch transport (tabby-node's default: grpc)",
     )
     ap.add_argument(
         "--recovery", default="restart,compaction,outage", help="recovery scenarios ('' none)"

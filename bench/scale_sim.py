@@ -656,6 +656,9 @@ class SimNode:
         client.node = self
         inner.close()
         store.client = client  # type: ignore[attr-defined]
+        # the hub stands in for the transport under tabby's gateway watch (its engine says
+        # what etcd serves: the gateway, native gRPC, or the proxy)
+        store.watch_transport = "gateway"  # type: ignore[attr-defined]
         count_sync = store.count_sync
 
         def counted(what: str) -> None:

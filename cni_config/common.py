@@ -159,6 +159,11 @@ Endpoints = Annotated[
     BeforeValidator(_split_endpoints),
     AfterValidator(_nonempty),
 ]
+#: etcd_watch_endpoints: like Endpoints, but empty means "the etcd_endpoints"
+WatchEndpoints = Annotated[
+    list[Annotated[str, AfterValidator(_endpoint)]],
+    BeforeValidator(_split_endpoints),
+]
 KeyPrefix = Annotated[str, AfterValidator(_prefix)]
 
 
@@ -190,6 +195,8 @@ class DatastoreSettings(Section, DatastoreValues):
     etcd_ca_cert_file: AbsPath | None = None
     etcd_cert_file: AbsPath | None = None
     etcd_key_file: AbsPath | None = None
+    etcd_watch_transport: Literal["grpc", "gateway"] = "grpc"
+    etcd_watch_endpoints: WatchEndpoints = []
     lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT, gt=0, le=3600)
 
     @model_validator(mode="after")
@@ -199,6 +206,13 @@ class DatastoreSettings(Section, DatastoreValues):
                 "etcd_cert_file and etcd_key_file go together (client TLS)",
                 "etcd_cert_file",
                 "etcd_key_file",
+            )
+        if self.etcd_watch_endpoints and self.etcd_watch_transport != "grpc":
+            raise RuleBroken(
+                "etcd_watch_endpoints are gRPC endpoints (e.g. etcd grpc-proxy): they need "
+                "etcd_watch_transport grpc",
+                "etcd_watch_endpoints",
+                "etcd_watch_transport",
             )
         return self
 

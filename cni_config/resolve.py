@@ -28,6 +28,8 @@ SOURCES: dict[str, tuple[str, str]] = {
     "etcd_ca_cert_file": ("--etcd-ca-cert-file", "TABBY_ETCD_CA_CERT_FILE"),
     "etcd_cert_file": ("--etcd-cert-file", "TABBY_ETCD_CERT_FILE"),
     "etcd_key_file": ("--etcd-key-file", "TABBY_ETCD_KEY_FILE"),
+    "etcd_watch_transport": ("--etcd-watch-transport", "TABBY_ETCD_WATCH_TRANSPORT"),
+    "etcd_watch_endpoints": ("--etcd-watch-endpoints", "TABBY_ETCD_WATCH_ENDPOINTS"),
     "data_dir": ("--data-dir", "TABBY_DATA_DIR"),
 }
 

@@ -72,6 +72,8 @@ class DatastoreValues(Values):
     etcd_ca_cert_file: str | None
     etcd_cert_file: str | None
     etcd_key_file: str | None
+    etcd_watch_transport: str
+    etcd_watch_endpoints: list[str]
     lock_timeout_seconds: float
 
     def location_fields(self) -> tuple[str, ...]:

@@ -251,6 +251,16 @@ class StoreSettings(Protocol):
     @property
     def etcd_key_file(self) -> str | None: ...
 
+    @property
+    def etcd_watch_transport(self) -> str:
+        """``"grpc"`` or ``"gateway"``: how tabby-node watches etcd."""
+        ...
+
+    @property
+    def etcd_watch_endpoints(self) -> Sequence[str]:
+        """Where tabby-node watches (empty: ``etcd_endpoints``)."""
+        ...
+
 
 def check_kind(kind: str) -> None:
     if kind not in _KIND_SET:

@@ -117,11 +117,13 @@ from datastore.etcd_client import (
     op_delete,
     op_get,
     op_put,
+    parse_endpoint,
     prefix_end,
 )
 
 if TYPE_CHECKING:
     from datastore.base import StoreSettings
+    from datastore.etcd_grpc import GrpcWatcher
 
 _GROUPS = {
     **dict.fromkeys(IPAM_KINDS, "ipam/v1/"),
@@ -203,6 +205,8 @@ class EtcdStore(Engine):
         cert_file: str | None = None,
         key_file: str | None = None,
         lock_dir: str | None = None,
+        watch_transport: str = "grpc",
+        watch_endpoints: Sequence[str] | str = (),
     ) -> None:
         super().__init__()
         self.lock_timeout = float(lock_timeout)
@@ -214,8 +218,21 @@ class EtcdStore(Engine):
                 cert_file=cert_file,
                 key_file=key_file,
             )
+            if isinstance(watch_endpoints, str):
+                watch_endpoints = [e for e in watch_endpoints.split(",") if e.strip()]
+            for url in watch_endpoints:
+                parse_endpoint(url)
         except EtcdConfigError as e:
             raise InvalidConfig("bad etcd settings", str(e)) from None
+        if watch_transport not in ("grpc", "gateway"):
+            raise InvalidConfig("bad etcd settings", f"watch transport {watch_transport!r}")
+        if watch_transport == "gateway" and watch_endpoints:
+            raise InvalidConfig(
+                "bad etcd settings", "etcd_watch_endpoints need etcd_watch_transport grpc"
+            )
+        self.watch_transport = watch_transport
+        self.watch_endpoints = tuple(watch_endpoints)
+        self._watcher: GrpcWatcher | None = None
         self.endpoints = self.client.urls
         self.prefix = prefix.rstrip("/")
         self._kp = {kind: f"{self.prefix}/{LAYOUT[kind]}".encode() for kind in KINDS}
@@ -242,7 +259,23 @@ class EtcdStore(Engine):
             cert_file=settings.etcd_cert_file,
             key_file=settings.etcd_key_file,
             lock_dir=os.path.join(run_dir, "locks") if run_dir else None,
+            watch_transport=settings.etcd_watch_transport,
+            watch_endpoints=settings.etcd_watch_endpoints,
         )
+
+    @property
+    def watcher(self) -> GrpcWatcher | EtcdClient:
+        """What ``sync`` watches with: native gRPC (default; on ``watch_endpoints``, e.g.
+        ``etcd grpc-proxy`` listeners, else the client's endpoints), or the client's JSON
+        gateway (``watch_transport="gateway"``). Made on first use: a CNI call never
+        watches, so it never imports the gRPC transport."""
+        if self.watch_transport == "gateway":
+            return self.client
+        if self._watcher is None:
+            from datastore.etcd_grpc import GrpcWatcher
+
+            self._watcher = GrpcWatcher(self.client, self.watch_endpoints)
+        return self._watcher
 
     # -- keys and errors ----------------------------------------------------------------
 
@@ -511,7 +544,7 @@ class EtcdStore(Engine):
                         yield from reported.changes(kind, now)
             resumed = broken
             created = 0
-            watch = self.client.watch_ranges(
+            watch = self.watcher.watch_ranges(
                 [(start, end, progress[i] + 1) for i, (start, end) in enumerate(ranges)],
                 stop,
                 deadline=self._deadline(),

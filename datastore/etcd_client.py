@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import threading
 import time
@@ -195,6 +196,28 @@ class WatchResponse:
         self.reason = str(result.get("cancel_reason", ""))
         self.index = 0
 
+    @classmethod
+    def of(
+        cls,
+        *,
+        revision: int,
+        events: list[WatchEvent],
+        created: bool = False,
+        canceled: bool = False,
+        compact_revision: int = 0,
+        reason: str = "",
+    ) -> WatchResponse:
+        """A response from its fields (a decoded gRPC message: ``datastore.etcd_grpc``)."""
+        resp = cls.__new__(cls)
+        resp.revision = revision
+        resp.events = events
+        resp.created = created
+        resp.canceled = canceled
+        resp.compact_revision = compact_revision
+        resp.reason = reason
+        resp.index = 0
+        return resp
+
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
@@ -218,6 +241,12 @@ def kv_from_json(obj: dict[str, Any]) -> KeyValue:
         _int(obj.get("version")),
         _int(obj.get("lease")),
     )
+
+
+def random_index(n: int) -> int:
+    """A random index below ``n`` (``os.urandom``: the random module costs ~1 ms of import on
+    a CNI call's path)."""
+    return int.from_bytes(os.urandom(2), "big") % n
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -566,7 +595,9 @@ class EtcdClient:
         self._idle: dict[int, list[_Conn]] = {}  # endpoint index -> connections not in use
         self._conns: set[_Conn] = set()
         self._conns_lock = threading.Lock()
-        self._preferred = 0  # the endpoint that answered last (threads start there)
+        # the endpoint that answered last (threads start there); at first a random one, so
+        # that nodes given the same list spread over the members (or listeners)
+        self._preferred = random_index(len(self.endpoints))
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------

@@ -54,6 +54,8 @@ IPAM_FIELDS = {
     "etcd_ca_cert_file",
     "etcd_cert_file",
     "etcd_key_file",
+    "etcd_watch_transport",
+    "etcd_watch_endpoints",
 }
 POOL_V4 = ipaddress.ip_network("10.244.0.0/16")
 POOL_V6 = ipaddress.ip_network("fd00:10:244::/48")

@@ -117,6 +117,13 @@ IPAM_CASES: dict[str, list[tuple[Any, int]]] = {
     "etcd_ca_cert_file": [(5, 2), ("", 2), ("relative.pem", 2)],
     "etcd_cert_file": [(5, 2), ("relative.pem", 2), ("/etc/tabby/cert.pem", 2)],  # no key
     "etcd_key_file": [(5, 2), ("relative.pem", 2), ("/etc/tabby/key.pem", 2)],  # no cert
+    "etcd_watch_transport": [(5, 2), ("", 2), ("GRPC", 2), ("http", 2)],
+    "etcd_watch_endpoints": [
+        (5, 2),
+        ("etcd:2379", 2),
+        (["http://etcd"], 2),
+        (["grpc://proxy:23790"], 2),
+    ],
 }
 
 #: The datastore settings: part of the ipam section, read by both binaries (tabby records
@@ -129,6 +136,8 @@ DATASTORE = (
     "etcd_ca_cert_file",
     "etcd_cert_file",
     "etcd_key_file",
+    "etcd_watch_transport",
+    "etcd_watch_endpoints",
     "lock_timeout_seconds",
 )
 PLUGIN_CASES.update({f"ipam.{k}": IPAM_CASES[k] for k in DATASTORE})

@@ -1184,6 +1184,8 @@ class Settings:
         self.etcd_ca_cert_file: str | None = None
         self.etcd_cert_file: str | None = None
         self.etcd_key_file: str | None = None
+        self.etcd_watch_transport = "grpc"
+        self.etcd_watch_endpoints: list[str] = []
         self.__dict__.update(kw)
 
 

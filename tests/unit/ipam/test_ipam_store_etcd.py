@@ -88,6 +88,25 @@ def leader_first(cluster: EtcdCluster) -> tuple[int, list[str]]:
     return leader, [urls[leader]] + [u for i, u in enumerate(urls) if i != leader]
 
 
+#: tests of the watch run over both transports (native gRPC, the default; the JSON gateway)
+WATCH_TESTS = ("sync", "watch", "tls_with", "pod_add_and_del")
+_transport = {"now": "grpc"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if any(w in metafunc.function.__name__ for w in WATCH_TESTS):
+        metafunc.parametrize("watch_transport", ["grpc", "gateway"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def watch_transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The watch transport of the stores ``store_on`` makes (``grpc`` unless the test is
+    one of WATCH_TESTS, run over each)."""
+    _transport["now"] = getattr(request, "param", "grpc")
+    yield _transport["now"]
+    _transport["now"] = "grpc"
+
+
 def store_on(
     cluster: EtcdCluster | list[str],
     tmp_path: Path,
@@ -98,13 +117,16 @@ def store_on(
     **kw: Any,
 ) -> EtcdStore:
     endpoints = cluster.endpoints if isinstance(cluster, EtcdCluster) else cluster
-    return EtcdStore(
+    store = EtcdStore(
         endpoints,
         prefix=prefix or f"/t-{uuid.uuid4().hex[:10]}",
         lock_timeout=timeout,
         lock_dir=str(tmp_path / lock_dir),
-        **kw,
+        **{"watch_transport": _transport["now"], **kw},
     )
+    # a client starts at a random endpoint; these tests place the endpoint they study first
+    store.client._preferred = 0
+    return store
 
 
 # -- misbehaving endpoints ------------------------------------------------------------------
@@ -641,9 +663,9 @@ def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> N
 
 
 def _counting_watch(store: EtcdStore, wire: dict[str, int]) -> Any:
-    """``store.client.watch_ranges``, counting every event etcd sent by kind (before the
+    """``store.watcher.watch_ranges``, counting every event etcd sent by kind (before the
     store looks at it): what the watch costs etcd and the node."""
-    real = store.client.watch_ranges
+    real = store.watcher.watch_ranges
     by_prefix = sorted(((store._kp[k], k) for k in KINDS), reverse=True)
 
     def counting(*args: Any, **kw: Any) -> Iterator[Any]:
@@ -667,7 +689,7 @@ def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     store = store_on(etcd1, tmp_path)
     writer = store_on(etcd1, tmp_path, prefix=store.prefix)
     wire: dict[str, int] = {}
-    monkeypatch.setattr(store.client, "watch_ranges", _counting_watch(store, wire))
+    monkeypatch.setattr(store.watcher, "watch_ranges", _counting_watch(store, wire))
     kinds = list(WATCHED_KINDS)
     old_start = min(store._kp[k] for k in kinds)
     old_end = max(prefix_end(store._kp[k]) for k in kinds)
@@ -1052,7 +1074,7 @@ def test_sync_compacted_before_its_watch_started_reports_the_differences(
     writer = store_on(etcd1, tmp_path, prefix=store.prefix)
     store.put("node", "a", {}, None)
     store.put("node", "gone", {}, None)
-    real = store.client.watch_ranges
+    real = store.watcher.watch_ranges
     calls: list[list[int]] = []
 
     def compact_first(ranges: Any, *args: Any, **kw: Any) -> Any:
@@ -1065,7 +1087,7 @@ def test_sync_compacted_before_its_watch_started_reports_the_differences(
             etcd1.compact()
         return real(ranges, *args, **kw)
 
-    monkeypatch.setattr(store.client, "watch_ranges", compact_first)
+    monkeypatch.setattr(store.watcher, "watch_ranges", compact_first)
     m = _Mirror(store, ["node"])
     try:
         m.wait(lambda: set(m.state.get("node", ())) == {"a", "b"})
@@ -1097,14 +1119,14 @@ def test_sync_stops_during_the_reread_delay(
     monkeypatch.setattr(etcd_module, "jittered", longest)
     store = store_on(etcd1, tmp_path)
     store.put("node", "a", {}, None)
-    real = store.client.watch_ranges
+    real = store.watcher.watch_ranges
 
     def compact_first(*args: Any, **kw: Any) -> Any:
         store.put("node", "b", {}, None)
         etcd1.compact(store.put("node", "c", {}, None))  # past the watch's start
         return real(*args, **kw)
 
-    monkeypatch.setattr(store.client, "watch_ranges", compact_first)
+    monkeypatch.setattr(store.watcher, "watch_ranges", compact_first)
     m = _Mirror(store, ["node"])
     try:
         assert waiting.wait(10)
