@@ -17,8 +17,13 @@ of the call's writes), etcd's CPU (``/proc``), etcd requests by method and bytes
 received (counted in ``datastore.etcd_client``). Prints a table per N with the load
 average; asserts nothing. Needs etcd on PATH; not root. See bench/README.md.
 
+``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``lab.cluster``)
+serves the calls, through the installed ``tabby`` client; tabby-node's CPU per call as
+bench/scale_bench.py measures a probe's.
+
     .venv/bin/python bench/call_cost_bench.py --sizes 10,100,300,1000
     .venv/bin/python bench/call_cost_bench.py --sizes 300 --profile served-add
+    sudo .venv/bin/python bench/call_cost_bench.py --agent --sizes 10,1000 --calls 40
 """
 
 from __future__ import annotations
