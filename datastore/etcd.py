@@ -530,6 +530,7 @@ class EtcdStore(Engine):
                     found = self._classify(prefixes, kv)
                     if found is not None and found[2] is not None:
                         docs[found[0]][found[1]] = found[2]
+                del kvs  # the raw values: not held while the consumer parses
                 for i in lost:
                     progress[i] = rev
                 lost = []
@@ -542,6 +543,9 @@ class EtcdStore(Engine):
                     self.count_sync("rereads")
                     for kind, now in docs.items():
                         yield from reported.changes(kind, now)
+                # the documents are the consumer's now: this frame lives as long as the
+                # watch, and would hold every one of them
+                del docs
             resumed = broken
             created = 0
             watch = self.watcher.watch_ranges(

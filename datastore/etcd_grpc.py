@@ -34,6 +34,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -247,6 +248,7 @@ class _Stream:
         self.ended = ""  # why the call ended ("" while it runs)
         self.last_heard = time.monotonic()
         self.ping_sent = 0.0  # when the unanswered ping went out (0: none)
+        self.timeout = 0.0  # the socket's timeout now
         timeout = max(0.001, deadline - time.monotonic())
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
@@ -300,9 +302,10 @@ class _Stream:
         if sock is None:
             raise EtcdUnavailable([self.url], "watch broken: connection closed")
         try:
-            sock.settimeout(
+            self.timeout = (
                 max(0.001, deadline - time.monotonic()) if deadline is not None else PING_TIMEOUT
             )
+            sock.settimeout(self.timeout)
             sock.sendall(out)
         except OSError as e:
             raise EtcdUnavailable([self.url], f"watch broken: send: {_reason(e)}") from None
@@ -327,7 +330,10 @@ class _Stream:
             self.ping_sent = now
             self.flush()
         try:
-            sock.settimeout(max(0.001, timeout))
+            timeout = max(0.001, timeout)
+            if timeout != self.timeout:  # a syscall: not once per message
+                sock.settimeout(timeout)
+                self.timeout = timeout
             data = sock.recv(65536)
             pending = getattr(sock, "pending", None)  # TLS: decrypted bytes select cannot see
             while data and pending is not None and pending():
@@ -489,47 +495,25 @@ class GrpcWatcher:
             raise ValueError("watch_ranges needs at least one range")
         if deadline is None:
             deadline = time.monotonic() + self.client.timeout
-        stream, ready = self._open(ranges[0], deadline, stop, progress_notify)
+        stream, queue = self._open(ranges[0], deadline, stop, progress_notify)
         try:
-            ids = {ready[0]: 0}
-            pending: list[tuple[int, WatchResponse]] = ready[1]
-            created = ready[2]
-            created.index = 0
-            yield created
-            for index, (key, end, start) in enumerate(ranges[1:], 1):
-                stream.send(encode_create(key, end, start, progress_notify), deadline)
-                while True:
-                    if stop.is_set():
-                        return
-                    if time.monotonic() > deadline:
-                        raise EtcdUnavailable([stream.url], "watch not created in time")
-                    got = stream.receive(WATCH_POLL)
-                    done = next((i for i, (_, r) in enumerate(got) if r.created), None)
-                    if done is None:
-                        pending += got
-                        continue
-                    pending += got[:done]
-                    watch_id, resp = got[done]
-                    ids[watch_id] = index
-                    resp.index = index
-                    for wid, early in pending:  # answers of the earlier watches meanwhile
-                        early.index = ids.get(wid, 0)
-                        yield early
-                    pending = []
-                    yield resp
-                    for wid, later in got[done + 1 :]:
-                        later.index = ids.get(wid, 0)
-                        yield later
-                    break
-            for wid, resp in pending:
-                resp.index = ids.get(wid, 0)
-                yield resp
+            ids: dict[int, int] = {}  # watch id -> the position of its range
             while not stop.is_set():
-                for wid, resp in stream.receive(WATCH_POLL):
-                    if wid not in ids:
-                        continue  # not one of ours (cannot happen on our own stream)
-                    resp.index = ids[wid]
-                    yield resp
+                if not queue:
+                    if len(ids) < len(ranges) and time.monotonic() > deadline:
+                        raise EtcdUnavailable([stream.url], "watch not created in time")
+                    queue.extend(stream.receive(WATCH_POLL))
+                    continue
+                watch_id, resp = queue.popleft()
+                if resp.created and watch_id not in ids:
+                    # the answer to the create sent last (one at a time): send the next
+                    index = ids[watch_id] = len(ids)
+                    if index + 1 < len(ranges):
+                        stream.send(encode_create(*ranges[index + 1], progress_notify), deadline)
+                elif watch_id not in ids:
+                    continue  # not one of ours (cannot happen on our own stream)
+                resp.index = ids[watch_id]
+                yield resp
         finally:
             stream.close()
 
@@ -539,9 +523,9 @@ class GrpcWatcher:
         deadline: float,
         stop: threading.Event,
         progress_notify: bool,
-    ) -> tuple[_Stream, tuple[int, list[tuple[int, WatchResponse]], WatchResponse]]:
-        """A stream with the first range's watch created (trying every endpoint within the
-        deadline): the stream, and (its watch id, answers before "created", "created")."""
+    ) -> tuple[_Stream, deque[tuple[int, WatchResponse]]]:
+        """A stream whose first range's watch is created (trying every endpoint within the
+        deadline), and the answers read so far, from its "created" on."""
         tries = _Rotation(self.urls, self._preferred, deadline, stop)
         request = encode_create(*first, progress_notify)
         while True:
@@ -553,18 +537,17 @@ class GrpcWatcher:
                 ctx = self._context() if ep.tls else None
                 stream = _Stream(ep.url, ep.host, ep.port, ctx, attempt_deadline)
                 stream.send(request, attempt_deadline)
-                early: list[tuple[int, WatchResponse]] = []
                 while True:
                     if stop.is_set():
                         raise EtcdCancelled("cancelled")
                     left = attempt_deadline - time.monotonic()
                     if left <= 0:
                         raise _Transient(f"{ep.url}: watch: no answer", sent=True)
-                    for watch_id, resp in stream.receive(min(WATCH_POLL, left)):
-                        if resp.created:
-                            self._preferred = index
-                            return stream, (watch_id, early, resp)
-                        early.append((watch_id, resp))
+                    got = stream.receive(min(WATCH_POLL, left))
+                    at = next((n for n, (_, r) in enumerate(got) if r.created), None)
+                    if at is not None:  # nothing can come before it: no watch yet
+                        self._preferred = index
+                        return stream, deque(got[at:])
             except EtcdUnavailable as e:
                 if stream is not None:
                     stream.close()

@@ -168,7 +168,8 @@ class Documents:
         return None if entry is None else entry.value
 
     def raw(self, kind: str) -> Mapping[str, Doc]:
-        """The documents of a store kind as stored (also those that did not parse)."""
+        """The documents of a store kind as stored (also those that did not parse; of an
+        index with ``keep_raw``, only those it kept)."""
         return self._raw.get(kind, {})
 
     def raw_kinds(self) -> Mapping[str, Mapping[str, Doc]]:
@@ -190,6 +191,13 @@ class Documents:
         return index.snapshot()
 
 
+#: What to parse of a stored document, and whether to keep that besides its typed object:
+#: ``(doc, True)`` the document whole; ``(reduced, True)`` a reduced copy, kept for
+#: read-only views (``raw``) and parsed instead of the whole one (its typed object then
+#: holds no more); ``(doc or reduced, False)`` the typed object only.
+KeepRaw = Callable[[Doc], tuple[Doc, bool]]
+
+
 class Index:
     """The typed mirror of some kinds of the datastore (not thread-safe: the caller locks).
 
@@ -198,13 +206,31 @@ class Index:
     ``drain()`` returns the documents that changed since the last ``drain`` (a fresh
     snapshot only journals what differs from what was held), so that a consumer's work per
     event is for what that event touched.
+
+    ``keep_raw``: for the kinds it names, what is kept of the stored document (its JSON
+    data) and parsed is what the function returns (tabby-node: the Pods and
+    WorkloadEndpoints of its own node whole, which its CNI calls read through the optimistic
+    path; of other nodes' only the typed object, of a Pod the part policy reads; other
+    nodes' IPAM blocks reduced to what routing and the IPAM gauges read). Of a
+    document not kept whole, ``raw_kept`` is False: ``raw_get`` is not the document as
+    stored, and a caller that writes reads the store. A remote pod's stored form is as big
+    as its typed object: with 20k endpoints in the cluster, keeping both would double the
+    agent's memory for nothing.
     """
 
-    def __init__(self, kinds: Iterable[Kind[object]]) -> None:
+    def __init__(
+        self, kinds: Iterable[Kind[object]], keep_raw: Mapping[str, KeepRaw] | None = None
+    ) -> None:
         self.kinds = tuple(kinds)
         self._kinds = {k.name: k for k in self.kinds}
+        self._keep_raw = dict(keep_raw or {})
         self._typed: dict[str, dict[str, Entry[object]]] = {k: {} for k in self._kinds}
+        #: the stored documents kept (all, but for the kinds of ``keep_raw``)
         self._raw: dict[str, dict[str, Doc]] = {k: {} for k in self._kinds}
+        #: the revision of every document held
+        self._revs: dict[str, dict[str, int]] = {k: {} for k in self._kinds}
+        #: (kind, key) held whose stored form is not kept whole (reduced, or not at all)
+        self._reduced: set[tuple[str, str]] = set()
         #: (kind, key) -> revision that did not parse: logged once, not parsed again.
         self._bad: dict[tuple[str, str], int] = {}
         self.parsed = 0  # documents parsed so far (tests, metrics)
@@ -224,9 +250,11 @@ class Index:
         """How many documents changed since the last ``drain``."""
         return len(self._dirty)
 
-    def apply(self, event: SyncEvent) -> bool:
+    def apply(self, event: SyncEvent, *, consume: bool = False) -> bool:
+        """Take one ``store.sync`` event; ``consume``: a snapshot's dicts are emptied as
+        they are taken (see ``replace``)."""
         if event.type == "snapshot":
-            self.replace(event.snapshot or {})
+            self.replace(event.snapshot or {}, consume=consume)
             return True
         if event.type == "put" and event.doc is not None:
             return self.put(event.kind, event.key, event.doc)
@@ -234,21 +262,29 @@ class Index:
             return self.delete(event.kind, event.key)
         return False
 
-    def replace(self, snapshot: Mapping[str, Mapping[str, Doc]]) -> None:
+    def replace(self, snapshot: Mapping[str, Mapping[str, Doc]], *, consume: bool = False) -> None:
         """Everything anew (a fresh snapshot): entries whose revision did not change keep
-        their parsed object."""
+        their parsed object. ``consume`` (the snapshot is the caller's to give away: its
+        dicts must then be ``dict``): each document is removed from it as it is taken, so
+        that what is not kept of it is freed at once, not after the whole snapshot was
+        parsed (the memory peak of a first sync is then the larger of the documents and
+        what is kept of them, not their sum)."""
         old_typed = self._typed
-        old_raw = self._raw
+        old_revs = self._revs
         self._typed = {k: {} for k in self._kinds}
         self._raw = {k: {} for k in self._kinds}
+        self._revs = {k: {} for k in self._kinds}
         bad = self._bad
         self._bad = {}
+        self._reduced = set()
         for name in self._kinds:
             before = old_typed[name]
-            held = old_raw[name]
+            held = old_revs[name]
             now = snapshot.get(name) or {}
-            for key, doc in now.items():
-                self._raw[name][key] = doc
+            keys = list(now)
+            given = cast("dict[str, Doc]", now) if consume else None
+            for key in keys:
+                doc = self._hold(name, key, given.pop(key) if given is not None else now[key])
                 entry = before.get(key)
                 if entry is not None and entry.revision == doc.revision:
                     self._typed[name][key] = entry
@@ -257,10 +293,9 @@ class Index:
                     self._bad[(name, key)] = doc.revision
                 else:
                     self._parse(name, key, doc)
-                old = held.get(key)
-                if old is None or old.revision != doc.revision:
+                if held.get(key) != doc.revision:
                     self._dirty[(name, key)] = None
-            for key in held.keys() - now.keys():
+            for key in held.keys() - set(keys):
                 self._dirty[(name, key)] = None
 
     def put(self, kind: str, key: str, doc: Doc) -> bool:
@@ -268,10 +303,10 @@ class Index:
         revision than the one held is ignored."""
         if kind not in self._kinds:
             return False
-        current = self._raw[kind].get(key)
-        if current is not None and current.revision >= doc.revision:
+        current = self._revs[kind].get(key)
+        if current is not None and current >= doc.revision:
             return False
-        self._raw[kind][key] = doc
+        doc = self._hold(kind, key, doc)
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
         self._parse(kind, key, doc)
@@ -283,7 +318,9 @@ class Index:
             return False
         self._typed[kind].pop(key, None)
         self._bad.pop((kind, key), None)
-        if self._raw[kind].pop(key, None) is None:
+        self._raw[kind].pop(key, None)
+        self._reduced.discard((kind, key))
+        if self._revs[kind].pop(key, None) is None:
             return False
         self._dirty[(kind, key)] = None
         return True
@@ -293,7 +330,7 @@ class Index:
         return None if entry is None else cast("T", entry.value)
 
     def has(self, kind: str, key: str) -> bool:
-        return key in self._raw.get(kind, {})
+        return key in self._revs.get(kind, {})
 
     def of(self, kind: Kind[T]) -> dict[str, Entry[T]]:
         """One kind's typed documents (a copy)."""
@@ -308,8 +345,30 @@ class Index:
         return kind in self._kinds
 
     def raw_get(self, kind: str, key: str) -> Doc | None:
-        """A document of a kind this index holds, as stored (None: not held)."""
+        """A document of a kind this index holds, as stored (None: not held, or its
+        stored form not kept: ``raw_kept``)."""
         return self._raw[kind].get(key)
+
+    def raw_kept(self, kind: str, key: str) -> bool:
+        """``raw_get`` knows: the document is not held, or its stored form is kept whole."""
+        if key not in self._revs[kind]:
+            return True
+        return (kind, key) not in self._reduced
+
+    def _hold(self, kind: str, key: str, doc: Doc) -> Doc:
+        """Record ``doc`` (its revision, and what is kept of it); returns what to parse."""
+        self._revs[kind][key] = doc.revision
+        how = self._keep_raw.get(kind)
+        parsed, keep = (doc, True) if how is None else how(doc)
+        if not keep:
+            self._raw[kind].pop(key, None)
+        else:
+            self._raw[kind][key] = parsed
+        if keep and parsed is doc:
+            self._reduced.discard((kind, key))
+        else:
+            self._reduced.add((kind, key))
+        return parsed
 
     def snapshot(self) -> Documents:
         return Documents(

@@ -98,7 +98,7 @@ class Agent:
         self.options = options
         self.datastore = datastore
         self.store: Store | None = None
-        self.cache = Cache()
+        self.cache = Cache(options.nodename)
         self.stopping = threading.Event()
         self.requests: queue.Queue[Request] = queue.Queue()
         self.facts: Facts | None = None
@@ -170,6 +170,7 @@ class Agent:
         os.makedirs(self.options.run_dir, mode=0o755, exist_ok=True)
         os.makedirs(self.options.state_dir, mode=0o755, exist_ok=True)
         self.facts = facts = self.discover()
+        self.cache.me = facts.name  # before the watch: whose Pods' stored forms are kept
         _write_file(self.options.nodename_file, facts.name + "\n")
         self.store = store = open_store(self.datastore)
         log.warning(
@@ -466,6 +467,9 @@ class Agent:
                     self.cache.apply(event)
                     self.loop_beat["watcher"] = time.monotonic()
                     delay = 0.2
+                    # not held until the next event (at rest: none for long): a snapshot
+                    # holds every document the cache chose not to keep
+                    del event
             except DatastoreError as e:
                 if self.metrics is not None:  # metrics
                     self.metrics.datastore_error("watch")

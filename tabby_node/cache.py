@@ -11,6 +11,8 @@ from datastore.base import Doc, SyncEvent
 from datastore.optimistic import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
 from resources.index import (
+    BLOCKS,
+    ENDPOINTS,
     HEARTBEATS,
     NAMESPACES,
     PODS,
@@ -35,11 +37,20 @@ class Cache:
     """The watched documents, typed; ``version`` grows with every change, ``changed`` and
     ``wake`` wake the dataplane thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, me: str | None = None) -> None:
         self.lock = threading.Lock()
+        #: This node's name (None: not known yet, every stored document is kept).
+        self.me = me
         #: Notified on every change (``wait_mirrored`` waits on it).
         self.updated = threading.Condition(self.lock)
-        self.index = Index((*ROUTING, *POLICY, TRACES))
+        self.index = Index(
+            (*ROUTING, *POLICY, TRACES),
+            keep_raw={
+                PODS.name: self._pod,
+                ENDPOINTS.name: self._endpoint,
+                BLOCKS.name: self._block,
+            },
+        )
         self.version = 0
         self.synced = threading.Event()
         #: Set when a document changed that the dataplane depends on (a reconcile is due).
@@ -48,6 +59,65 @@ class Cache:
         self.wake = threading.Event()
         self.resyncs = 0
         self.last_error: str | None = None
+
+    def _mine(self, doc: Doc, field: str) -> bool:
+        """The document is this node's (``spec.<field>``), or whose it is cannot be told."""
+        spec = doc.data.get("spec")
+        node = spec.get(field) if isinstance(spec, dict) else None
+        return self.me is None or not isinstance(node, str) or node == self.me
+
+    def _endpoint(self, doc: Doc) -> tuple[Doc, bool]:
+        """A WorkloadEndpoint: this node's kept whole (its CNI calls read them through the
+        optimistic path: ``tabby_node.knowledge``); another node's held typed only (its
+        stored form is as big again as its model)."""
+        return doc, self._mine(doc, "node")
+
+    def _pod(self, doc: Doc) -> tuple[Doc, bool]:
+        """A Pod: this node's kept whole (the CNI ADD reads its labels, ``wait_mirrored``
+        its uid); of another node's only what policy reads is parsed (name, namespace,
+        labels, node, the containers' named ports: ``policy.inputs.pod``) and nothing
+        kept of its stored form. Its annotations, uid, addresses and unnamed ports were
+        half of the model's memory, for nothing on this node."""
+        if self._mine(doc, "nodeName"):
+            return doc, True
+        data = doc.data
+        meta, spec = data.get("metadata"), data.get("spec")
+        if not isinstance(meta, dict) or not isinstance(spec, dict):
+            return doc, False  # malformed: parsed as it is (and refused there)
+        reduced_meta = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
+        containers = []
+        for c in spec.get("containers") or ():
+            ports = c.get("ports") if isinstance(c, dict) else None
+            if not isinstance(ports, list):
+                continue
+            named = [p for p in ports if isinstance(p, dict) and p.get("name") is not None]
+            if named:
+                containers.append({"name": c.get("name"), "ports": named})
+        reduced = {"metadata": reduced_meta, "spec": {"nodeName": spec["nodeName"]}}
+        if containers:
+            reduced["spec"]["containers"] = containers
+        return Doc(reduced, doc.revision), False
+
+    def _block(self, doc: Doc) -> tuple[Doc, bool]:
+        """Another node's IPAM block, reduced to what this node reads of it: routing (its
+        affinity, who holds each address) and the IPAM gauges (how many are in use). An
+        allocation's other attributes (pod, container, namespace, netns: ~1.2 KB each) are
+        its owner's; this node's CNI calls read such a block from the store
+        (``raw_kept``), never from this copy."""
+        data = doc.data
+        allocations = data.get("allocations")
+        if self.me is None or data.get("affinity") == f"host:{self.me}":
+            return doc, True
+        if not isinstance(allocations, list):
+            return doc, True  # malformed: kept as is, for the views to report
+        reduced = []
+        for a in allocations:
+            attrs = a.get("attrs") if isinstance(a, dict) else None
+            if isinstance(attrs, dict):
+                node = attrs.get("node")
+                a = {**a, "attrs": {} if node is None else {"node": node}}
+            reduced.append(a)
+        return Doc({**data, "allocations": reduced}, doc.revision), True
 
     def apply(self, event: SyncEvent) -> None:
         with self.lock:
@@ -72,7 +142,8 @@ class Cache:
                 self.last_error = None
                 self.synced.set()
                 return
-            changed = self.index.apply(event)
+            # a snapshot is the watch's to give away: consumed as it is parsed
+            changed = self.index.apply(event, consume=True)
             if changed:
                 self.version += 1
                 self.updated.notify_all()
@@ -99,9 +170,12 @@ class Cache:
 
     def lookup(self, kind: str, key: str) -> Doc | Unknown | None:
         """A watched document as stored (None: it does not exist), once the first snapshot
-        is in; ``UNKNOWN`` for other kinds or before."""
+        is in; ``UNKNOWN`` for other kinds or before, and for a document whose stored form
+        is not kept whole (another node's Pod, WorkloadEndpoint or block)."""
         with self.lock:
             if not self.synced.is_set() or not self.index.watches(kind):
+                return UNKNOWN
+            if not self.index.raw_kept(kind, key):
                 return UNKNOWN
             return self.index.raw_get(kind, key)
 

@@ -642,5 +642,7 @@ def test_cluster_nodes_counts_live_nodes_as_the_cluster_view_does() -> None:
     }
     for me, live in (("node-c", 3), ("node-d", 2)):
         agent = make_agent(me)
-        agent.cache.apply(SyncEvent("snapshot", "", "", None, snapshot))
+        # the cache consumes a snapshot (the watch's to give away): each agent its own
+        copy = {kind: dict(docs) for kind, docs in snapshot.items()}
+        agent.cache.apply(SyncEvent("snapshot", "", "", None, copy))
         assert sample(Metrics(agent), "tabby_cluster_nodes") == live

@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -369,3 +370,107 @@ def test_clients_start_at_a_random_endpoint() -> None:
     assert firsts == {0, 1, 2, 3}
     watchers = {GrpcWatcher(EtcdClient(urls))._preferred for _ in range(200)}
     assert watchers == {0, 1, 2, 3}
+
+
+@pytest.mark.etcd
+@pytest.mark.parametrize("ranges", [1, 3])
+def test_history_read_with_the_created_answer_is_all_delivered(
+    etcd1: EtcdCluster, ranges: int
+) -> None:
+    """A watch from an old revision: etcd sends "created" and the history right behind it,
+    often in one read. Every event of every range arrives, once, in order, under its own
+    range's index (a regression: the events read with a "created" were dropped)."""
+    client = EtcdClient(etcd1.endpoints)
+    base = f"/h-{uuid.uuid4().hex[:8]}"
+    first_rev = 0
+    for n in range(60):
+        for r in range(ranges):
+            rev = etcd1.put(f"{base}/r{r}/k{n}", "x" * 2000)
+            first_rev = first_rev or rev
+    stop = threading.Event()
+    seen: dict[int, list[bytes]] = {r: [] for r in range(ranges)}
+    watch = GrpcWatcher(client).watch_ranges(
+        [(f"{base}/r{r}/".encode(), f"{base}/r{r}0".encode(), first_rev) for r in range(ranges)],
+        stop,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        for resp in watch:
+            for ev in resp.events:
+                seen[resp.index].append(ev.kv.key)
+            if all(len(v) >= 60 for v in seen.values()) or time.monotonic() > deadline:
+                break
+    finally:
+        stop.set()
+        watch.close()
+        client.close()
+    for r in range(ranges):
+        assert seen[r] == [f"{base}/r{r}/k{n}".encode() for n in range(60)]
+
+
+class _ScriptedStream:
+    """In place of ``etcd_grpc._Stream``: answers each create with its "created" and, in the
+    same read, two events of that watch (and, once all are created, nothing more)."""
+
+    def __init__(self, url: str, host: str, port: int, ctx: object, deadline: float) -> None:
+        self.url = url
+        self.sent: list[bytes] = []
+        self.batches: list[list[tuple[int, Any]]] = []
+
+    def send(self, message: bytes, deadline: float) -> None:
+        from datastore.etcd_client import WatchEvent, WatchResponse
+
+        wid = len(self.sent)
+        self.sent.append(message)
+        events = [
+            WatchEvent("PUT", KeyValue(f"w{wid}/k{n}".encode(), b"", 1, 10 + n, 1, 0))
+            for n in range(2)
+        ]
+        self.batches.append(
+            [
+                (wid, WatchResponse.of(revision=9, events=[], created=True)),
+                (wid, WatchResponse.of(revision=10, events=events[:1])),
+                (wid, WatchResponse.of(revision=11, events=events[1:])),
+            ]
+        )
+
+    def receive(self, timeout: float) -> list[tuple[int, Any]]:
+        if self.batches:
+            return self.batches.pop(0)
+        time.sleep(0.01)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ranges", [1, 3])
+def test_answers_read_together_with_a_created_are_all_delivered(
+    monkeypatch: pytest.MonkeyPatch, ranges: int
+) -> None:
+    """A "created" and its watch's first events in one read: none is dropped, each carries
+    its range's index, the creates go one at a time (a regression: the events read with the
+    first "created" were lost)."""
+    monkeypatch.setattr(etcd_grpc, "_Stream", _ScriptedStream)
+    client = EtcdClient(["http://127.0.0.1:1"])
+    stop = threading.Event()
+    got: list[tuple[int, bool, list[bytes]]] = []
+    watch = GrpcWatcher(client).watch_ranges(
+        [(f"r{r}".encode(), None, 1) for r in range(ranges)], stop
+    )
+    timer = threading.Timer(5, stop.set)  # a lost answer: the watch ends, the test fails
+    timer.start()
+    for resp in watch:
+        got.append((resp.index, resp.created, [e.kv.key for e in resp.events]))
+        if len(got) == 3 * ranges:
+            break
+    timer.cancel()
+    watch.close()
+    want = []
+    for r in range(ranges):
+        want += [
+            (r, True, []),
+            (r, False, [f"w{r}/k0".encode()]),
+            (r, False, [f"w{r}/k1".encode()]),
+        ]
+    assert got == want
