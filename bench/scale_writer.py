@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from datastore import etcd as etcd_store
 from datastore import etcd_client
@@ -420,10 +421,32 @@ class Writer:
             except Exception as e:
                 failures.append(f"{node}: {type(e).__name__}: {e}")
 
-        list(self.pool_exec.map(one, enumerate(self.sims)))
+        if cmd.get("populate") == "bulk":
+            self.populate(pods_per_node, namespaces)
+        else:
+            list(self.pool_exec.map(one, enumerate(self.sims)))
         if failures:
             raise RuntimeError(f"{len(failures)} nodes failed to set up: {failures[:3]}")
         return {"setup_s": round(now() - t0, 1), "revision": self.revision()}
+
+    def populate(self, pods_per_node: int, namespaces: list[str]) -> None:
+        """The simulated nodes and their pods in bulk (bench/scale_populate.py): the same
+        documents ``register`` and ``add`` write, made in memory by the same code."""
+        import scale_populate
+
+        argv = [a.replace("{endpoint}", self.cfg["endpoint"]) for a in self.cfg["node_argv"]]
+        made = scale_populate.populate(
+            self.store,
+            self.sims,
+            pool=self.pool,
+            pods_per_node=pods_per_node,
+            namespaces=namespaces,
+            node_argv=argv,
+            underlay=self.cfg["sim_underlay"],
+            kubernetes=self.kubernetes,
+            labels=STATIC_LABELS,
+        )
+        print(f"writer: bulk {made}", file=sys.stderr, flush=True)
 
     def marker_policy(self) -> dict[str, Any]:
         """The policy whose ipBlock changes every time (its CIDR: a new nft set element)."""

@@ -288,7 +288,7 @@ class ResourceClient:
             action = "configured" if found is not None else "created"
             tx.put(info.store_kind, key, data)
             if info.store_kind == wep.POD_KIND:
-                self._relabel_endpoints(tx, key, data)
+                self._relabel_endpoints(tx, key, data, found.data if found is not None else None)
         return Applied(label, action, resource)
 
     def _now(self) -> str:
@@ -358,11 +358,30 @@ class ResourceClient:
                 )
         return spec.cidr
 
-    def _relabel_endpoints(self, tx: _Tx, pod_key: str, pod: dict[str, Any] | None) -> None:
-        """Give the Pod's endpoints its labels (``pod=None``: it was deleted: none)."""
+    def _relabel_endpoints(
+        self,
+        tx: _Tx,
+        pod_key: str,
+        pod: dict[str, Any] | None,
+        old: dict[str, Any] | None = None,
+    ) -> None:
+        """Give the Pod's endpoints its labels (``pod=None``: it was deleted: none).
+
+        A pod's endpoints are on its node: when the Pod (``pod``, or as it was: ``old``)
+        names one (``spec.nodeName``; tabby's node names are Kubernetes'), only that node's
+        endpoints of the pod are read (``wep.endpoint_prefixes``), so that a Pod's write
+        costs the same in a namespace of ten pods and of ten thousand; else (a Pod not
+        scheduled, or applied by an operator without a node) every endpoint of the
+        namespace."""
         namespace, name = split_namespaced_key(pod_key)
         labels = wep.effective_labels(None, pod) if pod is not None else {}
-        for key, data in tx.list(wep.KIND, namespaced_key(namespace, "")):
+        nodes = {n for n in (wep.pod_node(pod), wep.pod_node(old)) if n is not None}
+        if nodes:
+            prefixes = wep.endpoint_prefixes(namespace, name, nodes)
+        else:
+            prefixes = [namespaced_key(namespace, "")]
+        found = [item for prefix in prefixes for item in tx.list(wep.KIND, prefix)]
+        for key, data in dict(found).items():
             spec = data.get("spec")
             if not isinstance(spec, dict) or spec.get("pod") != name:
                 continue
@@ -440,7 +459,7 @@ class ResourceClient:
         else:
             tx.delete(info.store_kind, found.key)
         if info.store_kind == wep.POD_KIND:
-            self._relabel_endpoints(tx, found.key, None)
+            self._relabel_endpoints(tx, found.key, None, found.data)
         return Deleted(label, resource)
 
     def _delete_pool(self, tx: _Tx, label: str, found: _Found) -> None:

@@ -17,7 +17,7 @@ Stored data (``resources.storage``)::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from datastore.base import Store
@@ -39,12 +39,36 @@ def endpoint_name(node: str, pod: str, interface: str) -> str:
     import hashlib  # only for names that need it
 
     digest = hashlib.sha256(f"{node}\0{pod}\0{interface}".encode()).hexdigest()
-    return f"wep-{digest[:32]}"
+    return f"{HASHED_PREFIX}{digest[:32]}"
 
 
 def endpoint_key(namespace: str, node: str, pod: str, interface: str) -> str:
     """The store key (kind ``workloadendpoint``) of one attachment."""
     return namespaced_key(namespace, endpoint_name(node, pod, interface))
+
+
+#: The name prefix of every endpoint whose name is a hash (``endpoint_name``).
+HASHED_PREFIX = "wep-"
+
+
+def endpoint_prefixes(namespace: str, pod: str, nodes: Iterable[str]) -> list[str]:
+    """Store key prefixes that hold every endpoint of the pod ``namespace/pod`` on
+    ``nodes``: its named ones (``<node>-k8s-<pod>-``) and the namespace's hashed ones
+    (``wep-``). Other endpoints may match as well (a pod whose name extends this one's): the
+    caller keeps those whose ``spec.pod`` is the pod. What these read does not grow with the
+    number of pods in the namespace (a pod's endpoints are found without listing them all)."""
+    out = [
+        namespaced_key(namespace, "-k8s-".join(p.replace("-", "--") for p in (node, pod)) + "-")
+        for node in sorted(set(nodes))
+    ]
+    return [*out, namespaced_key(namespace, HASHED_PREFIX)]
+
+
+def pod_node(pod: Mapping[str, Any] | None) -> str | None:
+    """The node of a stored Pod (``spec.nodeName``), None when it names none."""
+    spec = (pod or {}).get("spec")
+    node = spec.get("nodeName") if isinstance(spec, dict) else None
+    return node if isinstance(node, str) and node else None
 
 
 def effective_labels(

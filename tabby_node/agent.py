@@ -47,7 +47,7 @@ from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.cluster import Cluster, PoolInfo, Underlay, pool_info, vxlan_state
 from tabby_node.facts import Facts
 from tabby_node.options import NodeOptions
-from tabby_node.status import RESYNC_SECONDS, write_status
+from tabby_node.status import RESYNC_SECONDS, StatusWriter
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -119,6 +119,7 @@ class Agent:
         self.denied_flows: DeniedFlows | None = None
         self._status_due = False
         self._status_written = 0.0
+        self._status_writer = StatusWriter()
         self.served: Served | None = None
 
     # -- start-up ------------------------------------------------------------------------
@@ -647,7 +648,7 @@ class Agent:
         }
         status.update(self.routing.status())
         try:
-            write_status(self.options.run_dir, status)
+            self._status_writer.write(self.options.run_dir, status)
         except OSError as e:
             log.warning("cannot write the status file: %s", e)
 
@@ -667,7 +668,9 @@ class Agent:
     def _program_endpoint(self, key: str) -> None:
         from policy import inputs
 
-        if self.policy is None or self.policy.state is None:
+        # ``synced``, not ``state``: the state is every endpoint's inputs, materialised
+        # (O(endpoints in the cluster): ~8 ms at 20,000, on the path of every ADD served)
+        if self.policy is None or not self.policy.synced:
             return  # the first full sync will include it
         wep = self.cache.get(ENDPOINTS, key)
         if wep is None:
@@ -682,7 +685,7 @@ class Agent:
     def endpoint_removed(self, key: str) -> None:
         def unprogram() -> None:
             self.cache.put_local(ENDPOINTS.name, key, None)
-            if self.policy is not None and self.policy.state is not None:
+            if self.policy is not None and self.policy.synced:
                 namespace, _, name = key.partition("/")
                 result = self.policy.remove_endpoint(namespace, name)
                 if self.metrics is not None:  # metrics

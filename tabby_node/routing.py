@@ -69,6 +69,8 @@ class _Overlay:
         self.passes = 0
         #: node status's VXLAN peers when the whole path programmed the kernel (else: the table)
         self._peers: list[dict[str, Any]] | None = []
+        #: the table's peers as last computed, and the table's ``peers_version`` then
+        self._table_peers: tuple[int, list[dict[str, Any]]] | None = None
         self._whole = False  # a pass failed half-way: the next one reconciles whole
 
     def _table(self) -> VxlanTable:
@@ -146,13 +148,21 @@ class _Overlay:
             self.agent.metrics.routes(self.programmed, changes)
 
     def vxlan_peers(self) -> list[dict[str, Any]]:
-        """``node status``'s VXLAN peers as programmed: computed when asked (the status file
-        is written at most once a second), never kept across passes."""
+        """``node status``'s VXLAN peers as programmed (one per other node). From the table
+        they are computed again only when a VTEP changed (``VxlanTable.peers_version``):
+        the status file is written after the passes a pod started here or anywhere causes,
+        and that must not cost more with more nodes. The same list object is returned until
+        then (the status writer encodes it once); callers must not change it."""
         if self._peers is not None:  # the whole path programmed the kernel
             return self._peers
         table = self._table()
+        kept = self._table_peers
+        if kept is not None and kept[0] == table.peers_version:
+            return kept[1]
         names = {(v.fdb.device, v.fdb.mac): name for (name, _), v in table.vteps.items()}
-        return _vxlan_peers(table.fdb.values(), table.neighbours.values(), names)
+        peers = _vxlan_peers(table.fdb.values(), table.neighbours.values(), names)
+        self._table_peers = (table.peers_version, peers)
+        return peers
 
 
 def _whole_peers(cluster: Cluster, desired: DesiredState) -> list[dict[str, Any]]:

@@ -20,12 +20,54 @@ RESYNC_SECONDS = 30.0
 STATUS_FILE = "status.json"
 
 
+#: Fields whose value grows with the cluster (``vxlan``: one peer per other node; ``peers``:
+#: BIRD's sessions). They are written compact, after the others, and encoded again only when
+#: the value is another object (tabby-node's routing hands out the same list until the
+#: peers change), so that the write after every dataplane pass costs the same with 10 and
+#: with 1000 nodes.
+BIG_FIELDS = ("peers", "vxlan")
+
+
+class StatusWriter:
+    """Writes ``status.json``; keeps the encoding of each of ``BIG_FIELDS`` with the object
+    it encodes (held, so that an equal ``is`` means the same, unchanged value)."""
+
+    def __init__(self) -> None:
+        self._encoded: dict[str, tuple[object, str]] = {}
+        self.encodings = 0  # big fields encoded so far (tests)
+
+    def encode(self, status: Mapping[str, Any]) -> str:
+        small = {k: v for k, v in status.items() if k not in BIG_FIELDS}
+        text = json.dumps(small, indent=1, sort_keys=True, default=str)
+        big = []
+        for field in BIG_FIELDS:
+            if field not in status:
+                continue
+            value = status[field]
+            memo = self._encoded.get(field)
+            if memo is None or memo[0] is not value:
+                memo = (value, json.dumps(value, sort_keys=True, default=str))
+                self._encoded[field] = memo
+                self.encodings += 1
+            big.append(f" {json.dumps(field)}: {memo[1]}")
+        if not big:
+            return text
+        head = text[:-1].rstrip()  # "{" or "{\n ..." without its closing brace
+        sep = ",\n" if small else "\n"
+        return head + sep + ",\n".join(big) + "\n}"
+
+    def write(self, run_dir: str, status: Mapping[str, Any]) -> None:
+        text = self.encode(status)
+        path = os.path.join(run_dir, STATUS_FILE)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+
 def write_status(run_dir: str, status: Mapping[str, Any]) -> None:
-    path = os.path.join(run_dir, STATUS_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(status, f, indent=1, sort_keys=True, default=str)
-    os.replace(tmp, path)
+    """``status.json`` (a writer of its own: nothing kept between calls)."""
+    StatusWriter().write(run_dir, status)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

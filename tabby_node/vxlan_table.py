@@ -95,6 +95,9 @@ class VxlanTable:
         #: passes done whole (the first, devices or pools changed) and per change
         self.rebuilds = 0
         self.updates = 0
+        #: grows whenever a VTEP (its FDB entry, its neighbour) changes: what node status's
+        #: VXLAN peers are made of (``_Overlay.vxlan_peers`` keeps them until it grows)
+        self.peers_version = 0
 
     # -- reading -------------------------------------------------------------------------
 
@@ -261,6 +264,7 @@ class VxlanTable:
         old = self.vteps.get(key)
         if old == vtep:
             return
+        self.peers_version += 1
         j = self._journal
         if old is not None:
             fdb_key = (old.fdb.device, old.fdb.mac)

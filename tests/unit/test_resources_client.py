@@ -629,6 +629,109 @@ def test_endpoint_takes_the_labels_of_a_pod_applied_after(
     assert client.get("wep", key.split("/")[1], "shop").labels == {}
 
 
+class Listing(Recording):
+    """Counts the documents every ``list`` returns."""
+
+    listed = 0
+
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Any]]:
+        out = self.inner.list(kind, prefix)
+        self.listed += len(out)
+        return out
+
+
+def scheduled_pod(labels: dict[str, str], node: str = "node-a") -> dict[str, Any]:
+    pod = copy.deepcopy(VALID["Pod"])
+    pod["metadata"]["labels"] = labels
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+@pytest.mark.parametrize("others", [0, 1, 150])
+def test_a_scheduled_pods_relabelling_reads_only_its_nodes_endpoints(
+    tmp_path: Path, others: int
+) -> None:
+    """Applying and deleting a Pod that names its node reads that node's endpoints of the
+    pod (and the namespace's hashed ones), however many other pods the namespace holds:
+    the same count of listed documents with 0, 1 or 150 other endpoints."""
+    store = Listing(MemoryStore(lock_timeout=5))
+    client = ResourceClient(cast(Store, store))
+    for i in range(others):  # other pods of the namespace, on this node and others
+        add(cast(Store, store), pod=f"other-{i}", cid=f"o{i}")
+        wep.write_endpoint(
+            cast(Store, store),
+            namespace="shop",
+            node=f"node-{i}",
+            pod="web-0",  # the same pod name on another node: not this Pod's endpoint
+            container_id=f"x{i}",
+            interface="eth0",
+            host_interface=None,
+            ip_networks=["10.50.1.1/32"],
+        )
+    mine = add(cast(Store, store))
+    second = add(cast(Store, store), ifname="Net1", cid="c1")  # a hashed name
+    assert second.split("/")[1].startswith(wep.HASHED_PREFIX)
+    longer = add(cast(Store, store), pod="web-0-x", cid="c3")  # its key shares the prefix
+    store.listed = 0
+    client.apply([scheduled_pod({"app": "web"})])
+    assert store.listed == 3  # the pod's two endpoints and the longer name's (filtered)
+    assert stored_labels(store, mine) == {"app": "web"}
+    assert stored_labels(store, second) == {"app": "web"}
+    assert stored_labels(store, longer) == {}
+    if others:
+        assert stored_labels(store, wep.endpoint_key("shop", "node-0", "web-0", "eth0")) == {}
+    store.listed = 0
+    client.apply([scheduled_pod({"app": "web", "v": "2"})])
+    assert store.listed == 3
+    assert stored_labels(store, mine) == {"app": "web", "v": "2"}
+    store.listed = 0
+    client.delete("pod", "web-0", "shop")
+    assert store.listed == 3
+    assert stored_labels(store, mine) == {}
+    assert stored_labels(store, second) == {}
+
+
+def test_a_pod_moved_to_another_node_relabels_both_nodes_endpoints(
+    client: ResourceClient, store: Recording
+) -> None:
+    """spec.nodeName changed (an operator's Pod): the endpoints on the node it named
+    before and on the one it names now both take its labels."""
+    before = add(cast(Store, store))
+    client.apply([scheduled_pod({"app": "web"})])
+    after = wep.write_endpoint(
+        cast(Store, store),
+        namespace="shop",
+        node="node-b",
+        pod="web-0",
+        container_id="c9",
+        interface="eth0",
+        host_interface=None,
+        ip_networks=["10.50.0.9/32"],
+    )
+    client.apply([scheduled_pod({"app": "moved"}, node="node-b")])
+    assert stored_labels(store, before) == {"app": "moved"}
+    assert stored_labels(store, after) == {"app": "moved"}
+
+
+def test_an_unscheduled_pod_relabels_every_endpoint_of_it_in_the_namespace(
+    client: ResourceClient, store: Recording
+) -> None:
+    """No spec.nodeName (not scheduled, or an operator's Pod): its endpoints on any node."""
+    a = add(cast(Store, store))
+    b = wep.write_endpoint(
+        cast(Store, store),
+        namespace="shop",
+        node="node-b",
+        pod="web-0",
+        container_id="c2",
+        interface="eth0",
+        host_interface=None,
+        ip_networks=["10.50.0.8/32"],
+    )
+    client.apply([VALID["Pod"]])
+    assert stored_labels(store, a) == stored_labels(store, b) == {"app": "web"}
+
+
 def test_effective_labels_win_over_stale_stored_ones(
     client: ResourceClient, store: Recording
 ) -> None:
