@@ -19,7 +19,7 @@ average; asserts nothing. Needs etcd on PATH; not root. See bench/README.md.
 
 ``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``lab.cluster``)
 serves the calls, through the installed ``tabby`` client; tabby-node's CPU per call as
-bench/scale_bench.py measures a probe's.
+bench/scale_bench.py measures a probe's, and its RSS when ready (with its peak) and after the calls.
 
     .venv/bin/python bench/call_cost_bench.py --sizes 10,100,300,1000
     .venv/bin/python bench/call_cost_bench.py --sizes 300 --profile served-add
@@ -74,6 +74,17 @@ def proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_memory(pid: int) -> tuple[float, float]:
+    """A process's RSS and peak RSS (VmHWM), in MB."""
+    found = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                found[name] = int(value.split()[0]) / 1024
+    return found.get("VmRSS", 0.0), found.get("VmHWM", 0.0)
 
 
 def self_cpu() -> float:
@@ -531,6 +542,7 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
         assert node.agent is not None
         assert node.etcd is not None
         pid, etcd_pid = node.agent.pid, node.etcd.pid
+        rss_ready, hwm_ready = proc_memory(pid)
         adds: list[float] = []
         dels: list[float] = []
         etcd_ms: list[float] = []
@@ -559,6 +571,9 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
             "del_mean": sum(dels) / len(dels),
             "etcd_ms": sum(etcd_ms) / len(etcd_ms),
             "calls": len(adds),
+            "rss_ready": rss_ready,
+            "hwm_ready": hwm_ready,
+            "rss_after": proc_memory(pid)[0],
         }
     finally:
         problems = lab.teardown()
@@ -571,6 +586,10 @@ def agent_table(r: dict[str, Any]) -> None:
         f"N={r['size']:<5} tabby-node CPU per ADD p50 {r['add_ms']:.1f} ms (mean "
         f"{r['add_mean']:.1f}), per DEL p50 {r['del_ms']:.1f} ms (mean {r['del_mean']:.1f}); "
         f"etcd {r['etcd_ms']:.1f} ms per ADD+DEL; {r['calls']} pods (load {r['load']})"
+    )
+    echo(
+        f"N={r['size']:<5} tabby-node RSS {r['rss_ready']:.1f} MB when ready (peak "
+        f"{r['hwm_ready']:.1f} MB), {r['rss_after']:.1f} MB after the calls"
     )
 
 
