@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_populate  # noqa: E402
+from scale_writer import NoKernel  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POOL = "10.128.0.0/14"
@@ -203,28 +204,6 @@ class Etcd:
 
 
 # == the served path ==============================================================================
-
-
-class NoKernel:
-    """A pod's dataplane without a kernel (the calls' datastore work is what is measured)."""
-
-    def setup(self, spec: Any) -> Any:
-        from dataplane.model import SetupResult
-
-        return SetupResult(
-            host_ifname=spec.host_ifname,
-            host_mac="ee:ee:ee:ee:ee:ee",
-            host_index=1,
-            container_ifname=spec.ifname,
-            container_mac="02:00:00:00:00:01",
-            container_index=1,
-            routes=(),
-        )
-
-    def teardown(
-        self, netns_path: Any, ifname: str, host_ifname: str, addresses: Any = None
-    ) -> None:
-        return None
 
 
 class NodeEndpoints:

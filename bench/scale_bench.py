@@ -1096,11 +1096,16 @@ def derived(results: dict[str, Any], engine: str) -> dict[str, Any]:
     pc = [churn["cpu"][n] for n in probe_names if n in churn["cpu"]]
     d["probe_rest"] = max(pr, default=None)
     d["probe_churn"] = max(pc, default=None)
-    d["probe_ms_per_event"] = None
+    d["probe_ms_per_event"] = d["probe_ms_per_change"] = None
+    # events per node as the simulated nodes counted them: short of what the probes got
+    # when the simulator falls behind (then the per-event figure is an upper bound, and
+    # the per-change one, which needs no count of events, is the one to read)
     per_node = deliveries / sims
     if pr and pc and per_node:
         net = (sum(pc) / len(pc) - sum(pr) / len(pr)) / 100 * churn["seconds"]
         d["probe_ms_per_event"] = net / per_node * 1000
+        if changes:
+            d["probe_ms_per_change"] = net / changes * 1000
     d["probe_rss"] = max((churn.get("rss") or {}).values(), default=None)
     return d
 
@@ -1171,7 +1176,8 @@ def report(args: argparse.Namespace, results: dict[str, Any], engine: str) -> No
     )
     row(
         "probe CPU per remote event",
-        f"{f(d['probe_ms_per_event'], ' ms', 2)} (net of rest; probes {f(d['probe_churn'], ' %')})",
+        f"{f(d['probe_ms_per_event'], ' ms', 2)} (net of rest; probes {f(d['probe_churn'], ' %')}"
+        f"; {f(d['probe_ms_per_change'], ' ms', 2)} per pod change anywhere)",
         TARGETS["probe_event_ms"],
     )
     row("probe CPU at rest", f(d["probe_rest"], " %", 2), TARGETS["probe_rest"])

@@ -42,7 +42,6 @@ from datastore.etcd_client import (
     WATCH_POLL,
     EtcdCancelled,
     EtcdClient,
-    EtcdConfigError,
     EtcdUnavailable,
     KeyValue,
     WatchEvent,
@@ -466,20 +465,7 @@ class GrpcWatcher:
     def _context(self) -> ssl.SSLContext:
         with self._ctx_lock:
             if self._ctx is None:
-                import ssl
-
-                client = self.client
-                try:
-                    ctx = ssl.create_default_context(cafile=client.ca_file)
-                    if client.cert_file and client.key_file:
-                        ctx.load_cert_chain(client.cert_file, client.key_file)
-                    ctx.set_alpn_protocols(["h2"])
-                except (OSError, ssl.SSLError) as e:
-                    files = [f for f in (client.ca_file, client.cert_file, client.key_file) if f]
-                    raise EtcdConfigError(
-                        f"etcd TLS files ({', '.join(files)}): {_reason(e)}"
-                    ) from None
-                self._ctx = ctx
+                self._ctx = self.client.tls_context(alpn=["h2"])  # gRPC is HTTP/2 only
             return self._ctx
 
     def watch_ranges(
