@@ -59,6 +59,21 @@ def wait_sessions(lab: Lab, node: LabNode, want: int, timeout: float = 30) -> di
         time.sleep(0.3)
 
 
+def wait_vxlan_peers(
+    lab: Lab, node: LabNode, want: set[tuple[str, str]], timeout: float = 5
+) -> dict[str, Any]:
+    """The node's status once its VXLAN peers include ``want`` (node, underlay address), or
+    after ``timeout``: the status file is written at most once a second after the passes,
+    so it may trail the kernel (which the ping matrix has just proved) by that much."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = node_status(lab, node)
+        have = {(v["node"], v["address"]) for v in status.get("vxlan") or ()}
+        if want <= have or time.monotonic() > deadline:
+            return status
+        time.sleep(0.3)
+
+
 def remove_pods(lab: Lab) -> None:
     for pod in list(lab.pods):
         lab.del_pod(pod)
@@ -244,13 +259,10 @@ def test_vxlan_dual_stack(vxlan_lab: Lab) -> None:
     try:
         assert wait_matrix(lab) == []
         for node in lab.nodes:
-            status = node_status(lab, node)
+            want = {(o.name, str(o.ipv4.ip)) for o in lab.nodes if o is not node}
+            status = wait_vxlan_peers(lab, node, want)
             assert status["backend"] == "vxlan"
-            endpoints = {(v["node"], v["address"]) for v in status["vxlan"]}
-            for other in lab.nodes:
-                if other is node:
-                    continue
-                assert (other.name, str(other.ipv4.ip)) in endpoints
+            assert want <= {(v["node"], v["address"]) for v in status["vxlan"]}
             routes = block_routes(lab, node)
             for pod in lab.pods:
                 block = str(ipaddress.ip_network(f"{pod.addresses(4)[0]}/26", strict=False))
