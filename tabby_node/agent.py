@@ -467,9 +467,12 @@ class Agent:
                     self.cache.apply(event)
                     self.loop_beat["watcher"] = time.monotonic()
                     delay = 0.2
+                    snapshot = event.type == "snapshot"
                     # not held until the next event (at rest: none for long): a snapshot
                     # holds every document the cache chose not to keep
                     del event
+                    if snapshot:
+                        _release_freed_memory()
             except DatastoreError as e:
                 if self.metrics is not None:  # metrics
                     self.metrics.datastore_error("watch")
@@ -915,3 +918,15 @@ class AgentEndpoints:
         if key is not None:
             with contextlib.suppress(Exception):
                 self.agent.endpoint_removed(key)
+
+
+def _release_freed_memory() -> None:
+    """Give the C allocator's free pages back to the system (glibc's ``malloc_trim``): the
+    bytes a snapshot's documents were read into are freed once the cache has parsed them,
+    but stay in this thread's malloc arena otherwise."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc

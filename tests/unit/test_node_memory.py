@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -353,3 +354,42 @@ def test_an_undecoded_snapshot_is_decoded_one_document_at_a_time() -> None:
     assert cache.of(PODS) == whole.of(PODS)
     assert cache.lookup("pod", "ns/mine") == docs["ns/mine"]
     assert not cache.has("pod", "ns/bad")
+
+
+def test_freed_memory_goes_back_to_the_system_after_a_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the watch's snapshot (and only then) the C allocator's free pages are given
+    back (``malloc_trim``): the bytes the documents were read into stay in the watcher
+    thread's arena otherwise (a real node at 1000 nodes / 20k endpoints: 121 -> 115 MB)."""
+    import threading
+
+    from datastore.base import Doc, SyncEvent
+    from tabby_node import agent as agent_mod
+
+    agent_mod._release_freed_memory()  # runs on this system (glibc) without error
+    calls: list[int] = []
+    monkeypatch.setattr(agent_mod, "_release_freed_memory", lambda: calls.append(1))
+    stop = threading.Event()
+    applied: list[str] = []
+
+    class Store:
+        def sync(self, kinds: object, stopping: object) -> Iterator[SyncEvent]:
+            yield SyncEvent("snapshot", "", "", None, {})
+            yield SyncEvent("put", "node", "n", Doc({}, 2), None)
+            yield SyncEvent("delete", "node", "n", None, None)
+            stop.set()
+
+    class Cache:
+        def apply(self, event: SyncEvent) -> None:
+            applied.append(event.type)
+
+    agent = agent_mod.Agent.__new__(agent_mod.Agent)
+    agent.store = Store()  # type: ignore[assignment]
+    agent.cache = Cache()  # type: ignore[assignment]
+    agent.loop_beat = {}
+    agent.stopping = stop
+    agent.metrics = None
+    agent._watch()
+    assert applied == ["snapshot", "put", "delete"]
+    assert calls == [1]
