@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_populate  # noqa: E402
-from scale_writer import NoKernel  # noqa: E402
+from scale_writer import NoKernel, cni_env  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POOL = "10.128.0.0/14"
@@ -293,16 +293,7 @@ class Node:
     def cni(self, verb: str, pod: dict[str, Any]) -> dict[str, Any] | None:
         from cni_protocol import skel
 
-        env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "CNI_COMMAND": verb,
-            "CNI_CONTAINERID": pod["cid"],
-            "CNI_NETNS": f"/run/netns/tbysim-{pod['cid'][:12]}",
-            "CNI_IFNAME": "eth0",
-            "CNI_PATH": "/opt/cni/bin",
-            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod['namespace']};K8S_POD_NAME={pod['name']};"
-            f"K8S_POD_UID={pod['uid']}",
-        }
+        env = cni_env(verb, pod)
         stdin = self.conflist(pod.get("result") if verb == "DEL" else None).encode()
         rc, out = skel.run(self.handlers, env, stdin)
         if rc != 0:

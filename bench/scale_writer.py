@@ -121,6 +121,20 @@ class Op:
 # == a simulated node's CNI calls, through tabby-node's handlers ===================================
 
 
+def cni_env(verb: str, pod: dict[str, Any], extra: str = "") -> dict[str, str]:
+    """A simulated pod's CNI call environment (``pod``: cid, namespace, name, uid)."""
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "CNI_COMMAND": verb,
+        "CNI_CONTAINERID": pod["cid"],
+        "CNI_NETNS": f"/run/netns/tbysim-{pod['cid'][:12]}",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+        "CNI_ARGS": f"K8S_POD_NAMESPACE={pod['namespace']};K8S_POD_NAME={pod['name']};"
+        f"K8S_POD_UID={pod['uid']}" + (f";{extra}" if extra else ""),
+    }
+
+
 class NoKernel:
     """The dataplane of a simulated node: it has no kernel; tabby's handlers do the rest."""
 
@@ -207,16 +221,7 @@ class Writer:
     def cni(self, verb: str, pod: dict[str, Any], extra: str = "") -> dict[str, Any] | None:
         from cni_protocol import skel
 
-        env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "CNI_COMMAND": verb,
-            "CNI_CONTAINERID": pod["cid"],
-            "CNI_NETNS": f"/run/netns/tbysim-{pod['cid'][:12]}",
-            "CNI_IFNAME": "eth0",
-            "CNI_PATH": "/opt/cni/bin",
-            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod['namespace']};K8S_POD_NAME={pod['name']};"
-            f"K8S_POD_UID={pod['uid']}" + (f";{extra}" if extra else ""),
-        }
+        env = cni_env(verb, pod, extra)
         stdin = self.conflist(pod["node"], pod.get("result") if verb == "DEL" else None)
         rc, out = skel.run(self.handlers, env, stdin)
         if rc != 0:

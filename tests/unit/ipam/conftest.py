@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from datastore.base import Store
 from datastore.file import FileStore
 from datastore.memory import MemoryStore
+from tests.etcd_cluster import EtcdCluster, EtcdMissing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STORE_KINDS = ["memory", "file"]
@@ -34,6 +36,17 @@ def mem_store() -> MemoryStore:
 @pytest.fixture
 def file_store(tmp_path: Path) -> FileStore:
     return FileStore(str(tmp_path / "state" / "ipam"), lock_timeout=2.0)
+
+
+@pytest.fixture(scope="module")
+def etcd1() -> Iterator[EtcdCluster]:
+    """One real etcd member on 127.0.0.1 for the module (stopped by PID, its dir removed)."""
+    try:
+        cluster = EtcdCluster(1)
+    except EtcdMissing as e:
+        pytest.fail(str(e))
+    with cluster:
+        yield cluster
 
 
 class Clock:

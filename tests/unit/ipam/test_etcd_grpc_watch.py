@@ -25,7 +25,7 @@ import pytest
 from datastore import etcd_grpc
 from datastore.etcd_client import EtcdClient, EtcdUnavailable, KeyValue
 from datastore.etcd_grpc import GrpcWatcher, ProtoError, decode_kv, decode_response, encode_create
-from tests.etcd_cluster import EtcdCluster, EtcdMissing, etcd_binary, free_ports
+from tests.etcd_cluster import EtcdCluster, etcd_binary, free_ports
 from tests.unit.ipam.test_ipam_store_etcd import _Mirror, store_on
 
 # -- protobuf --------------------------------------------------------------------------------
@@ -122,16 +122,6 @@ def test_broken_messages_are_proto_errors(broken: bytes) -> None:
 
 
 # -- against etcd ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[EtcdCluster]:
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 class Proxy:

@@ -29,21 +29,11 @@ from ipam.core.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
-from tests.etcd_cluster import EtcdCluster, EtcdMissing
+from tests.etcd_cluster import EtcdCluster
 
 from .conftest import make_store
 
 # -- the stores under test: memory, file, and etcd (one member for the module) ------------
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[EtcdCluster]:
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 def make_etcd_store(

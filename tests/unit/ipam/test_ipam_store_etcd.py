@@ -55,12 +55,6 @@ def _cluster(size: int, **kw: Any) -> EtcdCluster:
         pytest.fail(str(e))
 
 
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[EtcdCluster]:
-    with _cluster(1) as cluster:
-        yield cluster
-
-
 #: etcd 3.4's flag: progress notifications to caught-up watches every 300 ms, not 10 min
 PROGRESS_NOTIFY = ("--experimental-watch-progress-notify-interval", "300ms")
 
