@@ -14,7 +14,7 @@ and the CNI calls as a process of their own makes them (no served store: the wri
 
 Per row and call: this process's CPU (the caller and the watch thread that takes the echo
 of the call's writes), etcd's CPU (``/proc``), etcd requests by method and bytes sent and
-received (counted in ``datastore.etcd_client``). Prints a table per N with the load
+received (counted in ``datastore.etcd.client``). Prints a table per N with the load
 average; asserts nothing. Needs etcd on PATH; not root. See bench/README.md.
 
 ``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``lab.cluster``)
@@ -112,7 +112,7 @@ class Requests:
         self.received = 0
 
     def install(self) -> None:
-        from datastore import etcd_client
+        from datastore.etcd import client as etcd_client
 
         original = etcd_client._Conn.request
         me = self
@@ -234,7 +234,7 @@ class Node:
     def __init__(self, name: str, url: str, served: bool) -> None:
         from cni_plugin.plugin import DatastoreEndpoints, Plugin
         from datastore import serve
-        from datastore.etcd import EtcdStore
+        from datastore.etcd.store import EtcdStore
         from ipam.config import parse_plugin
         from tabby_node.cache import WATCHED_KINDS, Cache
         from tabby_node.knowledge import Knowledge
@@ -373,7 +373,7 @@ def mirror_pod(store: Any, pod: dict[str, Any], ips: list[str] | None) -> None:
 
 
 def run_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
 
     etcd = Etcd(args.etcd_cpu)
     served: Node | None = None
@@ -462,7 +462,7 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
     bench/scale_bench.py measures a probe: tabby-node's CPU from the ADD until 0.3 s after
     it (the watch's echo and the dataplane pass it causes), and the same for the DEL."""
     from dataplane.netns import run_in_netns
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
     from lab.cluster import CLIENT_PORT, V4_POOL, Lab
 
     lab = Lab(

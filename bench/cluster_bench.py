@@ -505,7 +505,7 @@ def built_lab(nodes: int, backend: str) -> Iterator[Lab]:
 
 def etcd_store(lab: Lab) -> Any:
     """An etcd store of the lab (use it only from a thread inside a node namespace)."""
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
 
     return EtcdStore(
         lab.endpoints(),
@@ -788,7 +788,7 @@ class FakeNode:
     def heartbeat(self, alive: bool) -> None:
         if alive:
             data = {"node": FAKE_NODE, "time": time.time(), "pid": 0}
-            self.store.put("heartbeat", FAKE_NODE, data, None, ttl=3600)
+            self.store.put_leased("heartbeat", FAKE_NODE, data, None, ttl=3600)
         else:
             doc = self.store.get("heartbeat", FAKE_NODE)
             if doc is not None:

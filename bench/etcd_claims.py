@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from datastore.base import Store
-from datastore.etcd import EtcdStore
+from datastore.etcd.store import EtcdStore
 from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, StoreError, handle_id
 from tests.etcd_cluster import EtcdCluster

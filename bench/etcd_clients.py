@@ -3,7 +3,7 @@
 Candidates, each measured in a fresh child process against a real etcd (1 member, then 3
 members, on 127.0.0.1 with random ports, started and removed by ``tests/etcd_cluster.py``):
 
-- ``tabby``: ``datastore.etcd_client`` (gRPC-JSON gateway over plain sockets, stdlib only)
+- ``tabby``: ``datastore.etcd.client`` (gRPC-JSON gateway over plain sockets, stdlib only)
 - ``etcd3gw``: the maintained gateway client (requests underneath)
 - ``aetcd``: a gRPC client (asyncio)
 
@@ -56,7 +56,7 @@ def child(name: str, endpoint: str, n: int) -> dict[str, Any]:
     host, port = endpoint.rsplit("//", 1)[1].rsplit(":", 1)
     rss0 = _rss_kb()
     t0 = time.perf_counter()
-    module = {"tabby": "datastore.etcd_client"}.get(name, name)
+    module = {"tabby": "datastore.etcd.client"}.get(name, name)
     mod: Any = importlib.import_module(module)
     import_ms = (time.perf_counter() - t0) * 1000
     rss_mb = (_rss_kb() - rss0) / 1024
@@ -170,7 +170,7 @@ def main() -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="etcd-clients-pyc-")
     for name, python in pythons.items():  # warm the bytecode cache
-        module = {"tabby": "datastore.etcd_client"}.get(name, name)
+        module = {"tabby": "datastore.etcd.client"}.get(name, name)
         subprocess.run([python, "-c", f"import {module}"], env=env, check=True)
     rows = []
     for size in [int(x) for x in args.members.split(",")]:

@@ -332,7 +332,7 @@ class StoreWatch:
     def __init__(
         self, lab: KubeLab, kinds: list[str], on_event: Callable[[Any, float], None]
     ) -> None:
-        from datastore.etcd import EtcdStore
+        from datastore.etcd.store import EtcdStore
 
         self.store = EtcdStore(
             lab.endpoints(),

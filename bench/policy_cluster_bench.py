@@ -234,7 +234,7 @@ class Writer:
     def __init__(self, lab: Lab) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from datastore.etcd import EtcdStore
+        from datastore.etcd.store import EtcdStore
         from resources.client import ResourceClient
 
         self.pool = ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(lab.nodes[0].netns,))

@@ -251,7 +251,7 @@ def populate(
 
         for node in nodes:
             beat = Heartbeat(node, time.time(), os.getpid())
-            store.put(KIND, node, beat.to_data(), None, ttl=heartbeat_ttl)
+            store.put_leased(KIND, node, beat.to_data(), None, ttl=heartbeat_ttl)
     counts: dict[str, int] = {}
     for op in ops:
         counts[op.kind] = counts.get(op.kind, 0) + 1

@@ -53,10 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_wire as wire
 
-from datastore import etcd_client
 from datastore.base import SyncEvent
-from datastore.etcd import LAYOUT
-from datastore.etcd_client import (
+from datastore.etcd import client as etcd_client
+from datastore.etcd.client import (
     EtcdClient,
     EtcdUnavailable,
     _Conn,
@@ -64,6 +63,7 @@ from datastore.etcd_client import (
     _Transient,
     _watch_response,
 )
+from datastore.etcd.store import LAYOUT
 from resources.index import NODES
 from tabby_node.cache import Cache
 

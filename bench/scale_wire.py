@@ -7,7 +7,7 @@
   newline-delimited JSON) and from gRPC's WatchResponse messages (protobuf) they take only
   the header revision, created/canceled, and per event its key and mod_revision.
 - A gRPC WatchRequest built from the JSON ``create_request`` tabby's own client sends
-  (``datastore.etcd_client.EtcdClient.watch``), so the gRPC engines watch exactly the ranges
+  (``datastore.etcd.client.EtcdClient.watch``), so the gRPC engines watch exactly the ranges
   and revisions tabby asks for; the field numbers are those of etcd's API reference
   (``etcdserverpb.WatchRequest``/``WatchResponse``, ``mvccpb.KeyValue``).
 - A snapshot read (a multi-key range answer) reduced to its last key value, so that tabby's
@@ -190,7 +190,7 @@ def decode_watch_response(buf: bytes) -> WatchMessage:
 
 def watch_response_json(buf: bytes) -> bytes:
     """A WatchResponse (protobuf) as the gateway would write it (one JSON line, values
-    included), for tabby's own parser (``datastore.etcd_client._watch_response``)."""
+    included), for tabby's own parser (``datastore.etcd.client._watch_response``)."""
     result: dict[str, Any] = {}
     events: list[dict[str, Any]] = []
     for field, value, end in fields(buf):

@@ -46,8 +46,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from datastore import etcd as etcd_store
-from datastore import etcd_client
+from datastore.etcd import client as etcd_client
+from datastore.etcd import store as etcd_store
 
 NETWORK = "k8s-pod-network"
 PROBE_NAMESPACE = "bench-probe"
@@ -78,23 +78,20 @@ def _instrument() -> None:
         _OP.txn_revision = result.revision if result.succeeded else 0
         return result
 
-    def recording_apply(self: Any, writes: Any) -> Any:
+    def recording_apply(self: Any, w: Any) -> Any:
         t0 = now()
         _OP.txn_revision = 0
-        revs = apply(self, writes)
+        out = apply(self, w)
         log = getattr(_OP, "log", None)
-        rev = getattr(_OP, "txn_revision", 0) or max(revs, default=0)
+        rev = getattr(_OP, "txn_revision", 0) or out
         if rev and (log is not None or _RECORDING.is_set()):
-            records = [
-                [w.kind, base64.b64encode(self._key(w.kind, w.key)).decode(), rev, t0]
-                for w in writes
-            ]
+            records = [[w.kind, base64.b64encode(self._key(w.kind, w.key)).decode(), rev, t0]]
             if log is not None:
                 log.extend(records)
             if _RECORDING.is_set():
                 with _WRITES_LOCK:
                     _WRITES.extend(records)
-        return revs
+        return out
 
     etcd_client.EtcdClient.txn = recording_txn  # type: ignore[method-assign]
     etcd_store.EtcdStore._apply = recording_apply  # type: ignore[method-assign]

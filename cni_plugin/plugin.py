@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from cni_config.teardown import Teardown
     from cni_plugin.values import PluginValues
     from dataplane.model import Dataplane, SetupResult, SetupSpec
-    from datastore.base import Doc, Store
+    from datastore import Stores
+    from datastore.base import Store
 
 logger = logging.getLogger("tabby.plugin")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -83,7 +84,13 @@ def pod_identity(args: skel.CmdArgs) -> tuple[str, str]:
 
 class DatastoreEndpoints:
     """Records each attachment as a WorkloadEndpoint in the datastore the ``ipam`` section
-    names (the one tabby-ipam allocates from), with its Pod's labels."""
+    names (the one tabby-ipam allocates from), with its Pod's labels; ``stores`` runs the
+    datastore work (the binary: a store of the call's own; tabby-node: its served one)."""
+
+    def __init__(self, stores: Stores | None = None) -> None:
+        from datastore import STANDALONE
+
+        self.stores: Stores = stores if stores is not None else STANDALONE
 
     def added(
         self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
@@ -95,12 +102,9 @@ class DatastoreEndpoints:
 
     def record(
         self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
-    ) -> tuple[str, Doc | None]:
-        """Write the endpoint; returns its key and the document as stored: None when the
-        write landed as tabby-node's one optimistic commit (tabby-node then knows it as
-        stored) or when it vanished at once."""
-        from datastore import attempt, attempt_landed
-        from resources.wep import KIND, write_endpoint
+    ) -> str:
+        """Write the endpoint (one compare-and-swap); returns its key."""
+        from resources.wep import write_endpoint
 
         namespace, pod = pod_identity(args)
         node = conf.node_name()
@@ -119,14 +123,10 @@ class DatastoreEndpoints:
                 )
 
         with _store_errors():
-            key, landed = attempt_landed(conf.ipam, write, creatable=(KIND,))
-            if landed:
-                return key, None
-            return key, attempt(conf.ipam, lambda store: store.get(KIND, key), optimistic=False)
+            return self.stores.run(conf.ipam, write)
 
     def erase(self, args: skel.CmdArgs, conf: PluginValues) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
-        from datastore import attempt
         from resources.wep import endpoint_key, remove_endpoint
 
         namespace, pod = pod_identity(args)
@@ -137,7 +137,7 @@ class DatastoreEndpoints:
                 return remove_endpoint(store, key, args.container_id)
 
         with _store_errors():
-            return key if attempt(conf.ipam, remove) else None
+            return key if self.stores.run(conf.ipam, remove) else None
 
 
 def _store_errors() -> AbstractContextManager[None]:

@@ -88,6 +88,24 @@ class CmdArgs:
     def network(self) -> str:
         return str(self.config.get("name", ""))
 
+    def delegated(self, command: str, env: Mapping[str, str]) -> CmdArgs:
+        """The same call as a delegated plugin gets it (``command``, ``env``: the
+        caller's environment as ``invoke.delegate_env`` makes it), its stdin already
+        parsed (the configuration is shared: no plugin changes it); the delegate's own
+        configuration model is not cached yet."""
+        return CmdArgs(
+            command=command,
+            container_id=self.container_id,
+            netns=self.netns,
+            ifname=self.ifname,
+            args=env.get("CNI_ARGS", ""),
+            path=self.path,
+            stdin=self.stdin,
+            config=self.config,
+            cni_version=self.cni_version,
+            env=env,
+        )
+
 
 Handler = Callable[[CmdArgs], "dict[str, Any] | None"]
 
@@ -247,6 +265,19 @@ def sniff_version(stdin: bytes) -> str:
 
 def dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def call(handlers: Handlers, args: CmdArgs) -> dict[str, Any] | None:
+    """One verb on arguments already built (a delegate run in-process: ``CmdArgs.delegated``):
+    its result, or its ``CniError``; anything else it raises is the internal error ``run``
+    would have printed."""
+    try:
+        return handlers.by_verb[args.command](args)
+    except CniError:
+        raise
+    except Exception as e:
+        log.exception("internal error")
+        raise CniError(Code.INTERNAL, "internal error", f"{type(e).__name__}: {e}") from None
 
 
 def run(

@@ -1,39 +1,39 @@
-"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd``,
-and ``engine``, what the three share.
+"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd/``,
+``engine`` (what they share), ``cas`` (the one compare-and-swap loop every caller uses) and
+``cached`` (a store read through what a long-lived process knows).
 
 ``open_store(settings)`` is the one place a store is built. This package re-exports only the
 contract and imports the implementation the settings name when it is called, so importing
 it stays cheap (the CNI binaries import it on every call).
 
-``attempt(settings, fn)`` is how a CNI call's datastore work runs: on a store of its own,
-opened and closed around it (the binaries); or, in a process that ``serve``s those settings
-(tabby-node), on that process's long-lived store, and when it also knows the documents
-(its watch), as one optimistic commit (``datastore.optimistic``).
+A CNI call's datastore work runs through a ``Stores`` it is handed: ``STANDALONE`` (the
+binaries: a store of the call's own, opened and closed around each operation) or tabby-node's
+``Served`` (its long-lived store, read through its watch, for the calls whose configuration
+names the same datastore). Nothing is found through globals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from datastore.base import KINDS, Doc, Op, Store, StoreSettings, SyncEvent
+from datastore.base import KINDS, Doc, Leases, Store, StoreSettings, SyncEvent
 
 if TYPE_CHECKING:
-    from datastore.optimistic import Counts, Known
+    from datastore.cached import Counts, Known
 
 __all__ = [
     "KINDS",
+    "STANDALONE",
     "Doc",
-    "Op",
+    "Leases",
     "Served",
     "Store",
     "StoreSettings",
+    "Stores",
     "SyncEvent",
-    "attempt",
-    "attempt_landed",
     "open_store",
     "opened",
-    "serve",
 ]
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ def open_store(settings: StoreSettings) -> Store:
 
         return FileStore(settings.data_dir, lock_timeout=settings.lock_timeout_seconds)
     if kind == "etcdv3":
-        from datastore.etcd import EtcdStore
+        from datastore.etcd.store import EtcdStore
 
         return EtcdStore.from_settings(settings)
     from datastore.errors import InvalidConfig
@@ -64,8 +64,7 @@ def open_store(settings: StoreSettings) -> Store:
 
 
 class opened:
-    """``open_store(settings)`` for one use, closed afterwards (a call served by tabby-node
-    must not leave an etcd store's connections behind)."""
+    """``open_store(settings)`` for one use, closed afterwards."""
 
     def __init__(self, settings: StoreSettings) -> None:
         self.store = open_store(settings)
@@ -75,9 +74,6 @@ class opened:
 
     def __exit__(self, *exc: object) -> None:
         self.store.close()
-
-
-# -- served stores (tabby-node) ----------------------------------------------------------------
 
 
 def identity(settings: StoreSettings) -> tuple[object, ...]:
@@ -95,74 +91,44 @@ def identity(settings: StoreSettings) -> tuple[object, ...]:
     )
 
 
+class Stores(Protocol):
+    """Where a CNI call's datastore work runs."""
+
+    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
+        """``fn`` on the store ``settings`` name; ``cached``: it may read through what the
+        process knows (``datastore.cached``), when it knows anything."""
+        ...
+
+
+class Standalone:
+    """A store of the call's own for each operation, closed after it (the binaries)."""
+
+    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
+        with opened(settings) as store:
+            return fn(store)
+
+
+STANDALONE = Standalone()
+
+
 class Served:
-    """A long-lived store a process offers the calls it serves, and what it knows."""
+    """tabby-node's stores for the calls it serves: its own long-lived ``store`` (read
+    through ``known``, its watch, when given) for a call whose configuration names the same
+    datastore as ``settings``; a store of the call's own otherwise."""
 
-    def __init__(self, store: Store, known: Known | None) -> None:
-        from datastore.optimistic import Counts
+    def __init__(self, settings: StoreSettings, store: Store, known: Known | None = None) -> None:
+        from datastore.cached import Counts
 
+        self.identity = identity(settings)
         self.store = store
         self.known = known
         self.counts: Counts = Counts()
 
+    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
+        if identity(settings) != self.identity:
+            return STANDALONE.run(settings, fn)
+        if self.known is None or not cached:
+            return fn(self.store)
+        from datastore.cached import run
 
-#: settings identity -> what is served (read and written whole under the GIL: no lock, so
-#: that importing this package stays cheap for the CNI binaries)
-_served: dict[tuple[object, ...], Served] = {}
-
-
-def serve(settings: StoreSettings, store: Store, known: Known | None = None) -> Served:
-    """Offer ``store`` (and ``known``) to every ``attempt`` on the same settings in this
-    process, until ``unserve``. The caller keeps owning the store (and closes it)."""
-    served = Served(store, known)
-    _served[identity(settings)] = served
-    return served
-
-
-def unserve(settings: StoreSettings) -> None:
-    _served.pop(identity(settings), None)
-
-
-def attempt(
-    settings: StoreSettings,
-    fn: Callable[[Store], T],
-    *,
-    optimistic: bool = True,
-    absent: Iterable[str] = (),
-    creatable: Iterable[str] = (),
-) -> T:
-    """``fn(store)`` on the store ``settings`` name: the served one if this process serves
-    it (optimistically when it knows the documents and ``optimistic``; ``absent`` and
-    ``creatable`` as ``optimistic.Optimistic`` takes them), else one opened for this call
-    and closed after it."""
-    return attempt_landed(settings, fn, optimistic=optimistic, absent=absent, creatable=creatable)[
-        0
-    ]
-
-
-def attempt_landed(
-    settings: StoreSettings,
-    fn: Callable[[Store], T],
-    *,
-    optimistic: bool = True,
-    absent: Iterable[str] = (),
-    creatable: Iterable[str] = (),
-) -> tuple[T, bool]:
-    """``attempt``, and whether it landed as one optimistic commit (then what it wrote is
-    what the serving process knows now, with the store's revisions)."""
-    served = _served.get(identity(settings)) if _served else None
-    if served is None:
-        with opened(settings) as store:
-            return fn(store), False
-    if served.known is None or not optimistic:
-        return fn(served.store), False
-    from datastore.optimistic import attempt as optimistic_attempt
-
-    return optimistic_attempt(
-        served.store,
-        served.known,
-        fn,
-        absent=absent,
-        creatable=creatable,
-        counts=served.counts,
-    )
+        return run(self.store, self.known, fn, self.counts)

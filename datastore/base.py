@@ -1,9 +1,18 @@
 """The store contract: generic JSON documents by kind and key, every write compare-and-swap.
 
-The core and the resource layer talk only to this protocol; ``memory``, ``file`` and ``etcd``
-implement it, each over ``engine`` (what they share: argument checks, encoding, the
-compare-and-swap rule, listing order, the lock session, sync bookkeeping), and
-``datastore.open_store(settings)`` builds the configured one.
+The narrow protocol every backend implements (``Store``): read (``get``, ``list``,
+``list_keys``), conditional write of ONE document (``put``, ``delete``), watch (``sync``),
+and the node-local writers' lock (``lock``). Nothing spans two documents: the Kubernetes API
+offers compare-and-swap on one object and no transaction, so no caller may need one (the
+IPAM design makes every allocation and release one conditional write of one block:
+``ipam/DESIGN.md``). Leases (a document that expires unless kept alive: node liveness,
+leader election, policy trace requests) are the optional ``Leases`` protocol, which the
+file, memory and etcd stores implement and the Kubernetes store does not (liveness and
+leader election are Kubernetes' own there).
+
+``memory``, ``file`` and ``etcd`` implement it, each over ``engine`` (what they share:
+argument checks, encoding, the compare-and-swap rule, listing order, the lock session, sync
+bookkeeping), and ``datastore.open_store(settings)`` builds the configured one.
 
 Rules every implementation keeps (checked by ``tests/unit/ipam/test_ipam_store_contract.py``
 against each of them):
@@ -15,22 +24,11 @@ against each of them):
   exists; ``put(..., rev)`` replaces only if the current revision is ``rev``. It returns the
   new revision. Revisions are positive ints, never reused for one key (not even after a delete
   and re-create), so a stale revision can never match again.
-- ``put(..., ttl=s)``: the document disappears ``s`` seconds after this write unless it is
-  written again or kept alive (a write without ``ttl`` makes it permanent).
-- ``keepalive(kind, key)``: the document's ttl starts again (the ttl it was last written
-  with), with no new revision and no ``sync`` event (a node's liveness costs its watchers
-  nothing while it lives); False when the document is gone or has no ttl (write it again).
-- An expired document reads as absent everywhere (``get``, ``list_keys``, ``list``, CAS
-  checks), and ``sync`` reports its deletion.
 - ``delete(kind, key, rev)`` removes only if the current revision is ``rev``; a missing
   document is a ``RevisionConflict`` too.
 - ``list(kind, prefix)`` returns every document of a kind whose key starts with ``prefix``,
   sorted by key; a document that cannot be parsed raises ``StoreCorrupt`` naming it.
-- ``commit(ops)`` is all or nothing: each ``Op`` compares its expected revision (``None``: the
-  document must not exist); one failed compare raises ``RevisionConflict`` and writes nothing.
-  ``Op(kind, key, None, rev)`` deletes; ``Op(kind, key, None, None)`` only asserts absence;
-  ``Op.unchanged(kind, key, rev)`` only compares (the document is at ``rev``, None: absent).
-  A key may appear once per commit. Returns each op's new revision (0 for deletes).
+  ``list_keys(kind)`` the keys alone (etcd: no values sent).
 - ``sync(kinds, stop)`` yields exactly one ``"snapshot"`` event, first, holding every
   document of ``kinds``; then only ``"put"``/``"delete"`` events, as changes happen. A
   broken watch resumes where it left off (etcd: each watched range from the last revision
@@ -51,11 +49,21 @@ against each of them):
 - Data must be JSON-serialisable (``str`` keys; no NaN); anything else is a programming error
   (``TypeError``/``ValueError``).
 - ``close()`` releases connections and threads; the object is not used afterwards.
+
+``Leases`` (file, memory, etcd):
+
+- ``put_leased(kind, key, data, rev, ttl=s)``: ``put``, and the document disappears ``s``
+  seconds after this write unless it is written again or kept alive (a plain ``put`` makes
+  it permanent).
+- ``keepalive(kind, key)``: the document's ttl starts again (the ttl it was last written
+  with), with no new revision and no ``sync`` event (a node's liveness costs its watchers
+  nothing while it lives); False when the document is gone or has no ttl (write it again).
+- An expired document reads as absent everywhere (``get``, ``list_keys``, ``list``, CAS
+  checks), and ``sync`` reports its deletion.
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -118,40 +126,6 @@ class _Record:
     def __repr__(self) -> str:
         inner = ", ".join(f"{n}={getattr(self, n)!r}" for n in self._fields)
         return f"{type(self).__name__}({inner})"
-
-
-class _Unchanged(dict[str, Any]):
-    """The data of an op that only compares (one object, compared by identity)."""
-
-    def __repr__(self) -> str:
-        return "UNCHANGED"
-
-
-#: ``Op(kind, key, UNCHANGED, rev)``: compare only; nothing is written.
-UNCHANGED: dict[str, Any] = _Unchanged()
-
-
-class Op(_Record):
-    """One write of a ``commit``: ``data=None`` deletes (or, with ``expected_revision=None``,
-    only asserts that the document does not exist); ``UNCHANGED`` only compares."""
-
-    __slots__ = ("data", "expected_revision", "key", "kind")
-    _fields = ("kind", "key", "data", "expected_revision")
-    kind: str
-    key: str
-    data: dict[str, Any] | None
-    expected_revision: int | None
-
-    def __init__(
-        self, kind: str, key: str, data: dict[str, Any] | None, expected_revision: int | None
-    ) -> None:
-        super().__init__(kind, key, data, expected_revision)
-
-    @classmethod
-    def unchanged(cls, kind: str, key: str, expected_revision: int | None) -> Op:
-        """Compare only: the commit holds only while the document is at
-        ``expected_revision`` (None: while it does not exist)."""
-        return cls(kind, key, UNCHANGED, expected_revision)
 
 
 class Undecoded(Mapping[str, Doc]):
@@ -223,6 +197,8 @@ class SyncEvent(_Record):
 
 
 class Store(Protocol):
+    """The narrow protocol (see the module docstring)."""
+
     def lock(self) -> AbstractContextManager[None]: ...
 
     def get(self, kind: str, key: str) -> Doc | None: ...
@@ -237,15 +213,9 @@ class Store(Protocol):
         key: str,
         data: dict[str, Any],
         expected_revision: int | None,  # None: create (the document must not exist)
-        *,
-        ttl: float | None = None,  # seconds the document lives unless written again
     ) -> int: ...
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None: ...
-
-    def keepalive(self, kind: str, key: str) -> bool: ...
-
-    def commit(self, ops: Sequence[Op]) -> builtins.list[int]: ...
 
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]: ...
 
@@ -261,6 +231,30 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Leases(Store, Protocol):
+    """A store whose documents can expire (file, memory, etcd; see the module docstring)."""
+
+    def put_leased(
+        self,
+        kind: str,
+        key: str,
+        data: dict[str, Any],
+        expected_revision: int | None,
+        *,
+        ttl: float,  # seconds the document lives unless written again or kept alive
+    ) -> int: ...
+
+    def keepalive(self, kind: str, key: str) -> bool: ...
+
+
+def leases(store: Store) -> Leases:
+    """``store`` as a ``Leases`` (``TypeError`` for a store without leases: a caller that
+    needs them runs only on the stores that have them)."""
+    if not callable(getattr(store, "keepalive", None)):
+        raise TypeError(f"{type(store).__name__} has no leases")
+    return store  # type: ignore[return-value]
 
 
 class StoreSettings(Protocol):
@@ -317,17 +311,6 @@ def check_key(key: str) -> None:
 def check_ttl(ttl: float | None) -> None:
     if ttl is not None and not (isinstance(ttl, int | float) and 0 < ttl < float("inf")):
         raise ValueError(f"invalid ttl {ttl!r} (seconds > 0)")
-
-
-def check_ops(ops: Sequence[Op]) -> None:
-    """Validate a commit's ops (kinds, keys, one op per document)."""
-    seen: set[tuple[str, str]] = set()
-    for op in ops:
-        check_kind(op.kind)
-        check_key(op.key)
-        if (op.kind, op.key) in seen:
-            raise ValueError(f"{op.kind} {op.key!r} appears twice in one commit")
-        seen.add((op.kind, op.key))
 
 
 def sync_kinds(kinds: Iterable[str]) -> tuple[str, ...]:

@@ -3,13 +3,13 @@
 Each store subclasses ``Engine``, which implements the ``Store`` protocol (``base``) and leaves
 to the store only its storage. ``Engine`` does:
 
-- the argument checks of every call (kinds, keys, ttl, a commit's ops), before the store runs;
+- the argument checks of every call (kinds, keys, ttl), before the store runs;
 - the encoding of documents: ``encode`` (compact JSON, no NaN; ``TypeError`` for data that is
   not a dict) and ``loads`` (JSON or ``StoreCorrupt`` naming the document);
-- the writes: ``put``, ``delete`` and ``commit`` become a list of ``Write`` (encoded once), which
-  the store applies all or nothing in its ``_apply``; ``_compare`` is the one compare-and-swap
-  rule and ``conflict`` its ``RevisionConflict`` messages, used by the stores that compare
-  themselves (memory, file) and by etcd to explain a txn whose compare failed;
+- the writes: ``put``, ``put_leased`` and ``delete`` become one ``Write`` (encoded once), which
+  the store applies in its ``_apply``; ``_compare`` is the one compare-and-swap rule and
+  ``conflict`` its ``RevisionConflict`` messages, used by the stores that compare themselves
+  (memory, file) and by etcd to explain a txn whose compare failed;
 - the listing order: ``list_keys`` and ``list`` are sorted here;
 - ``lock()``: a ``StoreLock`` session: first a thread lock (the one this process keeps for
   the store's lock file, so the threads of tabby-node wake as soon as it is free instead of
@@ -24,8 +24,8 @@ to the store only its storage. ``Engine`` does:
 What a store supplies (each documented where it is defined below): ``location``, ``_get``,
 ``_keys``, ``_items``, ``_apply``, ``_sync``, ``check_usable``; for its lock ``lock_path``,
 ``_held`` (a ``threading.local`` to refuse re-entry, or None), and optionally
-``_thread_lock``, ``_open_lock_file``, ``_locked``, ``_unlocking``; ``_commit`` and ``close``
-when it has something to add. Its ``__init__`` calls ``Engine.__init__``.
+``_thread_lock``, ``_open_lock_file``, ``_locked``, ``_unlocking``; ``_keepalive`` for leases;
+``close`` when it has something to add. Its ``__init__`` calls ``Engine.__init__``.
 
 This module is imported by every store, so by every CNI call: no ``logging`` at import
 (``log_warning`` imports it when a warning is due), no NamedTuple or dataclass.
@@ -44,13 +44,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from datastore.base import (
-    UNCHANGED,
     Doc,
     SyncEvent,
     Undecoded,
     check_key,
     check_kind,
-    check_ops,
     check_ttl,
     sync_kinds,
 )
@@ -63,10 +61,10 @@ from datastore.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Iterable, Iterator, Mapping
     from types import TracebackType
 
-    from datastore.base import Op, Store
+    from datastore.base import Leases
 
 #: The plural of each kind: the file store's directories, the last step of etcd's prefixes.
 PLURALS = {
@@ -127,12 +125,11 @@ def loads(where: str, raw: bytes, *, empty: str, garbage: str) -> object:
 
 
 class Write:
-    """One change of a ``put``, ``delete`` or ``commit``: compare ``expected`` (None: the
-    document must not exist), then store ``value`` (the encoded data; None deletes or, with
-    ``expected`` None, only asserts that the document does not exist). ``keep``: compare
-    only (``Op.unchanged``). ``ttl`` from ``put``."""
+    """One change of a ``put``, ``put_leased`` or ``delete``: compare ``expected`` (None: the
+    document must not exist), then store ``value`` (the encoded data; None deletes) with
+    ``ttl`` (``put_leased``)."""
 
-    __slots__ = ("expected", "keep", "key", "kind", "ttl", "value")
+    __slots__ = ("expected", "key", "kind", "ttl", "value")
 
     def __init__(
         self,
@@ -141,38 +138,12 @@ class Write:
         value: bytes | None,
         expected: int | None,
         ttl: float | None = None,
-        *,
-        keep: bool = False,
     ) -> None:
         self.kind = kind
         self.key = key
         self.value = value
         self.expected = expected
         self.ttl = ttl
-        self.keep = keep
-
-    @property
-    def changes(self) -> bool:
-        """False for a comparison only (nothing to write)."""
-        return self.value is not None or (self.expected is not None and not self.keep)
-
-    @property
-    def deletes(self) -> bool:
-        return self.value is None and self.expected is not None and not self.keep
-
-
-def plan(ops: Sequence[Op]) -> list[Write]:
-    """A commit's writes: ops checked (``check_ops``) and their data encoded, before any
-    store is touched."""
-    check_ops(ops)
-    return [
-        Write(op.kind, op.key, None, op.expected_revision, keep=True)
-        if op.data is UNCHANGED
-        else Write(
-            op.kind, op.key, None if op.data is None else encode(op.data), op.expected_revision
-        )
-        for op in ops
-    ]
 
 
 def conflict(where: str, current: int | None, expected: int | None) -> RevisionConflict:
@@ -369,10 +340,9 @@ class Engine:
         """The documents of a kind whose key starts with ``prefix``, in any order."""
         raise NotImplementedError
 
-    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
-        """All or nothing: compare every write's expected revision (``RevisionConflict`` and
-        nothing written if one differs), then write them; each one's new revision (0 for a
-        delete or an assertion)."""
+    def _apply(self, write: Write) -> int:
+        """Compare the write's expected revision (``RevisionConflict`` and nothing written if
+        it differs), then write; the new revision (0 for a delete)."""
         raise NotImplementedError
 
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
@@ -406,26 +376,31 @@ class Engine:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(
+    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+        check_kind(kind)
+        check_key(key)
+        return self._apply(Write(kind, key, encode(data), expected_revision))
+
+    def put_leased(
         self,
         kind: str,
         key: str,
         data: dict[str, Any],
         expected_revision: int | None,
         *,
-        ttl: float | None = None,
+        ttl: float,
     ) -> int:
         check_kind(kind)
         check_key(key)
         check_ttl(ttl)
-        return self._apply([Write(kind, key, encode(data), expected_revision, ttl)])[0]
+        return self._apply(Write(kind, key, encode(data), expected_revision, ttl))
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None:
         check_kind(kind)
         check_key(key)
-        if type(expected_revision) is not int:  # a Write with None would only assert absence
+        if type(expected_revision) is not int:
             raise TypeError(f"delete needs the document's revision, not {expected_revision!r}")
-        self._apply([Write(kind, key, None, expected_revision)])
+        self._apply(Write(kind, key, None, expected_revision))
 
     def keepalive(self, kind: str, key: str) -> bool:
         check_kind(kind)
@@ -436,20 +411,11 @@ class Engine:
         """The store's renewal of a document's ttl (no revision, no event)."""
         raise NotImplementedError
 
-    def commit(self, ops: Sequence[Op]) -> builtins.list[int]:
-        writes = plan(ops)
-        return self._commit(writes) if writes else []
-
-    def _commit(self, writes: builtins.list[Write]) -> builtins.list[int]:
-        """``commit`` of checked, encoded, non-empty ops (the file store takes its lock)."""
-        return self._apply(writes)
-
-    def _compare(self, writes: Sequence[Write], current: Iterable[int | None]) -> None:
-        """Raise the ``RevisionConflict`` of the first write whose expected revision is not
+    def _compare(self, write: Write, current: int | None) -> None:
+        """Raise the ``RevisionConflict`` of ``write`` unless its expected revision is
         ``current`` (the document's revision now, None: no document)."""
-        for w, revision in zip(writes, current, strict=True):
-            if revision != w.expected:
-                raise conflict(self.location(w.kind, w.key), revision, w.expected)
+        if current != write.expected:
+            raise conflict(self.location(write.kind, write.key), current, write.expected)
 
     # -- sync -----------------------------------------------------------------------------
 
@@ -547,5 +513,5 @@ class Engine:
 
 if TYPE_CHECKING:  # mypy checks that the engine, so every store, keeps the protocol
 
-    def _conforms(store: Engine) -> Store:
+    def _conforms(store: Engine) -> Leases:
         return store

@@ -41,9 +41,7 @@ its flock, so separate objects, threads and processes are serialised. The sessio
 the thread that took it: a FileStore object may serve several threads, each with its own
 session; taking the lock again in the thread that holds it is a ``RuntimeError``. Writers
 hold ``lock()`` (the core always does); an unlocked ``put`` or ``delete`` works, but may race
-with the temp-file cleanup. ``commit`` takes the lock itself unless the calling thread holds
-it, checks every revision, then writes one document after the other; if a write fails it
-puts back what it had written, then raises.
+with the temp-file cleanup.
 
 ``sync`` polls every 0.2 s: a kind directory is listed again when its mtime changed (or is
 less than two seconds old: the kernel's timestamps are coarse), when one of its documents
@@ -379,61 +377,27 @@ class FileStore(Engine):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _commit(self, writes: builtins.list[Write]) -> builtins.list[int]:
-        if self._holding() is not None:
-            return self._apply(writes)
-        with self.lock():
-            return self._apply(writes)
-
-    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
-        creating = {w.kind for w in writes if w.value is not None}
-        fds: dict[str, int | None] = {}
+    def _apply(self, w: Write) -> int:
+        """Compare, then write the document's file (temp file, fsync, rename) or unlink it."""
+        dfd = self._kind_fd(w.kind, create=w.value is not None)
         try:
-            found: list[tuple[int | None, str, _Raw | None]] = []  # dfd, file name, file
-            for w in writes:
-                if w.kind not in fds:
-                    fds[w.kind] = self._kind_fd(w.kind, create=w.kind in creating)
-                dfd = fds[w.kind]
-                name = escape_key(w.key)
-                found.append(
-                    (dfd, name, None if dfd is None else self._read(dfd, w.kind, w.key, name))
-                )
-            self._compare(writes, [_revision(raw) for _, _, raw in found])
-            steps: list[_Step] = []
-            revisions = []
-            for w, (dfd, name, raw) in zip(writes, found, strict=True):
-                if w.value is None:
-                    if w.deletes and dfd is not None:
-                        steps.append(_Step(dfd, w.kind, name, raw, None))
-                    revisions.append(0)
-                    continue
-                if dfd is None:  # pragma: no cover - created above
-                    raise StoreUnavailable(os.path.join(self.data_dir, DIRS[w.kind]), "missing")
-                rev, payload = _payload(w, w.value, raw)
-                steps.append(_Step(dfd, w.kind, name, raw, payload))
-                revisions.append(rev)
-                if w.ttl is not None:
-                    self._mark_ttl(dfd, w.kind)
-            self._execute(steps)
-            return revisions
+            name = escape_key(w.key)
+            raw = None if dfd is None else self._read(dfd, w.kind, w.key, name)
+            self._compare(w, _revision(raw))
+            if w.value is None:
+                if dfd is not None:
+                    self._unlink(dfd, w.kind, name)
+                return 0
+            if dfd is None:  # pragma: no cover - created above
+                raise StoreUnavailable(os.path.join(self.data_dir, DIRS[w.kind]), "missing")
+            rev, payload = _payload(w, w.value, raw)
+            self._write(dfd, w.kind, name, payload)
+            if w.ttl is not None:
+                self._mark_ttl(dfd, w.kind)
+            return rev
         finally:
-            for fd in fds.values():
-                if fd is not None:
-                    os.close(fd)
-
-    def _execute(self, steps: builtins.list[_Step]) -> None:
-        """Write the files one after the other; if one fails, put back the ones done."""
-        done: list[_Step] = []
-        try:
-            for step in steps:
-                if step.payload is not None:
-                    self._write(step.dfd, step.kind, step.name, step.payload)
-                else:
-                    self._unlink(step.dfd, step.kind, step.name)
-                done.append(step)
-        except StoreError:
-            self._undo(done)
-            raise
+            if dfd is not None:
+                os.close(dfd)
 
     def _keepalive(self, kind: str, key: str) -> bool:
         """The document's file written again with a later ``expires`` and the same
@@ -493,17 +457,6 @@ class FileStore(Engine):
             os.fsync(dfd)
         except OSError as e:
             raise StoreUnavailable(self._path(kind, name), reason(e)) from None
-
-    def _undo(self, done: builtins.list[_Step]) -> None:
-        """Put back what a failed commit had written (best effort: the disk just failed)."""
-        for step in reversed(done):
-            try:
-                if step.before is not None:
-                    self._write(step.dfd, step.kind, step.name, step.before.payload)
-                else:
-                    self._unlink(step.dfd, step.kind, step.name)
-            except StoreError as e:
-                log_warning("commit failed and could not be undone: %s", e)
 
     # -- sync -----------------------------------------------------------------------------
 
@@ -593,21 +546,6 @@ class _Raw:
     def __init__(self, doc: Doc, expires: float | None, payload: bytes) -> None:
         self.doc = doc
         self.expires = expires
-        self.payload = payload
-
-
-class _Step:
-    """One file a commit writes (``payload``) or removes (None); ``before``: what it held."""
-
-    __slots__ = ("before", "dfd", "kind", "name", "payload")
-
-    def __init__(
-        self, dfd: int, kind: str, name: str, before: _Raw | None, payload: bytes | None
-    ) -> None:
-        self.dfd = dfd
-        self.kind = kind
-        self.name = name
-        self.before = before
         self.payload = payload
 
 

@@ -6,8 +6,8 @@ subscribers.
 
 Documents are kept JSON-encoded (``engine.encode``), so every ``get`` returns a fresh copy
 and a non-JSON value fails at ``put`` exactly as it would on disk. Revisions come from one
-counter for the whole store (as etcd's revision does: every op of one ``commit`` gets the
-same one), so they are never reused for a key. A document written with a ttl expires on the
+counter for the whole store (as etcd's revision is), so they are never reused for a key.
+A document written with a ttl (``put_leased``) expires on the
 store's clock (``time.monotonic`` unless given); expired documents are dropped, and their
 deletion published to ``sync`` iterators, by the next operation that looks (or by the
 iterators themselves, which wake at least every 0.2 s). A ``sync`` iterator's queue is
@@ -109,25 +109,17 @@ class MemoryStore(Engine):
 
     # -- writes ---------------------------------------------------------------------------
 
-    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
+    def _apply(self, write: Write) -> int:
         with self._guard:
             self._purge()
-            for w in writes:
-                self._check_corrupt(w.kind, w.key)
-            self._compare(writes, [_revision(self._docs[w.kind].get(w.key)) for w in writes])
-            if not any(w.changes for w in writes):
-                return [0] * len(writes)
+            self._check_corrupt(write.kind, write.key)
+            self._compare(write, _revision(self._docs[write.kind].get(write.key)))
             self._rev += 1
-            out = []
-            for w in writes:
-                if w.value is not None:
-                    self._set(w.kind, w.key, w.value, w.ttl)
-                    out.append(self._rev)
-                else:
-                    if w.deletes:
-                        self._remove(w.kind, w.key)
-                    out.append(0)
-            return out
+            if write.value is not None:
+                self._set(write.kind, write.key, write.value, write.ttl)
+                return self._rev
+            self._remove(write.kind, write.key)
+            return 0
 
     def _set(self, kind: str, key: str, value: bytes, ttl: float | None) -> None:
         expires = None if ttl is None else self.clock() + ttl

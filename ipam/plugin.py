@@ -22,7 +22,7 @@ from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
-from datastore import attempt
+from datastore import STANDALONE, Stores
 from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
 from ipam.values import IpamPluginValues, IpamValues
@@ -85,27 +85,17 @@ def configure_logging(args: skel.CmdArgs) -> None:
 
 
 def with_ipam(
+    stores: Stores,
     conf: DatastoreValues,
     node: str,
     fn: Callable[[Ipam], T],
     *,
-    optimistic: bool = True,
-    absent: tuple[str, ...] = (),
-    creatable: tuple[str, ...] = (),
+    cached: bool = True,
 ) -> T:
-    """``fn`` on the IPAM over the configured store (``datastore.attempt``): a store of the
-    call's own, closed after it; in tabby-node its long-lived one, and, ``optimistic``, the
-    whole operation as one commit based on what tabby-node knows."""
-    return attempt(
-        conf,
-        lambda store: fn(Ipam(store, node)),
-        optimistic=optimistic,
-        absent=absent,
-        creatable=creatable,
-    )
-
-
-HANDLE = ("handle",)
+    """``fn`` on the IPAM over the configured store, as ``stores`` runs it: a store of the
+    call's own, closed after it (the binary); in tabby-node its long-lived one, read through
+    its watch when ``cached`` (``datastore.Served``)."""
+    return stores.run(conf, lambda store: fn(Ipam(store, node)), cached=cached)
 
 
 def _guard(fn: Callable[[], T]) -> T:
@@ -220,7 +210,35 @@ def _pool_specs(conf: IpamValues) -> list[PoolSpec]:
 # -- verbs ------------------------------------------------------------------------------
 
 
-def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
+class IpamVerbs:
+    """tabby-ipam's verbs, their datastore work run by ``stores`` (the binary: a store of the
+    call's own; tabby-node: its served store, ``datastore.Served``)."""
+
+    def __init__(self, stores: Stores = STANDALONE) -> None:
+        self.stores = stores
+
+    def handlers(self) -> skel.Handlers:
+        return skel.Handlers(
+            add=self.add, delete=self.delete, check=self.check, gc=self.gc, status=self.status
+        )
+
+    def add(self, args: skel.CmdArgs) -> dict[str, Any]:
+        return cmd_add(args, self.stores)
+
+    def delete(self, args: skel.CmdArgs) -> None:
+        return cmd_del(args, self.stores)
+
+    def check(self, args: skel.CmdArgs) -> None:
+        return cmd_check(args, self.stores)
+
+    def gc(self, args: skel.CmdArgs) -> None:
+        return cmd_gc(args, self.stores)
+
+    def status(self, args: skel.CmdArgs) -> None:
+        return cmd_status(args, self.stores)
+
+
+def cmd_add(args: skel.CmdArgs, stores: Stores) -> dict[str, Any]:
     conf = configuration(args)
     node = conf.node_name()
     req = build_request(args, conf, node)
@@ -230,9 +248,7 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
         return ipam.assign(req)
 
     def work() -> list[Allocation]:
-        # A new attachment's handle is assumed absent (the commit proves it; a repeated
-        # ADD finds it and runs on the store, where the core answers what it holds).
-        return with_ipam(conf.ipam, node, assign, absent=HANDLE, creatable=HANDLE)
+        return with_ipam(stores, conf.ipam, node, assign)
 
     allocations = _guard(work)
     if not allocations:
@@ -247,9 +263,11 @@ def cmd_add(args: skel.CmdArgs) -> dict[str, Any]:
     return types.render({"ips": ips}, args.cni_version)
 
 
-def cmd_del(args: skel.CmdArgs) -> None:
-    # DEL needs no node name (CFG-7, DEL-7): release by handle. It needs the store: a store
-    # named by an invalid field is none, and nothing is released from another (DEL-9).
+def cmd_del(args: skel.CmdArgs, stores: Stores) -> None:
+    # DEL needs no node name (CFG-7, DEL-7): release by handle, in the blocks of the node's
+    # index when the node is known (where every allocation made for it lies), else in every
+    # block. It needs the store: a store named by an invalid field is none, and nothing is
+    # released from another (DEL-9).
     read = teardown_configuration(args)
     read.warn(logger, "DEL")
     conf = read.conf
@@ -259,9 +277,14 @@ def cmd_del(args: skel.CmdArgs) -> None:
     except Unknown as e:
         logger.warning("no store of that name (%s): nothing of %s released", e, hid)
         return None
+    try:
+        node = read.node_name(conf)
+    except Unknown as e:
+        logger.warning("node name unknown (%s): looking for %s in every block", e, hid)
+        node = ""
 
     def release() -> list[Allocation]:
-        return with_ipam(conf.ipam, "", lambda ipam: ipam.release_handle(hid))
+        return with_ipam(stores, conf.ipam, node, lambda ipam: ipam.release_handle(hid))
 
     released = _guard(release)
     if released:
@@ -271,7 +294,7 @@ def cmd_del(args: skel.CmdArgs) -> None:
     return None
 
 
-def cmd_check(args: skel.CmdArgs) -> None:
+def cmd_check(args: skel.CmdArgs, stores: Stores) -> None:
     conf = configuration(args)
     prev = types.prev_result(args.config, args.cni_version)
     if prev is None:
@@ -282,8 +305,13 @@ def cmd_check(args: skel.CmdArgs) -> None:
         )
     hid = handle_id(args.network, args.container_id, args.ifname)
 
+    try:
+        node = conf.node_name()
+    except CniError:
+        node = ""  # every block is looked at
+
     def lookup() -> list[Allocation]:
-        return with_ipam(conf.ipam, "", lambda ipam: ipam.get_handle(hid))
+        return with_ipam(stores, conf.ipam, node, lambda ipam: ipam.get_handle(hid))
 
     held = _guard(lookup)
     if not held:
@@ -304,7 +332,7 @@ def cmd_check(args: skel.CmdArgs) -> None:
     return None
 
 
-def cmd_gc(args: skel.CmdArgs) -> None:
+def cmd_gc(args: skel.CmdArgs, stores: Stores) -> None:
     read = teardown_configuration(args)
     read.warn(logger, "GC")
     conf = read.conf
@@ -325,10 +353,11 @@ def cmd_gc(args: skel.CmdArgs) -> None:
 
     def gc() -> GcReport:
         return with_ipam(
+            stores,
             conf.ipam,
             node,
             lambda ipam: ipam.gc(args.network, valid, grace_seconds=grace),
-            optimistic=False,  # it lists every handle
+            cached=False,  # it repairs the node's index: as the store holds it
         )
 
     report = _guard(gc)
@@ -341,7 +370,7 @@ def cmd_gc(args: skel.CmdArgs) -> None:
     return None
 
 
-def cmd_status(args: skel.CmdArgs) -> None:
+def cmd_status(args: skel.CmdArgs, stores: Stores) -> None:
     try:
         conf = configuration(args)
         node = conf.node_name()
@@ -364,7 +393,7 @@ def cmd_status(args: skel.CmdArgs) -> None:
         )
 
     try:
-        reason = with_ipam(ipam_conf, node, ready, optimistic=False)
+        reason = with_ipam(stores, ipam_conf, node, ready, cached=False)
     except DatastoreError as e:
         raise CniError(Code.NOT_READY, "IPAM datastore not usable", str(e)) from None
     except OSError as e:
@@ -374,4 +403,4 @@ def cmd_status(args: skel.CmdArgs) -> None:
     return None
 
 
-HANDLERS = skel.Handlers(add=cmd_add, delete=cmd_del, check=cmd_check, gc=cmd_gc, status=cmd_status)
+HANDLERS = IpamVerbs().handlers()

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from datastore.base import leases
 from datastore.errors import DatastoreError, RevisionConflict
 from kube_controllers import mirror
 from kube_controllers.kubeapi import ApiError, KubeClient, KubeConfig
@@ -283,24 +284,14 @@ class Controllers:
 
     def _beat(self) -> None:
         """The leader's liveness document: tabby-node waits for mirrored pods while it lives."""
-        from resources.heartbeat import CONTROLLERS_KEY, KIND, Heartbeat
+        from resources.heartbeat import CONTROLLERS_KEY, beat
 
         assert self.store is not None
         try:
             # Kept alive by its lease: every tabby-node watches heartbeats, and a rewrite
             # would be an event for each of them every beat. A new leader keeps the
             # previous one's document alive (it says the same: a leader lives).
-            if self.store.keepalive(KIND, CONTROLLERS_KEY):
-                return
-            data = Heartbeat(CONTROLLERS_KEY, time.time(), os.getpid()).to_data()
-            current = self.store.get(KIND, CONTROLLERS_KEY)
-            self.store.put(
-                KIND,
-                CONTROLLERS_KEY,
-                data,
-                current.revision if current else None,
-                ttl=HEARTBEAT_TTL,
-            )
+            beat(leases(self.store), CONTROLLERS_KEY, HEARTBEAT_TTL)
         except (DatastoreError, RevisionConflict) as e:
             self.problems["datastore"] = str(e)
 

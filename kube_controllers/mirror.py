@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from datastore.base import Doc
+from datastore.cas import update
 from datastore.errors import DatastoreError, RevisionConflict
 from resources import mirror
 from resources.errors import NotFound, NotOwned, ResourceError
@@ -184,25 +185,30 @@ class Mirror:
                     pass
             return
         labels = desired.get("labels") or {}
-        for _ in range(10):
-            doc = self.store.get("node", name)
+        outcome: list[str] = []
+
+        def change(doc: Doc | None) -> dict[str, object] | None:
+            outcome.clear()
             if doc is None:
-                return  # its tabby-node has not registered it yet: done when it does
+                return None  # its tabby-node has not registered it yet: done when it does
             data = _relabelled(doc, labels)
             if data is None:
-                return
-            try:
-                to_resource(BY_KIND["Node"], name, Doc(data, doc.revision), f"node {name}")
-            except DatastoreError as e:
-                log.warning("cannot mirror the labels of Node %s: %s", name, e)
-                self._count("node", "invalid")
-                return
-            try:
-                self.store.put("node", name, data, doc.revision)
-            except RevisionConflict:
-                continue  # tabby-node wrote it meanwhile: again on the new revision
-            self._count("node", "configured")
+                return None
+            to_resource(BY_KIND["Node"], name, Doc(data, doc.revision), f"node {name}")
+            outcome.append("configured")
+            return data
+
+        try:
+            update(self.store, "node", name, change)
+        except RevisionConflict as e:
+            log.warning("cannot mirror the labels of Node %s: %s", name, e)
             return
+        except DatastoreError as e:
+            log.warning("cannot mirror the labels of Node %s: %s", name, e)
+            self._count("node", "invalid")
+            return
+        if outcome:
+            self._count("node", "configured")
 
 
 def _relabelled(doc: Doc, labels: Mapping[str, str]) -> dict[str, object] | None:

@@ -1,25 +1,26 @@
-"""Resources over a Store: get, list, apply (all or nothing, one commit), delete.
+"""Resources over a Store: get, list, apply, delete.
 
 ``apply`` works like ``kubectl apply`` for these kinds: the fields a document sets are merged
 into the existing resource (maps key by key, a ``null`` removes a field, lists and scalars
-replace), the result is validated as a whole, and every document of one call is written in
-ONE ``store.commit`` or not at all. A document's ``metadata.resourceVersion`` must equal the
-stored revision (else ``Conflict``); without one the last writer wins. Reads and the commit
-are retried together when another writer got in between (every write is a CAS).
+replace), and the result is validated as a whole. Every document of one call is checked
+against what is stored before any is written (an invalid one refuses the call with nothing
+written); then each document is written on its own, as one compare-and-swap of one stored
+document (the store protocol has no transaction: ``datastore.base``), read again and
+redone when another writer got in between. A document's ``metadata.resourceVersion`` must
+equal the stored revision (else ``Conflict``); without one the last writer wins.
 
-Side effects kept in the same commit:
-
-- a Pod applied or deleted rewrites the stored labels of its WorkloadEndpoints (the labels
-  rule itself is ``resources.wep.effective_labels``);
-- an IPPool is the IPAM pool document: its name and CIDR are unique (a second pool with the
+- A WorkloadEndpoint's labels are its Pod's whenever the Pod exists
+  (``resources.wep.effective_labels``, applied when it is read): a Pod's write changes
+  nothing else.
+- An IPPool is the IPAM pool document: its name and CIDR are unique (a second pool with the
   same name is the same pool; an overlapping CIDR is refused) and its ``cidr`` and
   ``blockSize`` cannot change.
 
-Deleting an IPPool is refused while any of its blocks holds an address (checked with the
-other documents, before anything is written); the pool itself is then removed by the IPAM
-core's ``Ipam.delete_pool`` right after the commit (it disables the pool first so that no
-node claims a new block meanwhile). A block that gets an address in between makes that last
-step fail (``Conflict``) with the other deletions done.
+Deleting an IPPool is refused while any of its blocks holds an address (checked before
+anything is written); the pool itself is then removed by the IPAM core's
+``Ipam.delete_pool`` (it disables the pool first so that no node claims a new block
+meanwhile). A block that gets an address in between makes that last step fail
+(``Conflict``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
-from datastore.base import Doc, Op, Store
-from datastore.errors import RevisionConflict
+from datastore.base import Doc, Store
+from datastore.cas import cas
 from ipam.core.block import Block
 from resources import mirror, wep
 from resources.errors import Conflict, InvalidDocument, NotFound, NotOwned
@@ -56,7 +57,6 @@ from resources.storage import (
 )
 from resources.tabby import IPPool
 
-RETRIES = 10
 T = TypeVar("T")
 
 
@@ -100,14 +100,16 @@ def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Tx:
-    """Reads through to the store, remembering each document's revision as first read, and
-    buffers writes; ``ops()`` is the one commit that makes them (CAS on those revisions)."""
+    """One document's change: reads through to the store, remembering each document's
+    revision as first read, and holds the write back; ``write()`` makes it, a
+    compare-and-swap at the revision read."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, dry_run: bool = False) -> None:
         self.store = store
+        self.dry_run = dry_run  #: plans several changes, each seeing the ones before
         self.read: dict[tuple[str, str], int | None] = {}
         self.pending: dict[tuple[str, str], dict[str, Any] | None] = {}
-        self.after: builtins.list[Callable[[], None]] = []  # run after the commit, unlocked
+        self.after: builtins.list[Callable[[], None]] = []  # run after the write, unlocked
 
     def get(self, kind: str, key: str) -> tuple[dict[str, Any] | None, int | None]:
         if (kind, key) not in self.pending:
@@ -129,21 +131,27 @@ class _Tx:
         return [(key, data) for key, data in sorted(found.items()) if data is not None]
 
     def put(self, kind: str, key: str, data: dict[str, Any]) -> None:
+        self._hold(kind, key, data)
+
+    def delete(self, kind: str, key: str) -> None:
+        self._hold(kind, key, None)
+
+    def _hold(self, kind: str, key: str, data: dict[str, Any] | None) -> None:
+        if self.pending and (kind, key) not in self.pending and not self.dry_run:
+            raise AssertionError("one document per change")  # the store has no transaction
         if (kind, key) not in self.read:
             self.get(kind, key)
         self.pending[(kind, key)] = data
 
-    def delete(self, kind: str, key: str) -> None:
-        if (kind, key) not in self.read:
-            self.get(kind, key)
-        self.pending[(kind, key)] = None
-
-    def ops(self) -> builtins.list[Op]:
-        return [
-            Op(kind, key, data, self.read[(kind, key)])
-            for (kind, key), data in self.pending.items()
-            if data is not None or self.read[(kind, key)] is not None
-        ]
+    def write(self) -> None:
+        """The held write, as a compare-and-swap (``RevisionConflict`` when it lost)."""
+        assert not self.dry_run
+        for (kind, key), data in self.pending.items():
+            rev = self.read[(kind, key)]
+            if data is not None:
+                self.store.put(kind, key, data, rev)
+            elif rev is not None:
+                self.store.delete(kind, key, rev)
 
 
 class _Found(NamedTuple):
@@ -223,30 +231,44 @@ class ResourceClient:
     def apply(
         self, documents: Sequence[object], *, replace: bool = False
     ) -> builtins.list[Applied]:
-        """Apply every document or none (``InvalidDocument``, ``Conflict``, ``NotOwned``).
-        ``replace``: each document is the whole resource (the controllers' mirror), not
-        fields merged into what is stored."""
-        return self._transact(
-            lambda tx: [
-                self._apply_one(tx, i, doc, replace=replace) for i, doc in enumerate(documents, 1)
-            ]
-        )
+        """Apply every document (``InvalidDocument``, ``Conflict``, ``NotOwned``): each is
+        checked first, then each written on its own. ``replace``: each document is the whole
+        resource (the controllers' mirror), not fields merged into what is stored."""
 
-    def _transact(self, work: Callable[[_Tx], T]) -> T:
-        for _ in range(RETRIES):
+        def one(i: int, doc: object) -> Callable[[_Tx], Applied]:
+            return lambda tx: self._apply_one(tx, i, doc, replace=replace)
+
+        changes = [one(i, doc) for i, doc in enumerate(documents, 1)]
+        self._check(changes)
+        return [self._transact(change) for change in changes]
+
+    def _check(self, changes: Sequence[Callable[[_Tx], object]]) -> None:
+        """The changes planned in order on the store as it is (each seeing the ones before
+        it), none written: a refusal of any one refuses them all before anything is written
+        (one change needs no dry run)."""
+        if len(changes) > 1:
             with self.store.lock():
-                tx = _Tx(self.store)
-                result = work(tx)
-                ops = tx.ops()
-                if ops:
-                    try:
-                        self.store.commit(ops)
-                    except RevisionConflict:
-                        continue
-            for action in tx.after:
-                action()
-            return result
-        raise Conflict("the store kept changing under this change; nothing was written, retry")
+                plan = _Tx(self.store, dry_run=True)
+                for change in changes:
+                    change(plan)
+
+    def _transact(self, change: Callable[[_Tx], T]) -> T:
+        """``change`` planned on fresh reads and its one write made, as compare-and-swap:
+        planned again when another writer got in between."""
+
+        def read() -> tuple[_Tx, T]:
+            tx = _Tx(self.store)
+            return tx, change(tx)
+
+        def write(planned: tuple[_Tx, T]) -> tuple[_Tx, T]:
+            planned[0].write()
+            return planned
+
+        with self.store.lock():
+            tx, result = cas(read, write, "resource", "")
+        for action in tx.after:
+            action()
+        return result
 
     def _apply_one(self, tx: _Tx, index: int, doc: object, *, replace: bool = False) -> Applied:
         label = document_label(index, doc)
@@ -287,8 +309,6 @@ class ResourceClient:
         else:
             action = "configured" if found is not None else "created"
             tx.put(info.store_kind, key, data)
-            if info.store_kind == wep.POD_KIND:
-                self._relabel_endpoints(tx, key, data, found.data if found is not None else None)
         return Applied(label, action, resource)
 
     def _now(self) -> str:
@@ -358,38 +378,6 @@ class ResourceClient:
                 )
         return spec.cidr
 
-    def _relabel_endpoints(
-        self,
-        tx: _Tx,
-        pod_key: str,
-        pod: dict[str, Any] | None,
-        old: dict[str, Any] | None = None,
-    ) -> None:
-        """Give the Pod's endpoints its labels (``pod=None``: it was deleted: none).
-
-        A pod's endpoints are on its node: when the Pod (``pod``, or as it was: ``old``)
-        names one (``spec.nodeName``; tabby's node names are Kubernetes'), only that node's
-        endpoints of the pod are read (``wep.endpoint_prefixes``), so that a Pod's write
-        costs the same in a namespace of ten pods and of ten thousand; else (a Pod not
-        scheduled, or applied by an operator without a node) every endpoint of the
-        namespace."""
-        namespace, name = split_namespaced_key(pod_key)
-        labels = wep.effective_labels(None, pod) if pod is not None else {}
-        nodes = {n for n in (wep.pod_node(pod), wep.pod_node(old)) if n is not None}
-        if nodes:
-            prefixes = wep.endpoint_prefixes(namespace, name, nodes)
-        else:
-            prefixes = [namespaced_key(namespace, "")]
-        found = [item for prefix in prefixes for item in tx.list(wep.KIND, prefix)]
-        for key, data in dict(found).items():
-            spec = data.get("spec")
-            if not isinstance(spec, dict) or spec.get("pod") != name:
-                continue
-            meta = data.setdefault("metadata", {})
-            if isinstance(meta, dict) and meta.get("labels") != labels:
-                meta["labels"] = labels
-                tx.put(wep.KIND, key, data)
-
     # == delete ===============================================================================
 
     def delete(
@@ -414,27 +402,30 @@ class ResourceClient:
     def delete_documents(
         self, documents: Sequence[object], *, ignore_not_found: bool = False
     ) -> builtins.list[Deleted]:
-        """Delete the resource each document names, all or none."""
+        """Delete the resource each document names (each checked first, then each
+        deleted on its own)."""
 
-        def work(tx: _Tx) -> builtins.list[Deleted]:
-            out = []
-            for i, doc in enumerate(documents, 1):
-                label = document_label(i, doc)
-                if not isinstance(doc, dict):
-                    raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
-                info = _document_kind(label, doc)
-                meta = doc.get("metadata")
-                name = meta.get("name") if isinstance(meta, dict) else None
-                if not isinstance(name, str) or not name:
-                    raise InvalidDocument(label, [("metadata.name", "Required value")])
-                rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
-                ns = effective_namespace(info.namespaced, meta)
-                done = self._delete_one(tx, info, label, name, ns, rv, ignore_not_found)
-                if done is not None:
-                    out.append(done)
-            return out
+        def one(i: int, doc: object) -> Callable[[_Tx], Deleted | None]:
+            label = document_label(i, doc)
+            if not isinstance(doc, dict):
+                raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
+            info = _document_kind(label, doc)
+            meta = doc.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name:
+                raise InvalidDocument(label, [("metadata.name", "Required value")])
+            rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+            ns = effective_namespace(info.namespaced, meta)
+            return lambda tx: self._delete_one(tx, info, label, name, ns, rv, ignore_not_found)
 
-        return self._transact(work)
+        changes = [one(i, doc) for i, doc in enumerate(documents, 1)]
+        self._check(changes)
+        out = []
+        for change in changes:
+            done = self._transact(change)
+            if done is not None:
+                out.append(done)
+        return out
 
     def _delete_one(
         self,
@@ -458,15 +449,13 @@ class ResourceClient:
             self._delete_pool(tx, label, found)
         else:
             tx.delete(info.store_kind, found.key)
-        if info.store_kind == wep.POD_KIND:
-            self._relabel_endpoints(tx, found.key, None, found.data)
         return Deleted(label, resource)
 
     def _delete_pool(self, tx: _Tx, label: str, found: _Found) -> None:
         """Refuse while a block of the pool holds an address (checked before anything is
         written); the deletion itself is the IPAM core's (``Ipam.delete_pool``: it disables
         the pool first, so no node claims a new block of it meanwhile, then deletes its empty
-        blocks, their affinities and the pool), run after the commit."""
+        blocks, their affinities and the pool), run afterwards."""
         cidr = str(found.data.get("cidr", found.key))
         for key, data in tx.list("block"):
             block = Block.from_data(data, self.store.location("block", key))

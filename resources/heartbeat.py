@@ -8,16 +8,23 @@ counts as alive (standard library only).
 
 Stored data: ``{"node": <key>, "time": <unix seconds>, "pid": <the writer's pid>}``, where
 ``time`` is when the document was written: its writer then keeps its ttl (lease) alive
-without writing it again (``Store.keepalive``), so a live node costs the other nodes no
+without writing it again (``Leases.keepalive``: ``beat``), so a live node costs the other nodes no
 watch event.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from datastore.cas import cas
 from datastore.errors import StoreCorrupt
+
+if TYPE_CHECKING:
+    from datastore.base import Doc, Leases
 
 KIND = "heartbeat"
 CONTROLLERS_KEY = "_kube-controllers"
@@ -42,3 +49,18 @@ class Heartbeat:
 
     def to_data(self) -> dict[str, object]:
         return {"node": self.node, "time": self.time, "pid": self.pid}
+
+
+def beat(store: Leases, key: str, ttl: float) -> None:
+    """``key`` is alive: its document's lease kept alive, which no watcher hears of (no new
+    revision, no event); written again, with a new lease, only when it is gone (first start,
+    or it expired while its writer could not reach the datastore). Its ``time`` is when it
+    was last written."""
+    if store.keepalive(KIND, key):
+        return
+    data: dict[str, object] = Heartbeat(key, time.time(), os.getpid()).to_data()
+
+    def write(doc: Doc | None) -> int:
+        return store.put_leased(KIND, key, data, None if doc is None else doc.revision, ttl=ttl)
+
+    cas(lambda: store.get(KIND, key), write, KIND, key)

@@ -7,9 +7,9 @@ target assigns its own revisions.
 
 The target must hold no tabby document at all (else ``TargetNotEmpty``, nothing written).
 The source's lock is held for the whole copy, so the node's own CNI calls wait instead of
-writing behind it. Documents are written in batches (one ``commit`` each, small enough for
-etcd's default transaction limit); if a batch fails, the batches already written are
-removed again before the error is raised.
+writing behind it. Documents are created one at a time (a create that finds the document
+present fails: nobody else writes the target meanwhile); if one fails, those already
+written are removed again before the error is raised.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from datastore.base import KINDS, Op, Store
+from datastore.base import KINDS, Store
 from resources.errors import Conflict
 
 #: Kinds copied, in order (IPAM state first, then resources).
 MIGRATED_KINDS = tuple(k for k in KINDS if k not in ("heartbeat", "trace"))
-BATCH = 64
 
 
 class TargetNotEmpty(Conflict):
@@ -30,7 +29,7 @@ class TargetNotEmpty(Conflict):
 
 
 def copy_store(
-    source: Store, target: Store, *, kinds: Sequence[str] = MIGRATED_KINDS, batch: int = BATCH
+    source: Store, target: Store, *, kinds: Sequence[str] = MIGRATED_KINDS
 ) -> dict[str, int]:
     """Copy ``kinds`` from ``source`` into the empty ``target``; returns counts per kind."""
     held = {k: len(target.list_keys(k)) for k in KINDS}
@@ -38,24 +37,22 @@ def copy_store(
         what = ", ".join(f"{n} {k}" for k, n in held.items() if n)
         raise TargetNotEmpty(f"the target already holds tabby data ({what}): nothing copied")
     with source.lock():
-        ops = [Op(kind, key, doc.data, None) for kind in kinds for key, doc in source.list(kind)]
-        written: list[tuple[Op, int]] = []
+        docs = [(kind, key, doc.data) for kind in kinds for key, doc in source.list(kind)]
+        written: list[tuple[str, str, int]] = []
         try:
-            for start in range(0, len(ops), batch):
-                chunk = ops[start : start + batch]
-                written.extend(zip(chunk, target.commit(chunk), strict=True))
+            for kind, key, data in docs:
+                written.append((kind, key, target.put(kind, key, data, None)))
         except BaseException:
             _undo(target, written)
             raise
     counts = dict.fromkeys(kinds, 0)
-    for op in ops:
-        counts[op.kind] += 1
+    for kind, _key, _data in docs:
+        counts[kind] += 1
     return counts
 
 
-def _undo(target: Store, written: list[tuple[Op, int]]) -> None:
+def _undo(target: Store, written: list[tuple[str, str, int]]) -> None:
     """Best effort: the error being raised is the one that matters."""
-    for start in range(0, len(written), BATCH):
-        chunk = written[start : start + BATCH]
+    for kind, key, rev in reversed(written):
         with contextlib.suppress(Exception):
-            target.commit([Op(op.kind, op.key, None, rev) for op, rev in chunk])
+            target.delete(kind, key, rev)

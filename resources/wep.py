@@ -4,9 +4,9 @@ so the plugin can use it without importing pydantic).
 An endpoint's key is ``<pod namespace>/<name>``, its name Calico-style
 ``<node>-k8s-<pod>-<interface>`` with every ``-`` of the parts doubled (unambiguous), or
 ``wep-<hash>`` when that would not be a valid name. Its labels are those of the ``v1 Pod`` of
-the same namespace/name whenever that Pod exists (``effective_labels``, the one rule): ADD
-writes them here, and applying or deleting a Pod rewrites the stored labels of the Pod's
-endpoints in the same commit (``resources.client``).
+the same namespace/name whenever that Pod exists (``effective_labels``, the one rule, applied
+by every reader: the policy engine, ``resources.client``); ADD stores the Pod's labels of the
+moment too, which count only while no Pod of that name exists.
 
 Stored data (``resources.storage``)::
 
@@ -20,13 +20,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from datastore.base import Store
-from datastore.errors import RevisionConflict
+from datastore.base import Doc, Store
+from datastore.cas import DELETE, Delete, update
 from resources.names import dns1123_subdomain, namespaced_key
 
 KIND = "workloadendpoint"
 POD_KIND = "pod"
-RETRIES = 10
 
 
 def endpoint_name(node: str, pod: str, interface: str) -> str:
@@ -133,16 +132,13 @@ def write_endpoint(
     ip_networks: Sequence[str],
     clock: Callable[[], float] = time.time,
 ) -> str:
-    """Create or replace the attachment's endpoint with its Pod's labels; returns its key.
-
-    The Pod is read again after the write: a Pod applied in between (whose commit could not
-    see this endpoint yet) is caught and its labels written. Every write is a CAS.
-    """
+    """Create or replace the attachment's endpoint (one compare-and-swap), with its Pod's
+    labels of the moment; returns its key."""
     key = endpoint_key(namespace, node, pod, interface)
-    pod_key = namespaced_key(namespace, pod)
-    for _ in range(RETRIES):
-        pod_doc = store.get(POD_KIND, pod_key)
-        current = store.get(KIND, key)
+    pod_doc = store.get(POD_KIND, namespaced_key(namespace, pod))
+    labels = effective_labels(None, pod_doc.data if pod_doc is not None else None)
+
+    def change(current: Doc | None) -> dict[str, Any] | None:
         created = None
         if current is not None and _spec(current.data).get("containerID") == container_id:
             created = (current.data.get("metadata") or {}).get("creationTimestamp")
@@ -154,39 +150,28 @@ def write_endpoint(
             interface=interface,
             host_interface=host_interface,
             ip_networks=ip_networks,
-            labels=effective_labels(None, pod_doc.data if pod_doc is not None else None),
+            labels=labels,
             created=created or timestamp(clock()),
         )
-        if current is None or current.data != data:
-            try:
-                store.put(KIND, key, data, current.revision if current is not None else None)
-            except RevisionConflict:
-                continue
-        again = store.get(POD_KIND, pod_key)
-        if _revision(again) == _revision(pod_doc):
-            return key
-    raise RevisionConflict("workload endpoint kept changing", key)
+        return None if current is not None and current.data == data else data
+
+    update(store, KIND, key, change)
+    return key
 
 
 def remove_endpoint(store: Store, key: str, container_id: str) -> bool:
     """Delete the endpoint if it is this container's (a newer sandbox of the same pod may
     own it by now); False when there was nothing to delete."""
-    for _ in range(RETRIES):
-        current = store.get(KIND, key)
-        if current is None or _spec(current.data).get("containerID") != container_id:
-            return False
-        try:
-            store.delete(KIND, key, current.revision)
-            return True
-        except RevisionConflict:
-            continue
-    raise RevisionConflict("workload endpoint kept changing", key)
+    removed = [False]
+
+    def change(current: Doc | None) -> Delete | None:
+        removed[0] = current is not None and _spec(current.data).get("containerID") == container_id
+        return DELETE if removed[0] else None
+
+    update(store, KIND, key, change)
+    return removed[0]
 
 
 def _spec(data: Mapping[str, Any]) -> Mapping[str, Any]:
     spec = data.get("spec")
     return spec if isinstance(spec, dict) else {}
-
-
-def _revision(doc: Any) -> int | None:
-    return None if doc is None else int(doc.revision)

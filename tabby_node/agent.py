@@ -41,7 +41,6 @@ from cni_protocol.errors import CniError, Code
 from datastore.base import Doc, Store
 from ipam.core.errors import DatastoreError, RevisionConflict
 from policy.inputs import PolicyInputs, pod_key
-from resources.heartbeat import Heartbeat
 from resources.index import ENDPOINTS, HEARTBEATS, NODES, PODS, POOLS, Change, Documents
 from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.cluster import Cluster, PoolInfo, Underlay, pool_info, vxlan_state
@@ -208,15 +207,13 @@ class Agent:
 
     def serve_calls(self, store: Store) -> None:
         """The CNI calls this node serves use its store (warm connections) when their
-        configuration names the same datastore; on etcd each call's datastore work is one
-        optimistic commit based on what the watch and this node's own writes tell it
-        (``datastore.optimistic``: a stale guess costs a retry on the store, never a wrong
-        answer). The file store is local and cheap to read: no guesses there."""
-        import datastore
+        configuration names the same datastore, read through what the watch and this
+        node's own writes tell it (``datastore.cached``: a stale read costs a
+        compare-and-swap retry, never a wrong answer)."""
+        from datastore import Served
         from tabby_node.knowledge import Knowledge
 
-        known = Knowledge(self.cache) if self.datastore.datastore_type == "etcdv3" else None
-        self.served = datastore.serve(self.datastore, store, known)
+        self.served = Served(self.datastore, store, Knowledge(self.cache))
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Datastore work at start-up: retried until it works or tabby-node is stopped
@@ -288,28 +285,13 @@ class Agent:
         self.beat(store)
 
     def beat(self, store: Store) -> None:
-        """Liveness: the heartbeat document's lease kept alive, which no other node hears
-        of (no new revision, no watch event); written again, with a new lease, only when it
-        is gone (first start, or it expired while this node could not reach the datastore).
-        Its ``time`` is when it was last written."""
+        """Liveness (``resources.heartbeat.beat``)."""
+        from datastore.base import leases
+        from resources.heartbeat import beat
+
         facts = self.facts
         assert facts is not None
-        if store.keepalive(HEARTBEATS.name, facts.name):
-            return
-        data = Heartbeat(facts.name, time.time(), os.getpid()).to_data()
-        for _ in range(5):
-            current = store.get(HEARTBEATS.name, facts.name)
-            try:
-                store.put(
-                    HEARTBEATS.name,
-                    facts.name,
-                    data,
-                    current.revision if current else None,
-                    ttl=self.options.node_ttl,
-                )
-                return
-            except RevisionConflict:
-                continue
+        beat(leases(store), facts.name, self.options.node_ttl)
 
     def _heartbeat(self) -> None:
         store = self.store
@@ -744,10 +726,6 @@ class Agent:
                 self.routing.stop(stop_bird=stop_bird)
         for t in self.threads:
             t.join(timeout=2)
-        if self.served is not None:
-            import datastore
-
-            datastore.unserve(self.datastore)
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()
@@ -766,9 +744,9 @@ def _write_file(path: str, text: str) -> None:
 def _cas(
     store: Store, kind: str, key: str, change: Callable[[Mapping[str, Any] | None], dict[str, Any]]
 ) -> Doc:
-    """The core's compare-and-swap (``ipam.core.cas.update``) over ``change(data)``;
+    """The core's compare-and-swap (``datastore.cas.update``) over ``change(data)``;
     returns what the document holds afterwards."""
-    from ipam.core.cas import update
+    from datastore.cas import update
 
     written: list[dict[str, Any]] = []
 
@@ -806,9 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     warm_up()
     agent = Agent(options, datastore)
-    server = NodeServer(
-        options.socket_path, endpoints=AgentEndpoints(agent), mtu_file=options.mtu_file
-    )
+    server = NodeServer(options.socket_path, mtu_file=options.mtu_file)
     if options.metrics_port:  # metrics: before start-up, so that start-up is counted too
         from tabby_node import metrics
 
@@ -839,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
         from tabby_node import http
 
         http.start(agent)
+        assert agent.served is not None
+        server.serve(agent.served, AgentEndpoints(agent))
         server.bind()
         agent.server = server
         agent._spawn("cni server", server.serve_forever)
@@ -864,7 +842,7 @@ class AgentEndpoints:
         from cni_plugin.plugin import DatastoreEndpoints
 
         self.agent = agent
-        self.inner = DatastoreEndpoints()
+        self.inner = DatastoreEndpoints(agent.served)
 
     def added(
         self,
@@ -874,11 +852,10 @@ class AgentEndpoints:
         host_ifname: str,
     ) -> None:
         self.wait_mirrored(args)
-        # doc None: the write landed as one optimistic commit, which the cache holds now
-        # (or the endpoint vanished at once: then the cache has nothing to program)
-        key, doc = self.inner.record(args, conf, addresses, host_ifname)
+        # the write was learnt by the served store's knowledge: the cache holds it now
+        key = self.inner.record(args, conf, addresses, host_ifname)
         try:
-            self.agent.endpoint_added(key, doc)
+            self.agent.endpoint_added(key, None)
         except Exception as e:
             raise CniError(
                 Code.DATAPLANE, "cannot program the pod's network policy", str(e)

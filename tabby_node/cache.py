@@ -9,7 +9,7 @@ import time
 from typing import Any, TypeVar
 
 from datastore.base import Doc, SyncEvent
-from datastore.optimistic import UNKNOWN, Unknown
+from datastore.cached import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
 from resources.index import (
     BLOCKS,

@@ -1,12 +1,11 @@
 """What tabby-node knows of the datastore, for the CNI calls it serves.
 
-The calls' datastore work runs as one optimistic commit (``datastore.optimistic``) based on
-this ``Known``: the documents tabby-node watches come from its cache (blocks, pools, pods,
-endpoints: as fresh as the watch), the others an IPAM operation reads (handles, affinity
-documents) from what tabby-node itself last read or wrote (a bounded memo: every handle of
-this node's pods and its own affinity document fit). Nothing here is trusted for
-correctness: the commit proves every document it relied on, and one that proved stale is
-forgotten (a watched one is corrected by the watch).
+The calls' datastore work reads through this ``Known`` (``datastore.cached``): the documents
+tabby-node watches come from its cache (blocks, pools, pods, endpoints: as fresh as the
+watch), the others an IPAM operation reads (affinity documents) from what tabby-node itself
+last read or wrote (a bounded memo). Nothing here is trusted for correctness: every write is
+a compare-and-swap at the revision read, and a document that proved stale is forgotten (a
+watched one is corrected by the watch).
 """
 
 from __future__ import annotations
@@ -15,11 +14,11 @@ import collections
 import threading
 
 from datastore.base import Doc
-from datastore.optimistic import UNKNOWN, Unknown
+from datastore.cached import UNKNOWN, Unknown
 from tabby_node.cache import Cache
 
-#: Documents remembered besides the watch: a node's handles (110 pods, a few interfaces
-#: each) and its affinity document fit many times over.
+#: Documents remembered besides the watch (this node's affinity document, and what an
+#: operator's release read).
 MEMO_LIMIT = 4096
 
 

@@ -29,6 +29,7 @@ from cni_protocol import skel
 from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
 
 if TYPE_CHECKING:
+    from datastore import Stores
     from tabby_node.view import MetricsHooks
 
 log = logging.getLogger("tabby.node")
@@ -54,28 +55,39 @@ def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
 
 
 class InProcessIpam:
-    """tabby-node's IPAM invoker: tabby-ipam runs in this thread through the very same
-    handlers the binary would run (same stdin, same env with CNI_COMMAND changed), so the
-    results are identical; any other IPAM type is exec'd as the spec says."""
+    """tabby-node's IPAM invoker: tabby-ipam's verbs run in this thread on the call's
+    already parsed and validated arguments (nothing is parsed twice), their datastore work
+    on ``stores`` (tabby-node's served store), so the results are the binary's; any other
+    IPAM type is exec'd as the spec says."""
+
+    def __init__(self, stores: Stores | None = None) -> None:
+        from datastore import STANDALONE
+        from ipam.plugin import IpamVerbs
+
+        self.verbs = IpamVerbs(stores or STANDALONE).handlers()
 
     def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
         if ipam_type != "tabby-ipam":
             return plugin.ExecIpam().start(ipam_type, command, args)
-        from cni_protocol.invoke import delegate_env, parse_output
-        from ipam.plugin import HANDLERS
+        from cni_protocol.invoke import delegate_env
 
-        rc, out = skel.run(HANDLERS, delegate_env(args.env, command), args.stdin)
-        return lambda: parse_output(ipam_type, command, rc, out)
+        result = skel.call(self.verbs, args.delegated(command, delegate_env(args.env, command)))
+        return lambda: result
 
 
 def node_handlers(
-    endpoints: plugin.EndpointRecorder | None = None, mtu_file: str | None = None
+    stores: Stores | None = None,
+    endpoints: plugin.EndpointRecorder | None = None,
+    mtu_file: str | None = None,
 ) -> skel.Handlers:
-    """tabby's handlers as tabby-node runs them: tabby-ipam in-process, the endpoint
-    recorder the agent gives (it programs a new pod's policy before the ADD answers), and
-    the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
+    """tabby's handlers as tabby-node runs them: tabby-ipam in-process, both on the node's
+    ``stores``; the endpoint recorder the agent gives (it programs a new pod's policy before
+    the ADD answers), and the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
     return plugin.Plugin(
-        ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file, validate_first=True
+        ipam=InProcessIpam(stores),
+        endpoints=endpoints,
+        mtu_file=mtu_file,
+        validate_first=True,
     ).handlers()
 
 
@@ -86,6 +98,7 @@ def execute(
     netns_fd: int,
     mnt_fd: int | None = None,
     handlers: skel.Handlers | None = None,
+    ipam_handlers: skel.Handlers | None = None,
 ) -> tuple[int, bytes]:
     """Run one CNI call in the calling thread, inside the caller's network namespace (and
     mount namespace, when it differs from ours: then paths in env and config mean what
@@ -107,7 +120,7 @@ def execute(
                 from ipam import plugin as ipam_plugin
 
                 return skel.run(
-                    ipam_plugin.HANDLERS,
+                    ipam_handlers if ipam_handlers is not None else ipam_plugin.HANDLERS,
                     env,
                     stdin,
                     own_netns=caller_ns,
@@ -133,9 +146,14 @@ class NodeServer:
         path: str,
         endpoints: plugin.EndpointRecorder | None = None,
         mtu_file: str | None = None,
+        stores: Stores | None = None,
     ) -> None:
+        from ipam.plugin import IpamVerbs
+
         self.path = path
-        self.handlers = node_handlers(endpoints, mtu_file)
+        self.mtu_file = mtu_file
+        self.handlers = node_handlers(stores, endpoints, mtu_file)
+        self.ipam_handlers = IpamVerbs(stores).handlers() if stores is not None else None
         self.sock: socket.socket | None = None
         self.stopping = threading.Event()
         self.inflight: set[threading.Thread] = set()
@@ -144,6 +162,15 @@ class NodeServer:
         self.run_dir_lock: FileLock | None = None
         #: tabby_node.metrics.Metrics, or None: counts every call served
         self.metrics: MetricsHooks | None = None
+
+    def serve(self, stores: Stores, endpoints: plugin.EndpointRecorder | None) -> None:
+        """The calls' datastore work on ``stores`` (tabby-node's served store, open once its
+        start-up has reached it), their endpoints recorded by ``endpoints``; before
+        ``bind``."""
+        from ipam.plugin import IpamVerbs
+
+        self.handlers = node_handlers(stores, endpoints, self.mtu_file)
+        self.ipam_handlers = IpamVerbs(stores).handlers()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -276,7 +303,9 @@ class NodeServer:
             cni_log.begin_stderr_capture()
             started = time.monotonic()
             try:
-                rc, out = execute(role, env, stdin, netns_fd, mnt_fd, self.handlers)
+                rc, out = execute(
+                    role, env, stdin, netns_fd, mnt_fd, self.handlers, self.ipam_handlers
+                )
             finally:
                 err = cni_log.end_stderr_capture(MAX_STDERR)
             if self.metrics is not None:  # metrics

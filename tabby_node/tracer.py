@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from datastore.base import leases
 from resources.index import TRACES
 from resources.trace import KIND, TraceAnswer, TraceRequest, answer_key
 
@@ -109,7 +110,7 @@ class Tracer:
         try:
             current = self.store.get(KIND, key)
             revision = current.revision if current is not None else None
-            self.store.put(KIND, key, data, revision, ttl=ANSWER_TTL)
+            leases(self.store).put_leased(KIND, key, data, revision, ttl=ANSWER_TTL)
         except Exception as e:
             log.warning("policy trace %s: cannot write the answer: %s", request.id, e)
 

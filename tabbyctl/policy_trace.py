@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from datastore.base import leases
 from tabbyctl.common import Ctx, output_option
 from tabbyctl.policy import (
     ExplainError,
@@ -267,7 +268,7 @@ def run(p: Plan, store: Store | None) -> dict[str, Any]:
                 probe.icmp_id,
                 REMOTE_SECONDS,
             )
-            store.put(KIND, request_id, req.to_data(), None, ttl=REQUEST_TTL)
+            leases(store).put_leased(KIND, request_id, req.to_data(), None, ttl=REQUEST_TTL)
             asked = True
             armed = _wait_answer(
                 store, answer_key(request_id, p.dst_node), ("armed", "done", "failed"), 5.0

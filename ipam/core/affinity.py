@@ -1,10 +1,15 @@
-"""The affinity documents: which blocks a node owns (``blocks``, claim order), the hint of
-those last seen with room (``avail``), and where its next claim starts (``cursor``).
+"""The affinity documents: a node's index. ``blocks``: the node's own blocks (claim order);
+``borrowed``: other blocks where it holds (or is about to hold) an allocation; ``cursor``:
+where its next claim starts in each pool.
 
-Only a node itself adds or removes its blocks (claim, adopt, forget); any node edits the
-hints of an existing document (a borrower that fills a block, a release that empties one)
-and never creates another node's document. ``release_node`` and ``delete_pool`` forget
-blocks they removed. Every edit is a CAS through ``modify``.
+Invariant I2: every allocation made for a node lies in a block its document lists. So a
+block is listed before the node's first allocation there: a claim lists it after creating
+it and before allocating, a borrow lists it before allocating. A listed block that holds
+nothing of the node is harmless (a leftover GC removes).
+
+Only a node itself edits its document (claim, adopt, borrow, forget, the legacy migration),
+besides ``release_node`` and ``delete_pool``, which forget blocks they removed. Every edit
+is a CAS through ``modify``.
 """
 
 from __future__ import annotations
@@ -12,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from datastore.cas import cas
 from ipam.core.block import Block
-from ipam.core.cas import cas
 from ipam.core.docs import INFO, WARNING, Docs, Op, family, log
-from ipam.core.errors import RevisionConflict, StoreCorrupt
 from ipam.core.model import Affinity
 
 
@@ -56,8 +60,22 @@ def add(docs: Docs, op: Op, cidr: str, cursor: tuple[str, int] | None = None) ->
     modify(docs, op, docs.node, partial(_add, cidr=cidr, cursor=cursor))
 
 
+def borrow(docs: Docs, op: Op, cidr: str) -> None:
+    """List another node's (or no node's) block before this node's first allocation in it."""
+    if cidr not in docs.my_affinity(op).indexed():
+        modify(docs, op, docs.node, partial(_borrow, cidr=cidr))
+
+
 def forget(docs: Docs, op: Op, node: str, cidrs: Iterable[str], pool: str | None = None) -> None:
+    """Unlist blocks that were removed (``release_node``, ``delete_pool``)."""
     modify(docs, op, node, partial(_forget, cidrs=list(cidrs), pool=pool))
+
+
+def unlist(docs: Docs, op: Op, drop: Iterable[str], lent: Iterable[str]) -> None:
+    """This node's index without ``drop`` (blocks gone, or another's holding nothing of
+    it), with ``lent`` (listed as its own, another's now, still holding its allocations)
+    moved to ``borrowed``. The caller read each of them from the store itself."""
+    modify(docs, op, docs.node, partial(_unlist, drop=set(drop), lent=list(lent)))
 
 
 def adopt(docs: Docs, op: Op, blk: Block, cursor: tuple[str, int] | None = None) -> bool:
@@ -77,59 +95,6 @@ def claimed(docs: Docs, op: Op, blk: Block, cursor: tuple[str, int] | None) -> N
     log(INFO, "node %s claimed block %s", docs.node, blk.cidr)
 
 
-def mark_full(docs: Docs, op: Op, blk: Block, rev: int) -> None:
-    """Found full while hinted to have room: set the block's flag and the owner's hint.
-
-    One attempt: a lost CAS means the block changed, and its writer keeps flag and hint.
-    """
-    if not blk.full:
-        new = blk.copy()
-        new.full = True
-        try:
-            docs.store.put("block", blk.cidr, new.to_data(), rev)
-        except RevisionConflict:
-            return
-        blk = new
-    hint_full(docs, op, blk)
-
-
-def hint_full(docs: Docs, op: Op, blk: Block) -> None:
-    """Drop ``blk`` from its owner's ``avail`` hint, then look again: if a release gave it
-    room meanwhile (another node's, whose "room" hint this write may have undone), put it
-    back. Hints never decide, but a block hidden as full would make its node claim more."""
-    owner = blk.node
-    if not owner:
-        return
-    try:
-        modify(docs, op, owner, partial(_full, cidr=blk.cidr))
-    except StoreCorrupt as e:
-        if owner == docs.node:
-            raise
-        log(WARNING, "cannot update the hint of node %s: %s", owner, e)
-        return
-    now = docs.try_block(blk.cidr)
-    if now is not None and now[0].node == owner and not now[0].full:
-        hint_unfull(docs, op, owner, blk.cidr)
-
-
-def hint_unfull(docs: Docs, op: Op, owner: str, cidr: str) -> None:
-    """Put ``cidr`` back in its owner's ``avail`` hint (after a release gave it room); a
-    corrupt affinity document is logged and left alone (the release itself is done)."""
-    try:
-        modify(docs, op, owner, partial(_unfull, cidrs=[cidr]))
-    except StoreCorrupt as e:
-        log(WARNING, "cannot update the hint of node %s: %s", owner, e)
-
-
-def room_found(docs: Docs, op: Op, cidr: str) -> None:
-    """This node found room in its block ``cidr`` hinted full: hint it again."""
-    modify(docs, op, docs.node, partial(_unfull, cidrs=[cidr]))
-
-
-def repair(docs: Docs, op: Op, gone: list[str], roomy: list[str]) -> None:
-    modify(docs, op, docs.node, partial(_repair, gone=gone, roomy=roomy))
-
-
 # -- changes (True = the document changed) --------------------------------------------------
 
 
@@ -138,8 +103,8 @@ def _add(aff: Affinity, *, cidr: str, cursor: tuple[str, int] | None) -> bool:
     if cidr not in aff.blocks:
         aff.blocks.append(cidr)
         changed = True
-    if cidr not in aff.avail:
-        aff.avail.append(cidr)
+    if cidr in aff.borrowed:  # claimed after being borrowed (e.g. left unaffine): own now
+        aff.borrowed.remove(cidr)
         changed = True
     if cursor is not None and aff.cursor.get(cursor[0]) != cursor[1]:
         aff.cursor[cursor[0]] = cursor[1]
@@ -147,37 +112,26 @@ def _add(aff: Affinity, *, cidr: str, cursor: tuple[str, int] | None) -> bool:
     return changed
 
 
-def _forget(aff: Affinity, *, cidrs: Iterable[str], pool: str | None = None) -> bool:
-    drop = set(cidrs)
-    before = (len(aff.blocks), len(aff.avail), len(aff.cursor))
-    aff.blocks = [c for c in aff.blocks if c not in drop]
-    aff.avail = [c for c in aff.avail if c not in drop]
-    if pool is not None:
-        aff.cursor.pop(pool, None)
-    return before != (len(aff.blocks), len(aff.avail), len(aff.cursor))
-
-
-def _full(aff: Affinity, *, cidr: str) -> bool:
-    if cidr in aff.avail:
-        aff.avail.remove(cidr)
-        return True
-    return False
-
-
-def _unfull(aff: Affinity, *, cidrs: Iterable[str]) -> bool:
-    """Hint ``cidrs`` as having room; ``avail`` stays in claim order (older blocks first)."""
-    avail = set(aff.avail)
-    add = {c for c in cidrs if c not in avail and c in aff.blocks}
-    if not add:
+def _borrow(aff: Affinity, *, cidr: str) -> bool:
+    if cidr in aff.blocks or cidr in aff.borrowed:
         return False
-    avail |= add
-    aff.avail = [c for c in aff.blocks if c in avail]
+    aff.borrowed.append(cidr)
     return True
 
 
-def _repair(aff: Affinity, *, gone: list[str], roomy: list[str]) -> bool:
-    forgot = _forget(aff, cidrs=gone)
-    listed = set(aff.blocks)
-    strays = [c for c in aff.avail if c not in listed]
-    aff.avail = [c for c in aff.avail if c in listed]
-    return _unfull(aff, cidrs=roomy) or forgot or bool(strays)
+def _unlist(aff: Affinity, *, drop: set[str], lent: list[str]) -> bool:
+    before = (list(aff.blocks), list(aff.borrowed))
+    aff.blocks = [c for c in aff.blocks if c not in drop and c not in lent]
+    aff.borrowed = [c for c in aff.borrowed if c not in drop]
+    aff.borrowed += [c for c in lent if c not in aff.borrowed]
+    return before != (aff.blocks, aff.borrowed)
+
+
+def _forget(aff: Affinity, *, cidrs: Iterable[str], pool: str | None = None) -> bool:
+    drop = set(cidrs)
+    before = (len(aff.blocks), len(aff.borrowed), len(aff.cursor))
+    aff.blocks = [c for c in aff.blocks if c not in drop]
+    aff.borrowed = [c for c in aff.borrowed if c not in drop]
+    if pool is not None:
+        aff.cursor.pop(pool, None)
+    return before != (len(aff.blocks), len(aff.borrowed), len(aff.cursor))

@@ -2,22 +2,21 @@
 
 =================  ============================================================
 ``pooladmin``      create, list, disable, delete pools (and the overlap rule)
-``assign``         one attachment's addresses: plan, handle, allocations
+``assign``         one attachment's addresses: plan, then one CAS per allocation
 ``candidates``     where an address can come from (assignment and STATUS)
-``release``        release by handle, by address, GC of stale handles (and repair of
-                   this node's hints), every address and block of a gone node
+``release``        release by handle, by address, GC of stale attachments (and repair of
+                   this node's index), every address and block of a gone node
 ``status``         readiness (CNI STATUS)
 ``views``          lookups and the operator's usage tables
-``affinity``       the affinity documents (blocks of a node, hints)
-``handles``        the handle documents
-``cas``            the one compare-and-swap loop every read-modify-write uses
+``affinity``       the affinity documents: each node's index of its blocks
+``legacy``         the migration from handle documents (format 1)
 ``docs``           typed reads, per-operation state, the pool gate
 ``reports``        the operator's value types (loaded only when used)
 =================  ============================================================
 
 Each operation module is imported when first used, so a CNI call loads only its own.
-Every write is compare-and-swap; ``store.lock()`` only serialises this node's writers (see
-``ipam/DESIGN.md``).
+Every write is compare-and-swap of one document (``datastore.cas``); ``store.lock()`` only
+serialises this node's writers (see ``ipam/DESIGN.md``).
 """
 
 from __future__ import annotations
@@ -46,8 +45,10 @@ if TYPE_CHECKING:
 class Ipam:
     """Block IPAM over a ``Store`` for one node.
 
-    ``node`` may be "" for operations that do not need it (release, lookup, GC of every
-    node's handles, operator views, release_node); ``assign`` and ``can_allocate`` need it.
+    ``node`` may be "" for the operator's operations (release and lookup by handle then look
+    at every block, GC at every node's attachments; views, release_node); ``assign`` and
+    ``can_allocate`` need it. A release or lookup by handle with a node looks at the
+    blocks the node's index lists (where every allocation made for it lies).
     """
 
     def __init__(self, store: Store, node: str, *, clock: Callable[[], float] = time.time) -> None:
@@ -122,7 +123,7 @@ class Ipam:
     # == release ==========================================================================
 
     def release_handle(self, handle_id: str) -> list[Allocation]:
-        """Release every address of the handle and delete it. Not found = [] (success)."""
+        """Release every address of the handle. Not found = [] (success)."""
         from ipam.core import release
 
         return release.release_handle(self._docs, handle_id)
@@ -162,10 +163,10 @@ class Ipam:
     def gc(
         self, network: str, valid: Collection[tuple[str, str]], *, grace_seconds: float
     ) -> GcReport:
-        """Release this network's handles whose (container id, ifname) is not in ``valid``
-        and that are older than ``grace_seconds``. Only this node's handles (every node's
+        """Release this network's attachments whose (container id, ifname) is not in
+        ``valid`` and that are older than ``grace_seconds``. Only this node's (every node's
         when ``node`` is ""). Goes on after individual errors and reports them. Also repairs
-        this node's affinity hints and adopts its orphan blocks."""
+        this node's index and adopts its orphan blocks."""
         from ipam.core import release
 
         return release.gc(self._docs, network, valid, grace_seconds)

@@ -1,26 +1,29 @@
-"""Assigning addresses to one attachment: plan (pick every block, claiming as needed), list
-the blocks in the handle, write each allocation (CAS), confirm the handle still indexes
-them. See ipam/DESIGN.md "Assign"."""
+"""Assigning addresses to one attachment: plan (pick a block for every address, claiming
+one as needed), then write each allocation: one CAS of its block, nothing else. See
+ipam/DESIGN.md "Assign".
+
+The node's index (its affinity document) lists every block before the node's first
+allocation there (a claim lists the block it created, a borrow the block it borrows from),
+so a release by handle finds every address of the attachment in the blocks the node lists.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ipam.core import affinity, handles
+from datastore.cas import cas
+from ipam.core import affinity, legacy
 from ipam.core.block import Block
 from ipam.core.candidates import (
     BORROW,
     CLAIM,
-    FULL,
     GONE,
     ORPHAN,
     OWN,
-    RECHECK,
     Candidate,
     Candidates,
 )
-from ipam.core.cas import cas
 from ipam.core.docs import WARNING, Docs, Op, log
 from ipam.core.errors import (
     AddressUnavailable,
@@ -92,16 +95,12 @@ def _assign_locked(
     specific: list[IPAddress],
     families: list[int],
 ) -> list[Allocation]:
-    stale: list[str] = []
-    got = docs.handle(hid)
-    if got is not None:
-        held, stale = handles.held(docs, got[0])
-        if held:
-            # ADD-7 (cni_protocol/CONFORMANCE.md): a repeated ADD gets what it has, no second
-            # address.
-            if stale:
-                _sweep(docs, op, hid, handles.extend(docs, hid, add=(), remove=stale))
-            return held
+    legacy.migrate(docs, op)
+    held = docs.held(hid, docs.my_affinity(op).indexed(), op)
+    if held:
+        # ADD-7 (cni_protocol/CONFORMANCE.md): a repeated ADD gets what it has, no second
+        # address.
+        return held
     if specific:
         picks = [pick_specific(docs, op, ip) for ip in specific]
     else:
@@ -109,36 +108,16 @@ def _assign_locked(
             cidrs = req.v4_pools if fam == 4 else req.v6_pools
             op.pools[fam] = _request_pools(docs, cidrs, fam)
         picks = [pick_auto(docs, op, fam) for fam in families]
-    # The handle lists every block first: a kill after this leaves only leftovers.
-    listed = [p.block.cidr for p in picks]
-    _sweep(docs, op, hid, handles.extend(docs, hid, add=listed, remove=stale))
     done: list[Allocation] = []
     try:
         for pick in picks:
             done.append(_commit(docs, op, hid, attrs, pick))
-        _confirm(docs, hid, done)
     except BaseException:
         from ipam.core import release  # rare: imported only when needed (start-up cost)
 
         release.rollback(docs, op, hid, done)
         raise
     return done
-
-
-def _sweep(docs: Docs, op: Op, hid: str, dropped: list[str]) -> None:
-    if dropped:
-        from ipam.core import release  # rare: imported only when needed (start-up cost)
-
-        release.sweep(docs, op, hid, dropped)
-
-
-def _confirm(docs: Docs, hid: str, done: list[Allocation]) -> None:
-    """The handle still lists every block written: a release of the same handle running
-    on another node did not pass before the allocations landed (else: undo, try again)."""
-    got = docs.handle(hid)
-    listed = set(got[0].blocks) if got is not None else set()
-    if any(str(a.block_cidr) not in listed for a in done):
-        raise RevisionConflict("handle released while assigning", hid)
 
 
 def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
@@ -192,24 +171,21 @@ def pick_auto(docs: Docs, op: Op, fam: int) -> Pick:
         max_blocks=op.max_blocks,
         aff=lambda: docs.my_affinity(op),
         closed=op.closed,
+        op=op,
     )
     gone: list[str] = []
     for c in cands:
         if c.kind == GONE:
             gone.append(c.cidr)
             continue
-        if c.kind == FULL:
-            assert c.block is not None
-            affinity.mark_full(docs, op, c.block, c.revision)
-            continue
-        if gone:  # leaving the hinted blocks: forget those that are not ours any more
-            affinity.forget(docs, op, docs.node, gone)
+        if gone:  # leaving the listed blocks: forget those that are not ours any more
+            _forget_gone(docs, op, gone)
             gone = []
         pick = _take(docs, op, fam, c)
         if pick is not None:
             return pick
     if gone:
-        affinity.forget(docs, op, docs.node, gone)
+        _forget_gone(docs, op, gone)
     why = []
     if cands.limited:
         why.append(f"max_blocks_per_host {op.max_blocks} reached")
@@ -220,6 +196,25 @@ def pick_auto(docs: Docs, op: Op, fam: int) -> Pick:
         f"pools {', '.join(sorted(p.cidr for p in pools))} for node {docs.node}"
         + (f" ({'; '.join(why)})" if why else ""),
     )
+
+
+def _forget_gone(docs: Docs, op: Op, cidrs: list[str]) -> None:
+    """Unlist blocks found gone or another node's: each read again from the store itself
+    first (a served call may have read a stale "gone"), and kept while it holds an address
+    made for this node (then it is listed as borrowed: I2)."""
+    drop: list[str] = []
+    lent: list[str] = []
+    for cidr in cidrs:
+        try:
+            got = docs.block(cidr, fresh=True)
+        except StoreCorrupt:
+            continue  # cannot prove it gone: keep it listed
+        if got is None:
+            drop.append(cidr)
+        elif got[0].node != docs.node:
+            (lent if got[0].holds_for(docs.node) else drop).append(cidr)
+    if drop or lent:
+        affinity.unlist(docs, op, drop, lent)
 
 
 def _take(docs: Docs, op: Op, fam: int, c: Candidate) -> Pick | None:
@@ -235,8 +230,6 @@ def _take(docs: Docs, op: Op, fam: int, c: Candidate) -> Pick | None:
     if c.kind == ORPHAN:
         if not affinity.adopt(docs, op, blk, c.cursor()) or c.ordinal is None:
             return None
-    elif c.kind == RECHECK:
-        affinity.room_found(docs, op, c.cidr)
     elif c.kind == BORROW:
         why = docs.gate(blk)
         if why is not None:
@@ -244,6 +237,7 @@ def _take(docs: Docs, op: Op, fam: int, c: Candidate) -> Pick | None:
             if docs.pool_refuses(blk.pool) is not None:
                 op.closed.add(blk.pool)  # none of its blocks will do
             return None
+        affinity.borrow(docs, op, c.cidr)  # listed before the allocation (I2)
     else:
         assert c.kind == OWN
     assert c.ordinal is not None
@@ -323,6 +317,8 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
             raise AddressUnavailable("requested IP's pool is not usable", f"{ip}: {why}")
         if blk.node:
             affinity.add(docs, op, cidr)
+        else:
+            affinity.borrow(docs, op, cidr)
     elif blk.node == docs.node:
         if cidr not in docs.my_affinity(op).blocks and not affinity.adopt(docs, op, blk):
             raise AddressUnavailable("requested IP's pool is not usable", str(ip))
@@ -338,6 +334,8 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
     o = blk.ordinal(ip)
     if blk.allocations[o] is not None:
         raise AddressUnavailable("requested IP is in use", str(ip))
+    if blk.node != docs.node:
+        affinity.borrow(docs, op, cidr)  # listed before the allocation (I2)
     return Pick(blk, rev, o, pool.version, ip)
 
 
@@ -346,7 +344,7 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
 
 def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> Allocation:
     """Write the allocation at the revision the pick was read at; a lost CAS picks again
-    from fresh reads (listing a new block in the handle first)."""
+    from fresh reads."""
     tried: list[Pick] = []
 
     def read() -> Pick:
@@ -354,12 +352,11 @@ def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> 
             tried.append(pick)
             return pick
         old = tried[-1]
+        op.blocks.clear()  # the write lost: what this operation read is stale
         if old.specific is not None:
             new = pick_specific(docs, op, old.specific)
         else:
             new = pick_auto(docs, op, old.family)
-        if new.block.cidr != old.block.cidr:
-            handles.extend(docs, hid, add=[new.block.cidr], remove=())
         tried.append(new)
         return new
 
@@ -375,6 +372,4 @@ def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> 
         return new, p
 
     new, p = cas(read, write, "block", pick.block.cidr)
-    if new.full and not p.block.full:
-        affinity.hint_full(docs, op, new)
     return docs.allocation(new, p.ordinal)

@@ -182,6 +182,12 @@ class Block:
     def is_empty(self) -> bool:
         return all(a is None for a in self.allocations)
 
+    def holds_for(self, node: str) -> bool:
+        """Whether an allocation here was made for ``node`` (its ``node`` attribute)."""
+        return any(
+            a is not None and (a.get("attrs") or {}).get("node") == node for a in self.allocations
+        )
+
     def ordinals_of(self, handle: str) -> list[int]:
         return [
             o for o, a in enumerate(self.allocations) if a is not None and a["handle"] == handle

@@ -1,17 +1,18 @@
 """Where an address of one family can come from, in the order the allocator tries: the one
 candidate generator, read-only, shared by assignment and by readiness (STATUS).
 
-1. ``OWN``: this node's blocks hinted to have room (``avail``), in claim order, each with
-   the ordinal to take (``FULL`` and ``GONE`` report hints found wrong on the way);
+1. ``OWN``: this node's blocks with room, in claim order, each with the ordinal to take
+   (``GONE``: a listed block that is not the node's any more, for the consumer to forget);
 2. ``CLAIM``: blocks of the pools that do not exist yet, in this node's claim walk
    (``ClaimWalk``), unless ``max_blocks_per_host`` is reached; an ``ORPHAN`` (this node's
    block missing from its list: a killed claim) met on the walk is offered for adoption;
-3. ``RECHECK``: this node's blocks hinted full that have room after all (hints never decide);
-4. every other block of the pools: this node's unlisted ones (``ORPHAN``), else unless
+3. every other block of the pools: this node's unlisted ones (``ORPHAN``), else unless
    ``strict_affinity`` another node's or no node's block with room (``BORROW``).
 
-The generator only reads; the consumer acts on each candidate (claims, writes the hints,
-adopts, checks the pool gate) between two steps, and the generator reads the node's
+Stage 1 reads the node's own blocks (tabby-node serves them from its watch: no read of the
+datastore); stage 3 reads every block, only when the node has no room and cannot claim. The
+generator only reads; the consumer acts on each candidate (claims, adopts, lists a borrowed
+block, checks the pool gate) between two steps, and the generator reads the node's
 affinity document afresh at each stage. A pool the consumer adds to ``closed`` is offered no
 more.
 """
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ipam.core.block import Block
-from ipam.core.docs import WARNING, Docs, family, inside, log
+from ipam.core.docs import WARNING, Docs, Op, family, inside, log
 from ipam.core.errors import StoreCorrupt
 from ipam.core.model import Affinity, IPNetwork, Pool, Reserved
 from ipam.core.pools import start_index, walk
@@ -33,14 +34,12 @@ if TYPE_CHECKING:
 PROBES = 3  # claim candidates found taken one by one before listing every block key
 
 OWN = "own"
-FULL = "full"
 GONE = "gone"
 CLAIM = "claim"
 ORPHAN = "orphan"
-RECHECK = "recheck"
 BORROW = "borrow"
 
-USABLE = (OWN, CLAIM, RECHECK, BORROW)  # ORPHAN too, when it has an ordinal
+USABLE = (OWN, CLAIM, BORROW)  # ORPHAN too, when it has an ordinal
 
 
 class Candidate:
@@ -128,6 +127,7 @@ class Candidates:
         "fam",
         "limited",
         "max_blocks",
+        "op",
         "pools",
         "reserved",
         "strict",
@@ -144,6 +144,7 @@ class Candidates:
         max_blocks: int,
         aff: Callable[[], Affinity],
         closed: set[str] | None = None,
+        op: Op | None = None,
     ) -> None:
         self.docs = docs
         self.fam = fam
@@ -153,6 +154,7 @@ class Candidates:
         self.max_blocks = max_blocks
         self.aff = aff  # this node's affinity document as it is now
         self.closed = closed if closed is not None else set()
+        self.op = op  # the operation whose reads of the node's blocks can be reused
         self.limited = False  # max_blocks_per_host reached: no claim (known after stage 2)
 
     def _open_pools(self) -> list[Pool]:
@@ -161,17 +163,16 @@ class Candidates:
     def __iter__(self) -> Iterator[Candidate]:
         yield from self._own()
         yield from self._claims()
-        yield from self._recheck()
         yield from self._unlisted()
 
     def _own(self) -> Iterator[Candidate]:
         pools = self._open_pools()
         in_pools = {p.cidr for p in pools}
-        for cidr in list(self.aff().avail):
+        for cidr in list(self.aff().blocks):
             if family(cidr) != self.fam or not inside(cidr, pools):
                 continue
             try:
-                got = self.docs.block(cidr)
+                got = self.docs.seen_block(self.op, cidr)
             except StoreCorrupt as e:
                 log(WARNING, "skipping unreadable block: %s", e)
                 continue
@@ -182,7 +183,8 @@ class Candidates:
             if blk.pool not in in_pools:
                 continue
             o = blk.first_usable(self.reserved)
-            yield Candidate(OWN if o is not None else FULL, cidr, blk, rev, o)
+            if o is not None:
+                yield Candidate(OWN, cidr, blk, rev, o)
 
     def _claims(self) -> Iterator[Candidate]:
         aff = self.aff()
@@ -212,24 +214,6 @@ class Candidates:
                 if ours and cidr not in self.aff().blocks:
                     o = blk.first_usable(self.reserved)
                     yield Candidate(ORPHAN, cidr, blk, rev, o, pool, idx)
-
-    def _recheck(self) -> Iterator[Candidate]:
-        aff = self.aff()
-        pools = self._open_pools()
-        in_pools = {p.cidr for p in pools}
-        avail = set(aff.avail)
-        for cidr in [c for c in aff.blocks if c not in avail]:
-            if family(cidr) != self.fam or not inside(cidr, pools):
-                continue
-            got = self.docs.try_block(cidr)
-            if got is None:
-                continue
-            blk, rev = got
-            if blk.node != self.docs.node or blk.pool not in in_pools:
-                continue
-            o = blk.first_usable(self.reserved)
-            if o is not None:
-                yield Candidate(RECHECK, cidr, blk, rev, o)
 
     def _unlisted(self) -> Iterator[Candidate]:
         docs = self.docs

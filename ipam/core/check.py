@@ -44,8 +44,8 @@ class _Checker:
         self.out: list[Problem] = []
         self.pools: dict[str, Pool] = {}
         self.blocks: dict[str, Block] = {}
-        self.owners: dict[str, set[str]] = {}  # handle id -> blocks with an address of it
-        self.handles: dict[str, Handle] = {}
+        #: node -> blocks holding an allocation made for it (its "node" attribute)
+        self.holders: dict[str, set[str]] = {}
 
     def problem(self, severity: str, kind: str, subject: str, message: str) -> None:
         self.out.append(Problem(severity, kind, subject, message))
@@ -69,8 +69,8 @@ class _Checker:
     def run(self) -> list[Problem]:
         self.check_pools()
         self.check_blocks()
-        self.check_handles()
         self.check_affinities()
+        self.check_legacy_handles()
         return self.out
 
     def check_pools(self) -> None:
@@ -125,33 +125,15 @@ class _Checker:
                 self.problem(ERROR, "double-state", key, f"{blk.ip(o)} is allocated and free")
             if a["seq"] > blk.seq:
                 self.problem(ERROR, "seq", key, f"{blk.ip(o)} has seq {a['seq']} > block seq")
-            self.owners.setdefault(a["handle"], set()).add(key)
-
-    def check_handles(self) -> None:
-        for key, where, handle in self.documents("handle", Handle.from_data):
-            if handle.id != key:
-                self.problem(ERROR, "misfiled", where, f"holds handle {handle.id}")
-            self.handles[key] = handle
-            for cidr in handle.blocks:
-                if cidr not in self.owners.get(key, ()):
-                    self.problem(
-                        LEFTOVER, "handle-extra-block", key, f"lists {cidr} without an address"
-                    )
-        for hid, cidrs in self.owners.items():
-            owner = self.handles.get(hid)
-            for cidr in sorted(cidrs):
-                if owner is None:
-                    self.problem(
-                        ERROR, "allocation-without-handle", cidr, f"handle {hid} does not exist"
-                    )
-                elif cidr not in owner.blocks:
-                    self.problem(
-                        ERROR, "handle-missing-block", hid, f"has an address in {cidr}, unlisted"
-                    )
+            node = (a.get("attrs") or {}).get("node")
+            if isinstance(node, str) and node:
+                self.holders.setdefault(node, set()).add(key)
 
     def check_affinities(self) -> None:
         listed: dict[str, str] = {}
+        index: dict[str, Affinity] = {}
         for key, _where, aff in self.documents("affinity", Affinity.from_data):
+            index[key] = aff
             for cidr in aff.blocks:
                 blk = self.blocks.get(cidr)
                 if blk is None:
@@ -162,6 +144,39 @@ class _Checker:
                     )
                 else:
                     listed[cidr] = key
+            for cidr in aff.borrowed:
+                if cidr not in self.holders.get(key, ()):
+                    self.problem(
+                        LEFTOVER, "affinity-extra-block", key, f"lists {cidr} without an address"
+                    )
         for cidr, blk in self.blocks.items():
             if blk.node and listed.get(cidr) != blk.node:
                 self.problem(LEFTOVER, "unlisted-block", cidr, f"affine to {blk.node}, unlisted")
+        # I2: every allocation made for a node lies in a block the node's index lists (a
+        # node of format 1 indexed them in handle documents: see check_legacy_handles)
+        for node, cidrs in sorted(self.holders.items()):
+            found = index.get(node)
+            if found is None:  # released as gone (release_node): GC's to collect
+                for cidr in sorted(cidrs):
+                    self.problem(
+                        LEFTOVER,
+                        "allocation-of-unindexed-node",
+                        cidr,
+                        f"holds an address of node {node}, which has no affinity document",
+                    )
+                continue
+            if found.legacy:
+                continue
+            for cidr in sorted(cidrs - set(found.indexed())):
+                self.problem(
+                    ERROR,
+                    "unindexed-allocation",
+                    cidr,
+                    f"holds an address of node {node}, which does not list it",
+                )
+
+    def check_legacy_handles(self) -> None:
+        """Handle documents of an older tabby (format 1): their node folds them into its
+        index at its next ADD, DEL or GC (``ipam.core.legacy``)."""
+        for key, _where, handle in self.documents("handle", Handle.from_data):
+            self.problem(LEFTOVER, "legacy-handle", key, f"handle document of node {handle.node}")

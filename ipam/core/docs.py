@@ -16,7 +16,6 @@ from ipam.core.errors import StoreCorrupt
 from ipam.core.model import (
     Affinity,
     Allocation,
-    Handle,
     IPAddress,
     IPNetwork,
     Pool,
@@ -24,7 +23,7 @@ from ipam.core.model import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from datastore.base import Doc, Store
 
@@ -55,7 +54,16 @@ class Op:
     """One operation's state: request settings and this node's affinity document as last
     read or written (``aff`` None = not read yet)."""
 
-    __slots__ = ("aff", "aff_rev", "closed", "max_blocks", "pools", "reserved", "strict")
+    __slots__ = (
+        "aff",
+        "aff_rev",
+        "blocks",
+        "closed",
+        "max_blocks",
+        "pools",
+        "reserved",
+        "strict",
+    )
 
     def __init__(
         self,
@@ -70,6 +78,9 @@ class Op:
         self.aff: Affinity | None = None
         self.aff_rev: int | None = None
         self.closed: set[str] = set()  # pools found unusable by the gate during this op
+        #: the node's blocks as this operation first read them (``Docs.held``), so that
+        #: finding room reads none of them again; dropped when a write proved them stale
+        self.blocks: dict[str, tuple[Block, int] | None] = {}
 
 
 class Docs:
@@ -85,11 +96,25 @@ class Docs:
 
     # -- blocks -------------------------------------------------------------------------
 
-    def block(self, cidr: str) -> tuple[Block, int] | None:
-        doc = self.store.get("block", cidr)
+    def block(self, cidr: str, *, fresh: bool = False) -> tuple[Block, int] | None:
+        """The block and its revision; ``fresh``: as the store holds it now, never from
+        what a serving process knows (for decisions that remove something from an index:
+        a stale "gone" must not hide an allocation)."""
+        doc = self._get("block", cidr) if fresh else self.store.get("block", cidr)
         if doc is None:
             return None
         return self.parse_block(cidr, doc), doc.revision
+
+    def _get(self, kind: str, key: str) -> Doc | None:
+        """The store's document now: a served store (``datastore.cached.Cached``) reads
+        through what tabby-node knows, and its ``fresh_get`` asks the store itself."""
+        return getattr(self.store, "fresh_get", self.store.get)(kind, key)
+
+    def seen_block(self, op: Op | None, cidr: str) -> tuple[Block, int] | None:
+        """The block as this operation read it already, else read now."""
+        if op is not None and cidr in op.blocks:
+            return op.blocks[cidr]
+        return self.block(cidr)
 
     def parse_block(self, cidr: str, doc: Doc) -> Block:
         blk = Block.from_data(doc.data, self.store.location("block", cidr))
@@ -153,8 +178,10 @@ class Docs:
 
     # -- pools --------------------------------------------------------------------------
 
-    def pool_doc(self, cidr: str) -> tuple[Pool, int] | None:
-        doc = self.store.get("pool", cidr)
+    def pool_doc(self, cidr: str, *, fresh: bool = False) -> tuple[Pool, int] | None:
+        """The pool document; ``fresh``: as the store holds it now, never from what a
+        serving process knows (``datastore.cached``)."""
+        doc = self._get("pool", cidr) if fresh else self.store.get("pool", cidr)
         if doc is None:
             return None
         return Pool.from_data(doc.data, self.store.location("pool", cidr)), doc.revision
@@ -212,9 +239,10 @@ class Docs:
 
     def _pool_gate(self, cidr: str) -> tuple[Pool | None, str | None]:
         try:
-            pool = self.pool(cidr)
+            got = self.pool_doc(cidr, fresh=True)
         except StoreCorrupt as e:
             return None, str(e)
+        pool = None if got is None else got[0]
         if pool is None:
             return None, f"pool {cidr} no longer exists"
         if pool.disabled:
@@ -230,13 +258,7 @@ class Docs:
                 return None, f"pool {cidr} overlaps pool {key}"
         return pool, None
 
-    # -- handles and affinities ---------------------------------------------------------
-
-    def handle(self, hid: str) -> tuple[Handle, int] | None:
-        doc = self.store.get("handle", hid)
-        if doc is None:
-            return None
-        return Handle.from_data(doc.data, self.store.location("handle", hid)), doc.revision
+    # -- the node's index --------------------------------------------------------------
 
     def affinity(self, node: str) -> tuple[Affinity, int | None]:
         """``node``'s affinity document and its revision; a new empty one (revision None)
@@ -251,6 +273,20 @@ class Docs:
         if op.aff is None:
             op.aff, op.aff_rev = self.affinity(self.node)
         return op.aff
+
+    def held(self, hid: str, cidrs: Iterable[str], op: Op | None = None) -> list[Allocation]:
+        """The allocations of handle ``hid`` in blocks ``cidrs`` (a block that is gone holds
+        none; an unreadable one raises: it might hold some), by family and address; the
+        blocks read are kept in ``op`` for the rest of the operation."""
+        out: list[Allocation] = []
+        for cidr in cidrs:
+            got = self.block(cidr)
+            if op is not None:
+                op.blocks[cidr] = got
+            if got is not None:
+                out += [self.allocation(got[0], o) for o in got[0].ordinals_of(hid)]
+        out.sort(key=lambda a: (a.ip.version, int(a.ip)))
+        return out
 
     # -- values -------------------------------------------------------------------------
 

@@ -8,11 +8,18 @@ Documents (the block document lives in ``block.py``)::
     pool      {"cidr": "10.244.0.0/16", "block_size": 26, "disabled": false, ...}
               (the IPPool resource's other fields - name, ipip_mode, vxlan_mode,
               nat_outgoing, node_selector, ... - ride along untouched: ``Pool.extra``)
-    handle    {"id": "<net>:<cid>:<ifname>", "network", "container_id", "ifname", "node",
-               "created": <epoch float>, "blocks": ["10.244.3.0/26", ...]}
-    affinity  {"node": "node-a", "blocks": [<affine block CIDRs, claim order>],
-               "avail": [<hint: those of them last seen with room>],
+    affinity  {"node": "node-a", "format": 2,
+               "blocks": [<the node's own blocks, claim order>],
+               "borrowed": [<other blocks holding (or about to hold) its allocations>],
                "cursor": {<pool CIDR>: <next block index to try when claiming>}}
+
+The affinity document is the node's index: every allocation made for the node lies in a
+block it lists (invariant I2), so a release and a lookup by handle read the node's blocks
+and nothing else. An attachment's handle is a field of its allocations, not a document.
+Documents of format 1 (before 2) had no ``borrowed``; the node's handle documents
+(``handle`` kind: ``{"id", "network", "container_id", "ifname", "node", "created",
+"blocks"}``) indexed its allocations then, and are read once, to migrate them
+(``ipam.core.legacy``).
 """
 
 from __future__ import annotations
@@ -268,70 +275,44 @@ class Pool:
 
 
 class Handle:
-    __slots__ = ("blocks", "container_id", "created", "id", "ifname", "network", "node")
+    """A handle document of format 1 (``ipam.core.legacy`` migrates them)."""
 
-    def __init__(
-        self,
-        hid: str,
-        network: str,
-        container_id: str,
-        ifname: str,
-        node: str,
-        created: float,
-        blocks: list[str],
-    ) -> None:
+    __slots__ = ("blocks", "id", "node")
+
+    def __init__(self, hid: str, node: str, blocks: list[str]) -> None:
         self.id = hid
-        self.network = network
-        self.container_id = container_id
-        self.ifname = ifname
         self.node = node
-        self.created = created
         self.blocks = blocks
-
-    @classmethod
-    def new(cls, hid: str, node: str, created: float) -> Handle:
-        network, cid, ifname = split_handle_id(hid)
-        return cls(hid, network, cid, ifname, node, created, [])
 
     @classmethod
     def from_data(cls, data: dict[str, Any], where: str) -> Handle:
-        for field in ("id", "network", "container_id", "ifname", "node"):
+        for field in ("id", "node"):
             _need(isinstance(data.get(field), str), where, field)
-        created = data.get("created")
-        _need(isinstance(created, int | float) and not isinstance(created, bool), where, "created")
         _need(_str_list(data.get("blocks")), where, "blocks")
-        return cls(
-            data["id"],
-            data["network"],
-            data["container_id"],
-            data["ifname"],
-            data["node"],
-            float(created),  # type: ignore[arg-type]
-            list(data["blocks"]),
-        )
+        return cls(data["id"], data["node"], list(data["blocks"]))
 
-    def to_data(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "network": self.network,
-            "container_id": self.container_id,
-            "ifname": self.ifname,
-            "node": self.node,
-            "created": self.created,
-            "blocks": list(self.blocks),
-        }
+
+#: The affinity document's format: 2 = the node's index (``blocks`` + ``borrowed``), no
+#: handle documents.
+AFFINITY_FORMAT = 2
 
 
 class Affinity:
-    __slots__ = ("avail", "blocks", "cursor", "node")
+    __slots__ = ("blocks", "borrowed", "cursor", "format", "node")
 
     def __init__(
-        self, node: str, blocks: list[str], avail: list[str], cursor: dict[str, int]
+        self,
+        node: str,
+        blocks: list[str],
+        borrowed: list[str],
+        cursor: dict[str, int],
+        format: int = AFFINITY_FORMAT,
     ) -> None:
         self.node = node
         self.blocks = blocks
-        self.avail = avail  # hint: blocks with room (the rest were last seen full)
+        self.borrowed = borrowed
         self.cursor = cursor
+        self.format = format
 
     @classmethod
     def new(cls, node: str) -> Affinity:
@@ -341,23 +322,37 @@ class Affinity:
     def from_data(cls, data: dict[str, Any], where: str) -> Affinity:
         _need(isinstance(data.get("node"), str), where, "node")
         _need(_str_list(data.get("blocks")), where, "blocks")
-        avail = data.get("avail", data["blocks"])  # no hint yet: every block may have room
-        _need(_str_list(avail), where, "avail")
+        borrowed = data.get("borrowed", [])
+        _need(_str_list(borrowed), where, "borrowed")
         cursor = data.get("cursor", {})
         _need(
             isinstance(cursor, dict) and all(type(v) is int for v in cursor.values()),
             where,
             "cursor",
         )
-        return cls(data["node"], list(data["blocks"]), list(avail), dict(cursor))
+        fmt = data.get("format", 1)
+        _need(type(fmt) is int, where, "format")
+        return cls(data["node"], list(data["blocks"]), list(borrowed), dict(cursor), fmt)
 
     def to_data(self) -> dict[str, Any]:
         return {
             "node": self.node,
+            "format": self.format,
             "blocks": list(self.blocks),
-            "avail": list(self.avail),
+            "borrowed": list(self.borrowed),
             "cursor": dict(self.cursor),
         }
 
     def copy(self) -> Affinity:
-        return Affinity(self.node, list(self.blocks), list(self.avail), dict(self.cursor))
+        return Affinity(
+            self.node, list(self.blocks), list(self.borrowed), dict(self.cursor), self.format
+        )
+
+    @property
+    def legacy(self) -> bool:
+        """Written before format 2: the node's handle documents may index allocations."""
+        return self.format < AFFINITY_FORMAT
+
+    def indexed(self) -> list[str]:
+        """Every block that may hold an allocation of the node: its own, then borrowed."""
+        return [*self.blocks, *(c for c in self.borrowed if c not in self.blocks)]

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from datastore.cas import DELETE, Delete, cas, update
 from ipam.core import affinity
 from ipam.core.block import Block
-from ipam.core.cas import DELETE, Delete, cas, update
 from ipam.core.docs import INFO, WARNING, Docs, Op, family, inside, log
 from ipam.core.errors import InvalidConfig, StoreCorrupt
 from ipam.core.model import Pool, PoolSpec, parse_network

@@ -1,44 +1,40 @@
 """Releasing addresses: by handle (DEL), by address (with the ABA guard), GC of a network's
-stale handles (with the repair of this node's hints), and every address and block of a node
-that is gone.
+stale attachments (with the repair of this node's index), and every address and block of a
+node that is gone.
 
-Order (see ipam/DESIGN.md): allocations first, then the handle, so the handle stays a
-superset index (I2) at every instant. After unlisting blocks from a handle (or deleting
-it), those blocks are looked at once more (``sweep``): an assign of the same handle running
-on another node may have written an allocation there after this release passed, and its
-own check (the handle still lists its blocks) may have passed before the handle went.
+A release is one CAS per block that holds an address of the handle; the blocks looked at
+are the node's index (its affinity document: own and borrowed blocks), so a DEL reads the
+node's few blocks and writes one. Without a node (an operator's release, ``node`` "") every
+block is looked at.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ipam.core import affinity
+from datastore.cas import cas
+from ipam.core import affinity, legacy
 from ipam.core.block import Block
-from ipam.core.cas import DELETE, Delete, cas, update
 from ipam.core.docs import WARNING, Docs, Op, log
 from ipam.core.errors import DatastoreError, InvalidConfig, LockTimeout, StoreCorrupt
 from ipam.core.model import (
     Allocation,
     GcReport,
-    Handle,
     IPAddress,
     parse_ip,
     split_handle_id,
 )
 
 if TYPE_CHECKING:
-    from datastore.base import Doc
     from ipam.core.reports import NodeRelease
 
 
 def release_in_block(
-    docs: Docs, op: Op, cidr: str, select: Callable[[Block], list[int]]
+    docs: Docs, cidr: str, select: Callable[[Block], list[int]]
 ) -> list[Allocation]:
-    """Free the ordinals ``select(block)`` picks (CAS on the block); give the block back
-    to its owner's ``avail`` hint if it was full."""
+    """Free the ordinals ``select(block)`` picks (one CAS on the block)."""
 
     def read() -> tuple[Block, int] | None:
         return docs.block(cidr)
@@ -58,8 +54,6 @@ def release_in_block(
     blk, ordinals = cas(read, write, "block", cidr)
     if blk is None or not ordinals:
         return []
-    if blk.full and blk.node:
-        affinity.hint_unfull(docs, op, blk.node, cidr)
     return [docs.allocation(blk, o) for o in ordinals]
 
 
@@ -73,120 +67,40 @@ def ordinal_if(blk: Block, *, ip: IPAddress, hid: str, seq: int) -> list[int]:
     return [o] if a is not None and a["handle"] == hid and a["seq"] == seq else []
 
 
-def sweep(docs: Docs, op: Op, hid: str, cidrs: Iterable[str]) -> list[Allocation]:
-    """Release allocations of ``hid`` in ``cidrs`` that its handle does not index (the
-    handle is gone or no longer lists the block). The handle is read after the block and
-    the block written at the revision read, so an allocation a new handle indexes is left
-    alone."""
-    out: list[Allocation] = []
-    for cidr in cidrs:
-
-        def unindexed(blk: Block, cidr: str = cidr) -> list[int]:
-            ordinals = blk.ordinals_of(hid)
-            if not ordinals:
-                return []
-            try:
-                got = docs.handle(hid)
-            except StoreCorrupt:
-                return []  # cannot prove it unindexed: leave it
-            if got is not None and cidr in got[0].blocks:
-                return []
-            return ordinals
-
-        try:
-            out += release_in_block(docs, op, cidr, unindexed)
-        except StoreCorrupt:
-            continue  # nothing of ours can be found in an unreadable block
-    return out
-
-
-def prune(docs: Docs, op: Op, hid: str, cidrs: list[str] | None) -> None:
-    """Unlist blocks (``cidrs``, or all when None) that hold nothing of the handle; delete
-    the handle when it lists no block any more."""
-    dropped: list[str] = []
-
-    def change(doc: Doc | None) -> dict[str, Any] | Delete | None:
-        dropped.clear()
-        if doc is None:
-            return None
-        h = Handle.from_data(doc.data, docs.store.location("handle", hid))
-        keep = []
-        for cidr in h.blocks:
-            if cidrs is None or cidr in cidrs:
-                try:
-                    got = docs.block(cidr)
-                except StoreCorrupt:
-                    keep.append(cidr)  # cannot prove it empty: keep indexing it
-                    continue
-                if got is None or not got[0].ordinals_of(hid):
-                    dropped.append(cidr)
-                    continue
-            keep.append(cidr)
-        if not keep:
-            return DELETE
-        if keep != h.blocks:
-            h.blocks = keep
-            return h.to_data()
-        return None
-
-    update(docs.store, "handle", hid, change)
-    if dropped:
-        sweep(docs, op, hid, dropped)
+def where_to_look(docs: Docs, op: Op) -> list[str]:
+    """The blocks that may hold an allocation of this node: its index (after folding what
+    an older tabby indexed in handle documents); every block without a node."""
+    if not docs.node:
+        return [blk.cidr for blk, _rev in docs.scan_blocks()]
+    legacy.migrate(docs, op)
+    return docs.my_affinity(op).indexed()
 
 
 def release_handle(docs: Docs, handle_id: str) -> list[Allocation]:
     split_handle_id(handle_id)
     with docs.store.lock():
-        return release_handle_locked(docs, Op(), handle_id)
+        op = Op()
+        return release_handle_in(docs, handle_id, where_to_look(docs, op))
 
 
-def release_handle_locked(docs: Docs, op: Op, hid: str) -> list[Allocation]:
-    """Release every allocation of the handle, then delete it (or, when a listed block
-    cannot be read, rewrite it listing only those and raise the error)."""
-    released: dict[tuple[str, int], Allocation] = {}  # over attempts: (ip, seq) -> allocation
-
-    def read() -> tuple[Handle, int, list[str], DatastoreError | None] | None:
-        got = docs.handle(hid)
-        if got is None:
-            return None
-        handle, rev = got
-        failed: list[str] = []
-        error: DatastoreError | None = None
-        for cidr in handle.blocks:
-            try:
-                for a in release_in_block(docs, op, cidr, lambda b: b.ordinals_of(hid)):
-                    released[(str(a.ip), a.seq)] = a
-            except DatastoreError as e:
-                failed.append(cidr)
-                error = error or e
-        return handle, rev, failed, error
-
-    def write(
-        state: tuple[Handle, int, list[str], DatastoreError | None] | None,
-    ) -> tuple[list[str], DatastoreError | None]:
-        if state is None:
-            return [], None
-        handle, rev, failed, error = state
-        dropped = [c for c in handle.blocks if c not in failed]
-        if failed:
-            handle.blocks = failed
-            docs.store.put("handle", hid, handle.to_data(), rev)
-        else:
-            docs.store.delete("handle", hid, rev)
-        return dropped, error
-
-    dropped, error = cas(read, write, "handle", hid)
-    for a in sweep(docs, op, hid, dropped):
-        released[(str(a.ip), a.seq)] = a
+def release_handle_in(docs: Docs, hid: str, cidrs: Iterable[str]) -> list[Allocation]:
+    """Release every allocation of the handle in ``cidrs``; a block that cannot be read
+    raises (after the others were released: it may hold an address of the handle)."""
+    released: list[Allocation] = []
+    error: DatastoreError | None = None
+    for cidr in cidrs:
+        try:
+            released += release_in_block(docs, cidr, lambda b: b.ordinals_of(hid))
+        except DatastoreError as e:
+            error = error or e
     if error is not None:
         raise error
-    return list(released.values())
+    return released
 
 
 def release_ip(docs: Docs, ip: IPAddress | str, expected_seq: int | None) -> bool:
     addr = parse_ip(ip)
     with docs.store.lock():
-        op = Op()
         cidr = docs.block_cidr_for(addr)
         if cidr is None:
             return False
@@ -199,11 +113,7 @@ def release_ip(docs: Docs, ip: IPAddress | str, expected_seq: int | None) -> boo
             return False
         hid: str = alloc["handle"]
         seq: int = alloc["seq"]
-        done = release_in_block(docs, op, cidr, partial(ordinal_if, ip=addr, hid=hid, seq=seq))
-        if not done:
-            return False
-        prune(docs, op, hid, [cidr])
-        return True
+        return bool(release_in_block(docs, cidr, partial(ordinal_if, ip=addr, hid=hid, seq=seq)))
 
 
 def rollback(docs: Docs, op: Op, hid: str, done: list[Allocation]) -> None:
@@ -211,9 +121,8 @@ def rollback(docs: Docs, op: Op, hid: str, done: list[Allocation]) -> None:
     try:
         for a in reversed(done):
             release_in_block(
-                docs, op, str(a.block_cidr), partial(ordinal_if, ip=a.ip, hid=hid, seq=a.seq)
+                docs, str(a.block_cidr), partial(ordinal_if, ip=a.ip, hid=hid, seq=a.seq)
             )
-        prune(docs, op, hid, None)
     except DatastoreError as e:
         log(WARNING, "rollback of %s incomplete (DEL or GC will finish it): %s", hid, e)
 
@@ -224,66 +133,100 @@ def rollback(docs: Docs, op: Op, hid: str, done: list[Allocation]) -> None:
 def gc(
     docs: Docs, network: str, valid: Collection[tuple[str, str]], grace_seconds: float
 ) -> GcReport:
+    """Release this node's attachments of ``network`` (every node's when ``docs.node`` is "")
+    that are not in ``valid`` and older than ``grace_seconds``; then repair this node's
+    index. An attachment's age is its oldest allocation's ``time`` attribute."""
     if not network or ":" in network:
         raise InvalidConfig("invalid network name", repr(network))
     report = GcReport([], [], [], [])
     prefix = network + ":"
     now = docs.clock()
-    keys = [k for k in docs.store.list_keys("handle") if k.startswith(prefix)]
-    for n, key in enumerate(keys):
-        parts = key.split(":")
+    try:
+        with docs.store.lock():
+            op = Op()
+            cidrs = where_to_look(docs, op)
+            found = _attachments(docs, cidrs, prefix)
+    except DatastoreError as e:
+        report.errors.append(f"{docs.node or 'every node'}: {e}")
+        return report
+    for n, (hid, (born, holding)) in enumerate(sorted(found.items())):
+        parts = hid.split(":")
         if len(parts) != 3:
-            report.errors.append(f"{key}: not a handle id")
+            report.errors.append(f"{hid}: not a handle id")
             continue
         if (parts[1], parts[2]) in valid:
-            report.kept.append(key)
+            report.kept.append(hid)
+            continue
+        if grace_seconds > 0 and now - born < grace_seconds:
+            report.skipped_recent.append(hid)
             continue
         try:
             with docs.store.lock():
-                got = docs.handle(key)
-                if got is None:
-                    continue
-                h = got[0]
-                if docs.node and h.node and h.node != docs.node:
-                    continue
-                if grace_seconds > 0 and now - h.created < grace_seconds:
-                    report.skipped_recent.append(key)
-                    continue
-                release_handle_locked(docs, Op(), key)
-                report.released.append(key)
+                release_handle_in(docs, hid, holding)
+            report.released.append(hid)
         except LockTimeout as e:
-            report.errors.append(f"{key}: {e}; {len(keys) - n - 1} handle(s) not examined")
+            report.errors.append(f"{hid}: {e}; {len(found) - n - 1} handle(s) not examined")
             return report
         except DatastoreError as e:
-            report.errors.append(f"{key}: {e}")
+            report.errors.append(f"{hid}: {e}")
     if docs.node:
         try:
             with docs.store.lock():
-                repair_affinity(docs, Op())
+                repair_index(docs, Op())
         except DatastoreError as e:
             report.errors.append(f"affinity of {docs.node}: {e}")
     return report
 
 
-def repair_affinity(docs: Docs, op: Op) -> None:
-    """Make this node's hints true again (forget blocks that are not its own any more, hint
-    those with room) and adopt its unlisted blocks; an unlisted empty block whose pool is
-    gone (a killed claim racing a pool delete) is deleted."""
+def _attachments(
+    docs: Docs, cidrs: Iterable[str], prefix: str
+) -> dict[str, tuple[float, list[str]]]:
+    """handle id -> (its oldest allocation's time, the blocks holding it), for the handles
+    of ``prefix`` (one network) allocated for this node (any node's without a node)."""
+    out: dict[str, tuple[float, list[str]]] = {}
+    for cidr in cidrs:
+        got = docs.try_block(cidr)
+        if got is None:
+            continue
+        for a in got[0].allocations:
+            if a is None or not a["handle"].startswith(prefix):
+                continue
+            attrs = a.get("attrs") or {}
+            if docs.node and attrs.get("node", docs.node) != docs.node:
+                continue  # another node's, borrowed from this node's block
+            when = attrs.get("time")
+            born = float(when) if isinstance(when, int | float) else 0.0
+            old_born, holding = out.get(a["handle"], (born, []))
+            if cidr not in holding:
+                holding.append(cidr)
+            out[a["handle"]] = (min(old_born, born), holding)
+    return out
+
+
+def repair_index(docs: Docs, op: Op) -> None:
+    """Make this node's index true again: fold what handle documents of an older tabby
+    remain; forget own blocks that are not its own any more, and borrowed blocks that hold
+    nothing of it; adopt its unlisted blocks; delete an unlisted empty block whose pool is
+    gone (a killed claim racing a pool delete)."""
+    legacy.migrate(docs, op, leftovers=True)
     aff = docs.my_affinity(op)
-    gone: list[str] = []
-    roomy: list[str] = []
-    for cidr in aff.blocks:
+    drop: list[str] = []
+    lent: list[str] = []  # listed as its own, another's now, still holding its allocations
+    for cidr in aff.indexed():
         try:
             got = docs.block(cidr)
         except StoreCorrupt as e:
             log(WARNING, "skipping unreadable block: %s", e)
             continue
-        if got is None or got[0].node != docs.node:
-            gone.append(cidr)
-        elif cidr not in aff.avail and got[0].first_usable(op.reserved) is not None:
-            roomy.append(cidr)
-    if gone or roomy:
-        affinity.repair(docs, op, gone, roomy)
+        if got is None:
+            drop.append(cidr)
+        elif got[0].node != docs.node:
+            if not got[0].holds_for(docs.node):
+                drop.append(cidr)
+            elif cidr in aff.blocks:
+                lent.append(cidr)
+    if drop or lent:
+        affinity.unlist(docs, op, drop, lent)
     listed = set(docs.my_affinity(op).blocks)
     for blk, rev in docs.scan_blocks():
         cidr = blk.cidr
@@ -305,9 +248,10 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
     """Release every allocation recorded for ``node`` (allocation attribute "node"), then
     its blocks: an empty one is deleted, one still holding addresses (borrowed by other
     nodes, or assigned by the node meanwhile) loses its affinity; then its affinity
-    document. Every step is a CAS, so a node that is in fact still running can only make
-    this do less (it keeps what it claims or assigns after the step that would have
-    released it), never break an invariant."""
+    document and any handle documents an older tabby left for it. Every step is a CAS, so
+    a node that is in fact still running can only make this do less (it keeps what it
+    claims or assigns after the step that would have released it), never break an
+    invariant."""
     from ipam.core.reports import NodeRelease  # not on a CNI call's path
 
     if not isinstance(node, str) or not node or ":" in node:
@@ -317,19 +261,21 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
     deleted: list[str] = []
     unaffined: list[str] = []
     errors: list[str] = []
-    hids: dict[str, None] = {}
     affine: list[str] = []
+    held: dict[str, list[str]] = {}  # the node's blocks with its allocations, by handle
     for blk, _rev in docs.all_blocks():
         if blk.node == node:
             affine.append(blk.cidr)
         for a in blk.allocations:
-            if a is not None and a.get("attrs", {}).get("node") == node:
-                hids[a["handle"]] = None
+            if a is not None and (a.get("attrs") or {}).get("node") == node:
+                cidrs = held.setdefault(a["handle"], [])
+                if blk.cidr not in cidrs:
+                    cidrs.append(blk.cidr)
     # 1. the node's allocations, a handle (one attachment) at a time
-    for hid in hids:
+    for hid, cidrs in held.items():
         try:
             with docs.store.lock():
-                got = release_handle_locked(docs, Op(), hid)
+                got = release_handle_in(docs, hid, cidrs)
         except LockTimeout as e:
             errors.append(f"{hid}: {e}")
             break
@@ -376,9 +322,28 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
         with docs.store.lock():
             release_blocks(affine)
             aff_deleted = cas(read, write, "affinity", node)
+            _drop_legacy_handles(docs, node)
     except DatastoreError as e:
         errors.append(f"affinity of {node}: {e}")
     return NodeRelease(node, released, addresses, deleted, unaffined, aff_deleted, errors)
+
+
+def _drop_legacy_handles(docs: Docs, node: str) -> None:
+    """The handle documents an older tabby wrote for ``node`` (its allocations are released
+    by now: they index nothing)."""
+    from ipam.core.model import Handle
+
+    if not docs.store.list_keys("handle"):
+        return
+    for key, doc in docs.scan("handle"):
+        if isinstance(doc, StoreCorrupt):
+            continue
+        try:
+            if Handle.from_data(doc.data, key).node != node:
+                continue
+            docs.store.delete("handle", key, doc.revision)
+        except DatastoreError as e:
+            log(WARNING, "handle %s stays: %s", key, e)
 
 
 def _release_block(docs: Docs, node: str, cidr: str) -> str | None:

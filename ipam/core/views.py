@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
-from ipam.core.docs import Docs, family
-from ipam.core.handles import held
+from ipam.core.docs import Docs, Op, family
 from ipam.core.model import (
     Allocation,
     IPAddress,
@@ -20,11 +19,14 @@ from ipam.core.reports import BlockUsage, IpOwner, PoolUsage
 
 
 def get_handle(docs: Docs, handle_id: str) -> list[Allocation]:
+    """The handle's addresses: in this node's index (every block without a node, or while
+    the node's index is of format 1: an older tabby's handle document may list more)."""
     split_handle_id(handle_id)
-    got = docs.handle(handle_id)
-    if got is None:
-        return []
-    return held(docs, got[0])[0]
+    if docs.node:
+        aff = docs.my_affinity(Op())
+        if not aff.legacy:
+            return docs.held(handle_id, aff.indexed())
+    return docs.held(handle_id, [blk.cidr for blk, _rev in docs.scan_blocks()])
 
 
 def who_owns(docs: Docs, ip: IPAddress | str) -> IpOwner | None:

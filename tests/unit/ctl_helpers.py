@@ -156,7 +156,7 @@ class Ctl:
         return owner.block_cidr
 
     def drop_block_entry(self, ip: str) -> str:
-        """Inject a fault: the block forgets the allocation, the handle still lists it."""
+        """Inject a fault: the block forgets the allocation."""
         block = self.block_of(ip)
         ordinal = int(ipaddress.ip_address(ip)) - int(ipaddress.ip_network(block).network_address)
 

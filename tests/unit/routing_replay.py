@@ -445,7 +445,9 @@ class Replay:
             self.spec(name, ipv4Address="not-an-address")  # the Node no longer parses
             return f"{name} unparseable"
         hb = self.store.get("heartbeat", name)
-        self.store.put("heartbeat", name, {"bogus": True}, hb.revision if hb else None, ttl=90)
+        self.store.put_leased(
+            "heartbeat", name, {"bogus": True}, hb.revision if hb else None, ttl=90
+        )
         return f"{name} heartbeat unparseable (still alive)"
 
     def kernel_op(self) -> str:

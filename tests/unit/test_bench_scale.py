@@ -125,7 +125,7 @@ def test_decode_watch_response() -> None:
 
 def test_grpc_response_as_tabby_reads_it() -> None:
     """The last message of a gRPC stream, handed to tabby's own gateway parser."""
-    from datastore.etcd_client import _watch_response
+    from datastore.etcd.client import _watch_response
 
     put = _pb_len(2, _kv(b"/p/blocks/x", 41, b'{"a": 1}'))
     delete = _pb_int(1, 1) + _pb_len(2, _pb_len(1, b"/p/weps/y") + _pb_int(3, 42))
@@ -238,7 +238,7 @@ def _range_answer(keys: list[bytes], more: bool) -> bytes:
 def test_reduced_range_answer_pages_as_before() -> None:
     """What tabby's paging reads (revision, more, count, the last key) survives; the
     documents do not (the last one reads as ``{}``)."""
-    from datastore.etcd_client import kv_from_json
+    from datastore.etcd.client import kv_from_json
 
     data = _range_answer([b"/p/a", b"/p/b", b"/p/c"], more=True)
     reduced, n = wire.reduce_range_answer(data)
@@ -260,7 +260,7 @@ def test_reduced_range_answer_pages_as_before() -> None:
 
 
 def test_kind_of_follows_tabbys_layout() -> None:
-    from datastore.etcd import LAYOUT
+    from datastore.etcd.store import LAYOUT
 
     kind_of = wire.KindOf("/tabby-x", LAYOUT)
     for kind, sub in LAYOUT.items():
@@ -298,8 +298,7 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
     ``EtcdStore._apply``. If one of them goes, the bench must follow tabby's new code."""
     import inspect
 
-    from datastore.etcd import EtcdStore
-    from datastore.etcd_client import (
+    from datastore.etcd.client import (
         EtcdClient,
         _Conn,
         _read_watches,
@@ -307,6 +306,7 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
         _watch_response,
         _WatchStream,
     )
+    from datastore.etcd.store import EtcdStore
     from tabby_node.agent import Agent
     from tabby_node.cache import WATCHED_KINDS, Cache
 
@@ -367,7 +367,7 @@ def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -
     if engine == "grpc":
         pytest.importorskip("grpc")
     sim_mod = _load("scale_sim")
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
 
     prefix = f"/scale-{uuid.uuid4().hex[:10]}"
     store = EtcdStore(etcd1.endpoints, prefix=prefix, lock_timeout=5, lock_dir=str(tmp_path))
@@ -457,8 +457,8 @@ def test_writer_fills_and_churns_the_datastore(
     handlers (a WorkloadEndpoint each, the Pod mirrored), a churn of ADDs, DELs, new blocks
     and policy changes on schedule with every write's revision recorded, and a
     compaction."""
-    from datastore import etcd_client
-    from datastore.etcd import EtcdStore
+    from datastore.etcd import client as etcd_client
+    from datastore.etcd.store import EtcdStore
 
     writer_mod = _load("scale_writer")
     # the writer wraps these to record revisions: undone after the test

@@ -48,7 +48,9 @@ def add_tunnel(ipam: Ipam, node: str = NODE) -> str:
 
 def beat(ctl: Ctl, node: str = OTHER) -> None:
     """tabby-node's heartbeat document (``Agent.beat``)."""
-    ctl.store().put("heartbeat", node, {"node": node, "time": 1.0e9, "pid": 4242}, None, ttl=300)
+    ctl.store().put_leased(  # type: ignore[attr-defined]
+        "heartbeat", node, {"node": node, "time": 1.0e9, "pid": 4242}, None, ttl=300
+    )
 
 
 def two_nodes(ctl: Ctl) -> dict[str, list[str]]:
@@ -278,7 +280,7 @@ def test_release_gone_node_over_the_memory_store() -> None:
     other = Ipam(store, OTHER)
     other.ensure_pools([PoolSpec(V4)])
     other.assign(AssignRequest(handle_id("net1", "c1", "eth0"), {"node": OTHER}, v4_pools=[V4]))
-    store.put("heartbeat", OTHER, {"node": OTHER, "time": 1.0e9}, None, ttl=300)
+    store.put_leased("heartbeat", OTHER, {"node": OTHER, "time": 1.0e9}, None, ttl=300)
     with pytest.raises(views.CtlError, match="is alive"):
         views.release_gone_node(Ipam(store, ""), OTHER, force=False, dry_run=False)
     hb = store.get("heartbeat", OTHER)

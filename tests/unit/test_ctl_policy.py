@@ -425,7 +425,7 @@ def etcd1() -> Iterator[Any]:
 
 @pytest.mark.etcd
 def test_explain_on_etcd(ctl: Ctl, etcd1: Any) -> None:
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
 
     prefix = f"/test-{uuid.uuid4().hex[:12]}"
     store = EtcdStore(etcd1.endpoints, prefix=prefix, lock_timeout=5, lock_dir=str(ctl.tmp))

@@ -370,10 +370,10 @@ def test_endpoint_labels_pod_applied_after_the_add(ctl: Ctl) -> None:
     key = add_endpoint(ctl)
     assert wep_labels(ctl) == [{}]
     ctl.ok("apply", "-f", ctl.file("pod.yaml", [VALID["Pod"]]))
-    assert wep_labels(ctl) == [{"app": "web"}]
+    assert wep_labels(ctl) == [{"app": "web"}]  # the Pod's, as every reader sees them
     doc = ctl.store().get(wep.KIND, key)
     assert doc is not None
-    assert doc.data["metadata"]["labels"] == {"app": "web"}  # stored, not only shown
+    assert doc.data["metadata"]["labels"] == {}  # what its ADD stored: the Pod's write is one
     ctl.ok("delete", "pod", "web-0", "-n", "shop")
     assert wep_labels(ctl) == [{}]
 
@@ -439,7 +439,7 @@ def etcd1() -> Iterator[Any]:
 
 @pytest.mark.etcd
 def test_migrate_to_etcd(ctl: Ctl, etcd1: Any) -> None:
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
 
     ctl.ok("apply", "-f", ctl.file("all.yaml", [VALID[k] for k in VALID]))
     hid = handle_id("net1", "c1", "eth0")

@@ -17,6 +17,7 @@ from ipam.core import (
     AddressUnavailable,
     DatastoreError,
     InvalidConfig,
+    Ipam,
     LockTimeout,
     NoAddressAvailable,
     RevisionConflict,
@@ -199,8 +200,10 @@ def test_gc_releases_what_is_not_valid(call: Call) -> None:
     valid = [{"containerID": "c2", "ifname": "eth0"}]
     conf = call.conf(**{"cni.dev/valid-attachments": valid})
     assert call("GC", conf, cid="") == (0, None)
-    handles = sorted(p.name for p in (call.data_dir / "handles").iterdir())
-    assert handles == [f"{NET}:c2:eth0.json"]
+    from datastore.file import FileStore
+
+    held = Ipam(FileStore(str(call.data_dir)), "").allocations()
+    assert [o.handle_id for o in held] == [f"{NET}:c2:eth0"]
     assert call("GC", call.conf(), cid="") == (0, None), "absent key deletes nothing"
 
 
@@ -254,10 +257,12 @@ def test_every_core_error_class_is_mapped() -> None:
         assert any(k in cni_codes.CODES for k in cls.__mro__), cls
 
 
-def test_corrupt_handle_is_101_naming_the_file(call: Call) -> None:
+def test_corrupt_index_is_101_naming_the_file(call: Call) -> None:
+    """DEL finds the attachment's addresses through its node's index: an unreadable index
+    (or block) is code 101, naming the file."""
     call("ADD")
-    handle = next((call.data_dir / "handles").iterdir())
-    handle.write_text("{truncated")
+    index = next((call.data_dir / "affinities").iterdir())
+    index.write_text("{truncated")
     rc, out = call("DEL")
     assert (rc, out["code"]) == (1, 101)
-    assert str(handle) in out["details"]
+    assert str(index) in out["details"]

@@ -4,7 +4,7 @@ documents from its cache once synced, the rest from what it read or wrote (bound
 from __future__ import annotations
 
 from datastore.base import Doc, SyncEvent
-from datastore.optimistic import UNKNOWN
+from datastore.cached import UNKNOWN
 from tabby_node.cache import Cache
 from tabby_node.knowledge import Knowledge
 

@@ -1,6 +1,6 @@
-"""ResourceClient over the memory and file stores: round trips, all-or-nothing in one commit,
-resourceVersion, merge semantics, IPPools as IPAM pool documents, WorkloadEndpoint labels,
-and store -> store migration.
+"""ResourceClient over the memory and file stores: round trips, every document checked
+before any is written, then each one compare-and-swap, resourceVersion, merge semantics,
+IPPools as IPAM pool documents, WorkloadEndpoint labels, and store -> store migration.
 """
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from __future__ import annotations
 import copy
 import itertools
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from datastore.base import Op, Store
+from datastore.base import Store
 from datastore.file import FileStore
 from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
@@ -29,21 +29,29 @@ from .test_resources_models import VALID
 
 
 class Recording:
-    """A store that counts commits and can play another writer before one of them."""
+    """A store that records its writes (kind, key) and can play another writer before one
+    of them."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
-        self.commits: list[list[Op]] = []
-        self.before_commit: list[Any] = []  # callables run (once each) before a commit
+        self.writes: list[tuple[str, str]] = []
+        self.before_write: list[Any] = []  # callables run (once each) before a write
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def commit(self, ops: Sequence[Op]) -> list[int]:
-        if self.before_commit:
-            self.before_commit.pop(0)(self.inner)
-        self.commits.append(list(ops))
-        return self.inner.commit(ops)
+    def _write(self, kind: str, key: str) -> None:
+        if self.before_write:
+            self.before_write.pop(0)(self.inner)
+        self.writes.append((kind, key))
+
+    def put(self, kind: str, key: str, data: dict[str, Any], rev: int | None) -> int:
+        self._write(kind, key)
+        return self.inner.put(kind, key, data, rev)
+
+    def delete(self, kind: str, key: str, rev: int) -> None:
+        self._write(kind, key)
+        self.inner.delete(kind, key, rev)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def make_store(kind: str, tmp_path: Path, etcd: Any = None) -> Store:
     if kind == "memory":
         return MemoryStore(lock_timeout=5)
     if kind == "etcd":
-        from datastore.etcd import EtcdStore
+        from datastore.etcd.store import EtcdStore
 
         return EtcdStore(
             etcd.endpoints,
@@ -134,10 +142,10 @@ def test_apply_get_list_delete_every_kind(
     if ns is not None:
         assert client.list(kind, "elsewhere") == []
     # the resource as shown re-applies unchanged: nothing written
-    commits = len(store.commits)
+    writes = len(store.writes)
     [again] = client.apply([got.wire()])
     assert again.action == "unchanged"
-    assert len(store.commits) == commits
+    assert len(store.writes) == writes
     deleted = client.delete(kind, name, ns)
     assert deleted.label == f"{kind}/{name}"
     with pytest.raises(NotFound):
@@ -145,12 +153,17 @@ def test_apply_get_list_delete_every_kind(
     assert everything(store) == {}
 
 
-def test_apply_is_one_commit_and_all_or_nothing(client: ResourceClient, store: Recording) -> None:
+def test_apply_writes_each_document_once(client: ResourceClient, store: Recording) -> None:
     docs = [VALID[k] for k in ("IPPool", "Namespace", "Pod", "NetworkPolicy", "Node")]
     results = client.apply(docs)
     assert [r.action for r in results] == ["created"] * 5
-    assert len(store.commits) == 1
-    assert len(store.commits[0]) == 5
+    assert [kind for kind, _ in store.writes] == [
+        "pool",
+        "namespace",
+        "pod",
+        "networkpolicy",
+        "node",
+    ]
 
 
 @pytest.mark.parametrize("bad_index", [0, 1])
@@ -168,7 +181,7 @@ def test_one_bad_document_writes_nothing(
         "must be between 1 and 65535, inclusive"
     )
     assert info.value.path == "spec.ingress[0].ports[0].port"
-    assert store.commits == []
+    assert store.writes == []
     assert everything(store) == {}
 
 
@@ -273,7 +286,7 @@ def test_a_concurrent_writer_makes_apply_retry_and_merge(
         data["metadata"]["annotations"] = {"by": "other"}
         inner.put("pod", key, data, doc.revision)
 
-    store.before_commit.append(other_writer)
+    store.before_write.append(other_writer)
     client.apply(
         [
             {
@@ -286,7 +299,7 @@ def test_a_concurrent_writer_makes_apply_retry_and_merge(
     pod = client.get("pod", "web-0", "shop")
     assert pod.labels == {"app": "web", "tier": "fe"}
     assert pod.metadata.annotations == {"by": "other"}
-    assert len(store.commits) == 3  # create, the lost race, the retry
+    assert len(store.writes) == 3  # create, the lost race, the retry
 
 
 # -- merge ---------------------------------------------------------------------------------------
@@ -394,7 +407,7 @@ def test_two_documents_for_one_resource_apply_in_order(
     }
     results = client.apply([first, second])
     assert [r.action for r in results] == ["created", "configured"]
-    assert len(store.commits[0]) == 1
+    assert len(store.writes) == 2
     assert client.get("ns", "shop").labels == {
         "team": "a",
         "env": "prod",
@@ -535,17 +548,21 @@ def test_deleting_a_pool_in_use_is_refused(client: ResourceClient, store: Record
 # -- delete --------------------------------------------------------------------------------------
 
 
-def test_delete_documents_all_or_nothing(client: ResourceClient, store: Recording) -> None:
+def test_delete_documents_checks_all_before_deleting_any(
+    client: ResourceClient, store: Recording
+) -> None:
     client.apply([VALID["Namespace"], VALID["Pod"]])
     before = everything(store)
+    store.writes.clear()
     with pytest.raises(NotFound, match="NetworkPolicy 'allow-web' not found in namespace shop"):
         client.delete_documents([VALID["Namespace"], VALID["NetworkPolicy"], VALID["Pod"]])
     assert everything(store) == before
+    assert store.writes == []
     deleted = client.delete_documents(
         [VALID["Namespace"], VALID["NetworkPolicy"], VALID["Pod"]], ignore_not_found=True
     )
     assert [d.label for d in deleted] == ["Namespace/shop", "Pod/web-0"]
-    assert len(store.commits[-1]) == 2
+    assert store.writes == [("namespace", "shop"), ("pod", "shop/web-0")]
     assert everything(store) == {}
 
 
@@ -600,15 +617,18 @@ def test_endpoint_takes_the_labels_of_a_pod_applied_before(
 def test_endpoint_takes_the_labels_of_a_pod_applied_after(
     client: ResourceClient, store: Recording
 ) -> None:
+    """An endpoint's labels are its Pod's whenever the Pod exists, as every reader sees
+    them: a Pod's write changes nothing else (one write), and the labels it stored at ADD
+    count only while no Pod of that name exists."""
     key = add(cast(Store, store))
     other = add(cast(Store, store), pod="db-0", cid="c2")
     assert stored_labels(store, key) == {}
-    store.commits.clear()
+    store.writes.clear()
     client.apply([VALID["Pod"]])
-    assert len(store.commits) == 1
-    assert {op.kind for op in store.commits[0]} == {"pod", wep.KIND}  # the same commit
-    assert stored_labels(store, key) == {"app": "web"}
-    assert stored_labels(store, other) == {}
+    assert store.writes == [("pod", "shop/web-0")]
+    name = key.split("/")[1]
+    assert client.get("wep", name, "shop").labels == {"app": "web"}
+    assert client.get("wep", other.split("/")[1], "shop").labels == {}
     client.apply(
         [
             {
@@ -622,114 +642,21 @@ def test_endpoint_takes_the_labels_of_a_pod_applied_after(
             }
         ]
     )
-    assert stored_labels(store, key) == {"v": "2"}
-    assert client.get("wep", key.split("/")[1], "shop").labels == {"v": "2"}
+    assert client.get("wep", name, "shop").labels == {"v": "2"}
+    assert [w.labels for w in client.list("wep", "shop") if w.name == name] == [{"v": "2"}]
     client.delete("pod", "web-0", "shop")
-    assert stored_labels(store, key) == {}
-    assert client.get("wep", key.split("/")[1], "shop").labels == {}
+    assert client.get("wep", name, "shop").labels == {}  # what it stored at its ADD: none
 
 
-class Listing(Recording):
-    """Counts the documents every ``list`` returns."""
-
-    listed = 0
-
-    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Any]]:
-        out = self.inner.list(kind, prefix)
-        self.listed += len(out)
-        return out
-
-
-def scheduled_pod(labels: dict[str, str], node: str = "node-a") -> dict[str, Any]:
-    pod = copy.deepcopy(VALID["Pod"])
-    pod["metadata"]["labels"] = labels
-    pod["spec"]["nodeName"] = node
-    return pod
-
-
-@pytest.mark.parametrize("others", [0, 1, 150])
-def test_a_scheduled_pods_relabelling_reads_only_its_nodes_endpoints(
-    tmp_path: Path, others: int
-) -> None:
-    """Applying and deleting a Pod that names its node reads that node's endpoints of the
-    pod (and the namespace's hashed ones), however many other pods the namespace holds:
-    the same count of listed documents with 0, 1 or 150 other endpoints."""
-    store = Listing(MemoryStore(lock_timeout=5))
-    client = ResourceClient(cast(Store, store))
-    for i in range(others):  # other pods of the namespace, on this node and others
-        add(cast(Store, store), pod=f"other-{i}", cid=f"o{i}")
-        wep.write_endpoint(
-            cast(Store, store),
-            namespace="shop",
-            node=f"node-{i}",
-            pod="web-0",  # the same pod name on another node: not this Pod's endpoint
-            container_id=f"x{i}",
-            interface="eth0",
-            host_interface=None,
-            ip_networks=["10.50.1.1/32"],
-        )
-    mine = add(cast(Store, store))
-    second = add(cast(Store, store), ifname="Net1", cid="c1")  # a hashed name
-    assert second.split("/")[1].startswith(wep.HASHED_PREFIX)
-    longer = add(cast(Store, store), pod="web-0-x", cid="c3")  # its key shares the prefix
-    store.listed = 0
-    client.apply([scheduled_pod({"app": "web"})])
-    assert store.listed == 3  # the pod's two endpoints and the longer name's (filtered)
-    assert stored_labels(store, mine) == {"app": "web"}
-    assert stored_labels(store, second) == {"app": "web"}
-    assert stored_labels(store, longer) == {}
-    if others:
-        assert stored_labels(store, wep.endpoint_key("shop", "node-0", "web-0", "eth0")) == {}
-    store.listed = 0
-    client.apply([scheduled_pod({"app": "web", "v": "2"})])
-    assert store.listed == 3
-    assert stored_labels(store, mine) == {"app": "web", "v": "2"}
-    store.listed = 0
-    client.delete("pod", "web-0", "shop")
-    assert store.listed == 3
-    assert stored_labels(store, mine) == {}
-    assert stored_labels(store, second) == {}
-
-
-def test_a_pod_moved_to_another_node_relabels_both_nodes_endpoints(
-    client: ResourceClient, store: Recording
-) -> None:
-    """spec.nodeName changed (an operator's Pod): the endpoints on the node it named
-    before and on the one it names now both take its labels."""
-    before = add(cast(Store, store))
-    client.apply([scheduled_pod({"app": "web"})])
-    after = wep.write_endpoint(
-        cast(Store, store),
-        namespace="shop",
-        node="node-b",
-        pod="web-0",
-        container_id="c9",
-        interface="eth0",
-        host_interface=None,
-        ip_networks=["10.50.0.9/32"],
+def test_an_added_endpoint_stores_its_pods_labels_of_the_moment(store: Recording) -> None:
+    store.inner.put(
+        "pod", "shop/web-0", {"metadata": {"name": "web-0", "labels": {"app": "web"}}}, None
     )
-    client.apply([scheduled_pod({"app": "moved"}, node="node-b")])
-    assert stored_labels(store, before) == {"app": "moved"}
-    assert stored_labels(store, after) == {"app": "moved"}
-
-
-def test_an_unscheduled_pod_relabels_every_endpoint_of_it_in_the_namespace(
-    client: ResourceClient, store: Recording
-) -> None:
-    """No spec.nodeName (not scheduled, or an operator's Pod): its endpoints on any node."""
-    a = add(cast(Store, store))
-    b = wep.write_endpoint(
-        cast(Store, store),
-        namespace="shop",
-        node="node-b",
-        pod="web-0",
-        container_id="c2",
-        interface="eth0",
-        host_interface=None,
-        ip_networks=["10.50.0.8/32"],
-    )
-    client.apply([VALID["Pod"]])
-    assert stored_labels(store, a) == stored_labels(store, b) == {"app": "web"}
+    key = add(cast(Store, store))
+    assert stored_labels(store, key) == {"app": "web"}
+    store.writes.clear()
+    add(cast(Store, store))  # the same ADD again: nothing to change
+    assert store.writes == []
 
 
 def test_effective_labels_win_over_stale_stored_ones(
@@ -747,23 +674,6 @@ def test_effective_labels_win_over_stale_stored_ones(
     assert client.get("wep", key.split("/")[1], "shop").labels == {"x": "y"}
     assert wep.effective_labels({"metadata": {"labels": {"a": "b"}}}, None) == {"a": "b"}
     assert wep.effective_labels({"metadata": {"labels": {"a": "b"}}}, {"metadata": {}}) == {}
-
-
-def test_write_endpoint_catches_a_pod_applied_during_the_add(store: Recording) -> None:
-    key = wep.endpoint_key("shop", "node-a", "web-0", "eth0")
-
-    class PodAppliedMidway(Recording):
-        applied = False
-
-        def put(self, kind: str, k: str, data: dict[str, Any], rev: int | None, **kw: Any) -> int:
-            out = self.inner.put(kind, k, data, rev, **kw)
-            if kind == wep.KIND and not self.applied:
-                self.applied = True  # lands between the endpoint write and the re-read
-                self.inner.put("pod", "shop/web-0", {"metadata": {"labels": {"app": "late"}}}, None)
-            return out
-
-    add(cast(Store, PodAppliedMidway(store.inner)))
-    assert stored_labels(store, key) == {"app": "late"}
 
 
 def test_remove_endpoint_only_for_its_container(store: Recording) -> None:
@@ -792,7 +702,9 @@ def populate(store: Store) -> dict[tuple[str, str], Any]:
     ipam.ensure_pools([PoolSpec("10.244.0.0/16")])
     ipam.assign(AssignRequest(handle_id("net", "c1", "eth0"), v4_pools=["10.244.0.0/16"]))
     add(store)
-    store.put("heartbeat", "node-a", {"t": 1}, None, ttl=60)
+    legacy = {"id": "net:c0:eth0", "node": "node-a", "blocks": []}  # an older tabby's handle
+    store.put("handle", "net:c0:eth0", legacy, None)
+    store.put_leased("heartbeat", "node-a", {"t": 1}, None, ttl=60)  # type: ignore[attr-defined]
     return {(k, key): d.data for k in MIGRATED_KINDS for key, d in store.list(k)}
 
 
@@ -830,12 +742,11 @@ def test_copy_store_refuses_any_data_and_undoes_a_failed_copy(tmp_path: Path) ->
     failing = Recording(target)
     calls = itertools.count()
 
-    def fail_third(ops: Sequence[Op]) -> list[int]:
+    def fail_third(inner: Store) -> None:
         if next(calls) == 2:
             raise RevisionConflict("injected", "x")
-        return target.commit(ops)
 
-    failing.commit = fail_third  # type: ignore[method-assign]
+    failing.before_write.extend([fail_third] * 3)
     with pytest.raises(RevisionConflict, match="injected"):
-        copy_store(source, cast(Store, failing), batch=2)
+        copy_store(source, cast(Store, failing))
     assert all(target.list(k) == [] for k in MIGRATED_KINDS)

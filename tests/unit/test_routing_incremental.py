@@ -373,7 +373,7 @@ def test_a_heartbeat_that_does_not_parse_keeps_its_node_alive(heartbeat: str) ->
     doc = w.store.get("heartbeat", "b")
     assert doc is not None
     if heartbeat == "garbage":
-        w.store.put("heartbeat", "b", {"bogus": 1}, doc.revision, ttl=90)
+        w.store.put_leased("heartbeat", "b", {"bogus": 1}, doc.revision, ttl=90)
     else:
         w.store.delete("heartbeat", "b", doc.revision)
     a.sync()

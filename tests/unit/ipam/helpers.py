@@ -248,3 +248,10 @@ def assert_one_affinity_per_block(store: Store) -> None:
             assert owners == [aff.removeprefix("host:")], f"{cidr}: {aff}, listed by {owners}"
     for cidr, owners in listing.items():
         assert store.get("block", cidr) is not None, f"{owners} list missing block {cidr}"
+
+
+def handles(store: Store) -> list[str]:
+    """The handle of every allocation in the store, sorted, once each."""
+    from ipam.core import Ipam
+
+    return sorted({o.handle_id for o in Ipam(store, "").allocations()})

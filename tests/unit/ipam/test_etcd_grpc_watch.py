@@ -1,4 +1,4 @@
-"""tabby's watch over native gRPC (``datastore.etcd_grpc``): the protobuf it reads and writes,
+"""tabby's watch over native gRPC (``datastore.etcd.grpc``): the protobuf it reads and writes,
 and, against real etcd, the watch through ``etcd grpc-proxy`` (what makes the fan-out of a
 big cluster one watch on etcd per proxy), failover between proxies, and a member that stops
 answering on a live connection.
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from datastore import etcd_grpc
-from datastore.etcd_client import EtcdClient, EtcdUnavailable, KeyValue
-from datastore.etcd_grpc import GrpcWatcher, ProtoError, decode_kv, decode_response, encode_create
+from datastore.etcd import grpc as etcd_grpc
+from datastore.etcd.client import EtcdClient, EtcdUnavailable, KeyValue
+from datastore.etcd.grpc import GrpcWatcher, ProtoError, decode_kv, decode_response, encode_create
 from tests.etcd_cluster import EtcdCluster, etcd_binary, free_ports
 from tests.unit.ipam.test_ipam_store_etcd import _Mirror, store_on
 
@@ -334,7 +334,7 @@ def test_watch_stops_soon_after_stop_is_set(etcd1: EtcdCluster) -> None:
 
 def test_watch_endpoints_need_the_grpc_transport() -> None:
     from cni_config.common import DatastoreSettings
-    from datastore.etcd import EtcdStore
+    from datastore.etcd.store import EtcdStore
     from ipam.core import InvalidConfig
 
     ok = DatastoreSettings.model_validate(
@@ -408,7 +408,7 @@ class _ScriptedStream:
         self.batches: list[list[tuple[int, Any]]] = []
 
     def send(self, message: bytes, deadline: float) -> None:
-        from datastore.etcd_client import WatchEvent, WatchResponse
+        from datastore.etcd.client import WatchEvent, WatchResponse
 
         wid = len(self.sent)
         self.sent.append(message)

@@ -140,12 +140,13 @@ def test_sigkill_at_random_instants(tmp_path: Path, subprocess_env: dict[str, st
     assert ops > ROUNDS  # the workers did real work between kills
     assert mid_op > ROUNDS // 2, mid_op
     print(f"{ops} operations acknowledged, {mid_op} kills in the middle of one")
-    # Cleanup as DEL would do it: every handle released -> pools empty, store clean.
-    ipam = Ipam(store, "")
-    for h in store.list_keys("handle"):
-        ipam.release_handle(h)
-    assert sum(p.in_use for p in ipam.pool_usage()) == 0
-    assert store.list_keys("handle") == []
+    # Cleanup as DEL would do it, each node releasing its handles through its index:
+    # pools empty, store clean.
     for node in ("node-a", "node-b"):
-        Ipam(store, node).gc(NETWORK, set(), grace_seconds=0)  # repairs hints, adopts orphans
+        mine = Ipam(store, node)
+        for h in sorted({o.handle_id for o in mine.allocations() if f":{node}-" in o.handle_id}):
+            mine.release_handle(h)
+    assert sum(p.in_use for p in Ipam(store, "").pool_usage()) == 0
+    for node in ("node-a", "node-b"):
+        Ipam(store, node).gc(NETWORK, set(), grace_seconds=0)  # repairs indexes, adopts orphans
     assert check_consistency(store) == []

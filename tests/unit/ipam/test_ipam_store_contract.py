@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from datastore import open_store
-from datastore.base import KINDS, Doc, Op, Store, SyncEvent
-from datastore.etcd import EtcdStore
+from datastore.base import KINDS, Doc, Store, SyncEvent
+from datastore.etcd.store import EtcdStore
 from datastore.file import FileStore, escape_key, unescape_name
 from datastore.memory import MemoryStore
 from ipam.core.errors import (
@@ -213,7 +213,7 @@ def test_lock_is_exclusive_and_times_out(
                 f"EtcdStore({store.endpoints!r}, prefix={store.prefix!r}, "
                 f"lock_dir={store.lock_dir!r})"
             )
-            imp = "from datastore.etcd import EtcdStore\n"
+            imp = "from datastore.etcd.store import EtcdStore\n"
         else:
             assert isinstance(store, FileStore)
             make = f"FileStore({store.data_dir!r})"
@@ -271,7 +271,7 @@ def test_lock_released_after_exception(store: Store) -> None:
 def test_lock_of_one_object_serialises_its_threads(store: Store) -> None:
     """One store object serving several threads (as in tabby-node): while one thread holds
     the lock, another waits for it (LockTimeout if it is not let go in time), never taken for
-    a re-entry; a file-store commit from a thread without the lock waits for it too."""
+    a re-entry."""
     short = _with_timeout(store, 0.5)
     held = threading.Event()
     done = threading.Event()
@@ -286,17 +286,13 @@ def test_lock_of_one_object_serialises_its_threads(store: Store) -> None:
     try:
         assert held.wait(5)
         _assert_times_out(short, 0.5)
-        if isinstance(short, FileStore):
-            with pytest.raises(LockTimeout):
-                short.commit([Op("pool", "p", {}, None)])
-            assert short.get("pool", "p") is None
     finally:
         done.set()
         t.join()
     try:
         with short.lock():
             pass
-        assert short.commit([Op("pool", "p", {}, None)])[0] > 0
+        assert short.put("pool", "p", {}, None) > 0
     finally:
         if short is not store:
             short.close()
@@ -644,131 +640,6 @@ def test_list_raises_store_corrupt_naming_the_document(store: Store) -> None:
     assert [k for k, _ in store.list("block", "10.0.0.0")] == ["10.0.0.0/26"]
 
 
-# -- commit -------------------------------------------------------------------------------
-
-
-def test_commit_writes_everything_and_returns_revisions(store: Store) -> None:
-    r_pool = store.put("pool", "p", {"v": 1}, None)
-    r_gone = store.put("handle", "gone", {}, None)
-    revs = store.commit(
-        [
-            Op("pool", "p", {"v": 2}, r_pool),
-            Op("block", "10.0.0.0/26", {"b": 1}, None),
-            Op("handle", "gone", None, r_gone),
-            Op("handle", "never", None, None),  # asserts absence, writes nothing
-        ]
-    )
-    assert len(revs) == 4
-    assert revs[0] > r_pool
-    assert revs[1] > 0
-    assert revs[2:] == [0, 0]
-    assert store.get("pool", "p") == Doc({"v": 2}, revs[0])
-    assert store.get("block", "10.0.0.0/26") == Doc({"b": 1}, revs[1])
-    assert store.get("handle", "gone") is None
-    assert store.get("handle", "never") is None
-    assert store.commit([]) == []
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "stale",
-        "exists",
-        "missing",
-        "delete-stale",
-        "delete-missing",
-        "absent-exists",
-        "unchanged-stale",
-        "unchanged-missing",
-        "unchanged-exists",
-    ],
-)
-def test_commit_is_all_or_nothing(store: Store, bad: str) -> None:
-    r_a = store.put("pool", "a", {"v": 1}, None)
-    r_b = store.put("pool", "b", {"v": 1}, None)
-    store.put("pool", "b", {"v": 2}, r_b)  # r_b is stale now
-    failing = {
-        "stale": Op("pool", "b", {"v": 3}, r_b),
-        "exists": Op("pool", "b", {"v": 3}, None),
-        "missing": Op("pool", "c", {"v": 3}, r_a),
-        "delete-stale": Op("pool", "b", None, r_b),
-        "delete-missing": Op("pool", "c", None, r_a),
-        "absent-exists": Op("pool", "b", None, None),
-        "unchanged-stale": Op.unchanged("pool", "b", r_b),
-        "unchanged-missing": Op.unchanged("pool", "c", r_a),
-        "unchanged-exists": Op.unchanged("pool", "b", None),
-    }[bad]
-    before = store.list("pool")
-    with pytest.raises(RevisionConflict):
-        store.commit(
-            [
-                Op("pool", "a", {"v": 9}, r_a),
-                Op("block", "10.0.0.0/26", {}, None),
-                failing,
-                Op("handle", "h", {}, None),
-            ]
-        )
-    assert store.list("pool") == before
-    assert store.get("block", "10.0.0.0/26") is None
-    assert store.get("handle", "h") is None
-
-
-def test_commit_compares_unchanged_documents_without_writing_them(
-    store: Store, mirrors: list[Mirror]
-) -> None:
-    """``Op.unchanged``: the commit holds only while the document is as read; it keeps its
-    revision and no watcher hears of it."""
-    r_pool = store.put("pool", "p", {"v": 1}, None)
-    m = Mirror(store, ["pool", "block"])
-    mirrors.append(m)
-    m.wait(lambda: m.snapshots == 1)
-    revs = store.commit(
-        [
-            Op.unchanged("pool", "p", r_pool),
-            Op.unchanged("pool", "absent", None),
-            Op("block", "10.0.0.0/26", {"b": 1}, None),
-        ]
-    )
-    assert revs[:2] == [0, 0]
-    assert store.get("pool", "p") == Doc({"v": 1}, r_pool)
-    assert store.get("pool", "absent") is None
-    assert store.commit([Op.unchanged("pool", "p", r_pool)]) == [0]  # compare only: fine
-    m.wait(lambda: "10.0.0.0/26" in m.state["block"])
-    store.put("pool", "q", {}, None)
-    m.wait(lambda: "q" in m.state["pool"])
-    assert [(e.kind, e.key) for e in m.events[1:]] == [("block", "10.0.0.0/26"), ("pool", "q")]
-
-
-def test_commit_rejects_bad_ops_before_writing(store: Store) -> None:
-    with pytest.raises(ValueError, match="twice"):
-        store.commit([Op("pool", "a", {}, None), Op("pool", "a", {}, None)])
-    with pytest.raises(ValueError, match="kind"):
-        store.commit([Op("pool", "a", {}, None), Op("pools", "b", {}, None)])
-    with pytest.raises((TypeError, ValueError)):
-        store.commit([Op("pool", "a", {}, None), Op("pool", "b", {"x": {1}}, None)])
-    assert store.list("pool") == []
-
-
-def test_commit_revisions_are_new_and_never_reused(store: Store) -> None:
-    r1 = store.put("affinity", "n", {"v": 1}, None)
-    (r2,) = store.commit([Op("affinity", "n", {"v": 2}, r1)])
-    store.commit([Op("affinity", "n", None, r2)])
-    (r3,) = store.commit([Op("affinity", "n", {"v": 3}, None)])
-    assert len({r1, r2, r3}) == 3
-    assert r2 > r1
-    with pytest.raises(RevisionConflict):
-        store.commit([Op("affinity", "n", {"v": 4}, r2)])
-
-
-def test_commit_with_a_corrupt_document_writes_nothing(store: Store) -> None:
-    store.put("block", "10.0.0.0/26", {}, None)
-    path = corrupt(store, "block", "10.0.0.0/26")
-    with pytest.raises(StoreCorrupt) as info:
-        store.commit([Op("pool", "p", {}, None), Op("block", "10.0.0.0/26", {}, 1)])
-    assert info.value.path == path
-    assert store.get("pool", "p") is None
-
-
 # -- ttl ----------------------------------------------------------------------------------
 
 
@@ -782,7 +653,7 @@ def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
 
 
 def test_ttl_document_expires_and_reads_as_absent_everywhere(store: Store) -> None:
-    rev = store.put("heartbeat", "node-a", {"at": 1}, None, ttl=1)
+    rev = store.put_leased("heartbeat", "node-a", {"at": 1}, None, ttl=1)
     store.put("heartbeat", "node-b", {"at": 1}, None)
     assert store.get("heartbeat", "node-a") == Doc({"at": 1}, rev)
     assert store.list_keys("heartbeat") == ["node-a", "node-b"]
@@ -793,19 +664,17 @@ def test_ttl_document_expires_and_reads_as_absent_everywhere(store: Store) -> No
         store.put("heartbeat", "node-a", {"at": 2}, rev)
     with pytest.raises(RevisionConflict):
         store.delete("heartbeat", "node-a", rev)
-    with pytest.raises(RevisionConflict):
-        store.commit([Op("heartbeat", "node-a", {"at": 2}, rev)])
     rev2 = store.put("heartbeat", "node-a", {"at": 3}, None)  # created again, permanent
     assert rev2 != rev
     assert store.get("heartbeat", "node-a") == Doc({"at": 3}, rev2)
 
 
 def test_ttl_is_renewed_by_a_write_and_dropped_by_a_write_without_ttl(store: Store) -> None:
-    r1 = store.put("heartbeat", "a", {"n": 1}, None, ttl=1)
-    r2 = store.put("heartbeat", "b", {"n": 1}, None, ttl=1)
+    r1 = store.put_leased("heartbeat", "a", {"n": 1}, None, ttl=1)
+    r2 = store.put_leased("heartbeat", "b", {"n": 1}, None, ttl=1)
     store.put("heartbeat", "b", {"n": 2}, r2)  # now permanent
     time.sleep(0.6)
-    store.put("heartbeat", "a", {"n": 2}, r1, ttl=30)  # renewed for long
+    store.put_leased("heartbeat", "a", {"n": 2}, r1, ttl=30)  # renewed for long
     time.sleep(2.2)  # past both first deadlines (etcd rounds ttls up to whole seconds)
     a = store.get("heartbeat", "a")
     b = store.get("heartbeat", "b")
@@ -820,8 +689,8 @@ def test_keepalive_keeps_a_document_without_a_revision_or_an_event(
 ) -> None:
     """A node's liveness costs its watchers nothing: kept alive, a ttl document outlives its
     ttl with the same revision, and a watcher sees no event for it."""
-    rev = store.put("heartbeat", "node-a", {"n": 1}, None, ttl=2)
-    store.put("heartbeat", "node-b", {"n": 1}, None, ttl=2)
+    rev = store.put_leased("heartbeat", "node-a", {"n": 1}, None, ttl=2)
+    store.put_leased("heartbeat", "node-b", {"n": 1}, None, ttl=2)
     m = Mirror(store, ["heartbeat"])
     mirrors.append(m)
     m.wait(lambda: "node-a" in m.state.get("heartbeat", {}))
@@ -840,7 +709,7 @@ def test_keepalive_keeps_a_document_without_a_revision_or_an_event(
 def test_ttl_must_be_positive(store: Store) -> None:
     for ttl in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ttl"):
-            store.put("heartbeat", "a", {}, None, ttl=ttl)
+            store.put_leased("heartbeat", "a", {}, None, ttl=ttl)
     assert store.get("heartbeat", "a") is None
 
 
@@ -951,7 +820,8 @@ def test_sync_snapshot_then_changes_in_order(store: Store, mirrors: list[Mirror]
     assert b is not None
     store.delete("node", "b", b.revision)
     m.wait(lambda: "b" not in m.state["node"])
-    store.commit([Op("pod", "ns/q", {"v": 1}, None), Op("node", "c", {"v": 1}, None)])
+    store.put("pod", "ns/q", {"v": 1}, None)
+    store.put("node", "c", {"v": 1}, None)
     store.put("block", "10.0.0.64/26", {}, None)
     m.wait_matches(store)
     assert [(e.type, e.kind, e.key) for e in m.events[1:3]] == [
@@ -969,7 +839,7 @@ def test_sync_snapshot_then_changes_in_order(store: Store, mirrors: list[Mirror]
 
 
 def test_sync_reports_ttl_expiry_as_delete(store: Store, mirrors: list[Mirror]) -> None:
-    store.put("heartbeat", "node-a", {}, None, ttl=1)
+    store.put_leased("heartbeat", "node-a", {}, None, ttl=1)
     m = Mirror(store, ["heartbeat"])
     mirrors.append(m)
     m.wait(lambda: "node-a" in m.state.get("heartbeat", {}))
@@ -1105,51 +975,10 @@ def test_file_store_sync_sees_many_quick_writes(
     assert m.state["block"]["10.0.0.0/26"].data == {"i": 29}
 
 
-def test_file_store_commit_takes_the_lock_unless_held(file_store: FileStore) -> None:
-    file_store.commit([Op("pool", "a", {}, None)])
-    with file_store.lock():
-        file_store.commit([Op("pool", "b", {}, None)])
-    assert file_store.list_keys("pool") == ["a", "b"]
-    assert os.path.getsize(Path(file_store.data_dir) / "lock") == 0
-
-
-def test_file_store_commit_undoes_a_half_done_write(
-    file_store: FileStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    r_a = file_store.put("pool", "a", {"v": 1}, None)
-    r_d = file_store.put("pool", "d", {"v": 1}, None)
-    real_replace = os.replace
-    calls = []
-
-    def replace_then_fail(*args: Any, **kwargs: Any) -> None:
-        calls.append(args)
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_replace(*args, **kwargs)
-
-    monkeypatch.setattr(os, "replace", replace_then_fail)
-    with pytest.raises(StoreUnavailable) as info:
-        file_store.commit(
-            [
-                Op("pool", "a", {"v": 2}, r_a),  # written, then put back
-                Op("pool", "b", {"v": 2}, None),  # created, then removed
-                Op("pool", "d", None, r_d),  # deleted, then put back
-                Op("pool", "c", {"v": 2}, None),  # this write fails
-            ]
-        )
-    monkeypatch.undo()
-    assert info.value.path == file_store.location("pool", "c")
-    assert file_store.get("pool", "a") == Doc({"v": 1}, r_a)
-    assert file_store.get("pool", "d") == Doc({"v": 1}, r_d)
-    assert file_store.list_keys("pool") == ["a", "d"]
-    pools = Path(file_store.location("pool", "a")).parent
-    assert not [n for n in os.listdir(pools) if n.endswith(".tmp")]
-
-
 def test_file_store_ttl_marker_and_expired_file_left_until_rewritten(
     file_store: FileStore,
 ) -> None:
-    file_store.put("heartbeat", "n", {}, None, ttl=0.2)
+    file_store.put_leased("heartbeat", "n", {}, None, ttl=0.2)
     file_store.put("pool", "p", {}, None)
     hb = Path(file_store.data_dir) / "heartbeats"
     assert sorted(os.listdir(hb)) == [".ttl", "n.json"]
@@ -1292,7 +1121,7 @@ def test_etcd_lock_excludes_across_processes_while_its_file_comes_and_goes(
     rounds = 150
     code = (
         "import sys, threading\n"
-        "from datastore.etcd import EtcdStore\n"
+        "from datastore.etcd.store import EtcdStore\n"
         f"s = EtcdStore(['http://a:1'], prefix='/p', lock_dir={str(tmp_path / 'locks')!r})\n"
         "def work():\n"
         f"    for _ in range({rounds}):\n"

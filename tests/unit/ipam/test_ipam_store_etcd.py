@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from datastore import etcd as etcd_module
-from datastore.base import KINDS, Doc, Op, SyncEvent
-from datastore.etcd import EtcdStore, watch_groups
-from datastore.etcd_client import prefix_end
+from datastore.base import KINDS, Doc, SyncEvent
+from datastore.etcd import store as etcd_module
+from datastore.etcd.client import prefix_end
+from datastore.etcd.store import EtcdStore, watch_groups
 from ipam.core import (
     AssignRequest,
     InvalidConfig,
@@ -326,10 +326,11 @@ def test_lost_answer_of_an_applied_write_is_not_a_conflict(
         rev2 = store.put("block", "10.0.0.0/26", {"v": 2}, rev)  # update
         assert direct.get("block", "10.0.0.0/26") == Doc({"v": 2}, rev2)
         store.client._preferred = 0
-        revs = store.commit([Op("pool", "p", {}, None), Op("block", "10.0.0.0/26", None, rev2)])
-        assert revs[1] == 0
+        r_pool = store.put("pool", "p", {}, None)
+        store.client._preferred = 0
+        store.delete("block", "10.0.0.0/26", rev2)
         assert direct.get("block", "10.0.0.0/26") is None
-        assert fake.requests >= 3
+        assert fake.requests >= 4
         assert store.stats["resolved"] >= 3
         assert store.stats["conflicts"] == 0
         # a stale write whose answer is lost: etcd refused it, but the store cannot know
@@ -337,13 +338,13 @@ def test_lost_answer_of_an_applied_write_is_not_a_conflict(
         pool = direct.get("pool", "p")
         store.client._preferred = 0
         with pytest.raises(StoreUnavailable, match="unknown"):
-            store.put("pool", "p", {"other": True}, revs[0] - 1)
+            store.put("pool", "p", {"other": True}, r_pool - 1)
         assert direct.get("pool", "p") == pool
         assert store.stats["unknown"] == 1
         # without a lost answer it is a plain conflict
         direct_conflicts = direct.stats["conflicts"]
         with pytest.raises(RevisionConflict):
-            direct.put("pool", "p", {"other": True}, revs[0] - 1)
+            direct.put("pool", "p", {"other": True}, r_pool - 1)
         assert direct.stats["conflicts"] == direct_conflicts + 1
     finally:
         store.close()
@@ -435,9 +436,8 @@ def test_no_quorum_is_unavailable_within_the_timeout_then_recovers(
         checks: list[tuple[str, Callable[[], object]]] = [
             ("get", lambda: store.get("pool", "p")),
             ("put", lambda: store.put("pool", "p", {"v": 2}, rev)),
-            ("commit", lambda: store.commit([Op("pool", "q", {}, None)])),
             ("check_usable", store.check_usable),
-            ("ttl put", lambda: store.put("heartbeat", "n", {}, None, ttl=5)),
+            ("ttl put", lambda: store.put_leased("heartbeat", "n", {}, None, ttl=5)),
         ]
         for what, op in checks:
             t0 = time.monotonic()
@@ -675,8 +675,8 @@ def _counting_watch(store: EtcdStore, wire: dict[str, int]) -> Any:
 def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     etcd1: EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a pod ADD and DEL write (the IPAM handle and block, the first ADD also the
-    block's claim and the node's affinity; the WorkloadEndpoint) as tabby-node's watch
+    """What a pod ADD and DEL write (the IPAM block, the first ADD also the block's claim and
+    the node's affinity; the WorkloadEndpoint) as tabby-node's watch
     receives them: counted on the wire, so a kind the store dropped after receiving it
     would count. The old single range (heartbeats/ to resources/) is watched alongside
     for the comparison printed."""
@@ -733,7 +733,7 @@ def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
         assert deleted["workloadendpoint"] == pods
         assert added["block"] >= pods
         assert deleted["block"] >= pods
-        assert old["handle"] >= 2 * pods  # what the old range carried to every node
+        assert old["affinity"] >= 1  # what the old range carried to every node
         assert {e.kind for e in m.events if e.type != "snapshot"} <= set(kinds)
         assert store.sync_stats == {"snapshots": 1, "rereads": 0, "resumes": 0}
     finally:
@@ -796,7 +796,7 @@ def _sync_sees_a_write_in_every_range(store: EtcdStore, writer: EtcdStore, n: in
     m = _Mirror(store, SYNC_KINDS)
     try:
         m.wait(lambda: m.snapshots == 1)
-        writer.put("heartbeat", f"n{n}", {}, None, ttl=60)
+        writer.put_leased("heartbeat", f"n{n}", {}, None, ttl=60)
         writer.put("block", f"10.0.{n}.0/26", {}, None)
         writer.put("pod", f"ns/p{n}", {}, None)
         want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
@@ -815,7 +815,7 @@ def test_sync_resumes_after_its_member_is_killed_and_restarted(
     store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
     writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
     try:
-        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
         writer.put("block", "10.0.0.0/26", {"v": 1}, None)
         r_a = writer.put("pod", "ns/a", {"v": 1}, None)
         writer.put("pod", "ns/gone", {}, None)
@@ -836,7 +836,7 @@ def test_sync_resumes_after_its_member_is_killed_and_restarted(
             writer.put("pod", "ns/a", {"v": 2}, r_a)
             for i in range(5):
                 writer.put("pod", f"ns/new{i}", {}, None)
-            writer.put("heartbeat", "n2", {}, None, ttl=60)
+            writer.put_leased("heartbeat", "n2", {}, None, ttl=60)
             time.sleep(1.0)  # the store tries meanwhile
             assert store.sync_stats["resumes"] == 0
             etcd3.start_member(0)
@@ -916,7 +916,7 @@ def test_sync_rereads_once_after_a_compaction_while_away(
     store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
     writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
     try:
-        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
         writer.put("block", "10.0.0.0/26", {"v": 1}, None)
         writer.put("node", "n1", {}, None)
         r_a = writer.put("pod", "ns/a", {"v": 1}, None)
@@ -933,7 +933,7 @@ def test_sync_rereads_once_after_a_compaction_while_away(
                 writer.delete("pod", key, doc.revision)
             writer.put("pod", "ns/a", {"v": 2}, r_a)
             writer.put("pod", "ns/new", {}, None)
-            writer.put("heartbeat", "n2", {}, None, ttl=60)
+            writer.put_leased("heartbeat", "n2", {}, None, ttl=60)
             etcd3.compact()
             etcd3.start_member(0)
             want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
@@ -975,7 +975,7 @@ def test_sync_keeps_a_quiet_range_resumable_by_progress_notifications(
     store = store_on(_only(etcd3, 0), tmp_path, timeout=3.0)
     writer = store_on(_others(etcd3, 0), tmp_path, prefix=store.prefix)
     try:
-        writer.put("heartbeat", "n1", {}, None, ttl=60)
+        writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
         writer.put("block", "10.0.0.0/26", {}, None)
         m = _Mirror(store, SYNC_KINDS)
         try:
@@ -1024,7 +1024,7 @@ def test_sync_rereads_only_the_ranges_whose_history_is_gone(
 
         monkeypatch.setattr(store, "_read_ranges", recording)
         try:
-            writer.put("heartbeat", "n1", {}, None, ttl=60)
+            writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
             writer.put("block", "10.0.0.0/26", {}, None)
             m = _Mirror(store, SYNC_KINDS)
             try:
@@ -1047,7 +1047,7 @@ def test_sync_rereads_only_the_ranges_whose_history_is_gone(
                 )
                 assert m.events[seen:] == []
                 writer.put("pod", "ns/after", {}, None)
-                writer.put("heartbeat", "n2", {}, None, ttl=60)
+                writer.put_leased("heartbeat", "n2", {}, None, ttl=60)
                 want = {k: dict(writer.list(k)) for k in SYNC_KINDS}
                 m.wait(lambda: m.state == want)
                 assert m.snapshots == 1
@@ -1141,7 +1141,8 @@ def test_lists_page_at_one_revision(
     store = store_on(etcd1, tmp_path)
     try:
         keys = [f"10.0.{i}.0/24" for i in range(30)]
-        store.commit([Op("block", k, {"k": k}, None) for k in keys])
+        for k in keys:
+            store.put("block", k, {"k": k}, None)
         assert store.list_keys("block") == sorted(keys)
         assert [(k, d.data) for k, d in store.list("block")] == [
             (k, {"k": k}) for k in sorted(keys)
@@ -1149,17 +1150,6 @@ def test_lists_page_at_one_revision(
         assert [k for k, _ in store.list("block", "10.0.1")] == sorted(
             k for k in keys if k.startswith("10.0.1")
         )
-    finally:
-        store.close()
-
-
-def test_commit_over_etcd_txn_limit_is_invalid(etcd1: EtcdCluster, tmp_path: Path) -> None:
-    store = store_on(etcd1, tmp_path)
-    try:
-        store.commit([Op("pod", f"ns/p{i}", {}, None) for i in range(128)])
-        with pytest.raises(InvalidConfig, match="128"):
-            store.commit([Op("pod", f"ns/q{i}", {}, None) for i in range(129)])
-        assert len(store.list_keys("pod")) == 128
     finally:
         store.close()
 
@@ -1186,7 +1176,7 @@ def test_value_that_is_not_json_is_corrupt_naming_its_key(
 @pytest.mark.privileged
 def test_lock_file_differs_per_network_namespace(tmp_path: Path) -> None:
     code = (
-        "from datastore.etcd import EtcdStore\n"
+        "from datastore.etcd.store import EtcdStore\n"
         f"print(EtcdStore(['http://127.0.0.1:2379'], lock_dir={str(tmp_path)!r}).lock_path)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))

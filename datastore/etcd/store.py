@@ -21,15 +21,14 @@ key is appended as is, UTF-8)::
 A value is the document's JSON (UTF-8), nothing else; its revision is the key's
 ``mod_revision``. Mapping of the contract:
 
-- ``put``, ``delete`` and ``commit`` are one txn each: an expected revision None compares
+- ``put`` and ``delete`` are one txn each: an expected revision None compares
   ``create_revision == 0``, ``rev`` compares ``mod_revision == rev``. A failed compare
-  answers with the keys' current values (the txn's failure branch), so a conflict costs no
+  answers with the key's current value (the txn's failure branch), so a conflict costs no
   extra round trip, its ``RevisionConflict`` is the engine's, and a conflict with a value
-  that is not JSON is reported as ``StoreCorrupt``. etcd allows at most 128 ops in one txn:
-  a bigger ``commit`` is ``InvalidConfig``.
+  that is not JSON is reported as ``StoreCorrupt``.
 - ``list``/``list_keys``: one range (pages of 1000 keys, all read at the first page's
   revision, so still one consistent view).
-- ``put(ttl=s)``: a new lease of ``ceil(s)`` seconds (at least 1; etcd may round a very short
+- ``put_leased(ttl=s)``: a new lease of ``ceil(s)`` seconds (at least 1; etcd may round a very short
   ttl up to its minimum) is granted, then the txn puts with it. A write without ttl detaches
   the key from its lease. An unused lease (a lost CAS) just expires.
 - ``sync``: the wanted kinds grouped into the fewest key ranges that hold no other kind
@@ -104,7 +103,7 @@ from datastore.errors import (
     StoreError,
     StoreUnavailable,
 )
-from datastore.etcd_client import (
+from datastore.etcd.client import (
     EtcdCancelled,
     EtcdClient,
     EtcdCompacted,
@@ -125,7 +124,7 @@ from datastore.etcd_client import (
 
 if TYPE_CHECKING:
     from datastore.base import StoreSettings
-    from datastore.etcd_grpc import GrpcWatcher
+    from datastore.etcd.grpc import GrpcWatcher
 
 _GROUPS = {
     **dict.fromkeys(IPAM_KINDS, "ipam/v1/"),
@@ -137,7 +136,6 @@ _GROUPS = {
 LAYOUT = {kind: f"{_GROUPS[kind]}{PLURALS[kind]}/" for kind in KINDS}
 DEFAULT_PREFIX = "/tabby"
 DEFAULT_LOCK_DIR = "/run/tabby/locks"
-MAX_TXN_OPS = 128  # etcd's --max-txn-ops default
 PAGE = 1000
 #: sync: the first and the longest pause before a failed read is tried again or a broken
 #: watch stream is opened again; each pause is random in [0, pause] (full jitter: the nodes
@@ -274,7 +272,7 @@ class EtcdStore(Engine):
         if self.watch_transport == "gateway":
             return self.client
         if self._watcher is None:
-            from datastore.etcd_grpc import GrpcWatcher
+            from datastore.etcd.grpc import GrpcWatcher
 
             self._watcher = GrpcWatcher(self.client, self.watch_endpoints)
         return self._watcher
@@ -398,52 +396,39 @@ class EtcdStore(Engine):
 
     # -- writes: one txn each -----------------------------------------------------------
 
-    def _apply(self, writes: builtins.list[Write]) -> builtins.list[int]:
-        """One txn: compare every write's revision, then put (with a new lease for a ttl)
-        or delete; a failed compare reads the keys back (the txn's failure branch)."""
-        if len(writes) > MAX_TXN_OPS:
-            raise InvalidConfig(
-                "too many writes for one etcd transaction", f"{len(writes)} > {MAX_TXN_OPS}"
-            )
-        keys = [self._key(w.kind, w.key) for w in writes]
+    def _apply(self, w: Write) -> int:
+        """One txn: compare the revision, then put (with a new lease for a ttl) or delete; a
+        failed compare reads the key back (the txn's failure branch)."""
+        k = self._key(w.kind, w.key)
         deadline = self._deadline()
         try:
-            leases = [
+            lease = (
                 0
                 if w.ttl is None
                 else self.client.lease_grant(max(1, math.ceil(w.ttl)), deadline=deadline)[0]
-                for w in writes
-            ]
-            compare = []
-            success = []
-            for w, k, lease in zip(writes, keys, leases, strict=True):
-                compare.append(cmp_absent(k) if w.expected is None else cmp_mod(k, w.expected))
-                if w.value is not None:
-                    success.append(op_put(k, w.value, lease))
-                elif w.deletes:
-                    success.append(op_delete(k))
-            result = self.client.txn(compare, success, [op_get(k) for k in keys], deadline=deadline)
+            )
+            compare = [cmp_absent(k) if w.expected is None else cmp_mod(k, w.expected)]
+            success = [op_delete(k) if w.value is None else op_put(k, w.value, lease)]
+            result = self.client.txn(compare, success, [op_get(k)], deadline=deadline)
         except EtcdError as e:
             raise self._error(e) from None
         self._count("txns")
         if result.succeeded:
-            for k, lease in zip(keys, leases, strict=True):
-                if lease:
-                    self._leases[k] = lease
-            return [0 if w.value is None else result.revision for w in writes]
+            if lease:
+                self._leases[k] = lease
+            return 0 if w.value is None else result.revision
         current = _current(result.responses)
         if result.ambiguous:
-            revs = _applied(writes, leases, current)
-            if revs is not None:
+            rev = _applied(w, lease, current)
+            if rev is not None:
                 self._count("resolved")
-                return revs
-            raise self._unknown(writes[0])
-        for w, kv in zip(writes, current, strict=True):
-            if kv is not None:
-                self._decode(w.kind, w.key, kv.value)  # a conflict with garbage: StoreCorrupt
+                return rev
+            raise self._unknown(w)
+        if current is not None:
+            self._decode(w.kind, w.key, current.value)  # a conflict with garbage: StoreCorrupt
         self._count("conflicts")
-        self._compare(writes, [None if kv is None else kv.mod_revision for kv in current])
-        raise RevisionConflict("document changed", self.location(writes[0].kind, writes[0].key))
+        self._compare(w, None if current is None else current.mod_revision)
+        raise RevisionConflict("document changed", self.location(w.kind, w.key))
 
     def _keepalive(self, kind: str, key: str) -> bool:
         """One keep-alive of the lease the key was written with (learnt from the put, else
@@ -652,34 +637,17 @@ class EtcdStore(Engine):
         return None
 
 
-def _current(responses: builtins.list[dict[str, Any]]) -> builtins.list[KeyValue | None]:
-    """The key values read by a failed txn's ``op_get`` branch, in order."""
-    out: list[KeyValue | None] = []
-    for resp in responses:
-        kvs = resp.get("response_range", {}).get("kvs", ())
-        out.append(kv_from_json(kvs[0]) if kvs else None)
-    return out
+def _current(responses: builtins.list[dict[str, Any]]) -> KeyValue | None:
+    """The key value read by a failed txn's ``op_get`` branch."""
+    kvs = responses[0].get("response_range", {}).get("kvs", ()) if responses else ()
+    return kv_from_json(kvs[0]) if kvs else None
 
 
-def _applied(
-    writes: builtins.list[Write],
-    leases: builtins.list[int],
-    current: builtins.list[KeyValue | None],
-) -> builtins.list[int] | None:
-    """The revisions of the writes if what etcd holds now is exactly what they wrote (each
-    put key holds the value written, with the lease written; each deleted key is gone)."""
-    revs = []
-    for w, lease, kv in zip(writes, leases, current, strict=True):
-        if w.keep:  # compared only: it must still be as compared
-            if (None if kv is None else kv.mod_revision) != w.expected:
-                return None
-            revs.append(0)
-        elif w.value is None:
-            if kv is not None:
-                return None
-            revs.append(0)
-        elif kv is None or kv.value != w.value or kv.lease != lease:
-            return None
-        else:
-            revs.append(kv.mod_revision)
-    return revs
+def _applied(w: Write, lease: int, kv: KeyValue | None) -> int | None:
+    """The write's revision if what etcd holds now is exactly what it wrote (a put key holds
+    the value written, with the lease written; a deleted key is gone)."""
+    if w.value is None:
+        return None if kv is not None else 0
+    if kv is None or kv.value != w.value or kv.lease != lease:
+        return None
+    return kv.mod_revision

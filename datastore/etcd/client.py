@@ -207,7 +207,7 @@ class WatchResponse:
         compact_revision: int = 0,
         reason: str = "",
     ) -> WatchResponse:
-        """A response from its fields (a decoded gRPC message: ``datastore.etcd_grpc``)."""
+        """A response from its fields (a decoded gRPC message: ``datastore.etcd.grpc``)."""
         resp = cls.__new__(cls)
         resp.revision = revision
         resp.events = events

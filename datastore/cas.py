@@ -1,11 +1,12 @@
-"""The one compare-and-swap loop of the core: read, change, write with the revision read.
+"""The one compare-and-swap loop: read, change, write with the revision read.
 
-Every read-modify-write of the core goes through ``cas``: ``read()`` looks at the store (and
+Every read-modify-write of tabby (the IPAM core, the resources, tabby-node's own documents,
+the controllers' mirror) goes through ``cas``: ``read()`` looks at the store (and
 may do idempotent work, such as releasing a handle's allocations before the handle itself),
 ``write(state)`` writes based on exactly what was read, passing the revision it read. When
 the write loses (``RevisionConflict``: someone wrote the document since), ``read`` runs again
-on fresh data; after ``RETRIES`` lost writes the conflict is raised (the adapter maps it to
-"try again later"). Only a conflict raised by ``write`` is retried: ``read`` may call
+on fresh data; after ``RETRIES`` lost writes the conflict is raised (the CNI adapters map it
+to "try again later"). Only a conflict raised by ``write`` is retried: ``read`` may call
 ``cas`` itself, and its exhausted retries are not multiplied.
 
 ``update`` is the common case: one document, ``change(doc)`` returns the new data,
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ipam.core.errors import RevisionConflict
+from datastore.errors import RevisionConflict
 
 if TYPE_CHECKING:
     from datastore.base import Doc, Store

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from datastore.etcd_client import (
+from datastore.etcd.client import (
     WATCH_POLL,
     EtcdCancelled,
     EtcdClient,
