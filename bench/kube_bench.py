@@ -68,11 +68,11 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.cluster import http_get
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import Controllers
-from lab.proc import INTERRUPTS, LabError, run
+from tabbyctl.demo.lab import http_get
+from tabbyctl.demo.proc import INTERRUPTS, LabError, run
 
 T = TypeVar("T")
 Doc = dict[str, Any]

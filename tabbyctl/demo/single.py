@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datastore import Store, open_store
-from lab.proc import INTERRUPTS, Echo, LabError
-from lab.proc import run as run_child
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError
+from tabbyctl.demo.proc import run as run_child
 
 NODE_V4 = "192.168.255.1"  # the node's own address (on its lo), a source for node->pod
 NODE_V6 = "fd00:255::1"

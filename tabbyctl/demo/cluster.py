@@ -1,6 +1,7 @@
 """``tabbyctl demo --nodes N [--backend bird|vxlan] [--pods P]``: the cluster demo.
 
-An underlay bridge and N node namespaces, a 3-member etcd (1 member for 2 nodes) on the
+On the demo's lab (:mod:`tabbyctl.demo.lab`): an underlay bridge and N node namespaces, a
+3-member etcd (1 member for 2 nodes) on the
 nodes, tabby-node on each (BIRD full mesh or VXLAN), P pods per node made by the installed
 binaries exactly as a runtime on that node would; then it proves every pod reaches every
 other pod across nodes (IPv4 and IPv6), shows ``node status`` and the routes of one node,
@@ -15,8 +16,8 @@ import signal
 import time
 from typing import Any
 
-from lab.cluster import Lab, LabPod
-from lab.proc import INTERRUPTS, Echo, LabError
+from tabbyctl.demo.lab import Lab, LabPod
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError
 
 NAMESPACE = "demo"
 

@@ -1,8 +1,9 @@
 """Processes of the labs and demos: signal-safe children, and the one error type.
 
-A lab (``lab.cluster``, ``lab.kubernetes``) or a demo makes namespaces and starts daemons;
-an interrupt must never lose one of them. :data:`INTERRUPTS` turns Ctrl-C and SIGTERM into
-``KeyboardInterrupt`` but holds it back while a child starts or runs (:func:`run`).
+A demo or a lab (``tabbyctl.demo.lab``, the repository's ``lab.kubernetes``) makes
+namespaces and starts daemons; an interrupt must never lose one of them. :data:`INTERRUPTS`
+turns Ctrl-C and SIGTERM into ``KeyboardInterrupt`` but holds it back while a child starts
+or runs (:func:`run`).
 """
 
 from __future__ import annotations
