@@ -41,11 +41,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from bundle.types import JSON as Doc  # noqa: E402
 from tabbyctl.demo.lab import Lab, LabNode, LabPod  # noqa: E402
 from tests import policy_probes as pp  # noqa: E402
 from tests.cluster import policy_lab as pl  # noqa: E402
 
-Doc = dict[str, Any]
 OTHER_NAMESPACES = [f"o{i:02d}" for i in range(1, 17)]
 TEAMS = ("t1", "t2", "t3", "t4")
 IPERF_PORT = 5201

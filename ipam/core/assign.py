@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bundle.types import IPAddress
 from ipam.core import affinity, handles
 from ipam.core.block import Block
 from ipam.core.candidates import (
@@ -33,7 +34,6 @@ from ipam.core.errors import (
 from ipam.core.model import (
     Allocation,
     AssignRequest,
-    IPAddress,
     Pool,
     Reserved,
     parse_ip,

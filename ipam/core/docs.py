@@ -11,14 +11,13 @@ import ipaddress
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.block import Block
 from ipam.core.errors import StoreCorrupt
 from ipam.core.model import (
     Affinity,
     Allocation,
     Handle,
-    IPAddress,
-    IPNetwork,
     Pool,
     Reserved,
 )

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from bundle.types import IPAddress
 from ipam.core import affinity
 from ipam.core.block import Block
 from ipam.core.cas import DELETE, Delete, cas, update
@@ -24,7 +25,6 @@ from ipam.core.model import (
     Allocation,
     GcReport,
     Handle,
-    IPAddress,
     parse_ip,
     split_handle_id,
 )

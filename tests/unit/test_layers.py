@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Layer of a module: the longest matching prefix wins; an arrow may only point to the same
 #: layer or a lower one. The README's architecture table is this table.
 LAYERS: dict[str, tuple[int, str]] = {
-    "bundle": (0, "version"),  # bundle/__init__.py holds only __version__
+    # bundle/__init__.py: __version__; bundle/types.py: the types every layer shares (IP
+    # address/network/interface, JSON), defined nowhere else (test_shared_types.py)
+    "bundle": (0, "version and shared types"),
     "cni_protocol": (1, "foundations"),
     "datastore": (1, "foundations"),
     "daemon": (1, "foundations"),
@@ -334,7 +336,7 @@ def test_the_walker_can_fail(tmp_path: Path) -> None:
     assert layer_of("ipam.core.block") == (2, "IPAM core")
     assert layer_of("ipam.plugin") == (6, "CNI plugins")
     assert layer_of("bundle.entry") == (8, "the bundle's entry")
-    assert layer_of("bundle") == (0, "version")
+    assert layer_of("bundle") == (0, "version and shared types")
 
 
 _PROBE = """
