@@ -78,6 +78,18 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         return subprocess.run(cmd, check=False, **kwargs)
 
 
+@contextmanager
+def signals_restored() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers put back after the block as they were before it (a
+    demo installs :data:`INTERRUPTS` and ignores both while it cleans up)."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
 def ignore_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
