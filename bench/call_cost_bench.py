@@ -17,7 +17,7 @@ of the call's writes), etcd's CPU (``/proc``), etcd requests by method and bytes
 received (counted in ``datastore.etcd.client``). Prints a table per N with the load
 average; asserts nothing. Needs etcd on PATH; not root. See bench/README.md.
 
-``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``lab.cluster``)
+``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``tabbyctl.demo.lab``)
 serves the calls, through the installed ``tabby`` client; tabby-node's CPU per call as
 bench/scale_bench.py measures a probe's, and its RSS when ready (with its peak) and after the calls.
 
@@ -457,13 +457,13 @@ def run_size(args: argparse.Namespace, size: int) -> dict[str, Any]:
 
 def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
     """``--agent``: a real tabby-node (this checkout's) in a lab node namespace
-    (``lab.cluster``, etcd in it), its datastore filled as for the in-process rows, then pod
+    (``tabbyctl.demo.lab``, etcd in it), its datastore filled as for the in-process rows, then pod
     ADDs and DELs through the installed ``tabby`` client and tabby-node's socket, as
     bench/scale_bench.py measures a probe: tabby-node's CPU from the ADD until 0.3 s after
     it (the watch's echo and the dataplane pass it causes), and the same for the DEL."""
     from dataplane.netns import run_in_netns
     from datastore.etcd.store import EtcdStore
-    from lab.cluster import CLIENT_PORT, V4_POOL, Lab
+    from tabbyctl.demo.lab import CLIENT_PORT, V4_POOL, Lab
 
     lab = Lab(
         nodes_wanted=1,

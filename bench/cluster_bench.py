@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): tabby as a cluster, on the throwaway lab of network namespaces
-(``lab.cluster``: underlay bridge, node namespaces, etcd, tabby-node per node, pods
+(``tabbyctl.demo.lab``: underlay bridge, node namespaces, etcd, tabby-node per node, pods
 made by the installed binaries). Prints numbers; asserts nothing.
 
     convergence   the ADD that claims a new block on node A -> the first echo reply a pod
@@ -49,8 +49,8 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.cluster import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
-from lab.proc import INTERRUPTS
+from tabbyctl.demo.lab import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
+from tabbyctl.demo.proc import INTERRUPTS
 from tests.policy_probes import icmp_echo
 
 T = TypeVar("T")

@@ -68,14 +68,14 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.cluster import http_get
+from bundle.types import JSON as Doc
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import Controllers
-from lab.proc import INTERRUPTS, LabError, run
+from tabbyctl.demo.lab import http_get
+from tabbyctl.demo.proc import INTERRUPTS, LabError, run
 
 T = TypeVar("T")
-Doc = dict[str, Any]
 CASES = ("policy", "pod-start", "controllers")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TABBY_POOL = ipaddress.ip_network("10.244.0.0/16")

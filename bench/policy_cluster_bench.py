@@ -5,7 +5,7 @@ policies cost a pod's ADD and a TCP stream (needs root, the installed binaries, 
     python3 bench/policy_cluster_bench.py [--backend bird] [--rounds 10] [--adds 20]
                                           [--policies 200] [--seconds 3] [--repeats 3]
 
-One lab (lab.cluster: 3 nodes, a 3-member etcd, tabby-node per node, IPv4), built
+One lab (tabbyctl.demo.lab: 3 nodes, a 3-member etcd, tabby-node per node, IPv4), built
 here and removed at the end, pass or fail. It prints:
 
 * enforcement: pods t1..t3 (one per node, namespace ``lat``) serve TCP 80; a client on the
@@ -41,11 +41,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from lab.cluster import Lab, LabNode, LabPod  # noqa: E402
+from bundle.types import JSON as Doc  # noqa: E402
+from tabbyctl.demo.lab import Lab, LabNode, LabPod  # noqa: E402
 from tests import policy_probes as pp  # noqa: E402
 from tests.cluster import policy_lab as pl  # noqa: E402
 
-Doc = dict[str, Any]
 OTHER_NAMESPACES = [f"o{i:02d}" for i in range(1, 17)]
 TEAMS = ("t1", "t2", "t3", "t4")
 IPERF_PORT = 5201
@@ -261,7 +261,7 @@ class Writer:
 def scrape(lab: Lab, node: LabNode) -> dict[str, float]:
     """tabby-node's /metrics (default port 9091) as {"name{labels}": value}."""
     from daemon.http import parse_exposition
-    from lab.cluster import http_get
+    from tabbyctl.demo.lab import http_get
 
     code, body = http_get(node.netns, "http://127.0.0.1:9091/metrics", 3)
     return parse_exposition(body.decode()) if code == 200 else {}

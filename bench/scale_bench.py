@@ -2,7 +2,7 @@
 """Benchmark (not a test): tabby's control plane as the cluster grows (issue 20).
 
 One real etcd pinned to one core; a few real tabby-nodes (VXLAN) as probes, each in a node
-namespace of the lab (``lab.cluster``); many simulated nodes in one process
+namespace of the lab (``tabbyctl.demo.lab``); many simulated nodes in one process
 (bench/scale_sim.py: tabby-node's own watch and heartbeat loops over tabby's own store,
 with the stream reading done by one asyncio loop); a writer (bench/scale_writer.py) that
 fills the datastore as the simulated nodes' registrations and CNI ADDs would, then churns
@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_wire as wire  # noqa: E402
 
-from lab.cluster import Lab, LabError, LabNode, http_get  # noqa: E402
-from lab.proc import INTERRUPTS, stop_process  # noqa: E402
+from tabbyctl.demo.lab import Lab, LabError, LabNode, http_get  # noqa: E402
+from tabbyctl.demo.proc import INTERRUPTS, stop_process  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ENGINES = ("gateway", "grpc", "proxy")

@@ -22,8 +22,9 @@ import socket
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 
-from bird.model import IPAddress, PeerType
+from bird.model import PeerType
 from bird.render import parse_protocol_name
+from bundle.types import IPAddress
 
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%f%z"
 _MAX_LINE = 1 << 16

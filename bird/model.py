@@ -14,8 +14,8 @@ import enum
 import ipaddress
 from typing import Literal, TypeAlias
 
-IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
+from bundle.types import IPAddress, IPNetwork
+
 LogSeverity: TypeAlias = Literal["debug", "info", "warning", "error"]
 
 #: Calico's default AS number for a cluster (private range, RFC 6996).
@@ -154,52 +154,16 @@ class BirdConfig:
             raise TypeError(f"node must be a BirdNode, got {node!r}")
         if self.log_severity not in LOG_SEVERITIES:
             raise ValueError(f"log_severity must be one of {LOG_SEVERITIES}")
-
-        peers = tuple(self.peers)
-        seen: dict[IPAddress, Peer] = {}
-        for peer in peers:
-            if not isinstance(peer, Peer):
-                raise TypeError(f"peers must hold Peer objects, got {peer!r}")
-            if peer.address in (node.ipv4, node.ipv6):
-                raise ValueError(f"peer {peer.address} is this node's own address")
-            if peer.address in seen and seen[peer.address] != peer:
-                raise ValueError(
-                    f"peer {peer.address} given twice ({seen[peer.address].type.value} and "
-                    f"{peer.type.value}): the agent must pick one session per address"
-                )
-            seen[peer.address] = peer
-            if node.address(peer.address.version) is None:
-                raise ValueError(
-                    f"peer {peer.address}: the node has no IPv6 underlay address to peer from"
-                )
-            if peer.rr_client:
-                if node.rr_cluster_id is None:
-                    raise ValueError(
-                        f"peer {peer.address}: rr_client needs the node's rr_cluster_id"
-                    )
-                if peer.as_number != node.as_number:
-                    raise ValueError(f"peer {peer.address}: a route reflector client is iBGP")
-        order = list(PeerType)
-        sorted_peers = sorted(
-            seen.values(), key=lambda p: (order.index(p.type), p.address.version, p.address)
-        )
-
-        pools: dict[IPNetwork, Pool] = {}
-        for pool in self.pools:
-            if not isinstance(pool, Pool):
-                raise TypeError(f"pools must hold Pool objects, got {pool!r}")
-            if pool.cidr in pools and pools[pool.cidr] != pool:
-                raise ValueError(f"pool {pool.cidr} given twice with different modes")
-            pools[pool.cidr] = pool
-
+        peers = _checked_peers(node, self.peers)
+        pools = _checked_pools(self.pools)
         for net in self.blocks:
             if not isinstance(net, ipaddress.IPv4Network | ipaddress.IPv6Network):
                 raise TypeError(f"blocks must hold ipaddress networks, got {net!r}")
         for addr in self.borrowed:
             _check_address(addr, "borrowed")
 
-        object.__setattr__(self, "peers", tuple(sorted_peers))
-        object.__setattr__(self, "pools", tuple(pools[c] for c in sorted(pools, key=_sort_key)))
+        object.__setattr__(self, "peers", peers)
+        object.__setattr__(self, "pools", pools)
         object.__setattr__(self, "blocks", tuple(sorted(set(self.blocks), key=_sort_key)))
         object.__setattr__(self, "borrowed", tuple(sorted(set(self.borrowed), key=_sort_key)))
 
@@ -207,3 +171,45 @@ class BirdConfig:
     def versions(self) -> tuple[int, ...]:
         """The IP versions rendered: 4, and 6 when the node has an IPv6 underlay address."""
         return (4, 6) if self.node.ipv6 is not None else (4,)
+
+
+def _checked_peers(node: BirdNode, peers: tuple[Peer, ...]) -> tuple[Peer, ...]:
+    """BirdConfig's peers checked against its node, each once, in rendering order (by type,
+    then IP version, then address)."""
+    seen: dict[IPAddress, Peer] = {}
+    for peer in tuple(peers):
+        if not isinstance(peer, Peer):
+            raise TypeError(f"peers must hold Peer objects, got {peer!r}")
+        if peer.address in (node.ipv4, node.ipv6):
+            raise ValueError(f"peer {peer.address} is this node's own address")
+        if peer.address in seen and seen[peer.address] != peer:
+            raise ValueError(
+                f"peer {peer.address} given twice ({seen[peer.address].type.value} and "
+                f"{peer.type.value}): the agent must pick one session per address"
+            )
+        seen[peer.address] = peer
+        if node.address(peer.address.version) is None:
+            raise ValueError(
+                f"peer {peer.address}: the node has no IPv6 underlay address to peer from"
+            )
+        if peer.rr_client:
+            if node.rr_cluster_id is None:
+                raise ValueError(f"peer {peer.address}: rr_client needs the node's rr_cluster_id")
+            if peer.as_number != node.as_number:
+                raise ValueError(f"peer {peer.address}: a route reflector client is iBGP")
+    order = list(PeerType)
+    return tuple(
+        sorted(seen.values(), key=lambda p: (order.index(p.type), p.address.version, p.address))
+    )
+
+
+def _checked_pools(pools: tuple[Pool, ...]) -> tuple[Pool, ...]:
+    """BirdConfig's pools, each once, in address order."""
+    by_cidr: dict[IPNetwork, Pool] = {}
+    for pool in pools:
+        if not isinstance(pool, Pool):
+            raise TypeError(f"pools must hold Pool objects, got {pool!r}")
+        if pool.cidr in by_cidr and by_cidr[pool.cidr] != pool:
+            raise ValueError(f"pool {pool.cidr} given twice with different modes")
+        by_cidr[pool.cidr] = pool
+    return tuple(by_cidr[c] for c in sorted(by_cidr, key=_sort_key))

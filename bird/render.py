@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from bird.model import BirdConfig, IPAddress, Peer, PeerType
+from bird.model import BirdConfig, Peer, PeerType
+from bundle.types import IPAddress
 
 #: The IP-in-IP tunnel device (routes of ipip pools go through it, onlink).
 IPIP_DEVICE = "tunl0"

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from bundle.types import IPAddress as Address
 from cni_protocol import invoke, log, skel, types
 from cni_protocol.errors import CniError, Code
 from dataplane.names import host_veth_name
@@ -30,11 +31,9 @@ if TYPE_CHECKING:
     from datastore.base import Store
 
 logger = logging.getLogger("tabby.plugin")
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Pending = Callable[[], "dict[str, Any] | None"]
 
 IPV4_GATEWAY = "169.254.1.1"
-SCOPE_LINK = 253
 
 
 # -- seams: the dataplane and the IPAM invoker are injected ---------------------------------
@@ -311,7 +310,7 @@ def build_result(
     mtu: int,
 ) -> dict[str, Any]:
     """Both interfaces, the IPs on the container side, the routes actually programmed."""
-    from dataplane.model import IPV6_GATEWAY
+    from dataplane.model import IPV6_GATEWAY, SCOPE_LINK
 
     interfaces = list(prev.get("interfaces", []))
     interfaces.append({"name": done.host_ifname, "mac": done.host_mac, "mtu": mtu})

@@ -11,10 +11,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from bundle.types import JSON, IPAddress, IPInterface
+
 from . import version as ver
 from .errors import CniError, Code
-
-Result = dict[str, Any]
 
 # Fields that exist only from 1.1.0 on (CONFORMANCE.md "Versions").
 _IFACE_11 = ("mtu", "socketPath", "pciID")
@@ -25,7 +25,7 @@ def _bad(msg: str, details: str) -> CniError:
     return CniError(Code.DECODE_FAILURE, msg, details)
 
 
-def _cidr(value: object, where: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+def _cidr(value: object, where: str) -> IPInterface:
     if not isinstance(value, str) or "/" not in value:
         raise _bad("invalid result", f"{where}: {value!r} is not an address in CIDR form")
     try:
@@ -34,14 +34,14 @@ def _cidr(value: object, where: str) -> ipaddress.IPv4Interface | ipaddress.IPv6
         raise _bad("invalid result", f"{where}: {value!r} is not an address in CIDR form") from None
 
 
-def _ip(value: object, where: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _ip(value: object, where: str) -> IPAddress:
     try:
         return ipaddress.ip_address(str(value))
     except ValueError:
         raise _bad("invalid result", f"{where}: {value!r} is not an IP address") from None
 
 
-def canonical(raw: object, version: str) -> Result:
+def canonical(raw: object, version: str) -> JSON:
     """Parse a result of ``version`` (a prevResult or a delegate's answer) into 1.1.0 shape.
 
     The legacy ``ips[].version`` is checked against the address family and dropped.
@@ -50,7 +50,7 @@ def canonical(raw: object, version: str) -> Result:
     if not isinstance(raw, dict):
         raise _bad("invalid result", f"result is {type(raw).__name__}, not an object")
     legacy = ver.is_legacy(version)
-    out: Result = {k: v for k, v in raw.items() if k != "cniVersion"}
+    out: JSON = {k: v for k, v in raw.items() if k != "cniVersion"}
     interfaces = raw.get("interfaces") or []
     if not isinstance(interfaces, list) or not all(isinstance(i, dict) for i in interfaces):
         raise _bad("invalid result", "interfaces must be a list of objects")
@@ -58,24 +58,7 @@ def canonical(raw: object, version: str) -> Result:
     ips = raw.get("ips") or []
     if not isinstance(ips, list):
         raise _bad("invalid result", "ips must be a list")
-    new_ips = []
-    for n, ip in enumerate(ips):
-        if not isinstance(ip, dict):
-            raise _bad("invalid result", f"ips[{n}] is not an object")
-        addr = _cidr(ip.get("address"), f"ips[{n}].address")
-        entry = {k: v for k, v in ip.items() if k != "version"}
-        if legacy and "version" in ip and ip["version"] != str(addr.version):
-            raise _bad(
-                "invalid result",
-                f"ips[{n}].version {ip['version']!r} does not match {ip.get('address')}",
-            )
-        if "gateway" in ip and ip["gateway"] not in (None, ""):
-            _ip(ip["gateway"], f"ips[{n}].gateway")
-        idx = ip.get("interface")
-        if idx is not None and (not isinstance(idx, int) or not 0 <= idx < len(interfaces)):
-            raise _bad("invalid result", f"ips[{n}].interface {idx!r} is out of range")
-        new_ips.append(entry)
-    out["ips"] = new_ips
+    out["ips"] = [_canonical_ip(n, ip, legacy, len(interfaces)) for n, ip in enumerate(ips)]
     routes = raw.get("routes") or []
     if not isinstance(routes, list):
         raise _bad("invalid result", "routes must be a list")
@@ -95,9 +78,30 @@ def canonical(raw: object, version: str) -> Result:
     return out
 
 
-def render(result: Result, version: str) -> Result:
+def _canonical_ip(n: int, ip: object, legacy: bool, interfaces: int) -> JSON:
+    """``ips[n]`` of a result checked (``legacy``: its ``version`` against the address
+    family; ``interface``: an index into the ``interfaces`` interfaces), without
+    ``version``."""
+    if not isinstance(ip, dict):
+        raise _bad("invalid result", f"ips[{n}] is not an object")
+    addr = _cidr(ip.get("address"), f"ips[{n}].address")
+    entry = {k: v for k, v in ip.items() if k != "version"}
+    if legacy and "version" in ip and ip["version"] != str(addr.version):
+        raise _bad(
+            "invalid result",
+            f"ips[{n}].version {ip['version']!r} does not match {ip.get('address')}",
+        )
+    if "gateway" in ip and ip["gateway"] not in (None, ""):
+        _ip(ip["gateway"], f"ips[{n}].gateway")
+    idx = ip.get("interface")
+    if idx is not None and (not isinstance(idx, int) or not 0 <= idx < interfaces):
+        raise _bad("invalid result", f"ips[{n}].interface {idx!r} is out of range")
+    return entry
+
+
+def render(result: JSON, version: str) -> JSON:
     """The canonical result in the shape of ``version``, with ``cniVersion`` set (GEN-8)."""
-    out: Result = {"cniVersion": version}
+    out: JSON = {"cniVersion": version}
     pre11 = not ver.at_least(version, "1.1.0")
     legacy = ver.is_legacy(version)
     for key, value in result.items():
@@ -122,7 +126,7 @@ def render(result: Result, version: str) -> Result:
     return out
 
 
-def prev_result(config: dict[str, Any], version: str) -> Result | None:
+def prev_result(config: dict[str, Any], version: str) -> JSON | None:
     """The config's prevResult in canonical shape (CHN-1), or None when absent or empty."""
     raw = config.get("prevResult")
     if not raw:

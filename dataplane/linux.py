@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
+from bundle.types import IPAddress, IPNetwork
 from cni_protocol.errors import CniError, Code
 from dataplane import netns as netns_mod
 from dataplane import sysctl
@@ -21,8 +22,6 @@ from dataplane.model import (
     SCOPE_LINK,
     ExpectedState,
     HostVeth,
-    IPAddress,
-    IPNetwork,
     PodRoute,
     SetupResult,
     SetupSpec,

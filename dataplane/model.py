@@ -9,12 +9,10 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 from collections.abc import Sequence
-from typing import Protocol, TypeAlias
+from typing import Protocol
 
+from bundle.types import IPAddress, IPNetwork
 from dataplane.names import DEFAULT_VETH_PREFIX as DEFAULT_VETH_PREFIX
-
-IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Host side of every pod veth (as Calico): one well-known MAC, so the host's IPv6 link-local
 #: address (EUI-64 of this MAC) is the same on every veth and can be the pod's IPv6 gateway.

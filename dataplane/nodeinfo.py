@@ -38,7 +38,8 @@ import secrets
 import socket
 from collections.abc import Sequence
 
-from dataplane.model import IPAddress, IPNetwork
+from bundle.types import IPAddress, IPNetwork
+from dataplane.model import SCOPE_UNIVERSE
 from dataplane.overlay_model import IPIP_DEVICE, KernelAddress, LinkState
 from dataplane.rtnl import NetlinkFailure
 from dataplane.rtnl_routing import RoutingRtnl
@@ -105,7 +106,6 @@ FALLBACK_MTU = 1500
 IFA_F_SECONDARY_OR_TEMPORARY = 0x01  # IPv6: a temporary (privacy) address
 IFA_F_DADFAILED = 0x08
 IFA_F_DEPRECATED = 0x20
-RT_SCOPE_UNIVERSE = 0
 
 
 class AutodetectError(Exception):
@@ -195,7 +195,7 @@ def _fullmatch_any(patterns: Sequence[str], name: str) -> bool:
 
 
 def _usable(address: KernelAddress, version: int) -> bool:
-    if address.address.version != version or address.scope != RT_SCOPE_UNIVERSE:
+    if address.address.version != version or address.scope != SCOPE_UNIVERSE:
         return False
     ip = address.address
     if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:

@@ -34,7 +34,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias
 
-from dataplane.model import IPAddress, IPNetwork
+from bundle.types import IPAddress, IPNetwork
+from dataplane.model import SCOPE_LINK
 from dataplane.overlay_model import (
     IPIP_DEVICE,
     NUD_PERMANENT,
@@ -84,7 +85,6 @@ Kind: TypeAlias = Literal["device", "address", "fdb", "neighbour", "route", "bla
 Action: TypeAlias = Literal["add", "replace", "remove"]
 KINDS: tuple[Kind, ...] = ("device", "address", "fdb", "neighbour", "route", "blackhole")
 ACTIONS: tuple[Action, ...] = ("add", "replace", "remove")
-SCOPE_LINK = 253
 
 
 # --- the result of a run -------------------------------------------------------------------
@@ -531,6 +531,22 @@ class Reconciler:
         out of here means: do a whole run."""
         links = self._links
         assert links is not None
+        self._remove_stale(nl, delta, rec, touched, links)
+        self._write_entries(nl, delta, rec, links)
+        for old, new in delta.routes:
+            if new is not None:
+                self._apply_route(nl, old, new, rec)
+
+    def _remove_stale(
+        self,
+        nl: RoutingRtnl,
+        delta: OverlayDelta,
+        rec: _Recorder,
+        touched: set[str],
+        links: dict[str, int],
+    ) -> None:
+        """The first half of :meth:`_apply`: stale routes, stale neighbours and FDB entries
+        (and every object of the delta is ``touched``)."""
         for old, new in delta.routes:
             touched.update(str(r) for r in (old, new) if r is not None)
             if new is None and old is not None:
@@ -550,6 +566,11 @@ class Reconciler:
                 entry = KernelFdb(links[f_old.device], f_old.mac, f_old.dst, NUD_PERMANENT)
                 if nl.delete_fdb(entry, what=str(f_old)):
                     rec.change("remove", "fdb", str(f_old))
+
+    def _write_entries(
+        self, nl: RoutingRtnl, delta: OverlayDelta, rec: _Recorder, links: dict[str, int]
+    ) -> None:
+        """The new and changed FDB entries and neighbours of a delta (:meth:`_apply`)."""
         for f_old, f_new in delta.fdb:
             if f_new is not None and f_new.device in links:
                 nl.set_fdb(links[f_new.device], f_new.mac, f_new.dst, what=str(f_new))
@@ -559,9 +580,6 @@ class Reconciler:
                 index = links[n_new.device]
                 nl.set_neighbour(index, n_new.address, n_new.mac, what=str(n_new))
                 rec.change("add" if n_old is None else "replace", "neighbour", str(n_new))
-        for old, new in delta.routes:
-            if new is not None:
-                self._apply_route(nl, old, new, rec)
 
     def _apply_route(
         self, nl: RoutingRtnl, old: OverlayRoute | None, new: OverlayRoute, rec: _Recorder

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Iterable
 from typing import Literal, TypeAlias
 
-from dataplane.model import IPAddress, IPNetwork
+from bundle.types import IPAddress, IPNetwork
 
 #: The route protocol (``rtm_protocol``) that marks a route as tabby's. 116 is ASCII "t";
 #: neither the kernel's ``linux/rtnetlink.h`` nor iproute2's ``rt_protos`` names it (named:

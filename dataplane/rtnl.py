@@ -40,9 +40,9 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 from pyroute2.netlink.rtnl.nsidmsg import nsidmsg  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
+from bundle.types import IPAddress, IPNetwork  # noqa: E402
 from cni_protocol.errors import CniError, Code  # noqa: E402
 from dataplane import netns as netns_mod  # noqa: E402
-from dataplane.model import IPAddress, IPNetwork  # noqa: E402
 
 # Kernel ABI (linux/netlink.h, linux/rtnetlink.h).
 NLMSG_ERROR = 2
@@ -75,7 +75,6 @@ IFF_UP = 0x1
 IFA_F_NODAD = 0x02
 RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE = 0
-RT_SCOPE_LINK = 253
 RT_SCOPE_NOWHERE = 255  # "any scope" when deleting an IPv4 route
 RTPROT_BOOT = 3  # what `ip route add` uses
 RTN_UNICAST = 1

@@ -26,8 +26,8 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg  # noqa: E402
 from pyroute2.netlink.rtnl.ndmsg import ndmsg  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
+from bundle.types import IPAddress, IPNetwork  # noqa: E402
 from dataplane import rtnl  # noqa: E402
-from dataplane.model import IPAddress, IPNetwork  # noqa: E402
 from dataplane.overlay_model import (  # noqa: E402
     NUD_PERMANENT,
     RT_TABLE_MAIN,

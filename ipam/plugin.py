@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from bundle.types import IPAddress as Address
 from cni_config import known
 from cni_config.teardown import TEARDOWN_VERBS, Teardown, Unknown
 from cni_config.values import CommonValues, DatastoreValues
@@ -28,7 +29,6 @@ from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam,
 from ipam.values import IpamPluginValues, IpamValues
 
 T = TypeVar("T")
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 logger = logging.getLogger("tabby.ipam")
 

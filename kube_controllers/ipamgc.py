@@ -30,8 +30,9 @@ from ipam.core.model import split_handle_id
 from kube_controllers.kubeapi import ApiError, NotFound
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from datastore.base import Store
-    from kube_controllers.kubeapi import JSON, KubeClient
+    from kube_controllers.kubeapi import KubeClient
     from kube_controllers.reflector import Reflector
 
 log = logging.getLogger("tabby.controllers")

@@ -35,7 +35,8 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from bundle.types import JSON  # a Kubernetes object or response as the API sends it
 
 #: Where a pod finds its service account (in-cluster configuration).
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -43,8 +44,6 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 PAGE = 500
 #: A token file (a projected service account token rotates) is read again after this long.
 TOKEN_REREAD_SECONDS = 60.0
-
-JSON = dict[str, Any]  # a Kubernetes object or response as the API sends it (the JSON edge)
 
 
 class ApiError(Exception):

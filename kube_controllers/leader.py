@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from kube_controllers.kubeapi import JSON, ApiError, Conflict, KubeClient, NotFound
+from bundle.types import JSON
+from kube_controllers.kubeapi import ApiError, Conflict, KubeClient, NotFound
 
 log = logging.getLogger("tabby.controllers")
 

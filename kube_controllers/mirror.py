@@ -30,8 +30,8 @@ from resources.errors import NotFound, NotOwned, ResourceError
 from resources.storage import BY_KIND, to_resource
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from datastore.base import Store
-    from kube_controllers.kubeapi import JSON
     from resources.client import ResourceClient
 
 log = logging.getLogger("tabby.controllers")

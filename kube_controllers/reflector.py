@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
-from kube_controllers.kubeapi import JSON, ApiError, Gone, KubeClient
+from bundle.types import JSON
+from kube_controllers.kubeapi import ApiError, Gone, KubeClient
 
 log = logging.getLogger("tabby.controllers")
 

@@ -14,19 +14,19 @@ default the bundle's version), so a second tag of the same content is one more r
 Two layers, lowest first:
 
 1. **the Debian root**, made by Debian's own ``mmdebstrap`` (unshare mode: its mounts die
-   with it) from the machine's own mirror (the ``deb`` entries of its apt sources for
-   SUITE, -updates and -security, derived as lab/kubernetes/build.py derives its deb-src
-   entry): variant ``essential`` (the ``Essential: yes`` packages; no apt) with merged
-   /usr, plus ``bird2``, ``nftables`` and ``iproute2`` and what they depend on, without
-   Recommends. dpkg leaves out documentation (copyright files kept), man and info pages,
-   translations and lintian overrides; what a bootstrap leaves that an image must not carry
-   goes afterwards (apt's sources, lists and caches, which no package owns here, the build
-   machine's hostname and resolv.conf, ``-old`` and ``-`` backups). Built once per
-   (suite, packages, recipe) under ``<cache-dir>/<key>/``: ``root/`` (the tree),
-   ``root.json`` (how and when it was made), ``layer-v<format>.tar.gz`` and its ``.json``
-   (its layer, packed once per packing format), ``packages.txt`` (what is installed, with
-   sizes) and ``mmdebstrap.log``. The packages are those of the mirror on
-   the day the root was made: ``--rebuild-root`` makes it again (security updates).
+   with it) from the machine's own mirror (the ``deb`` entries of its apt sources for SUITE,
+   -updates and -security, derived by packaging/debbuild.py as the lab's Kubernetes build
+   derives its deb-src entry): variant ``essential`` (the ``Essential: yes`` packages; no apt)
+   with merged /usr, plus ``bird2``, ``nftables`` and ``iproute2`` and what they depend on,
+   without Recommends. dpkg leaves out documentation (copyright files kept), man and info
+   pages, translations and lintian overrides; what a bootstrap leaves that an image must not
+   carry goes afterwards (apt's sources, lists and caches, which no package owns here, the
+   build machine's hostname and resolv.conf, ``-old`` and ``-`` backups). Built once per
+   (suite, packages, recipe) under ``<cache-dir>/<key>/``: ``root/`` (the tree), ``root.json``
+   (how and when it was made), ``layer-v<format>.tar.gz`` and its ``.json`` (its layer, packed
+   once per packing format), ``packages.txt`` (what is installed, with sizes) and
+   ``mmdebstrap.log``. The packages are those of the mirror on the day the root was made:
+   ``--rebuild-root`` makes it again (security updates).
 2. **the bundle**: ``/opt/tabby`` (the onedir bundle, root-owned, modes 0755/0644),
    ``/usr/local/bin/{tabby-node,tabbyctl,tabby-kube-controllers}`` and
    ``/opt/cni/bin/{tabby,tabby-ipam}``, symlinks to ``/opt/tabby/tabby``: the installed
@@ -39,6 +39,9 @@ copies ``/opt/tabby`` to (glibc 2.35 for a bookworm-built bundle).
 Entrypoint ``/usr/local/bin/tabby-node``. Both layers are deterministic (entries in name
 order, mtime 0, numeric owners, gzip without name or time): the same root and bundle give
 the same archive, byte for byte; a changed bundle changes only the second layer.
+
+Packed by the OCI packer beside this file (``ocipack.py``), from the machine's apt sources
+as ``debbuild.py`` reads them: build tooling, shared with the repository's lab, not shipped.
 """
 
 from __future__ import annotations
@@ -60,12 +63,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # run as a script by any interpreter
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # also when loaded from a file by the tests
 
-from lab.kubernetes import build as apt_sources  # noqa: E402
-from lab.kubernetes.images import (  # noqa: E402
+import debbuild  # noqa: E402
+from ocipack import (  # noqa: E402
     Layer,
     add_entry,
     add_tree,
@@ -73,7 +77,7 @@ from lab.kubernetes.images import (  # noqa: E402
     write_oci_archive,
 )
 
-SUITE = apt_sources.SUITE
+SUITE = debbuild.SUITE
 VARIANT = "essential"
 #: What tabby-node runs in a pod, besides the bundle: BIRD 2, nft and libnftables, ip.
 PACKAGES = ("bird2", "iproute2", "nftables")
@@ -206,10 +210,10 @@ def root_key(arch: str) -> str:
 def sources_text() -> str:
     """deb822 ``deb`` entries for SUITE, -updates and -security from the machine's sources."""
     try:
-        entries = apt_sources.suite_entries(apt_sources.machine_apt_sources(), SUITE, "deb")
-    except apt_sources.BuildError as e:
+        entries = debbuild.suite_entries(debbuild.machine_apt_sources(), SUITE, "deb")
+    except debbuild.SourcesError as e:
         raise ImageError(str(e)) from None
-    return apt_sources.render_deb822(entries)
+    return debbuild.render_deb822(entries)
 
 
 def mmdebstrap_command(target: Path, sources: Path) -> list[str]:
@@ -375,7 +379,7 @@ def ensure_root(cache: Path, arch: str, log: Log, *, rebuild: bool = False) -> R
     if os.geteuid() != 0:
         raise ImageError(f"{here} is missing or incomplete; making it needs root (mmdebstrap)")
     lock = cache / ".lock"
-    with apt_sources.cache_lock(lock, log, f"waiting for another build of the root ({lock})"):
+    with debbuild.cache_lock(lock, log, f"waiting for another build of the root ({lock})"):
         if not rebuild and (found := _cached(here)):
             log(f"another run made the root in {here}")
             return found
@@ -482,7 +486,7 @@ def check_glibc(machine: str, root: Root) -> None:
     in_root = next((v for n, v, _ in root.packages if n == "libc6"), "")
     if not machine or not in_root:
         return
-    if apt_sources.compare_debian_versions(_upstream(machine), _upstream(in_root)) > 0:
+    if debbuild.compare_debian_versions(_upstream(machine), _upstream(in_root)) > 0:
         raise ImageError(
             f"this machine's glibc ({machine}) is newer than the {SUITE} root's ({in_root}): "
             f"freeze the bundle on {SUITE}"

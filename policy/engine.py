@@ -35,13 +35,13 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from bundle.types import IPAddress, IPNetwork
+
 Protocol = Literal["TCP", "UDP", "SCTP"]
 PROTOCOLS: tuple[Protocol, ...] = ("TCP", "UDP", "SCTP")
 Direction = Literal["ingress", "egress"]
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 Family = Literal[4, 6]
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 Labels = tuple[tuple[str, str], ...]
 
 #: The label every namespace carries (Kubernetes sets it; tabby does too, applied or not).

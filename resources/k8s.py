@@ -15,12 +15,12 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from bundle.types import IPNetwork
 from resources import names
 from resources.meta import FieldError, Labels, Resource, StrictModel
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 PolicyType = Literal["Ingress", "Egress"]
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _port_number(value: int, *path: str) -> None:

@@ -51,10 +51,10 @@ from tabby_node.status import RESYNC_SECONDS, StatusWriter
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
 
+    from bundle.types import IPAddress
     from cni_config.common import DatastoreSettings
     from cni_plugin.values import PluginValues
     from cni_protocol import skel
-    from dataplane.model import IPAddress
     from dataplane.nft import PolicyDataplane
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay_model import DesiredState

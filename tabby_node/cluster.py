@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from dataplane.model import IPAddress, IPNetwork
+from bundle.types import IPAddress, IPNetwork
 from dataplane.overlay_model import (
     VXLAN_V4_DEVICE,
     VXLAN_V6_DEVICE,

@@ -50,7 +50,7 @@ from tabby_node.cluster import (
 )
 
 if TYPE_CHECKING:
-    from dataplane.model import IPAddress, IPNetwork
+    from bundle.types import IPAddress, IPNetwork
     from ipam.core.block import Block
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node
 

@@ -34,8 +34,9 @@ from tabby_node.view import RoutingCheck, RoutingPass
 from tabby_node.vxlan_table import ROUTE_KINDS, VxlanTable, route_kind
 
 if TYPE_CHECKING:
-    from bird import BirdConfig, Peer
-    from dataplane.model import IPAddress, IPNetwork
+    from bird import BirdConfig, BirdNode, Peer, PeerType
+    from bird import Pool as BirdPool
+    from bundle.types import IPAddress, IPNetwork
     from dataplane.overlay import Changes
     from dataplane.overlay_model import DesiredState, FdbEntry, NeighbourEntry
     from tabby_node.view import AgentView
@@ -537,12 +538,13 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
     address, the first one wins: global BGPPeers, node-specific ones, reverse peerings, the
     mesh. A peer address BIRD cannot use (loopback, link-local, ...) is skipped and logged.
     Blocks and borrowed addresses of pools that use VXLAN are left to the vxlan state."""
-    from bird import DEFAULT_AS, BirdConfig, BirdNode, Peer, PeerType, Pool
+    from bird import DEFAULT_AS, BirdConfig, BirdNode, PeerType
 
     me = cluster.nodes.get(me_name)
     if me is None or me.ipv4 is None:
         return None
-    my_as = me.as_number or cluster.as_number or DEFAULT_AS
+    cluster_as = cluster.as_number or DEFAULT_AS
+    my_as = me.as_number or cluster_as
     rr = ipaddress.IPv4Address(me.rr_cluster_id) if me.rr_cluster_id else None
     node = BirdNode(
         me_name,
@@ -551,70 +553,120 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
         as_number=my_as,
         rr_cluster_id=rr,
     )
-    peers: dict[IPAddress, Peer] = {}
+    sessions = _Sessions(node, me, cluster_as)
     others = [n for n in cluster.alive() if n.name != me_name]
-    by_address = {i.ip: n for n in others for i in (n.ipv4, n.ipv6) if i is not None}
+    # global BGPPeers before node-specific ones: for one address, the global one wins
+    specs = sorted(cluster.peers, key=lambda p: bool(p.node or p.node_selector))
+    sessions.bgp_peers(specs, others)
+    sessions.reverse_peerings(specs, others)
+    if cluster.mesh and rr is None:
+        for other in others:
+            if not other.rr_cluster_id:
+                sessions.add_node(other, PeerType.MESH)
+    pools, blocks, borrowed = _bird_routes(cluster, me_name, ipv6=node.ipv6 is not None, ipip=ipip)
+    return BirdConfig(
+        node=node,
+        peers=tuple(sessions.peers.values()),
+        pools=pools,
+        blocks=blocks,
+        borrowed=borrowed,
+        log_severity=_SEVERITY.get(cluster.log_severity, "info"),  # type: ignore[arg-type]
+    )
 
-    def as_of(other: NodeInfo) -> int:
-        return other.as_number or cluster.as_number or DEFAULT_AS
+
+class _Sessions:
+    """The BGP sessions of one node as :func:`bird_config` collects them: one per address,
+    the first one wins."""
+
+    def __init__(self, node: BirdNode, me: NodeInfo, cluster_as: int) -> None:
+        self.node = node
+        self.me = me
+        self.cluster_as = cluster_as
+        self.peers: dict[IPAddress, Peer] = {}
+
+    def as_of(self, other: NodeInfo) -> int:
+        return other.as_number or self.cluster_as
 
     def add(
+        self,
         other: NodeInfo | None,
         address: IPAddress | None,
         kind: PeerType,
         as_number: int,
         name: str,
     ) -> None:
-        if address is None or address in (node.ipv4, node.ipv6) or address in peers:
+        from bird import Peer, PeerType
+
+        node, rr = self.node, self.node.rr_cluster_id
+        if address is None or address in (node.ipv4, node.ipv6) or address in self.peers:
             return
         if address.version == 6 and node.ipv6 is None:
             return
         client = False
-        if other is not None and rr is not None and as_number == my_as:
-            client = other.rr_cluster_id != me.rr_cluster_id
+        if other is not None and rr is not None and as_number == node.as_number:
+            client = other.rr_cluster_id != self.me.rr_cluster_id
         if other is not None and (rr is not None or other.rr_cluster_id):
             kind = PeerType.RR
         try:
-            peers[address] = Peer(address, kind, as_number, client, name)
+            self.peers[address] = Peer(address, kind, as_number, client, name)
         except ValueError as e:  # one bad Node or BGPPeer must not stop every node's BGP
             log.warning("ignoring BGP peer %s (%s): %s", address, name, e)
 
-    def add_node(other: NodeInfo, kind: PeerType, versions: tuple[int, ...] = (4, 6)) -> None:
+    def add_node(self, other: NodeInfo, kind: PeerType, versions: tuple[int, ...] = (4, 6)) -> None:
         for iface in (other.ipv4, other.ipv6):
             if iface is not None and iface.version in versions:
-                add(other, iface.ip, kind, as_of(other), other.name)
+                self.add(other, iface.ip, kind, self.as_of(other), other.name)
 
-    # global BGPPeers before node-specific ones: for one address, the global one wins
-    specs = sorted(cluster.peers, key=lambda p: bool(p.node or p.node_selector))
-    for spec in specs:
-        if not _applies_to(spec, me):
-            continue
-        kind = PeerType.NODE if (spec.node or spec.node_selector) else PeerType.GLOBAL
-        if spec.peer_ip:
-            addr = _address(spec.peer_ip)
-            if addr is not None:
-                add(by_address.get(addr), addr, kind, spec.as_number or my_as, spec.name)
-        elif spec.peer_selector is not None:
+    def bgp_peers(self, specs: list[PeerSpec], others: list[NodeInfo]) -> None:
+        """The BGPPeers that apply to this node, towards ``peerIP`` or the live nodes
+        ``peerSelector`` selects."""
+        from bird import PeerType
+
+        by_address = {i.ip: n for n in others for i in (n.ipv4, n.ipv6) if i is not None}
+        for spec in specs:
+            if not _applies_to(spec, self.me):
+                continue
+            kind = PeerType.NODE if (spec.node or spec.node_selector) else PeerType.GLOBAL
+            if spec.peer_ip:
+                addr = _address(spec.peer_ip)
+                if addr is not None:
+                    as_number = spec.as_number or self.node.as_number
+                    self.add(by_address.get(addr), addr, kind, as_number, spec.name)
+            elif spec.peer_selector is not None:
+                for other in others:
+                    if _matches(spec.peer_selector, other.labels):
+                        self.add_node(other, kind)
+
+    def reverse_peerings(self, specs: list[PeerSpec], others: list[NodeInfo]) -> None:
+        """The reverse peerings: this node is the BGPPeer's far side (``peerSelector``
+        selects it, or ``peerIP`` is its address at its AS)."""
+        from bird import PeerType
+
+        node = self.node
+        for spec in specs:
+            if spec.peer_selector is not None:
+                if not _matches(spec.peer_selector, self.me.labels):
+                    continue
+                versions: tuple[int, ...] = (4, 6)
+            else:
+                addr = _address(spec.peer_ip)
+                if addr is None or addr not in (node.ipv4, node.ipv6):
+                    continue
+                if spec.as_number != node.as_number:
+                    continue
+                versions = (addr.version,)
             for other in others:
-                if _matches(spec.peer_selector, other.labels):
-                    add_node(other, kind)
-    for spec in specs:  # the reverse peerings: this node is the BGPPeer's far side
-        if spec.peer_selector is not None:
-            if not _matches(spec.peer_selector, me.labels):
-                continue
-            versions: tuple[int, ...] = (4, 6)
-        else:
-            addr = _address(spec.peer_ip)
-            if addr is None or addr not in (node.ipv4, node.ipv6) or spec.as_number != my_as:
-                continue
-            versions = (addr.version,)
-        for other in others:
-            if _applies_to(spec, other):
-                add_node(other, PeerType.NODE, versions)
-    if cluster.mesh and rr is None:
-        for other in others:
-            if not other.rr_cluster_id:
-                add_node(other, PeerType.MESH)
+                if _applies_to(spec, other):
+                    self.add_node(other, PeerType.NODE, versions)
+
+
+def _bird_routes(
+    cluster: Cluster, me_name: str, *, ipv6: bool, ipip: bool
+) -> tuple[tuple[BirdPool, ...], tuple[IPNetwork, ...], tuple[IPAddress, ...]]:
+    """What BIRD announces for node ``me_name`` (``ipv6``: it has an IPv6 underlay
+    address): the pools, its blocks and the addresses it borrowed, of the pools that do
+    not use VXLAN."""
+    from bird import Pool
 
     def routed_by_bird(net: IPNetwork) -> bool:
         return encap_of(cluster.pool_of(net), "bird")[0] != "vxlan"
@@ -626,27 +678,16 @@ def bird_config(cluster: Cluster, me_name: str, *, ipip: bool = False) -> BirdCo
     pools = tuple(
         Pool(p.cidr, ipip=ipip and p.encap("bird")[0] == "ipip" and p.cidr.version == 4)
         for p in cluster.pools
-        if p.encap("bird")[0] != "vxlan" and (p.cidr.version == 4 or node.ipv6 is not None)
+        if p.encap("bird")[0] != "vxlan" and (p.cidr.version == 4 or ipv6)
     )
     blocks = tuple(
         b.cidr
         for b in cluster.blocks_of(me_name)
-        if routed_by_bird(b.cidr)
-        and (b.cidr.version == 4 or node.ipv6 is not None)
-        and b.cidr not in lent_whole
+        if routed_by_bird(b.cidr) and (b.cidr.version == 4 or ipv6) and b.cidr not in lent_whole
     )
     borrowed = tuple(
         b.address
         for b in cluster.borrowed
-        if b.holder == me_name
-        and routed_by_bird(b.block)
-        and (b.address.version == 4 or node.ipv6 is not None)
+        if b.holder == me_name and routed_by_bird(b.block) and (b.address.version == 4 or ipv6)
     )
-    return BirdConfig(
-        node=node,
-        peers=tuple(peers.values()),
-        pools=pools,
-        blocks=blocks,
-        borrowed=borrowed,
-        log_severity=_SEVERITY.get(cluster.log_severity, "info"),  # type: ignore[arg-type]
-    )
+    return pools, blocks, borrowed

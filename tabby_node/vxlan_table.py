@@ -45,7 +45,7 @@ from tabby_node.cluster import (
 )
 
 if TYPE_CHECKING:
-    from dataplane.model import IPAddress, IPNetwork
+    from bundle.types import IPAddress, IPNetwork
     from tabby_node.cluster_index import ClusterIndex, Touched
 
 K = TypeVar("K")

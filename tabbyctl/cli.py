@@ -365,12 +365,6 @@ def node_group() -> None:
     default=None,
     help="pods (per node in a cluster); default 3 on one node, 2 per node in a cluster",
 )
-@click.option(
-    "--kubernetes",
-    is_flag=True,
-    help="a real 3-node Kubernetes 1.20 with tabby as its network (builds Kubernetes "
-    "from Debian's source the first time: ~7 min)",
-)
 @click.option("--keep", is_flag=True, help="leave the namespaces and store in place")
 @click.option(
     "--cni-bin-dir",
@@ -387,7 +381,6 @@ def demo(
     nodes: int,
     backend: str,
     pods: int | None,
-    kubernetes: bool,
     keep: bool,
     cni_bin_dir: str,
     no_node: bool,
@@ -397,28 +390,20 @@ def demo(
     --nodes 1 (default): a node and its pods, a tabby-node of its own serving the calls
     (unless --no-node). --nodes 2-5: a cluster on an underlay bridge with etcd, tabby-node
     on every node, pods reaching each other across nodes, a NetworkPolicy enforced.
-    --kubernetes: a real Kubernetes (3 nodes: control plane, containerd and kubelet) whose
-    pods get tabby's network, a Deployment across the nodes, a NetworkPolicy by kubectl;
-    --keep leaves it running until Ctrl-C.
     """
-    from lab.proc import LabError
-    from tabbyctl import demo as demo_mod
+    from tabbyctl.demo.proc import LabError
 
     try:
-        if kubernetes:
-            if no_node or pods is not None or nodes != 1:
-                raise click.UsageError("--kubernetes takes --backend and --keep only")
-            from tabbyctl import kube_demo
+        if nodes == 1:
+            from tabbyctl.demo import single
 
-            rc = kube_demo.run(backend, keep, cni_bin_dir, click.echo)
-        elif nodes == 1:
-            rc = demo_mod.run(pods or 3, keep, cni_bin_dir, click.echo, use_node=not no_node)
+            rc = single.run(pods or 3, keep, cni_bin_dir, click.echo, use_node=not no_node)
         else:
             if no_node:
                 raise click.UsageError("--no-node applies to --nodes 1 only")
-            from tabbyctl import cluster_demo
+            from tabbyctl.demo import cluster
 
-            rc = cluster_demo.run(nodes, pods or 2, backend, keep, cni_bin_dir, click.echo)
+            rc = cluster.run(nodes, pods or 2, backend, keep, cni_bin_dir, click.echo)
     except LabError as e:
         raise click.ClickException(str(e)) from None
     sys.exit(rc)

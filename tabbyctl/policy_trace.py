@@ -49,7 +49,7 @@ from tabbyctl.policy import (
 if TYPE_CHECKING:
     from dataplane.nfttrace import ProbeProtocol, ProbeSocket
     from datastore.base import Store
-    from policy.engine import DirectionVerdict, Endpoint, Explanation, Target
+    from policy.engine import ClusterState, DirectionVerdict, Endpoint, Explanation, Target
 
 #: How long the probe waits for its answer, and the remote node traces.
 ANSWER_SECONDS = 1.0
@@ -123,69 +123,10 @@ def plan(
             raise TraceError(f"{what} {t!r}: give an address, not a network")
     state = cluster.state
     src_pod, dst_pod = _pod_of(state, src), _pod_of(state, dst)
-    families = [ipaddress.ip_interface(t).version for t in (src, dst) if isinstance(t, str)]
-    if len(set(families)) > 1:
-        raise TraceError("SRC and DST are of different address families")
-
-    def address_of(t: Target, pod: tuple[str, str] | None, fam: int) -> str | None:
-        if isinstance(t, str):
-            return str(ipaddress.ip_interface(t).ip)
-        eps = _endpoints(cluster, t) if pod else []
-        if not eps:
-            raise TraceError(f"pod {_label(t)} has no endpoint with an address")
-        addrs = [a for e in eps for a in e.addresses if ipaddress.ip_address(a).version == fam]
-        return addrs[0] if addrs else None
-
-    family = 0
-    src_addr = dst_addr = None
-    for fam in families[:1] or [4, 6]:
-        src_addr, dst_addr = address_of(src, src_pod, fam), address_of(dst, dst_pod, fam)
-        if src_addr and dst_addr:
-            family = fam
-            break
-    if not family or src_addr is None or dst_addr is None:
-        raise TraceError(f"{_label(src)} and {_label(dst)} have no address family in common")
-
-    # where the probe leaves from
-    src_node = None
-    netns: str | None = None
-    if src_pod is not None:
-        eps = [e for e in _endpoints(cluster, src_pod) if src_addr in e.addresses]
-        if not eps:
-            raise TraceError(f"{src_text}: no endpoint of pod {_label(src_pod)} has {src_addr}")
-        src_node = eps[0].node
-        if not local(eps[0].interface):
-            raise TraceError(
-                f"{_label(src_pod)} runs on node {src_node}, not here: run tabbyctl policy "
-                "trace on that node (the probe leaves from the pod's network namespace)"
-            )
-        netns = netns_of(src_addr)
-        if not netns or not os.path.exists(netns):
-            raise TraceError(
-                f"the network namespace of {_label(src_pod)} ({netns or 'not recorded'}) is "
-                "not on this machine"
-            )
-    dst_node = None
-    dst_remote = False
-    if dst_pod is not None:
-        eps = [e for e in _endpoints(cluster, dst_pod) if dst_addr in e.addresses]
-        if eps:
-            dst_node = eps[0].node
-            dst_remote = not local(eps[0].interface)
-
-    # what to send
-    protocol: ProbeProtocol = "ICMP"
-    number: int | None = None
-    port_name = None
-    if port_text is not None:
-        value, proto = parse_port(port_text)
-        if proto not in ("TCP", "UDP"):
-            raise TraceError(f"--port {port_text!r}: trace sends TCP, UDP or ICMP probes")
-        protocol = "TCP" if proto == "TCP" else "UDP"
-        if isinstance(value, str):
-            port_name, number = value, _named_port(state, dst, value, proto)
-        else:
-            number = value
+    family, src_addr, dst_addr = _family(cluster, src, src_pod, dst, dst_pod)
+    src_node, netns = _source(cluster, src_text, src_pod, src_addr, netns_of, local)
+    dst_node, dst_remote = _destination(cluster, dst_pod, dst_addr, local)
+    protocol, number, port_name = _what_to_send(state, dst, port_text)
     src_t: Target = src if src_pod is None else src_pod
     dst_t: Target = dst if dst_pod is None else dst_pod
     prediction = predict(cluster, src_t, dst_t, protocol, number)
@@ -204,6 +145,98 @@ def plan(
         dst_remote,
         prediction,
     )
+
+
+def _family(
+    cluster: PolicyCluster,
+    src: Target,
+    src_pod: tuple[str, str] | None,
+    dst: Target,
+    dst_pod: tuple[str, str] | None,
+) -> tuple[int, str, str]:
+    """The address family of the probe and SRC's and DST's addresses in it: the family of
+    the addresses given, else IPv4 if both pods have one, else IPv6."""
+    families = [ipaddress.ip_interface(t).version for t in (src, dst) if isinstance(t, str)]
+    if len(set(families)) > 1:
+        raise TraceError("SRC and DST are of different address families")
+    for fam in families[:1] or [4, 6]:
+        src_addr = _address_of(cluster, src, src_pod, fam)
+        dst_addr = _address_of(cluster, dst, dst_pod, fam)
+        if src_addr and dst_addr:
+            return fam, src_addr, dst_addr
+    raise TraceError(f"{_label(src)} and {_label(dst)} have no address family in common")
+
+
+def _address_of(
+    cluster: PolicyCluster, t: Target, pod: tuple[str, str] | None, fam: int
+) -> str | None:
+    if isinstance(t, str):
+        return str(ipaddress.ip_interface(t).ip)
+    eps = _endpoints(cluster, t) if pod else []
+    if not eps:
+        raise TraceError(f"pod {_label(t)} has no endpoint with an address")
+    addrs = [a for e in eps for a in e.addresses if ipaddress.ip_address(a).version == fam]
+    return addrs[0] if addrs else None
+
+
+def _source(
+    cluster: PolicyCluster,
+    src_text: str,
+    src_pod: tuple[str, str] | None,
+    src_addr: str,
+    netns_of: Callable[[str], str | None],
+    local: Callable[[str], bool],
+) -> tuple[str | None, str | None]:
+    """Where the probe leaves from: SRC's node and network namespace (None, None: this
+    node itself). A pod must run on this node."""
+    if src_pod is None:
+        return None, None
+    eps = [e for e in _endpoints(cluster, src_pod) if src_addr in e.addresses]
+    if not eps:
+        raise TraceError(f"{src_text}: no endpoint of pod {_label(src_pod)} has {src_addr}")
+    src_node = eps[0].node
+    if not local(eps[0].interface):
+        raise TraceError(
+            f"{_label(src_pod)} runs on node {src_node}, not here: run tabbyctl policy "
+            "trace on that node (the probe leaves from the pod's network namespace)"
+        )
+    netns = netns_of(src_addr)
+    if not netns or not os.path.exists(netns):
+        raise TraceError(
+            f"the network namespace of {_label(src_pod)} ({netns or 'not recorded'}) is "
+            "not on this machine"
+        )
+    return src_node, netns
+
+
+def _destination(
+    cluster: PolicyCluster,
+    dst_pod: tuple[str, str] | None,
+    dst_addr: str,
+    local: Callable[[str], bool],
+) -> tuple[str | None, bool]:
+    """DST's node (None: not a pod's, or not known) and whether it is another node."""
+    if dst_pod is None:
+        return None, False
+    eps = [e for e in _endpoints(cluster, dst_pod) if dst_addr in e.addresses]
+    if not eps:
+        return None, False
+    return eps[0].node, not local(eps[0].interface)
+
+
+def _what_to_send(
+    state: ClusterState, dst: Target, port_text: str | None
+) -> tuple[ProbeProtocol, int | None, str | None]:
+    """The probe's protocol, port number and port name (a named port of DST's)."""
+    if port_text is None:
+        return "ICMP", None, None
+    value, proto = parse_port(port_text)
+    if proto not in ("TCP", "UDP"):
+        raise TraceError(f"--port {port_text!r}: trace sends TCP, UDP or ICMP probes")
+    protocol: ProbeProtocol = "TCP" if proto == "TCP" else "UDP"
+    if isinstance(value, str):
+        return protocol, _named_port(state, dst, value, proto), value
+    return protocol, value, None
 
 
 # -- running it ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-Obj = dict[str, Any]
+from bundle.types import JSON
 
 #: collection path -> (kind, namespaced)
 COLLECTIONS = {
@@ -44,19 +44,19 @@ class FakeApi:
         self.lock = threading.Condition()
         self.rv = 100
         self.compacted = 0
-        self.objects: dict[str, dict[str, Obj]] = {c: {} for c in COLLECTIONS}
-        self.history: dict[str, list[tuple[int, str, Obj]]] = {c: [] for c in COLLECTIONS}
+        self.objects: dict[str, dict[str, JSON]] = {c: {} for c in COLLECTIONS}
+        self.history: dict[str, list[tuple[int, str, JSON]]] = {c: [] for c in COLLECTIONS}
         self.generation = 0  # break_watches() ends the watches of older generations
         self.requests: list[str] = []
         self.server: ThreadingHTTPServer | None = None
 
     # -- state, for the tests -----------------------------------------------------------------
 
-    def _key(self, obj: Obj) -> str:
+    def _key(self, obj: JSON) -> str:
         meta = obj["metadata"]
         return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
 
-    def put(self, collection: str, obj: Obj) -> Obj:
+    def put(self, collection: str, obj: JSON) -> JSON:
         """Create or replace (no concurrency check): what a user of kubectl would do."""
         with self.lock:
             obj = copy.deepcopy(obj)
@@ -129,7 +129,7 @@ class FakeApi:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def _json(self, code: int, body: Obj) -> None:
+            def _json(self, code: int, body: JSON) -> None:
                 raw = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -137,7 +137,7 @@ class FakeApi:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _body(self) -> Obj:
+            def _body(self) -> JSON:
                 n = int(self.headers.get("Content-Length") or 0)
                 data = json.loads(self.rfile.read(n) or b"{}")
                 assert isinstance(data, dict)
@@ -186,7 +186,7 @@ class FakeApi:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
 
-                def send(event: Obj) -> None:
+                def send(event: JSON) -> None:
                     raw = json.dumps(event).encode() + b"\n"
                     self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
                     self.wfile.flush()
@@ -204,7 +204,7 @@ class FakeApi:
                             if api.generation != generation:
                                 break
                             events = [e for e in api.history[collection] if e[0] > sent]
-                            out: list[Obj]
+                            out: list[JSON]
                             if events:
                                 out = [{"type": t, "object": o} for _, t, o in events]
                                 sent = events[-1][0]
@@ -262,7 +262,7 @@ class FakeApi:
             self.server.server_close()
 
 
-def _status(code: int, reason: str, message: str) -> Obj:
+def _status(code: int, reason: str, message: str) -> JSON:
     return {
         "kind": "Status",
         "status": "Failure",
@@ -282,7 +282,7 @@ def fake_api() -> Iterator[tuple[FakeApi, str]]:
         api.stop()
 
 
-def namespace(name: str, labels: dict[str, str] | None = None) -> Obj:
+def namespace(name: str, labels: dict[str, str] | None = None) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -298,7 +298,7 @@ def pod(
     node: str = "node-1",
     ips: tuple[str, ...] = (),
     ports: tuple[tuple[str, int], ...] = (),
-) -> Obj:
+) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -317,7 +317,7 @@ def pod(
     }
 
 
-def policy(ns: str, name: str, spec: Obj) -> Obj:
+def policy(ns: str, name: str, spec: JSON) -> JSON:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -326,5 +326,5 @@ def policy(ns: str, name: str, spec: Obj) -> Obj:
     }
 
 
-def node(name: str, labels: dict[str, str] | None = None) -> Obj:
+def node(name: str, labels: dict[str, str] | None = None) -> JSON:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}

@@ -29,13 +29,12 @@ from ipam.core.docs import Docs
 from ipam.core.errors import InvalidConfig
 
 if TYPE_CHECKING:
+    from bundle.types import IPAddress, IPNetwork
     from datastore.base import Store
     from ipam.core.model import (
         Allocation,
         AssignRequest,
         GcReport,
-        IPAddress,
-        IPNetwork,
         Pool,
         PoolSpec,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bundle.types import IPAddress
 from datastore.cas import cas
 from ipam.core import affinity, legacy
 from ipam.core.block import Block
@@ -36,7 +37,6 @@ from ipam.core.errors import (
 from ipam.core.model import (
     Allocation,
     AssignRequest,
-    IPAddress,
     Pool,
     Reserved,
     parse_ip,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.errors import StoreCorrupt
-from ipam.core.model import AFFINITY_PREFIX, IPAddress, IPNetwork, Reserved
+from ipam.core.model import AFFINITY_PREFIX, Reserved
 
 
 class Block:

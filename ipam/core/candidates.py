@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from bundle.types import IPNetwork
 from ipam.core.block import Block
 from ipam.core.docs import WARNING, Docs, Op, family, inside, log
 from ipam.core.errors import StoreCorrupt
-from ipam.core.model import Affinity, IPNetwork, Pool, Reserved
+from ipam.core.model import Affinity, Pool, Reserved
 from ipam.core.pools import start_index, walk
 
 if TYPE_CHECKING:

@@ -11,13 +11,12 @@ import ipaddress
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.block import Block
 from ipam.core.errors import StoreCorrupt
 from ipam.core.model import (
     Affinity,
     Allocation,
-    IPAddress,
-    IPNetwork,
     Pool,
     Reserved,
 )

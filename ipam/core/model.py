@@ -28,10 +28,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.errors import InvalidConfig, StoreCorrupt
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 BLOCK_SIZE_LIMITS = {4: (20, 32), 6: (116, 128)}
 DEFAULT_BLOCK_SIZE = {4: 26, 6: 122}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable
 from functools import partial
 from typing import TYPE_CHECKING
 
+from bundle.types import IPAddress
 from datastore.cas import cas
 from ipam.core import affinity, legacy
 from ipam.core.block import Block
@@ -22,7 +23,6 @@ from ipam.core.errors import DatastoreError, InvalidConfig, LockTimeout, StoreCo
 from ipam.core.model import (
     Allocation,
     GcReport,
-    IPAddress,
     parse_ip,
     split_handle_id,
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ipam.core.model import IPAddress
+from bundle.types import IPAddress
 
 
 class NodeRelease(NamedTuple):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.candidates import Candidates
 from ipam.core.docs import Docs
 from ipam.core.errors import InvalidConfig, StoreError
-from ipam.core.model import IPAddress, IPNetwork, Pool, Reserved, parse_network
+from ipam.core.model import Pool, Reserved, parse_network
 
 
 def can_allocate(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Sequence
 
+from bundle.types import IPAddress, IPNetwork
 from ipam.core.docs import Docs, Op, family
 from ipam.core.model import (
     Allocation,
-    IPAddress,
-    IPNetwork,
     Reserved,
     parse_ip,
     split_handle_id,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -46,18 +45,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import IO, NamedTuple
 
+from debbuild import (
+    APT_SOURCES_DIR,
+    SUITE,
+    AptSource,
+    SourcesError,
+    cache_lock,
+    compare_debian_versions,
+    machine_apt_sources,
+    render_deb822,
+    suite_entries,
+)
+
 DEFAULT_ROOT = "/var/cache/tabby/kubernetes"
 BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
 SOURCE_PACKAGE = "kubernetes"
 CLIENT_PACKAGE = "kubernetes-client"  # kubectl; its Source/Version name the source to build
-SUITE = "bookworm"
 BUILD_PACKAGES = (
     "golang-go",
     "rsync",
@@ -69,8 +78,6 @@ REFLECT2_PACKAGE = "golang-github-modern-go-reflect2-dev"
 REFLECT2_DIR = Path("/usr/share/gocode/src/github.com/modern-go/reflect2")
 VENDORED_REFLECT2 = Path("vendor/github.com/modern-go/reflect2")
 DEBIAN_GO_BIN = Path("/usr/lib/go/bin")
-APT_SOURCES_DIR = Path("/etc/apt/sources.list.d")
-APT_SOURCES_LIST = Path("/etc/apt/sources.list")
 APT_LISTS_DIR = Path("/var/lib/apt/lists")
 SRC_LIST_PREFIX = "tabby-kubernetes-build-"
 TEMP_PREFIX = "tabby-kubernetes-build."
@@ -109,55 +116,6 @@ def kube_version(debian_version: str) -> KubeVersion:
     if not m:
         raise BuildError(f"no upstream x.y.z in Debian version {debian_version!r}")
     return KubeVersion(f"v{m[1]}.{m[2]}.{m[3]}", m[1], m[2])
-
-
-def _dpkg_order(c: str) -> int:
-    if c == "~":
-        return -1
-    if c == "" or c.isdigit():
-        return 0
-    if c.isalpha():
-        return ord(c)
-    return ord(c) + 256
-
-
-def _dpkg_verrevcmp(a: str, b: str) -> int:
-    """dpkg's verrevcmp() of an upstream version or a revision."""
-    i = j = 0
-    while i < len(a) or j < len(b):
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ac = _dpkg_order(a[i] if i < len(a) else "")
-            bc = _dpkg_order(b[j] if j < len(b) else "")
-            if ac != bc:
-                return ac - bc
-            i += 1
-            j += 1
-        n = i
-        while n < len(a) and a[n].isdigit():
-            n += 1
-        m = j
-        while m < len(b) and b[m].isdigit():
-            m += 1
-        diff = int(a[i:n] or "0") - int(b[j:m] or "0")
-        if diff:
-            return diff
-        i, j = n, m
-    return 0
-
-
-def compare_debian_versions(a: str, b: str) -> int:
-    """<0, 0 or >0 as Debian version a sorts before, with or after b (like dpkg)."""
-
-    def split(v: str) -> tuple[int, str, str]:
-        epoch, _, rest = v.partition(":") if ":" in v else ("0", "", v)
-        upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "")
-        return int(epoch or "0"), upstream, revision
-
-    ea, ua, ra = split(a)
-    eb, ub, rb = split(b)
-    if ea != eb:
-        return ea - eb
-    return _dpkg_verrevcmp(ua, ub) or _dpkg_verrevcmp(ra, rb)
 
 
 def _check_version(version: str) -> str:
@@ -220,23 +178,6 @@ def find_binaries(root: str = DEFAULT_ROOT) -> Path | None:
         return None
     newest = max(versions, key=functools.cmp_to_key(compare_debian_versions))
     return Path(root) / newest / "bin"
-
-
-@contextlib.contextmanager
-def cache_lock(path: Path, log: Log, waiting: str) -> Iterator[None]:
-    """An exclusive flock on ``path`` (made, with its directory) while a cache is built;
-    ``waiting`` is logged when another build holds it (also the image's root cache)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(waiting)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -361,158 +302,13 @@ def _output_since(out: IO[str], offset: int) -> str:
 # --- apt sources ----------------------------------------------------------------------------
 
 
-@dataclass
-class AptSource:
-    types: tuple[str, ...]
-    uris: tuple[str, ...]
-    suites: tuple[str, ...]
-    components: tuple[str, ...]
-    # Lower-case option name -> raw deb822 value: the text after "Name:", continuation lines
-    # included verbatim (a Signed-By may hold a whole armoured key).
-    options: dict[str, str] = field(default_factory=dict)
-
-
-# The options carried onto a deb-src entry (those about fetching and trusting an index):
-# one-line option name -> deb822 field name.
-_OPTION_NAMES = {
-    "signed-by": "Signed-By",
-    "trusted": "Trusted",
-    "check-valid-until": "Check-Valid-Until",
-    "check-date": "Check-Date",
-    "allow-insecure": "Allow-Insecure",
-    "allow-weak": "Allow-Weak",
-    "allow-downgrade-to-insecure": "Allow-Downgrade-To-Insecure",
-    "date-max-future": "Date-Max-Future",
-    "valid-until-min": "Valid-Until-Min",
-    "valid-until-max": "Valid-Until-Max",
-}
-_CARRIED_OPTIONS = frozenset(_OPTION_NAMES)
-
-
-def parse_one_line_sources(text: str) -> list[AptSource]:
-    """The entries of a one-line-style sources.list."""
-    result = []
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        kind, _, rest = line.partition(" ")
-        rest = rest.strip()
-        options: dict[str, str] = {}
-        if rest.startswith("["):
-            inside, sep, rest = rest[1:].partition("]")
-            if not sep:
-                continue
-            for opt in inside.split():
-                key, _, value = opt.partition("=")
-                options[key.lower()] = " " + value.replace(",", " ")
-        words = rest.split()
-        if len(words) < 2:
-            continue
-        result.append(AptSource((kind,), (words[0],), (words[1],), tuple(words[2:]), options))
-    return result
-
-
-def parse_deb822_sources(text: str) -> list[AptSource]:
-    """The enabled entries of a deb822-style .sources file."""
-    result = []
-    for stanza in re.split(r"\n[ \t]*\n", text):
-        fields: dict[str, str] = {}
-        key: str | None = None
-        for line in stanza.splitlines():
-            if line.startswith("#"):
-                continue
-            if line[:1] in (" ", "\t") and key is not None:
-                fields[key] += "\n" + line
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                key = None
-                continue
-            key = name.strip().lower()
-            fields[key] = value
-
-        def words(name: str, fields: dict[str, str] = fields) -> tuple[str, ...]:
-            return tuple(fields.get(name, "").split())
-
-        if not words("types") or words("enabled") == ("no",):
-            continue
-        known = ("types", "uris", "suites", "components", "enabled")
-        options = {k: v for k, v in fields.items() if k not in known}
-        result.append(
-            AptSource(words("types"), words("uris"), words("suites"), words("components"), options)
-        )
-    return result
-
-
-def machine_apt_sources() -> list[AptSource]:
-    """The machine's apt entries, from /etc/apt/sources.list and sources.list.d/*.{list,sources}."""
-    found: list[AptSource] = []
-    files = [APT_SOURCES_LIST]
-    with contextlib.suppress(OSError):
-        files += sorted(APT_SOURCES_DIR.iterdir())
-    for path in files:
-        if path.name.startswith(SRC_LIST_PREFIX):
-            continue  # ours (a leftover); never derive from it
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        if path.suffix == ".list" or path == APT_SOURCES_LIST:
-            found += parse_one_line_sources(text)
-        elif path.suffix == ".sources":
-            found += parse_deb822_sources(text)
-    return found
-
-
 def deb_src_entries(sources: Sequence[AptSource], suite: str = SUITE) -> list[AptSource]:
     """deb-src entries for `suite` and `suite`-updates (main), on the mirror that serves `suite`
     main, plus `suite`-security on its own mirror if the machine uses one."""
-    return suite_entries(sources, suite, "deb-src")
-
-
-def suite_entries(sources: Sequence[AptSource], suite: str, kind: str) -> list[AptSource]:
-    """Entries of type `kind` (``deb`` or ``deb-src``) for `suite`, `suite`-updates and
-    `suite`-security (main), derived from the machine's ``deb`` entries as
-    :func:`deb_src_entries` says (packaging/image.py bootstraps its root from the ``deb``
-    ones)."""
-
-    def find(s: str) -> AptSource | None:
-        for src in sources:
-            usable = bool(src.uris) and not src.uris[0].startswith("cdrom:")
-            if usable and "deb" in src.types and s in src.suites and "main" in src.components:
-                return src
-        return None
-
-    base = find(suite)
-    if base is None:
-        raise BuildError(f"no 'deb <mirror> {suite} main' entry in the machine's apt sources")
-    grouped: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
-    for s in (suite, f"{suite}-updates", f"{suite}-security"):
-        src = find(s) or (base if s == f"{suite}-updates" else None)
-        if src is not None:
-            carried = {k: v for k, v in src.options.items() if k in _CARRIED_OPTIONS}
-            key = (src.uris[0], tuple(sorted(carried.items())))
-            grouped.setdefault(key, []).append(s)
-    return [
-        AptSource((kind,), (uri,), tuple(suites), ("main",), dict(options))
-        for (uri, options), suites in grouped.items()
-    ]
-
-
-def render_deb822(entries: Sequence[AptSource]) -> str:
-    stanzas = []
-    for e in entries:
-        lines = [
-            f"Types: {' '.join(e.types)}",
-            f"URIs: {' '.join(e.uris)}",
-            f"Suites: {' '.join(e.suites)}",
-            f"Components: {' '.join(e.components)}",
-        ]
-        for key, raw in e.options.items():
-            lines.append(f"{_OPTION_NAMES.get(key, key.title())}:{raw}")
-        stanzas.append("\n".join(lines) + "\n")
-    return "\n".join(stanzas)
+    try:
+        return suite_entries(sources, suite, "deb-src")
+    except SourcesError as e:
+        raise BuildError(str(e)) from None
 
 
 def _remove_stale_src_lists(log: Log) -> None:
@@ -538,7 +334,7 @@ def _alive(pid: int) -> bool:
 def _fetch_source(version: str, dest: Path, out: IO[str], log: Log) -> Path:
     """apt-get source kubernetes=<version> into dest; returns the unpacked tree."""
     _remove_stale_src_lists(log)
-    entries = deb_src_entries(machine_apt_sources())
+    entries = deb_src_entries(machine_apt_sources(skip_prefix=SRC_LIST_PREFIX))
     src_list = APT_SOURCES_DIR / f"{SRC_LIST_PREFIX}{os.getpid()}.sources"
     # Restrict apt to our file: the update fetches only our indexes and keeps everyone
     # else's lists; no cache file is written that mentions only our sources.

@@ -1,10 +1,10 @@
-"""KubeLab: a real Kubernetes 1.20 on lab.cluster's namespace lab, with tabby as its network.
+"""KubeLab: a real Kubernetes 1.20 on the demos' namespace lab, with tabby as its network.
 
 ::
 
-    fabric + node-1..N    lab.cluster.Lab: the underlay bridge, one network namespace per
-                          node, a 3-member etcd on the nodes (tabby's prefix, and Kubernetes'
-                          /registry on the same members)
+    fabric + node-1..N    tabbyctl.demo.lab.Lab: the underlay bridge, one network namespace
+                          per node, a 3-member etcd on the nodes (tabby's prefix, and
+                          Kubernetes' /registry on the same members)
     every node            a holder (lab.kubernetes.node): a private mount namespace in the
                           node's network namespace; inside it tabby-node (cluster mode, the
                           conflist in /etc/cni/net.d, --backend bird|vxlan), containerd (CRI)
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lab.cluster import Lab, LabNode, http_get
 from lab.kubernetes import build, images, pki
 from lab.kubernetes import node as knode
 from lab.kubernetes.node import KubeNode
-from lab.proc import Echo, LabError, run
+from tabbyctl.demo.lab import Lab, LabNode, http_get
+from tabbyctl.demo.proc import Echo, LabError, run
 
 API_PORT = 6443
 SERVICE_CIDR = "10.96.0.0/12"
@@ -120,7 +120,7 @@ class KubePod:
 
 @dataclass
 class KubeLab(Lab):
-    """lab.cluster.Lab with Kubernetes on it (module docstring). ``build()`` returns when
+    """tabbyctl.demo.lab.Lab with Kubernetes on it (module docstring). ``build()`` returns when
     every node is Ready, tabby-node is ready on every node and the default service account
     has its token; ``teardown()`` removes everything and returns what it could not."""
 
@@ -1053,7 +1053,7 @@ def _looks_like_tabby(name: str, prefix: str) -> bool:
 @contextlib.contextmanager
 def kube_lab(**kwargs: Any) -> Iterator[KubeLab]:
     """A built KubeLab, torn down afterwards whatever happens (Ctrl-C included when the
-    caller installed lab.proc.INTERRUPTS)."""
+    caller installed tabbyctl.demo.proc.INTERRUPTS)."""
     lab = KubeLab(**kwargs)
     try:
         lab.build()

@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from daemon.http import parse_exposition
-from lab.cluster import http_get
 from lab.kubernetes.cluster import KubeLab
-from lab.proc import stop_process
+from tabbyctl.demo.lab import http_get
+from tabbyctl.demo.proc import stop_process
 
 #: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"

@@ -26,7 +26,7 @@ from typing import Any
 
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import API_PORT, KubeLab, processes
-from lab.proc import LabError
+from tabbyctl.demo.proc import LabError
 
 #: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"

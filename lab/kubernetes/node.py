@@ -1,10 +1,10 @@
 """One node of the Kubernetes lab: what runs in it and the files it is given.
 
-A node is one of lab.cluster's network namespaces plus a *holder*: a ``sleep`` started in
-that network namespace with a mount namespace of its own (``nsenter --net ... unshare
---mount --propagation private``). Inside the holder's namespaces (``nsenter -t HOLDER -m
--n``) the node looks like a real one at its standard paths, and nothing it writes reaches
-the machine:
+A node is one of the network namespaces of the demos' lab (tabbyctl.demo.lab) plus a
+*holder*: a ``sleep`` started in that network namespace with a mount namespace of its own
+(``nsenter --net ... unshare --mount --propagation private``). Inside the holder's
+namespaces (``nsenter -t HOLDER -m -n``) the node looks like a real one at its standard
+paths, and nothing it writes reaches the machine:
 
 * every namespace file (nsfs mount) copied from the machine, ``/run/netns`` first, is
   lazily unmounted, so the node's mount namespace pins no other network namespace (the
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.cluster import LabNode
-from lab.proc import LabError, run
+from tabbyctl.demo.lab import LabNode
+from tabbyctl.demo.proc import LabError, run
 
 #: Directories each node gets a tmpfs of its own over.
 PRIVATE_DIRS = ("/run", "/var/lib", "/var/log", "/etc/cni/net.d", "/opt/cni/bin")

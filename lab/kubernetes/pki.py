@@ -32,7 +32,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.proc import LabError, run
+from tabbyctl.demo.proc import LabError, run
 
 CURVE = "prime256v1"
 DAYS = "3650"

@@ -1,6 +1,6 @@
 """The cluster tier: tabby on several "nodes" (network namespaces on an underlay bridge),
 a real etcd (3 members on the nodes), tabby-node (and BIRD) on every node, pods made by the
-installed binaries. Built with lab.cluster (the same lab the cluster demo uses);
+installed binaries. Built with tabbyctl.demo.lab (the same lab the cluster demo uses);
 every process is stopped by PID and every namespace deleted, also when a test fails.
 
 Needs root, the installed binaries (./build.sh --no-demo), etcd, BIRD 2 and nftables:
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Lab
+from tabbyctl.demo.lab import Lab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 
 #: Where the plugins are (the tier's labs exec them from there); tabby-node and tabbyctl are
-#: found on PATH (lab.cluster).
+#: found on PATH (tabbyctl.demo.lab).
 CNI_BIN = os.environ.get("TABBY_CNI_BIN", "/opt/cni/bin")
 BINARIES = (f"{CNI_BIN}/tabby", f"{CNI_BIN}/tabby-ipam")
 

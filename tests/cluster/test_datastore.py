@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Lab, LabNode, LabPod
+from tabbyctl.demo.lab import Lab, LabNode, LabPod
 from tests.cluster.conftest import LabFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab.cluster import Lab, LabNode, http_get
+from tabbyctl.demo.lab import Lab, LabNode, http_get
 from tests.cluster.conftest import LabFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]

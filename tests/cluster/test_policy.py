@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Lab, LabNode, LabPod
+from tabbyctl.demo.lab import Lab, LabNode, LabPod
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.cluster.conftest import new_lab

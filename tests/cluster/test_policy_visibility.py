@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab.cluster import Lab, LabNode, http_get
+from tabbyctl.demo.lab import Lab, LabNode, http_get
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.cluster.conftest import new_lab

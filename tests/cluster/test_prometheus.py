@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.cluster import Lab, LabNode, http_get
+from tabbyctl.demo.lab import Lab, LabNode, http_get
 from tests.cluster.conftest import LabFactory
 from tests.cluster.policy_lab import apply_docs, must, probe_from
 from tests.policy_probes import start_server, stop_process

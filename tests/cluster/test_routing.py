@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lab.cluster import Lab, LabNode, LabPod
+from tabbyctl.demo.lab import Lab, LabNode, LabPod
 from tests.cluster.conftest import LabFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
@@ -363,7 +363,7 @@ def test_etcd_leader_killed_while_pods_are_added(make_lab: LabFactory) -> None:
 
 
 def find_leader(lab: Lab) -> LabNode | None:
-    from lab.cluster import http_get
+    from tabbyctl.demo.lab import http_get
 
     for node in lab.nodes[: lab.members()]:
         code, body = http_get(

@@ -28,7 +28,7 @@ import pytest
 from lab.kubernetes import build
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import Controllers
-from lab.proc import LabError
+from tabbyctl.demo.proc import LabError
 
 BACKENDS = ("bird", "vxlan")
 

@@ -18,8 +18,8 @@ import dataclasses
 import json
 from typing import Any
 
-from lab.cluster import LabPod
 from lab.kubernetes.cluster import KubeLab
+from tabbyctl.demo.lab import LabPod
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.policy_probes import start_server

@@ -40,7 +40,7 @@ import pytest
 from lab.kubernetes import build
 from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod
 from lab.kubernetes.manifest import NAMESPACE, ManifestInstall
-from lab.proc import LabError
+from tabbyctl.demo.proc import LabError
 from tests import packaging_image
 from tests.kubernetes.helpers import eventually
 from tests.kubernetes.icmp import Stream

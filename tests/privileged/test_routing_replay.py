@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dataplane.model import IPNetwork
+from bundle.types import IPNetwork
 from dataplane.overlay import Changes, Reconciler
 from dataplane.overlay_model import DesiredState
 from tabby_node.cluster import Underlay

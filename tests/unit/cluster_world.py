@@ -17,8 +17,8 @@ import itertools
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from bundle.types import IPAddress, IPNetwork
 from cni_config.common import DatastoreSettings
-from dataplane.model import IPAddress, IPNetwork
 from dataplane.nodeinfo import NodeAddress
 from datastore.base import Doc, SyncEvent
 from datastore.memory import MemoryStore

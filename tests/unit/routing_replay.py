@@ -35,7 +35,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from dataplane.model import IPNetwork
+from bundle.types import IPNetwork
 from dataplane.overlay import Changes, Reconciler
 from dataplane.overlay_model import (
     RTN_UNICAST,

@@ -1,4 +1,4 @@
-"""The OCI packer (lab.kubernetes.images) and the product image's pure parts
+"""The OCI packer (packaging/ocipack.py) and the product image's pure parts
 (packaging/image.py), without root, mmdebstrap or a runtime: trees packed
 deterministically, gzip layers whose digests hold, multi-layer archives, the reference
 rules, the root's trimming and cache key, the bundle layer's layout. The image itself is
@@ -15,17 +15,17 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import debbuild as apt_sources
 import pytest
-
-from lab.kubernetes import build as apt_sources
-from lab.kubernetes.images import (
+from ocipack import (
     LAYER_TAR_GZIP,
     Layer,
     add_tree,
-    oci_archive,
     write_layer,
     write_oci_archive,
 )
+
+from lab.kubernetes.images import oci_archive
 from tests import packaging_image
 
 IMAGE = packaging_image.load()

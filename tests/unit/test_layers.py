@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Layer of a module: the longest matching prefix wins; an arrow may only point to the same
 #: layer or a lower one. The README's architecture table is this table.
 LAYERS: dict[str, tuple[int, str]] = {
-    "bundle": (0, "version"),  # bundle/__init__.py holds only __version__
+    # bundle/__init__.py: __version__; bundle/types.py: the types every layer shares (IP
+    # address/network/interface, JSON), defined nowhere else (test_shared_types.py)
+    "bundle": (0, "version and shared types"),
     "cni_protocol": (1, "foundations"),
     "datastore": (1, "foundations"),
     "daemon": (1, "foundations"),
@@ -38,23 +40,28 @@ LAYERS: dict[str, tuple[int, str]] = {
     "tabby_node": (7, "programs"),
     "tabbyctl": (7, "programs"),
     "kube_controllers": (7, "programs"),
-    "lab": (7, "programs"),
+    "lab": (7, "programs"),  # not product: the test tiers' and benches' lab (see FORBIDDEN)
     "bundle.entry": (8, "the bundle's entry"),
     "bundle.__main__": (8, "the bundle's entry"),
 }
 PACKAGES = sorted({prefix.split(".")[0] for prefix in LAYERS})
 PROGRAMS = ("tabby_node", "tabbyctl", "kube_controllers", "lab")
+#: What the bundle ships (packaging/tabby.spec): every package but the lab.
+PRODUCT = [p for p in PACKAGES if p != "lab"]
 
 #: The only arrows from one program to another: (importer package, imported module, why);
 #: ``pkg.*`` allows the package and everything in it, else the module named exactly.
 INTERFACES = [
-    ("tabbyctl", "lab.*", "the demos run the labs"),
+    ("lab", "tabbyctl.demo.*", "the lab builds on the demos' lab and its processes"),
     ("tabbyctl", "tabby_node.status", "node status and diags read tabby-node's status file"),
     ("tabbyctl", "tabby_node", "the package's constants: default run dir, socket, log file"),
 ]
 
 #: Arrows forbidden although the layers would allow them: (importer prefix, imported prefix).
 FORBIDDEN = [
+    # The lab is not product: it may import the product, never the other way round (the
+    # bundle does not carry it: test_bundle_spec.py).
+    *((product, "lab") for product in PRODUCT),
     # The foundations stand alone: the store knows no CNI, the protocol no store.
     ("datastore", "cni_protocol"),
     ("cni_protocol", "datastore"),
@@ -329,7 +336,7 @@ def test_the_walker_can_fail(tmp_path: Path) -> None:
     assert layer_of("ipam.core.block") == (2, "IPAM core")
     assert layer_of("ipam.plugin") == (6, "CNI plugins")
     assert layer_of("bundle.entry") == (8, "the bundle's entry")
-    assert layer_of("bundle") == (0, "version")
+    assert layer_of("bundle") == (0, "version and shared types")
 
 
 _PROBE = """

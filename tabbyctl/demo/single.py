@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datastore import Store, open_store
-from lab.proc import INTERRUPTS, Echo, LabError
-from lab.proc import run as run_child
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
+from tabbyctl.demo.proc import run as run_child
 
 NODE_V4 = "192.168.255.1"  # the node's own address (on its lo), a source for node->pod
 NODE_V6 = "fd00:255::1"
@@ -341,6 +340,40 @@ def run(
     node_socket: str | None = None,
     use_node: bool = True,
 ) -> int:
+    _check_machine(cni_bin)
+    demo = Demo(pods_wanted=pods, cni_bin=cni_bin, echo=echo, node_socket=node_socket)
+    demo.workdir = tempfile.mkdtemp(prefix=f"{demo.network}-")
+    os.chmod(demo.workdir, 0o700)
+    ok = False
+    interrupted = False
+    with signals_restored():
+        try:
+            with INTERRUPTS.installed():
+                ok = _show(demo, use_node)
+                if keep:
+                    _stop_node(demo.node_proc)
+                    echo(
+                        f"--keep: namespaces {', '.join(demo.made_netns)} and {demo.workdir} "
+                        "are left in place; remove them with `ip netns del NAME` and `rm -r`."
+                    )
+                    return 0 if ok else 1
+        except KeyboardInterrupt:
+            interrupted = True
+            echo("interrupted: cleaning up")
+        except LabError as e:
+            echo(f"demo failed: {e}")
+            ok = False
+        finally:
+            if not keep or interrupted or not ok:
+                ok = _tear_down(demo, interrupted) and ok
+    if interrupted:
+        return 130
+    echo("demo passed" if ok else "demo FAILED")
+    return 0 if ok else 1
+
+
+def _check_machine(cni_bin: str) -> None:
+    """Root, the installed plugins and the tools the demo runs (a LabError if not)."""
     if os.geteuid() != 0:
         raise LabError("the demo creates network namespaces: run it as root")
     for binary in ("tabby", "tabby-ipam"):
@@ -350,62 +383,46 @@ def run(
     for tool in ("ip", "ping"):
         if shutil.which(tool) is None:
             raise LabError(f"`{tool}` is missing: apt-get install iproute2 iputils-ping")
-    demo = Demo(pods_wanted=pods, cni_bin=cni_bin, echo=echo, node_socket=node_socket)
-    demo.workdir = tempfile.mkdtemp(prefix=f"{demo.network}-")
-    os.chmod(demo.workdir, 0o700)
-    ok = False
-    interrupted = False
-    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with INTERRUPTS.installed():
-            echo(
-                f"tabby demo {demo.network}: node namespace + {pods} pods, "
-                f"pools {V4_POOL} and {V6_POOL}"
-            )
-            demo.make_node()
-            if use_node and node_socket is None:
-                _start_node(demo)
-            elif node_socket is None:
-                demo.node_socket = "off"
-            echo(f"ADD (the installed {cni_bin}/tabby, exec'd as a runtime does):")
-            demo.add_pods()
-            demo.check_pods()
-            echo("reachability (ping):")
-            reach = demo.reachability()
-            echo("IPAM:")
-            demo.ipam_view()
-            ok = reach
-            if keep:
-                _stop_node(demo.node_proc)
-                echo(
-                    f"--keep: namespaces {', '.join(demo.made_netns)} and {demo.workdir} "
-                    "are left in place; remove them with `ip netns del NAME` and `rm -r`."
-                )
-                return 0 if ok else 1
-    except KeyboardInterrupt:
-        interrupted = True
-        echo("interrupted: cleaning up")
-    except LabError as e:
-        echo(f"demo failed: {e}")
-        ok = False
-    finally:
-        if not keep or interrupted or not ok:
-            problems = demo.delete_pods()
-            left = demo.leftovers()
-            _stop_node(demo.node_proc)
-            demo.cleanup()
-            for p in problems + left:
-                echo(f"  left behind: {p}")
-            if problems or left:
-                ok = False
-            elif not interrupted:
-                echo("DEL: every pod removed; no namespace, veth, route or allocation left")
-        for s, h in old_handlers.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-    if interrupted:
-        return 130
-    echo("demo passed" if ok else "demo FAILED")
-    return 0 if ok else 1
+
+
+def _show(demo: Demo, use_node: bool) -> bool:
+    """The demo's steps: the node, tabby-node (unless ``use_node`` is off or a socket was
+    given), ADD and CHECK of every pod, reachability, the IPAM view. Whether every pod
+    reached every other."""
+    echo = demo.echo
+    echo(
+        f"tabby demo {demo.network}: node namespace + {demo.pods_wanted} pods, "
+        f"pools {V4_POOL} and {V6_POOL}"
+    )
+    demo.make_node()
+    if use_node and demo.node_socket is None:
+        _start_node(demo)
+    elif demo.node_socket is None:
+        demo.node_socket = "off"
+    echo(f"ADD (the installed {demo.cni_bin}/tabby, exec'd as a runtime does):")
+    demo.add_pods()
+    demo.check_pods()
+    echo("reachability (ping):")
+    reach = demo.reachability()
+    echo("IPAM:")
+    demo.ipam_view()
+    return reach
+
+
+def _tear_down(demo: Demo, interrupted: bool) -> bool:
+    """DEL of every pod, tabby-node stopped, every namespace and file removed; False when
+    something was left behind (each one said)."""
+    problems = demo.delete_pods()
+    left = demo.leftovers()
+    _stop_node(demo.node_proc)
+    demo.cleanup()
+    for p in problems + left:
+        demo.echo(f"  left behind: {p}")
+    if problems or left:
+        return False
+    if not interrupted:
+        demo.echo("DEL: every pod removed; no namespace, veth, route or allocation left")
+    return True
 
 
 def _store(data_dir: str) -> Store:

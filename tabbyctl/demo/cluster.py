@@ -1,6 +1,7 @@
 """``tabbyctl demo --nodes N [--backend bird|vxlan] [--pods P]``: the cluster demo.
 
-An underlay bridge and N node namespaces, a 3-member etcd (1 member for 2 nodes) on the
+On the demo's lab (:mod:`tabbyctl.demo.lab`): an underlay bridge and N node namespaces, a
+3-member etcd (1 member for 2 nodes) on the
 nodes, tabby-node on each (BIRD full mesh or VXLAN), P pods per node made by the installed
 binaries exactly as a runtime on that node would; then it proves every pod reaches every
 other pod across nodes (IPv4 and IPv6), shows ``node status`` and the routes of one node,
@@ -11,14 +12,14 @@ everything it made (namespaces, links, processes, temporary files), also on Ctrl
 from __future__ import annotations
 
 import json
-import signal
 import time
 from typing import Any
 
-from lab.cluster import Lab, LabPod
-from lab.proc import INTERRUPTS, Echo, LabError
+from tabbyctl.demo.lab import Lab, LabPod
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
 
 NAMESPACE = "demo"
+TOTAL = 7  # steps, the last one the cleanup
 
 
 def _resources(lab: Lab) -> list[dict[str, Any]]:
@@ -94,88 +95,104 @@ def run(
     lab = Lab(nodes_wanted=nodes, backend=backend, echo=echo, cni_bin=cni_bin)
     ok = False
     interrupted = False
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    total = 7
-    try:
-        with INTERRUPTS.installed():
-            echo(
-                f"tabby cluster demo {lab.prefix}: {nodes} nodes, backend {backend}, "
-                f"{pods} pod(s) per node, etcd with {lab.members()} member(s)"
-            )
-            t0 = time.monotonic()
-            _step(echo, 1, total, "underlay bridge, node namespaces, etcd, tabby-node per node")
-            lab.build()
-            lab.wait_ready(90)
-            for node in lab.nodes:
-                v6 = f", {node.ipv6.ip}" if node.ipv6 else ""
-                echo(f"      {node.name}: {node.ipv4.ip}{v6} (namespace {node.netns})")
-            echo(f"      ready in {time.monotonic() - t0:.1f} s")
-            _step(echo, 2, total, "pods, through the installed binaries on each node")
-            for node in lab.nodes:
-                for j in range(pods):
-                    pod = lab.add_pod(node, NAMESPACE, f"pod-{node.index + 1}-{j + 1}")
-                    echo(f"      {pod.label}: {', '.join(pod.addresses())}")
-            _step(echo, 3, total, "every pod pings every other pod (IPv4 and IPv6)")
-            fails = _wait_matrix(lab)
-            pairs = len(lab.pods) * (len(lab.pods) - 1) * 2
-            if fails:
-                for f in fails[:10]:
-                    echo(f"      unreachable: {f}")
-                raise LabError(f"{len(fails)} of {pairs} paths unreachable")
-            echo(f"      {pairs} paths, all reachable")
-            _step(echo, 4, total, f"node status and routes of {lab.nodes[0].name}")
-            status = lab.tabbyctl("node", "status", "--run-dir", lab.nodes[0].run_dir)
-            for line in (status.stdout or status.stderr).splitlines():
-                echo(f"      {line}")
-            for line in lab.routes(lab.nodes[0]).splitlines():
-                echo(f"      {line}")
-            _step(echo, 5, total, "a NetworkPolicy: only role=client may reach the db pod")
-            _apply(lab, [*_resources(lab), POLICY])
-            db, client = _db(lab), _client(lab)
-            others = [p for p in lab.pods if p not in (db, client)]
-            closed = _policy_paths(lab, db, client, others, echo)
-            _step(echo, 6, total, "IPAM across the cluster")
-            show = lab.tabbyctl("ipam", "show")
-            shown = show.stdout.splitlines()
-            # the pools and blocks in full; the allocations (one per pod) cut short, said so
-            cut = shown.index("") if "" in shown else len(shown)
-            rest = shown[cut + 1 :] if cut < len(shown) else []
-            blocks_end = rest.index("") if "" in rest else len(rest)
-            listed = shown[: cut + 1 + blocks_end]
-            for line in listed:
-                echo(f"      {line}")
-            more = len(shown) - len(listed) - 1
-            if more > 0:
-                echo(f"      ... and {more} more lines (every pod's address): tabbyctl ipam show")
-            ok = closed
-            if keep:
+    with signals_restored():
+        try:
+            with INTERRUPTS.installed():
                 echo(
-                    f"--keep: the lab {lab.prefix} stays (namespaces {', '.join(lab.made_netns)}"
-                    f", work directory {lab.workdir}); stop its processes and delete them by hand"
+                    f"tabby cluster demo {lab.prefix}: {nodes} nodes, backend {backend}, "
+                    f"{pods} pod(s) per node, etcd with {lab.members()} member(s)"
                 )
-                return 0 if ok else 1
-    except KeyboardInterrupt:
-        interrupted = True
-        echo("interrupted: cleaning up")
-    except LabError as e:
-        echo(f"demo failed: {e}")
-        ok = False
-    finally:
-        if not keep or interrupted or not ok:
-            _step(echo, total, total, "removing everything the demo made")
-            problems = lab.teardown()
-            for p in problems:
-                echo(f"      left behind: {p}")
-            if problems:
-                ok = False
-            elif not interrupted:
-                echo("      every pod, namespace, process and file removed")
-        for s, h in old.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
+                ok = _show(lab, pods, echo)
+                if keep:
+                    echo(
+                        f"--keep: the lab {lab.prefix} stays (namespaces "
+                        f"{', '.join(lab.made_netns)}, work directory {lab.workdir}); stop its "
+                        "processes and delete them by hand"
+                    )
+                    return 0 if ok else 1
+        except KeyboardInterrupt:
+            interrupted = True
+            echo("interrupted: cleaning up")
+        except LabError as e:
+            echo(f"demo failed: {e}")
+            ok = False
+        finally:
+            if not keep or interrupted or not ok:
+                ok = _tear_down(lab, echo, interrupted) and ok
     if interrupted:
         return 130
     echo("cluster demo passed" if ok else "cluster demo FAILED")
     return 0 if ok else 1
+
+
+def _show(lab: Lab, pods: int, echo: Echo) -> bool:
+    """Steps 1 to 6 of the demo (the last one, the cleanup, is :func:`_tear_down`); whether
+    the policy closed every path to the db pod but the client's and left the others open."""
+    t0 = time.monotonic()
+    _step(echo, 1, TOTAL, "underlay bridge, node namespaces, etcd, tabby-node per node")
+    lab.build()
+    lab.wait_ready(90)
+    for node in lab.nodes:
+        v6 = f", {node.ipv6.ip}" if node.ipv6 else ""
+        echo(f"      {node.name}: {node.ipv4.ip}{v6} (namespace {node.netns})")
+    echo(f"      ready in {time.monotonic() - t0:.1f} s")
+    _step(echo, 2, TOTAL, "pods, through the installed binaries on each node")
+    for node in lab.nodes:
+        for j in range(pods):
+            pod = lab.add_pod(node, NAMESPACE, f"pod-{node.index + 1}-{j + 1}")
+            echo(f"      {pod.label}: {', '.join(pod.addresses())}")
+    _step(echo, 3, TOTAL, "every pod pings every other pod (IPv4 and IPv6)")
+    fails = _wait_matrix(lab)
+    pairs = len(lab.pods) * (len(lab.pods) - 1) * 2
+    if fails:
+        for f in fails[:10]:
+            echo(f"      unreachable: {f}")
+        raise LabError(f"{len(fails)} of {pairs} paths unreachable")
+    echo(f"      {pairs} paths, all reachable")
+    _step(echo, 4, TOTAL, f"node status and routes of {lab.nodes[0].name}")
+    status = lab.tabbyctl("node", "status", "--run-dir", lab.nodes[0].run_dir)
+    for line in (status.stdout or status.stderr).splitlines():
+        echo(f"      {line}")
+    for line in lab.routes(lab.nodes[0]).splitlines():
+        echo(f"      {line}")
+    _step(echo, 5, TOTAL, "a NetworkPolicy: only role=client may reach the db pod")
+    _apply(lab, [*_resources(lab), POLICY])
+    db, client = _db(lab), _client(lab)
+    others = [p for p in lab.pods if p not in (db, client)]
+    closed = _policy_paths(lab, db, client, others, echo)
+    _step(echo, 6, TOTAL, "IPAM across the cluster")
+    _ipam(lab, echo)
+    return closed
+
+
+def _ipam(lab: Lab, echo: Echo) -> None:
+    """``tabbyctl ipam show``: the pools and blocks in full; the allocations (one per pod)
+    cut short, said so."""
+    show = lab.tabbyctl("ipam", "show")
+    shown = show.stdout.splitlines()
+    cut = shown.index("") if "" in shown else len(shown)
+    rest = shown[cut + 1 :] if cut < len(shown) else []
+    blocks_end = rest.index("") if "" in rest else len(rest)
+    listed = shown[: cut + 1 + blocks_end]
+    for line in listed:
+        echo(f"      {line}")
+    more = len(shown) - len(listed) - 1
+    if more > 0:
+        echo(f"      ... and {more} more lines (every pod's address): tabbyctl ipam show")
+
+
+def _tear_down(lab: Lab, echo: Echo, interrupted: bool) -> bool:
+    """Everything the lab made removed; False when something was left behind (each one
+    said)."""
+    _step(echo, TOTAL, TOTAL, "removing everything the demo made")
+    problems = lab.teardown()
+    for p in problems:
+        echo(f"      left behind: {p}")
+    if problems:
+        return False
+    if not interrupted:
+        echo("      every pod, namespace, process and file removed")
+    return True
 
 
 def _wait_matrix(lab: Lab, timeout: float = 20) -> list[str]:

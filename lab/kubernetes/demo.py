@@ -1,5 +1,10 @@
-"""``tabbyctl demo --kubernetes [--backend bird|vxlan] [--keep]``: tabby as the pod network
-of a real Kubernetes.
+"""``python -m lab.kubernetes.demo [--backend bird|vxlan] [--keep] [--cni-bin-dir DIR]``:
+tabby as the pod network of a real Kubernetes.
+
+Run as root from a checkout (``.venv/bin/python -m lab.kubernetes.demo``), after
+``./build.sh`` installed the binaries. Kubernetes is built from Debian's source the first
+time (~7 min, cached): lab territory, so this is the lab's entry point, not a tabbyctl
+command (the bundle does not carry the lab).
 
 A 3-node Kubernetes 1.20 on the namespace lab (lab.kubernetes.cluster): etcd on the nodes,
 the control plane on node-1, containerd + kubelet + tabby-node on every node, and
@@ -14,16 +19,18 @@ released), and removes everything it made, also on Ctrl-C. It prints each comman
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lab.kubernetes import build
 from lab.kubernetes.cluster import KubeLab, KubePod
 from lab.kubernetes.controllers import Controllers
-from lab.proc import INTERRUPTS, Echo, LabError
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError
 
 NAMESPACE = "demo"
 REPLICAS = 6
@@ -250,3 +257,39 @@ def _policy(lab: KubeLab, sh: Shell, pods: list[KubePod], echo: Echo) -> bool:
     still = all(ok for p in pods for ip, ok in seen[p.name].items() if ip != db.ip)
     echo(f"      every path to the other pods: {'open' if still else 'some CLOSED (wrong)'}")
     return allowed and len(blocked) == len(others) and still
+
+
+def _echo(line: str) -> None:
+    print(line, flush=True)  # as it happens, also into a pipe or a log
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab.kubernetes.demo",
+        description="tabby as the network of a real 3-node Kubernetes 1.20 (builds Kubernetes "
+        "from Debian's source the first time: ~7 min)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("bird", "vxlan"),
+        default="bird",
+        help="how pods reach other nodes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the cluster and its pods up until Ctrl-C"
+    )
+    parser.add_argument(
+        "--cni-bin-dir",
+        default="/opt/cni/bin",
+        help="where the installed plugins are (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        return run(args.backend, args.keep, args.cni_bin_dir, _echo)
+    except LabError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

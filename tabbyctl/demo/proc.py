@@ -1,8 +1,9 @@
 """Processes of the labs and demos: signal-safe children, and the one error type.
 
-A lab (``lab.cluster``, ``lab.kubernetes``) or a demo makes namespaces and starts daemons;
-an interrupt must never lose one of them. :data:`INTERRUPTS` turns Ctrl-C and SIGTERM into
-``KeyboardInterrupt`` but holds it back while a child starts or runs (:func:`run`).
+A demo or a lab (``tabbyctl.demo.lab``, the repository's ``lab.kubernetes``) makes
+namespaces and starts daemons; an interrupt must never lose one of them. :data:`INTERRUPTS`
+turns Ctrl-C and SIGTERM into ``KeyboardInterrupt`` but holds it back while a child starts
+or runs (:func:`run`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """subprocess.run that an interrupt never cuts off (see Interrupts)."""
     with INTERRUPTS.deferred():
         return subprocess.run(cmd, check=False, **kwargs)
+
+
+@contextmanager
+def signals_restored() -> Iterator[None]:
+    """SIGINT's and SIGTERM's handlers put back after the block as they were before it (a
+    demo installs :data:`INTERRUPTS` and ignores both while it cleans up)."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def ignore_signals() -> None:

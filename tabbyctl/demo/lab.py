@@ -1,6 +1,8 @@
 """A throwaway tabby cluster on one machine, built from network namespaces.
 
-Used by the cluster demo (``tabbyctl demo --nodes N``) and by the cluster test tier::
+Used by the cluster demo (``tabbyctl demo --nodes N``, :mod:`tabbyctl.demo.cluster`), and
+beyond the product by the cluster test tier, the benches and the Kubernetes lab
+(``lab.kubernetes``)::
 
     fabric namespace    bridge br0: the underlay every node is plugged into
     node namespaces     eth0 (veth into br0) with an IPv4 (and IPv6) underlay address,
@@ -29,11 +31,10 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.proc import INTERRUPTS, Echo, LabError, run, stop_process
+from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, run, stop_process
 
 UNDERLAY_V4 = "10.{subnet}.{lab}.{host}/24"
 UNDERLAY_V6 = "fd00:{subnet}:{lab}::{host}/64"
@@ -651,17 +652,6 @@ def _wait_gone(pid: int, timeout: float = 5) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def lab_cluster(**kwargs: Any) -> Iterator[Lab]:
-    """A built lab, torn down afterwards whatever happens."""
-    lab = Lab(**kwargs)
-    try:
-        lab.build()
-        yield lab
-    finally:
-        lab.teardown()
 
 
 def http_get(
