@@ -38,9 +38,9 @@ import secrets
 import socket
 from collections.abc import Sequence
 
+from dataplane.errors import NetlinkFailure
 from dataplane.model import IPAddress, IPNetwork
 from dataplane.overlay_model import IPIP_DEVICE, KernelAddress, LinkState
-from dataplane.rtnl import NetlinkFailure
 from dataplane.rtnl_routing import RoutingRtnl
 
 __all__ = [
