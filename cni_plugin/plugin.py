@@ -16,7 +16,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cni_plugin.cni_codes import CniDataplane, cni_errors
 from cni_protocol import invoke, log, skel, types
 from cni_protocol.errors import CniError, Code
 from dataplane.names import host_veth_name
@@ -276,6 +275,8 @@ def _addresses(result: Mapping[str, Any]) -> list[Address]:
 
 
 def host_ifname(args: skel.CmdArgs, conf: PluginValues) -> str:
+    from cni_plugin.cni_codes import cni_errors
+
     with cni_errors():
         return host_veth_name(conf.veth_prefix, args.network, args.container_id, args.ifname)
 
@@ -377,6 +378,8 @@ class Plugin:
 
     @property
     def dataplane(self) -> Dataplane:
+        from cni_plugin.cni_codes import CniDataplane
+
         return CniDataplane(self._load_dataplane())
 
     def _ipam(self, args: skel.CmdArgs, conf: PluginValues, command: str) -> Pending:
@@ -639,6 +642,8 @@ class Plugin:
         self, args: skel.CmdArgs, prefix: str, valid: set[tuple[str, str]]
     ) -> list[CniError]:
         """Delete this network's host veths whose attachment is not in ``valid``."""
+        from cni_plugin.cni_codes import cni_errors
+
         errors: list[CniError] = []
         with cni_errors():
             keep = {host_veth_name(prefix, args.network, cid, ifname) for cid, ifname in valid}

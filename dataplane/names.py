@@ -7,8 +7,6 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from dataplane.errors import InvalidVethPrefix
-
 try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms a CNI process)
     _sha256: Callable[..., Any] = importlib.import_module("_sha256").sha256
 except ImportError:  # pragma: no cover - another interpreter
@@ -49,6 +47,8 @@ def validate_veth_prefix(prefix: str) -> None:
     veth names."""
     problem = veth_prefix_problem(prefix)
     if problem:
+        from dataplane.errors import InvalidVethPrefix  # only when refused: names stay cheap
+
         raise InvalidVethPrefix(prefix, problem)
 
 
