@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 CODES: dict[type[DataplaneError], int] = {
     # CNI_NETNS is gone: the container is (DEL treats it as done).
     NetNSNotFound: Code.UNKNOWN_CONTAINER,
-    # CNI_NETNS is not a network namespace, or the plugin's own (GEN-16).
+    # CNI_NETNS is not a network namespace, or the plugin's own (GEN-16 of
+    # cni_protocol/CONFORMANCE.md).
     InvalidNetNS: Code.INVALID_NETNS,
     # veth_prefix is checked by the configuration models first; this is the same rule.
     InvalidVethPrefix: Code.UNSUPPORTED_FIELD,

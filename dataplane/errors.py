@@ -42,7 +42,8 @@ class InvalidNetNS(DataplaneError):
     def __init__(self, path: str, why: str, *, own: bool = False) -> None:
         super().__init__(f"invalid network namespace {path}", why)
         self.path = path
-        #: True when the path is the caller's own namespace (GEN-16), not merely unusable.
+        #: True when the path is the caller's own namespace (GEN-16 of
+        #: cni_protocol/CONFORMANCE.md), not merely unusable.
         self.own = own
 
 
