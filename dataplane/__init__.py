@@ -7,8 +7,10 @@
 * nftables: a script applied as one transaction (``nft.py``: libnftables by ctypes, or the
   ``nft`` CLI), a table's counters read and zeroed, NFLOG and trace events
   (``nfnetlink.py``), a packet traced (``nfttrace.py``);
-* rtnetlink over tabby's own transport (``rtnl.py``: the only pyroute2 user);
-* the names of what tabby makes there (``names.py``) and the errors (``errors.py``).
+* rtnetlink over tabby's own transport (``rtnl.py``, ``rtnl_routing.py``: pyroute2 for the
+  message formats only, loaded lazily by ``lazy_pyroute2.py``);
+* the data types and the ``Dataplane`` protocol the plugin is given (``model.py``), the
+  names of what tabby makes in the kernel (``names.py``) and the errors (``errors.py``).
 
 The dataplane applies what it is given: it knows no CNI (its callers choose what an error
 means: the ``tabby`` plugin's CNI codes are in ``cni_plugin.cni_codes``), no policy (the
@@ -28,10 +30,11 @@ Public API (all from ``dataplane``):
 * ``host_veth_name(prefix, network, container_id, ifname)``, ``validate_veth_prefix``.
 * ``get_dataplane() -> Dataplane``: the Linux implementation, as a ``Dataplane`` protocol.
 * Data: ``SetupSpec``, ``SetupResult``, ``ExpectedState``, ``PodRoute``, ``HostVeth``.
-* Errors, all a ``DataplaneError``: ``NetNSNotFound`` (the namespace is gone),
-  ``InvalidNetNS`` (not a network namespace, or the caller's own), ``InvalidVethPrefix``,
-  ``InterfaceConflict`` (a name tabby wants is taken by what is not its own),
-  ``NetlinkFailure``, ``SysctlFailure``, ``CheckMismatch``, ``NftError``.
+* Errors (``errors.py``; ``nodeinfo.AutodetectError`` too), all a ``DataplaneError``:
+  ``NetNSNotFound`` (the namespace is gone), ``InvalidNetNS`` (not a network namespace, or
+  the caller's own), ``InvalidVethPrefix``, ``InterfaceConflict`` (a name tabby wants is
+  taken by what is not its own), ``NetlinkFailure``, ``SysctlFailure``, ``CheckMismatch``,
+  ``NftError``.
 
 "Host" is the network namespace of the *calling thread*; the pod namespace is only ever
 entered by short-lived worker threads, so the caller's namespace never changes.

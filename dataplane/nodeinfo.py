@@ -38,7 +38,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 
-from dataplane.errors import NetlinkFailure
+from dataplane.errors import DataplaneError, NetlinkFailure
 from dataplane.model import IPAddress, IPNetwork
 from dataplane.overlay_model import IPIP_DEVICE, KernelAddress, LinkState
 from dataplane.rtnl_routing import RoutingRtnl
@@ -108,7 +108,7 @@ IFA_F_DEPRECATED = 0x20
 RT_SCOPE_UNIVERSE = 0
 
 
-class AutodetectError(Exception):
+class AutodetectError(DataplaneError):
     """No node address could be found with the given method (the message says why)."""
 
 
