@@ -180,10 +180,10 @@ def build_node(path: str | None) -> Any:
     import ipaddress
 
     from cni_config.common import DatastoreSettings
-    from dataplane import nft
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay import Reconciler
     from datastore.engine import Reported
+    from policy.state import PolicyDataplane
     from tabby_node.agent import Agent
     from tabby_node.facts import Facts
     from tabby_node.options import NodeOptions
@@ -198,7 +198,7 @@ def build_node(path: str | None) -> Any:
     agent.facts = Facts(ME, NodeAddress(address, 16, None), None, 1500, False, "")
     agent.routing = VxlanRouting(agent)
     agent.routing.overlay.reconciler = Reconciler(netlink=FakeKernel(ipip=False))  # type: ignore[arg-type]
-    agent.policy = nft.PolicyDataplane(ME, backend=NftModel(), families=(4,))
+    agent.policy = PolicyDataplane(ME, backend=NftModel(), families=(4,))
     if path is None:
         return agent
     reported = Reported()  # the watch's: alive as long as the watch

@@ -46,6 +46,7 @@ from policy.engine import (  # noqa: E402
     IPBlock,
     LabelSelector,
     Namespace,
+    NatConfig,
     Peer,
     Pod,
     Policy,
@@ -53,6 +54,8 @@ from policy.engine import (  # noqa: E402
     Requirement,
     Rule,
 )
+from policy.render import Renderer, Snapshot  # noqa: E402
+from policy.state import PolicyDataplane  # noqa: E402
 
 T = TypeVar("T")
 NAMESPACES = 20
@@ -151,7 +154,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def measure(backend_name: str, state: ClusterState, runs: int) -> None:
     backend = nft.backend_named(backend_name)  # type: ignore[arg-type]
-    dp = nft.PolicyDataplane(NODE, backend=backend, families=(4,))
+    dp = PolicyDataplane(NODE, backend=backend, families=(4,))
     print(f"\n{backend_name}:")
     full = [_timed(lambda: dp.sync(state, full=True)) for _ in range(runs)]
     c = dp.counters
@@ -208,7 +211,7 @@ def measure(backend_name: str, state: ClusterState, runs: int) -> None:
         backend.close()
 
 
-def measure_parts(state: ClusterState, runs: int) -> nft.Snapshot:
+def measure_parts(state: ClusterState, runs: int) -> Snapshot:
     comp = []
     ir = None
     for _ in range(runs):
@@ -216,8 +219,8 @@ def measure_parts(state: ClusterState, runs: int) -> nft.Snapshot:
         ir = engine.compute(state, NODE, (4,))
         comp.append(time.perf_counter() - t)
     assert ir is not None
-    snap = nft.Snapshot(ir, nft.NatConfig())
-    r = nft.Renderer()
+    snap = Snapshot(ir, NatConfig())
+    r = Renderer()
     text = r.full(snap)
     rend = [_timed(lambda: r.full(snap)) for _ in range(runs)]
     print("\nparts:")
@@ -230,8 +233,8 @@ def measure_parts(state: ClusterState, runs: int) -> nft.Snapshot:
     return snap
 
 
-def measure_json(text_backend: nft.NftBackend, snap: nft.Snapshot, runs: int) -> None:
-    r = nft.Renderer()
+def measure_json(text_backend: nft.NftBackend, snap: Snapshot, runs: int) -> None:
+    r = Renderer()
     text_backend.run(r.full(snap))
     listed = subprocess.run(
         ["nft", "-j", "list", "table", "inet", "tabby"], capture_output=True, text=True, check=True

@@ -6,7 +6,7 @@
 
 A node namespace routes between two pod namespaces (client, server) over veths named as
 tabby names them; table ``inet tabby`` is programmed in the node namespace by tabby's own
-``dataplane.nft.PolicyDataplane`` with ``visibility`` on (counters and the denied-flow log)
+``policy.state.PolicyDataplane`` with ``visibility`` on (counters and the denied-flow log)
 or off. The server's namespace is isolated for ingress; one policy (``zz-allow-client``)
 allows the client on the measured ports; with ``--policies N`` the other N-1 policies select
 the server too, each allowing a peer and a port the client does not have, and come first
@@ -55,7 +55,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from dataplane import nft  # noqa: E402
 from dataplane.netns import open_netns, run_in_netns  # noqa: E402
 from policy.engine import (  # noqa: E402
     ClusterState,
@@ -68,6 +67,7 @@ from policy.engine import (  # noqa: E402
     PortSpec,
     Rule,
 )
+from policy.state import PolicyDataplane  # noqa: E402
 
 T = TypeVar("T")
 NS = "bench"
@@ -290,12 +290,12 @@ def measure(topo: Topology, seconds: float) -> Sample:
 
 
 @contextmanager
-def programmed(topo: Topology, condition: str) -> Iterator[nft.PolicyDataplane | None]:
+def programmed(topo: Topology, condition: str) -> Iterator[PolicyDataplane | None]:
     if condition == "none":
         yield None
         return
     count, _, vis = condition.partition("-")
-    dp = nft.PolicyDataplane(NODE, families=(4,), visibility=vis == "on")
+    dp = PolicyDataplane(NODE, families=(4,), visibility=vis == "on")
     in_netns(topo.node, lambda: dp.sync(state(int(count)), full=True))
     try:
         yield dp
@@ -303,7 +303,7 @@ def programmed(topo: Topology, condition: str) -> Iterator[nft.PolicyDataplane |
         in_netns(topo.node, lambda: run("nft", "delete", "table", "inet", "tabby"))
 
 
-def check_counted(topo: Topology, dp: nft.PolicyDataplane, sample: Sample, seconds: float) -> str:
+def check_counted(topo: Topology, dp: PolicyDataplane, sample: Sample, seconds: float) -> str:
     counts = in_netns(topo.node, dp.packet_counts)
     allowed = sum(n for k, (n, _) in counts.items() if k.policy == ALLOW)
     denied = sum(n for k, (n, _) in counts.items() if k.policy == "default-deny")

@@ -55,12 +55,15 @@ from policy.engine import (  # noqa: E402
     ClusterState,
     LabelSelector,
     Namespace,
+    NatConfig,
     Peer,
     Policy,
     PortSpec,
     Rule,
 )
 from policy.incremental import IncrementalPolicy  # noqa: E402
+from policy.render import Renderer, Snapshot  # noqa: E402
+from policy.state import PolicyDataplane  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -162,7 +165,7 @@ def engine_memory(state: ClusterState) -> float:
 
 
 def measure_engine(state: ClusterState, events: int, memory: bool) -> None:
-    r = nft.Renderer()
+    r = Renderer()
     eng = IncrementalPolicy(pb.NODE, (4,))
     load = _cpu(lambda: eng.load(state))
     eng.take_delta()
@@ -181,7 +184,7 @@ def measure_engine(state: ClusterState, events: int, memory: bool) -> None:
     for label, values, extra in _events(eng, state, events, step, lambda: step(lambda: None)):
         _line(label, values, extra)
     # the full path, one remote endpoint event (as tabby-node did for every event anywhere)
-    snap = nft.Snapshot(engine.compute(state, pb.NODE, (4,)), nft.NatConfig())
+    snap = Snapshot(engine.compute(state, pb.NODE, (4,)), NatConfig())
     full = []
     for i in range(max(3, min(events, 9))):
         pod, ep = pb._pod(len(state.endpoints) + 2_000_000 + i, "node-far")
@@ -190,13 +193,13 @@ def measure_engine(state: ClusterState, events: int, memory: bool) -> None:
         )
 
         def one(grown: ClusterState = grown) -> None:
-            new = nft.Snapshot(engine.compute(grown, pb.NODE, (4,)), nft.NatConfig())
+            new = Snapshot(engine.compute(grown, pb.NODE, (4,)), NatConfig())
             r.delta(snap, new)
 
         full.append(_cpu(one))
     _line("FULL PATH: compute + diff, one remote event", full)
     # the periodic check: PolicyDataplane.sync with equal inputs (no kernel: a recorder)
-    dp = nft.PolicyDataplane(pb.NODE, backend=_Null(), families=(4,))
+    dp = PolicyDataplane(pb.NODE, backend=_Null(), families=(4,))
     dp.sync(state)
     checks = [_cpu(lambda: dp.sync(state)) for _ in range(3)]
     _line("periodic check (sync: compute, compare)", checks)
@@ -213,7 +216,7 @@ class _Null:
 
 def measure_kernel(state: ClusterState, events: int) -> None:
     """The same events through PolicyDataplane into a real table (libnftables)."""
-    dp = nft.PolicyDataplane(pb.NODE, backend=nft.backend_named("libnftables"), families=(4,))
+    dp = PolicyDataplane(pb.NODE, backend=nft.backend_named("libnftables"), families=(4,))
     start = _cpu(lambda: dp.sync(state))
     _line("start: load + full table (kernel)", [start])
     eng = dp._engine  # the events drive the engine; each step sends its delta

@@ -274,7 +274,10 @@ def _addresses(result: Mapping[str, Any]) -> list[Address]:
 
 
 def host_ifname(args: skel.CmdArgs, conf: PluginValues) -> str:
-    return host_veth_name(conf.veth_prefix, args.network, args.container_id, args.ifname)
+    from cni_plugin.cni_codes import cni_errors
+
+    with cni_errors():
+        return host_veth_name(conf.veth_prefix, args.network, args.container_id, args.ifname)
 
 
 def attachment_alias(args: skel.CmdArgs) -> str:
@@ -344,8 +347,9 @@ class Plugin:
     """tabby's verbs over an injected dataplane and IPAM invoker.
 
     ``dataplane`` is a loader (called when a verb first needs the kernel), so that building
-    the handlers imports nothing heavy; tabby-node passes its own IPAM invoker, which runs
-    tabby-ipam in-process.
+    the handlers imports nothing heavy; the verbs see it through
+    :class:`~cni_plugin.cni_codes.CniDataplane`, which turns its errors into CNI errors.
+    tabby-node passes its own IPAM invoker, which runs tabby-ipam in-process.
     """
 
     def __init__(
@@ -373,7 +377,9 @@ class Plugin:
 
     @property
     def dataplane(self) -> Dataplane:
-        return self._load_dataplane()
+        from cni_plugin.cni_codes import CniDataplane
+
+        return CniDataplane(self._load_dataplane())
 
     def _ipam(self, args: skel.CmdArgs, conf: PluginValues, command: str) -> Pending:
         return self.ipam.start(conf.ipam_type, command, args)
@@ -635,8 +641,11 @@ class Plugin:
         self, args: skel.CmdArgs, prefix: str, valid: set[tuple[str, str]]
     ) -> list[CniError]:
         """Delete this network's host veths whose attachment is not in ``valid``."""
+        from cni_plugin.cni_codes import cni_errors
+
         errors: list[CniError] = []
-        keep = {host_veth_name(prefix, args.network, cid, ifname) for cid, ifname in valid}
+        with cni_errors():
+            keep = {host_veth_name(prefix, args.network, cid, ifname) for cid, ifname in valid}
         mine = f"tabby:{args.network}:"
         dp = self.dataplane
         try:

@@ -1,4 +1,21 @@
-"""The kernel side of the ``tabby`` plugin: veth pair, addresses, routes and sysctls.
+"""The kernel: what tabby makes in it and reads back, and nothing else.
+
+* the pod's data path (``linux.py``): veth pair, addresses, /32 and /128 routes, sysctls,
+  in the pod's network namespace (``netns.py``) and the host's;
+* the node's VXLAN/IP-in-IP routing (``overlay.py``, ``overlay_model.py``,
+  ``rtnl_routing.py``) and what the node is (``nodeinfo.py``);
+* nftables: a script applied as one transaction (``nft.py``: libnftables by ctypes, or the
+  ``nft`` CLI), a table's counters read and zeroed, NFLOG and trace events
+  (``nfnetlink.py``), a packet traced (``nfttrace.py``);
+* rtnetlink over tabby's own transport (``rtnl.py``, ``rtnl_routing.py``: pyroute2 for the
+  message formats only, loaded lazily by ``lazy_pyroute2.py``);
+* the data types and the ``Dataplane`` protocol the plugin is given (``model.py``), the
+  names of what tabby makes in the kernel (``names.py``) and the errors (``errors.py``).
+
+The dataplane applies what it is given: it knows no CNI (its callers choose what an error
+means: the ``tabby`` plugin's CNI codes are in ``cni_plugin.cni_codes``), no policy (the
+policy state, the nft text and what a trace says are in ``policy``), no configuration and
+no datastore.
 
 Importing this package costs nothing: every name below is loaded on first use (PEP 562),
 and pyroute2 (~110 ms) only when a function that talks netlink runs. Keep it that way: the
@@ -8,16 +25,19 @@ Public API (all from ``dataplane``):
 
 * ``setup(SetupSpec) -> SetupResult``: build the pod's data path (rolls back on failure).
 * ``teardown(netns_path, ifname, host_ifname, addresses=None)``: idempotent removal.
-* ``check(SetupSpec, ExpectedState | None)``: raise ``CniError`` on the first mismatch.
+* ``check(SetupSpec, ExpectedState | None)``: raise ``CheckMismatch`` on the first mismatch.
 * ``list_host_veths(prefix) -> list[HostVeth]``, ``delete_host_veth(name)``: for GC.
 * ``host_veth_name(prefix, network, container_id, ifname)``, ``validate_veth_prefix``.
 * ``get_dataplane() -> Dataplane``: the Linux implementation, as a ``Dataplane`` protocol.
-* Data: ``SetupSpec``, ``SetupResult``, ``ExpectedState``, ``PodRoute``, ``HostVeth``;
-  errors ``NetNSNotFound`` (code 3; DEL treats it as success) and ``InvalidNetNS`` (code 8).
+* Data: ``SetupSpec``, ``SetupResult``, ``ExpectedState``, ``PodRoute``, ``HostVeth``.
+* Errors (``errors.py``; ``nodeinfo.AutodetectError`` too), all a ``DataplaneError``:
+  ``NetNSNotFound`` (the namespace is gone), ``InvalidNetNS`` (not a network namespace, or
+  the caller's own), ``InvalidVethPrefix``, ``InterfaceConflict`` (a name tabby wants is
+  taken by what is not its own), ``NetlinkFailure``, ``SysctlFailure``, ``CheckMismatch``,
+  ``NftError``.
 
 "Host" is the network namespace of the *calling thread*; the pod namespace is only ever
 entered by short-lived worker threads, so the caller's namespace never changes.
-This package knows nothing about CNI results or IPAM.
 """
 
 from __future__ import annotations
@@ -30,6 +50,17 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from dataplane.errors import (
+        CheckMismatch,
+        DataplaneError,
+        InterfaceConflict,
+        InvalidNetNS,
+        InvalidVethPrefix,
+        NetlinkFailure,
+        NetNSNotFound,
+        NftError,
+        SysctlFailure,
+    )
     from dataplane.linux import (
         check,
         delete_host_veth,
@@ -54,7 +85,6 @@ if TYPE_CHECKING:
         default_pod_routes,
     )
     from dataplane.names import host_veth_name, validate_veth_prefix
-    from dataplane.netns import InvalidNetNS, NetNSNotFound
 
 __all__ = [
     "DEFAULT_VETH_PREFIX",
@@ -63,14 +93,21 @@ __all__ = [
     "IPV6_GATEWAY",
     "SCOPE_LINK",
     "SCOPE_UNIVERSE",
+    "CheckMismatch",
     "Dataplane",
+    "DataplaneError",
     "ExpectedState",
     "HostVeth",
+    "InterfaceConflict",
     "InvalidNetNS",
+    "InvalidVethPrefix",
     "NetNSNotFound",
+    "NetlinkFailure",
+    "NftError",
     "PodRoute",
     "SetupResult",
     "SetupSpec",
+    "SysctlFailure",
     "check",
     "default_pod_routes",
     "delete_host_veth",
@@ -115,7 +152,20 @@ _LAZY = {
         "model",
     ),
     **dict.fromkeys(("host_veth_name", "validate_veth_prefix"), "names"),
-    **dict.fromkeys(("InvalidNetNS", "NetNSNotFound"), "netns"),
+    **dict.fromkeys(
+        (
+            "CheckMismatch",
+            "DataplaneError",
+            "InterfaceConflict",
+            "InvalidNetNS",
+            "InvalidVethPrefix",
+            "NetNSNotFound",
+            "NetlinkFailure",
+            "NftError",
+            "SysctlFailure",
+        ),
+        "errors",
+    ),
 }
 
 

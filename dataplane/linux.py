@@ -14,9 +14,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 from bundle.types import IPAddress, IPNetwork
-from cni_protocol.errors import CniError, Code
 from dataplane import netns as netns_mod
 from dataplane import sysctl
+from dataplane.errors import (
+    CheckMismatch,
+    DataplaneError,
+    InterfaceConflict,
+    InvalidNetNS,
+    NetlinkFailure,
+    NetNSNotFound,
+)
 from dataplane.model import (
     HOST_VETH_MAC,
     SCOPE_LINK,
@@ -28,8 +35,8 @@ from dataplane.model import (
     default_pod_routes,
     host_prefix,
 )
-from dataplane.netns import InvalidNetNS, NetNS, NetNSNotFound
-from dataplane.rtnl import Link, NetlinkFailure, Rtnl
+from dataplane.netns import NetNS
+from dataplane.rtnl import Link, Rtnl
 
 log = logging.getLogger("tabby.dataplane")
 
@@ -106,9 +113,8 @@ def _peer_is_in_host(pod: Rtnl, pod_link: Link) -> bool:
     return host_nsid is not None and host_nsid == pod_link.peer_netnsid
 
 
-def _already_exists(spec: SetupSpec) -> CniError:
-    return CniError(
-        Code.DATAPLANE,
+def _already_exists(spec: SetupSpec) -> InterfaceConflict:
+    return InterfaceConflict(
         f"interface {spec.ifname} already exists in the pod",
         f"an interface named {spec.ifname!r} already exists in {spec.netns_path}; "
         "it was left untouched (CNI_IFNAME must be new)",
@@ -118,12 +124,13 @@ def _already_exists(spec: SetupSpec) -> CniError:
 def setup(spec: SetupSpec) -> SetupResult:
     """Build the attachment's data path; on failure remove whatever was created and raise.
 
-    Raises :class:`NetNSNotFound` (code 3), :class:`InvalidNetNS` (code 8) or ``CniError``
-    (103) for kernel failures and for a ``CNI_IFNAME`` that already exists in the pod (which
-    is then left untouched).
+    Raises :class:`~dataplane.errors.NetNSNotFound`, :class:`~dataplane.errors.InvalidNetNS`,
+    :class:`~dataplane.errors.InterfaceConflict` for a ``CNI_IFNAME`` that already exists
+    in the pod (which is then left untouched), or another
+    :class:`~dataplane.errors.DataplaneError` for kernel failures.
     """
     if not spec.addresses:
-        raise CniError(Code.DATAPLANE, "no addresses to configure", "setup() needs at least one")
+        raise DataplaneError("no addresses to configure", "setup() needs at least one")
     with netns_mod.open_netns(spec.netns_path) as ns, _sockets(ns) as (host, pod):
         _prepare(spec, ns, host, pod)
         host.add_veth(
@@ -138,8 +145,7 @@ def setup(spec: SetupSpec) -> SetupResult:
         try:
             host_link = host.link_by_name(spec.host_ifname)
             if host_link is None:
-                raise CniError(
-                    Code.DATAPLANE,
+                raise DataplaneError(
                     f"host veth {spec.host_ifname} vanished right after creation",
                     "another process deleted it concurrently",
                 )
@@ -160,8 +166,7 @@ def _prepare(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl) -> None:
     if stale is None:
         return
     if stale.kind != "veth":
-        raise CniError(
-            Code.DATAPLANE,
+        raise InterfaceConflict(
             f"host interface {spec.host_ifname} exists and is not a veth",
             f"{spec.host_ifname} is of kind {stale.kind!r}; refusing to delete it",
         )
@@ -177,8 +182,7 @@ def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Lin
 
     pod_link = pod.link_by_name(spec.ifname)
     if pod_link is None:
-        raise CniError(
-            Code.DATAPLANE,
+        raise DataplaneError(
             f"pod interface {spec.ifname} not found after creating the veth pair",
             f"in {spec.netns_path}",
         )
@@ -244,7 +248,7 @@ def _rollback(host: Rtnl, name: str, link: Link | None) -> None:
             link = host.link_by_name(name)
         if link is not None:
             host.delete_link(link.index, name)
-    except CniError as exc:
+    except DataplaneError as exc:
         log.warning("rollback: could not delete host veth %s: %s", name, exc)
 
 
@@ -260,8 +264,8 @@ def teardown(
     * ``host_ifname`` None: the host veth's name is unknown (DEL with an invalid
       ``veth_prefix``), so no host link is looked for; only the pod side is, as below (its
       host end and that end's routes go with it).
-    * ``netns_path`` is the caller's own namespace: :class:`InvalidNetNS` (code 8), nothing
-      is touched. A path that exists but is not a network namespace is logged and skipped.
+    * ``netns_path`` is the caller's own namespace: :class:`~dataplane.errors.InvalidNetNS`,
+      nothing is touched. A path that exists but is not a network namespace is logged and skipped.
     * Host routes of ``addresses`` are removed only where they point at ``host_ifname``.
     * Deleting the host veth removes its pod end too; if the host veth is gone (e.g. the
       prefix changed) the pod's ``ifname`` is deleted only if it is a veth whose peer lives in
@@ -328,8 +332,7 @@ def delete_host_veth(name: str) -> None:
         if link is None:
             return
         if link.kind != "veth":
-            raise CniError(
-                Code.DATAPLANE,
+            raise InterfaceConflict(
                 f"{name} is not a veth",
                 f"{name} is of kind {link.kind!r}; refusing to delete it",
             )
@@ -362,38 +365,35 @@ def list_host_veths(prefix: str) -> list[HostVeth]:
 # --- CHECK ---------------------------------------------------------------------------------
 
 
-def _mismatch(what: str, details: str) -> CniError:
-    return CniError(Code.DATAPLANE, f"check failed: {what}", details)
-
-
 def _same_mac(a: str | None, b: str | None) -> bool:
     return (a or "").lower() == (b or "").lower()
 
 
 def check(spec: SetupSpec, expected: ExpectedState | None = None) -> None:
-    """Raise ``CniError`` (103) describing the first difference from what :func:`setup`
-    built. Extra addresses and routes (other chained plugins) are tolerated; the MAC is
-    compared with ``expected.container_mac`` (the final one), else ``spec.mac``."""
+    """Raise :class:`~dataplane.errors.CheckMismatch` describing the first difference from
+    what :func:`setup` built. Extra addresses and routes (other chained plugins) are
+    tolerated; the MAC is compared with ``expected.container_mac`` (the final one), else
+    ``spec.mac``."""
     expected = expected or ExpectedState()
     with netns_mod.open_netns(spec.netns_path) as ns, _sockets(ns) as (host, pod):
         pod_link = pod.link_by_name(spec.ifname)
         if pod_link is None:
-            raise _mismatch(
+            raise CheckMismatch(
                 f"interface {spec.ifname} not found in the pod", f"netns {spec.netns_path}"
             )
         want_mac = expected.container_mac or spec.mac
         if want_mac and not _same_mac(pod_link.mac, want_mac):
-            raise _mismatch(
+            raise CheckMismatch(
                 f"{spec.ifname} has MAC {pod_link.mac}, expected {want_mac}",
                 f"netns {spec.netns_path}",
             )
         if not pod_link.up:
-            raise _mismatch(f"{spec.ifname} is down in the pod", f"netns {spec.netns_path}")
+            raise CheckMismatch(f"{spec.ifname} is down in the pod", f"netns {spec.netns_path}")
         have = {(a.address, a.prefixlen) for a in pod.addresses(pod_link.index)}
         for address in spec.addresses:
             plen = 32 if address.version == 4 else 128
             if (address, plen) not in have:
-                raise _mismatch(
+                raise CheckMismatch(
                     f"address {address}/{plen} missing on {spec.ifname}",
                     f"netns {spec.netns_path} has {sorted(str(a) for a, _ in have)}",
                 )
@@ -404,11 +404,11 @@ def check(spec: SetupSpec, expected: ExpectedState | None = None) -> None:
 
         host_link = host.link_by_name(spec.host_ifname)
         if host_link is None or host_link.kind != "veth":
-            raise _mismatch(f"host veth {spec.host_ifname} not found", "in the host netns")
+            raise CheckMismatch(f"host veth {spec.host_ifname} not found", "in the host netns")
         if not host_link.up:
-            raise _mismatch(f"host veth {spec.host_ifname} is down", "in the host netns")
+            raise CheckMismatch(f"host veth {spec.host_ifname} is down", "in the host netns")
         if not _is_our_peer(host, pod, ns, host_link, pod_link):
-            raise _mismatch(
+            raise CheckMismatch(
                 f"host veth {spec.host_ifname} is not the peer of {spec.ifname}",
                 f"host peer index {host_link.peer_index}, pod index {pod_link.index}",
             )
@@ -421,7 +421,7 @@ def check(spec: SetupSpec, expected: ExpectedState | None = None) -> None:
             values = netns_mod.run_in_netns(ns.fd, lambda: [sysctl.read(k) for k, _ in keys])
             for (key, want), got in zip(keys, values, strict=True):
                 if got != want:
-                    raise _mismatch(
+                    raise CheckMismatch(
                         f"pod sysctl net/{key} is {got}, expected {want}",
                         f"netns {spec.netns_path}",
                     )
@@ -435,7 +435,7 @@ def _check_pod_routes(pod: Rtnl, pod_link: Link, want: Sequence[PodRoute], spec:
     }
     for route in want:
         if (route.dst, route.gw) not in have:
-            raise _mismatch(
+            raise CheckMismatch(
                 f"pod route {route} dev {spec.ifname} missing", f"netns {spec.netns_path}"
             )
 
@@ -445,7 +445,7 @@ def _check_host_routes(host: Rtnl, host_link: Link, spec: SetupSpec) -> None:
         have = {r.dst for r in host.routes(version, oif=host_link.index)}
         for address in spec.addresses:
             if address.version == version and host_prefix(address) not in have:
-                raise _mismatch(
+                raise CheckMismatch(
                     f"host route {host_prefix(address)} dev {spec.host_ifname} missing",
                     "in the host netns",
                 )
@@ -458,4 +458,4 @@ def _check_host_sysctls(spec: SetupSpec) -> None:
         if got is None and missing_ok:
             continue
         if got != want:
-            raise _mismatch(f"host sysctl net/{key} is {got}, expected {want}", "host netns")
+            raise CheckMismatch(f"host sysctl net/{key} is {got}, expected {want}", "host netns")

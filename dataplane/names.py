@@ -1,12 +1,11 @@
-"""Host-side veth names: ``<prefix>`` + 11 hex chars of a hash of the attachment."""
+"""The names of what tabby makes in the kernel: host-side veths (``<prefix>`` + 11 hex chars
+of a hash of the attachment) and the nftables table."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
 from typing import Any
-
-from cni_protocol.errors import CniError, Code
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms a CNI process)
     _sha256: Callable[..., Any] = importlib.import_module("_sha256").sha256
@@ -25,6 +24,9 @@ PREFIX_MAX = IFNAME_MAX - HASH_CHARS
 #: Default ``veth_prefix`` (README "`tabby` fields"), as Calico names its host veths.
 DEFAULT_VETH_PREFIX = "cali"
 
+#: The name of tabby's own nftables table (``inet tabby``).
+NFT_TABLE = "tabby"
+
 _PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
@@ -41,14 +43,13 @@ def veth_prefix_problem(prefix: str) -> str | None:
 
 
 def validate_veth_prefix(prefix: str) -> None:
-    """Raise ``CniError`` (code 2) unless ``prefix`` can start host veth names."""
+    """Raise :class:`~dataplane.errors.InvalidVethPrefix` unless ``prefix`` can start host
+    veth names."""
     problem = veth_prefix_problem(prefix)
     if problem:
-        raise CniError(
-            Code.UNSUPPORTED_FIELD,
-            f"unsupported value for field 'veth_prefix': {prefix!r}",
-            problem,
-        )
+        from dataplane.errors import InvalidVethPrefix  # only when refused: names stay cheap
+
+        raise InvalidVethPrefix(prefix, problem)
 
 
 def host_veth_name(prefix: str, network: str, container_id: str, ifname: str) -> str:

@@ -3,10 +3,12 @@
 Rules this module enforces (GEN-15 and GEN-16 of cni_protocol/CONFORMANCE.md):
 
 * ``CNI_NETNS`` is opened with ``os.open(O_RDONLY | O_CLOEXEC)`` and never created: a missing
-  path raises :class:`NetNSNotFound` (DEL treats that as "already gone"); a path that is not a
-  network namespace raises :class:`InvalidNetNS` (code 8).
+  path raises :class:`~dataplane.errors.NetNSNotFound` (the plugin's DEL treats that as
+  "already gone"); a path that is not a network namespace raises
+  :class:`~dataplane.errors.InvalidNetNS` (the plugin answers code 8).
 * The namespace of the *calling thread* is "the host". A ``CNI_NETNS`` that is that same
-  namespace is refused with code 8, so a wrong path cannot make us reconfigure the host.
+  namespace is refused (``InvalidNetNS`` with ``own``), so a wrong path cannot make us
+  reconfigure the host.
 * ``setns(2)`` changes only the calling thread, so namespace work runs in a short-lived worker
   thread (:func:`run_in_netns`); the caller's namespace never changes.
 
@@ -27,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from cni_protocol.errors import CniError, Code
+from dataplane.errors import InvalidNetNS, NetNSNotFound
 
 T = TypeVar("T")
 
@@ -36,24 +38,6 @@ CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703
 #: The calling thread's own network namespace (differs from /proc/self/... after setns).
 THREAD_NETNS = "/proc/thread-self/ns/net"
-
-
-class NetNSNotFound(CniError):
-    """``CNI_NETNS`` does not exist (the container is gone). DEL treats this as success."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(Code.UNKNOWN_CONTAINER, f"network namespace {path} not found", path)
-        self.path = path
-
-
-class InvalidNetNS(CniError):
-    """``CNI_NETNS`` exists but is not usable: not a netns, or the caller's own netns."""
-
-    def __init__(self, path: str, why: str, *, own: bool = False) -> None:
-        super().__init__(Code.INVALID_NETNS, f"invalid network namespace {path}", why)
-        self.path = path
-        #: True when the path is the caller's own namespace (GEN-16), not merely unusable.
-        self.own = own
 
 
 def _libc_setns() -> Callable[[int, int], None]:

@@ -1,4 +1,5 @@
-"""One packet traced through nftables, and what tabby's table decided for it.
+"""One packet traced through nftables: the trace armed, its events read, a table's rules
+listed with their handles.
 
 Arming (:class:`Trace`): a table of its own, ``inet tabby-trace-<pid>-<n>``, with two base
 chains at priority ``raw - 10`` (``prerouting``: what a node forwards or receives;
@@ -11,11 +12,9 @@ table, on errors too; a table whose creating process is gone (killed while traci
 deleted by the next trace in that namespace (:func:`sweep`). The arming rule matches one
 source port of one probe: a leftover would trace nothing else.
 
-Reading (:func:`decisions`): the events of tabby's table, per base chain the packet passed
-(``fwd-egress`` and ``input``: the sending pod's egress; ``fwd-ingress``: the receiving
-pod's ingress), give the chain and rule (``nft -a`` handle, rule text, comment) that
-accepted or dropped it, and the chains on the way. A base chain the packet left at once (not
-a pod's interface) decides nothing. A drop in another table is reported as such.
+Reading: :meth:`Trace.collect` gives the probe's events, :func:`table_rules` a table's rules
+by ``(chain, handle)``, what the events name. What they say about tabby's policy (which
+chain and rule accepted or dropped the packet) is read by :mod:`policy.trace`.
 
 Everything runs in the calling thread's network namespace.
 """
@@ -36,15 +35,15 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+from dataplane.errors import NftError
+from dataplane.names import NFT_TABLE
 from dataplane.nfnetlink import Packet, TraceEvent, TraceListener
-from dataplane.nft import DEFAULT_TABLE, NftBackend, NftError, default_backend
+from dataplane.nft import NftBackend, default_backend
 
 TRACE_TABLE_PREFIX = "tabby-trace-"
-#: tabby's base chains and the direction of policy each one decides.
-BASE_CHAINS = {"fwd-egress": "egress", "input": "egress", "fwd-ingress": "ingress"}
 _COUNTER = itertools.count(1)
 
 ProbeProtocol = Literal["TCP", "UDP", "ICMP"]
@@ -263,9 +262,10 @@ class Trace:
         self.rules_before = table_rules()
 
     def rules(self) -> list[dict[tuple[str, int], Rule]]:
-        """tabby's rules now and when the trace was armed: tabby-node may have replaced
-        its table (a resync) in between, which renumbers every rule. :func:`decisions`
-        takes, per event, the listing whose rule fits what the event says it did."""
+        """The rules of tabby's table now and when the trace was armed: tabby-node may
+        have replaced its table (a resync) in between, which renumbers every rule.
+        :func:`policy.trace.decisions` takes, per event, the listing whose rule fits what
+        the event says it did."""
         return [table_rules(), self.rules_before]
 
     def __exit__(self, *exc: object) -> None:
@@ -331,7 +331,7 @@ def parse_rules(listing: str) -> dict[tuple[str, int], Rule]:
     return out
 
 
-def table_rules(table: str = DEFAULT_TABLE, nft: str = "nft") -> dict[tuple[str, int], Rule]:
+def table_rules(table: str = NFT_TABLE, nft: str = "nft") -> dict[tuple[str, int], Rule]:
     """The rules of ``inet <table>`` with their handles, now (``nft -a``; the library's
     output carries no handles). Empty when there is no such table."""
     proc = subprocess.run(
@@ -340,133 +340,13 @@ def table_rules(table: str = DEFAULT_TABLE, nft: str = "nft") -> dict[tuple[str,
     return parse_rules(proc.stdout) if proc.returncode == 0 else {}
 
 
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """What one base chain of tabby's table did with the packet: ``verdict`` ``accept`` or
-    ``drop`` by ``rule`` in ``chain`` (its comment says whose rule), after the chains in
-    ``path``; or ``none`` (the base chain let it pass at once: not a pod's interface in
-    this direction, or its policy)."""
-
-    base: str
-    direction: str
-    verdict: str
-    chain: str
-    rule: Rule | None
-    path: tuple[str, ...]
-
-    @property
-    def decided(self) -> bool:
-        return self.verdict in ("accept", "drop")
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "base_chain": self.base,
-            "direction": self.direction,
-            "verdict": self.verdict,
-            "chain": self.chain,
-            "handle": self.rule.handle if self.rule else None,
-            "rule": self.rule.text if self.rule else None,
-            "comment": self.rule.comment if self.rule else None,
-            "path": list(self.path),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Foreign:
-    """A drop in a table that is not tabby's."""
-
-    table: str
-    chain: str
-    handle: int | None
-
-
-def _fits(rule: Rule, verdict: str, target: str | None) -> bool:
-    """Could this rule have given this verdict? (a listing from before a renumbering may
-    hold another rule under the same handle)"""
-    words = rule.text.split()
-    if verdict in ("jump", "goto"):
-        return "vmap" in words or (verdict in words and target in words)
-    return verdict in words
-
-
-def _rule(
-    listings: Sequence[Mapping[tuple[str, int], Rule]],
-    chain: str,
-    handle: int | None,
-    verdict: str,
-    target: str | None,
-) -> Rule | None:
-    if handle is None:
-        return None
-    found = [r for rules in listings if (r := rules.get((chain, handle))) is not None]
-    fitting = [r for r in found if _fits(r, verdict, target)]
-    pick = fitting or found
-    return pick[0] if pick else None
-
-
-def decisions(
-    events: Iterable[TraceEvent],
-    rules: Mapping[tuple[str, int], Rule] | Sequence[Mapping[tuple[str, int], Rule]],
-    table: str = DEFAULT_TABLE,
-) -> tuple[list[Decision], list[Foreign]]:
-    """Per pass through one of ``table``'s base chains, in order: what it decided; and the
-    drops of other tables. ``rules``: a listing (:func:`table_rules`), or several, the
-    first that has a rule fitting an event's verdict under its handle wins."""
-    listings = [rules] if isinstance(rules, Mapping) else list(rules)
-    out: list[Decision] = []
-    foreign: list[Foreign] = []
-    base: str | None = None
-    path: list[str] = []
-    last: TraceEvent | None = None
-
-    def finish(verdict: str, chain: str, handle: int | None) -> None:
-        nonlocal base
-        assert base is not None
-        target = last.target if last is not None else None
-        rule = _rule(listings, chain, handle, verdict, target)
-        out.append(Decision(base, BASE_CHAINS[base], verdict, chain, rule, tuple(path)))
-        base = None
-
-    for e in events:
-        if e.table != table:
-            if e.verdict == "drop":
-                foreign.append(Foreign(e.table, e.chain, e.handle))
-            continue
-        if e.chain in BASE_CHAINS and base is None:
-            base, path = e.chain, [e.chain]
-        if base is None:
-            continue  # a chain entered before the listener saw its base chain
-        if e.chain not in path:
-            path.append(e.chain)
-        last = e
-        if e.verdict in ("accept", "drop") and e.type == "rule":
-            finish(e.verdict, e.chain, e.handle)
-        elif e.type == "policy":  # the end of the base chain (after a return rule too)
-            finish("none", e.chain, None)
-    return out, foreign
-
-
-def verdict_of(ds: Sequence[Decision], direction: str) -> Decision | None:
-    """The decision of ``direction``: the first pass that decided (a pod's chain), else
-    the first pass."""
-    chosen = [d for d in ds if d.direction == direction]
-    decided = [d for d in chosen if d.decided]
-    pick = decided or chosen
-    return pick[0] if pick else None
-
-
 __all__ = [
-    "BASE_CHAINS",
     "TRACE_TABLE_PREFIX",
-    "Decision",
-    "Foreign",
     "Probe",
     "ProbeSocket",
     "Rule",
     "Trace",
-    "decisions",
     "parse_rules",
     "sweep",
     "table_rules",
-    "verdict_of",
 ]

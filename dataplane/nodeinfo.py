@@ -39,9 +39,9 @@ import socket
 from collections.abc import Sequence
 
 from bundle.types import IPAddress, IPNetwork
+from dataplane.errors import DataplaneError, NetlinkFailure
 from dataplane.model import SCOPE_UNIVERSE
 from dataplane.overlay_model import IPIP_DEVICE, KernelAddress, LinkState
-from dataplane.rtnl import NetlinkFailure
 from dataplane.rtnl_routing import RoutingRtnl
 
 __all__ = [
@@ -108,7 +108,7 @@ IFA_F_DADFAILED = 0x08
 IFA_F_DEPRECATED = 0x20
 
 
-class AutodetectError(Exception):
+class AutodetectError(DataplaneError):
     """No node address could be found with the given method (the message says why)."""
 
 

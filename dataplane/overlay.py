@@ -16,7 +16,7 @@ How it reconciles (the way a daemon must):
   recreated; MTU, MAC, up, local address and learning are changed in place.
 * One failed kernel request does not stop the run: it is reported in
   :attr:`Changes.failures` and the rest is still reconciled (a read that fails raises
-  :class:`~dataplane.rtnl.NetlinkFailure`).
+  :class:`~dataplane.errors.NetlinkFailure`).
 
 Order of a run: devices and their addresses, removal of stale routes, neighbours and FDB
 entries, then new and changed routes (so a route never points at a neighbour that is
@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, TypeAlias
 
 from bundle.types import IPAddress, IPNetwork
+from dataplane.errors import NetlinkFailure
 from dataplane.model import SCOPE_LINK
 from dataplane.overlay_model import (
     IPIP_DEVICE,
@@ -59,7 +60,6 @@ from dataplane.overlay_model import (
     VxlanDevice,
     default_metric,
 )
-from dataplane.rtnl import NetlinkFailure
 from dataplane.rtnl_routing import RoutingRtnl
 
 __all__ = [

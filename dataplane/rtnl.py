@@ -9,8 +9,8 @@ request through an asyncio event loop and its request filters: ~0.35 ms more per
 
 pyroute2 ships no type information; everything it returns is converted here into the
 frozen dataclasses below, so ``Any`` stops at this module's border. Every failure becomes a
-:class:`NetlinkFailure` (a ``CniError`` with code 103) that names the operation, the
-namespace it ran in and the errno.
+:class:`~dataplane.errors.NetlinkFailure` that names the operation, the namespace it ran in
+and the errno.
 
 Sockets: an :class:`Rtnl` owns one socket, created either in the calling thread
 (:meth:`Rtnl.here`) or in a worker thread that entered another namespace
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import errno as errno_mod
 import ipaddress
-import os
 import socket
 import struct
 from typing import Any
@@ -41,8 +40,8 @@ from pyroute2.netlink.rtnl.nsidmsg import nsidmsg  # noqa: E402
 from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
 from bundle.types import IPAddress, IPNetwork  # noqa: E402
-from cni_protocol.errors import CniError, Code  # noqa: E402
 from dataplane import netns as netns_mod  # noqa: E402
+from dataplane.errors import NetlinkFailure  # noqa: E402
 
 # Kernel ABI (linux/netlink.h, linux/rtnetlink.h).
 NLMSG_ERROR = 2
@@ -85,22 +84,6 @@ NETLINK_GET_STRICT_CHK = 12
 NLM_F_CAPPED = 0x100  # in an ack: the echoed request is only its header
 NLM_F_ACK_TLVS = 0x200  # in an ack: extended-ack TLVs follow
 NLMSGERR_ATTR_MSG = 1
-
-
-class NetlinkFailure(CniError):
-    """A netlink request failed (code 103). ``errno`` is the kernel's error number."""
-
-    def __init__(self, op: str, where: str, err: int, kernel_msg: str = "") -> None:
-        name = errno_mod.errorcode.get(err, str(err))
-        said = f": the kernel says {kernel_msg!r}" if kernel_msg else ""
-        super().__init__(
-            Code.DATAPLANE,
-            f"netlink: {op} failed",
-            f"{op} (in {where} netns): errno {err} {name} ({os.strerror(err)}){said}",
-        )
-        self.op = op
-        self.where = where
-        self.errno = err
 
 
 @dataclasses.dataclass(frozen=True)

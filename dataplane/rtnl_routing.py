@@ -28,6 +28,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg  # noqa: E402
 
 from bundle.types import IPAddress, IPNetwork  # noqa: E402
 from dataplane import rtnl  # noqa: E402
+from dataplane.errors import NetlinkFailure  # noqa: E402
 from dataplane.overlay_model import (  # noqa: E402
     NUD_PERMANENT,
     RT_TABLE_MAIN,
@@ -56,7 +57,6 @@ from dataplane.rtnl import (  # noqa: E402
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWROUTE,
-    NetlinkFailure,
     Rtnl,
 )
 

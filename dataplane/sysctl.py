@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from cni_protocol.errors import CniError, Code
+from dataplane.errors import SysctlFailure
 
 ROOT = "/proc/sys/net"
 
@@ -22,17 +22,14 @@ def path(key: str) -> str:
     return f"{ROOT}/{key}"
 
 
-def _fail(op: str, key: str, exc: OSError) -> CniError:
-    return CniError(
-        Code.DATAPLANE,
-        f"sysctl {op} failed: net/{key}",
-        f"{op} {path(key)}: errno {exc.errno} ({exc.strerror})",
-    )
+def _fail(op: str, key: str, exc: OSError) -> SysctlFailure:
+    return SysctlFailure(op, key, path(key), exc)
 
 
 def write(key: str, value: str, *, missing_ok: bool = False) -> bool:
     """Write ``value`` to ``net/<key>``. Returns False if the entry does not exist and
-    ``missing_ok`` (e.g. IPv6 disabled); raises ``CniError`` (103) otherwise."""
+    ``missing_ok`` (e.g. IPv6 disabled); raises :class:`~dataplane.errors.SysctlFailure`
+    otherwise."""
     try:
         fd = os.open(path(key), os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError as exc:

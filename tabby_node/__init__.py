@@ -1,4 +1,7 @@
-"""tabby-node: the resident per-node process that serves CNI calls over a unix socket.
+"""tabby-node, the agent on every node: it registers the node, keeps the node's routes and
+NetworkPolicy in the kernel as the datastore says, and serves its pods' CNI calls over a
+unix socket. This module is what tabby-node shares with its client and tabbyctl: the
+default paths and ports, and the socket's wire protocol.
 
 Wire protocol (one call per connection; all integers are unsigned 32-bit big-endian):
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from bundle import __version__
 from cni_protocol.errors import CniError, Code
+from dataplane.errors import DataplaneError
 from datastore.base import Doc, Store
 from ipam.core.errors import DatastoreError, RevisionConflict
 from policy.inputs import PolicyInputs, pod_key
@@ -55,10 +56,10 @@ if TYPE_CHECKING:
     from cni_config.common import DatastoreSettings
     from cni_plugin.values import PluginValues
     from cni_protocol import skel
-    from dataplane.nft import PolicyDataplane
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay_model import DesiredState
     from datastore import Served
+    from policy.state import PolicyDataplane
     from tabby_node.metrics import Metrics
     from tabby_node.policylog import DeniedFlows
     from tabby_node.server import NodeServer
@@ -191,7 +192,7 @@ class Agent:
         self.write_mtu()
         self.routing = routing = self._routing_backend()
         routing.start()
-        from dataplane.nft import PolicyDataplane
+        from policy.state import PolicyDataplane
 
         visibility = self.options.policy_visibility == "on"
         self.policy = PolicyDataplane(facts.name, visibility=visibility)
@@ -797,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_signals(agent.stopping):
         try:
             agent.start()
-        except (CniError, DatastoreError) as e:
+        except (CniError, DataplaneError, DatastoreError) as e:
             print(f"tabby-node: {e}", file=sys.stderr)
             server.stop()
             agent.stop()

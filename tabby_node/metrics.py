@@ -46,9 +46,9 @@ from bundle import __version__
 
 if TYPE_CHECKING:
     from bird import BirdSupervisor
-    from dataplane.nft import ApplyResult
     from dataplane.overlay import Changes
     from datastore.base import Doc, Store
+    from policy.state import ApplyResult
     from resources.index import Documents
     from tabby_node.view import AgentView
 

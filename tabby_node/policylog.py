@@ -2,7 +2,7 @@
 
 The kernel sends the first packet of every denied flow to NFLOG group ``LOG_GROUP`` (an
 endpoint chain's default deny jumps to ``log-ingress``/``log-egress``: once per flow in
-``LOG_FLOW_SECONDS``, at most ``LOG_RATE`` a second node-wide; ``dataplane.nft``). The
+``LOG_FLOW_SECONDS``, at most ``LOG_RATE`` a second node-wide; ``policy.render``). The
 ``policy log`` thread reads them (``dataplane.nfnetlink``), names both ends when they are
 pods (by address, from the endpoints of the policy state, every node's) and the isolating
 policies of the direction that denied it (the policy chains the endpoint's chain jumps to,
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from daemon.http import Route
     from dataplane.nfnetlink import LoggedPacket
-    from dataplane.nft import PolicyDataplane
     from policy.engine import ClusterState
+    from policy.state import PolicyDataplane
 
 log = logging.getLogger("tabby.node")
 
@@ -155,7 +155,7 @@ class Namer:
 
 def record(flows: DeniedFlows, namer: Namer, logged: LoggedPacket) -> DeniedFlow | None:
     """One logged packet into the ring (None: not one of tabby's, or unreadable)."""
-    from dataplane.nft import LOG_PREFIX
+    from policy.render import LOG_PREFIX
 
     if not logged.prefix.startswith(LOG_PREFIX) or logged.packet is None:
         return None
@@ -188,7 +188,7 @@ def start(
     NFLOG group LOG_GROUP at once (else says why in ``problems``: node status shows it)
     and reads it until ``stopping`` is set."""
     from dataplane.nfnetlink import NflogListener
-    from dataplane.nft import LOG_GROUP
+    from policy.render import LOG_GROUP
 
     try:
         listener = NflogListener(LOG_GROUP)

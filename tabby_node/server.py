@@ -346,6 +346,6 @@ def _ns_kind(fd: int) -> str:
 def warm_up() -> None:
     """Import everything a call needs now, so no call pays for it."""
     import dataplane  # noqa: F401
-    from cni_plugin import plugin  # noqa: F401
+    from cni_plugin import cni_codes, plugin  # noqa: F401
     from dataplane import linux  # noqa: F401  (pyroute2)
     from ipam import plugin as ipam_plugin  # noqa: F401

@@ -68,6 +68,7 @@ class Tracer:
 
     def serve(self, request: TraceRequest) -> None:
         from dataplane import nfttrace
+        from policy import trace as policy_trace
 
         probe = nfttrace.Probe(
             request.family,
@@ -83,7 +84,7 @@ class Tracer:
         with nfttrace.Trace(probe) as trace:
             self.answer(request, "armed")
             while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
-                ds, foreign = nfttrace.decisions(trace.collect(min(left, 0.2)), {})
+                ds, foreign = policy_trace.decisions(trace.collect(min(left, 0.2)), {})
                 # this node decides the probe's ingress (its egress chain passes it on)
                 if foreign or any(d.decided and d.direction == "ingress" for d in ds):
                     break
@@ -93,7 +94,7 @@ class Tracer:
                     break  # tabbyctl needs no answer any more
             listings = trace.rules()
         events = trace.events
-        ds, foreign = nfttrace.decisions(events, listings)
+        ds, foreign = policy_trace.decisions(events, listings)
         self.answer(
             request,
             "done",

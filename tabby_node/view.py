@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from bird import BirdSupervisor
     from cni_config.common import DatastoreSettings
-    from dataplane.nft import ApplyResult, PolicyDataplane
     from dataplane.overlay import Changes
     from dataplane.overlay_model import DesiredState
     from datastore import Served
     from datastore.base import Store
+    from policy.state import ApplyResult, PolicyDataplane
     from resources.index import Change, Documents
     from tabby_node.cache import Cache
     from tabby_node.cluster import Cluster, Underlay

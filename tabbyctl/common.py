@@ -55,6 +55,7 @@ def emit(output: str, data: Any, lines: list[str]) -> None:
 def operator_errors() -> Iterator[None]:
     """Library failures become one readable line and exit 1."""
     from cni_protocol.errors import CniError
+    from dataplane.errors import DataplaneError
     from ipam.core import DatastoreError, StoreError
     from tabbyctl.views import CtlError
 
@@ -69,7 +70,7 @@ def operator_errors() -> Iterator[None]:
         if isinstance(e, StoreError) and os.geteuid() != 0 and any(d in e.reason for d in denied):
             hint = ": run tabbyctl as root"
         raise click.ClickException(f"IPAM store: {e}{hint}") from None
-    except CniError as e:
+    except (CniError, DataplaneError) as e:
         raise click.ClickException(str(e)) from None
     except PermissionError as e:
         raise click.ClickException(

@@ -279,6 +279,7 @@ def _wait_answer(store: Store, key: str, states: tuple[str, ...], seconds: float
 def run(p: Plan, store: Store | None) -> dict[str, Any]:
     """Send the probe, trace it here (and on DST's node), and compare."""
     from dataplane import nfttrace
+    from policy import trace as policy_trace
     from resources.trace import KIND, TraceRequest, answer_key
 
     sock = _open_socket(p)
@@ -312,8 +313,8 @@ def run(p: Plan, store: Store | None) -> dict[str, Any]:
             reply = sock.answer(ANSWER_SECONDS)
             events = trace.collect(0.3)
             listings = trace.rules()
-        ds, foreign = nfttrace.decisions(events, listings)
-        egress = nfttrace.verdict_of(ds, "egress")
+        ds, foreign = policy_trace.decisions(events, listings)
+        egress = policy_trace.verdict_of(ds, "egress")
         left_here = not foreign and not (egress is not None and egress.verdict == "drop")
         if asked and remote_state == "armed" and left_here and store is not None:
             assert p.dst_node is not None

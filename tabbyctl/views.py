@@ -18,6 +18,7 @@ from cni_config.common import DatastoreSettings, parse
 from cni_config.resolve import resolve_datastore
 from cni_plugin.config import PluginConf
 from cni_protocol.errors import CniError
+from dataplane.errors import DataplaneError
 from dataplane.names import DEFAULT_VETH_PREFIX
 from datastore import Store, open_store
 from ipam import config as ipam_config
@@ -310,7 +311,7 @@ def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
             by_handle.setdefault(o.handle_id, []).append(o)
     try:
         veths = {v.name: v for v in dp.list_host_veths(settings.veth_prefix)}
-    except CniError as e:
+    except DataplaneError as e:
         raise CtlError(f"cannot list host veths: {e}") from None
     expected_veths: dict[str, str] = {}
     for hid, allocs in sorted(by_handle.items()):

@@ -1,6 +1,6 @@
 """A model of one nftables table for unit tests: an ``NftBackend`` that keeps the ruleset.
 
-It understands the flat commands :class:`dataplane.nft.Renderer` writes (``add``/``delete``
+It understands the flat commands :class:`policy.render.Renderer` writes (``add``/``delete``
 ``table``, ``add``/``delete set``, ``add map``, ``add``/``delete element``, ``add``/``flush``/
 ``delete chain``, ``add rule``, ``add``/``delete`` named ``counter`` and ``limit``) and is as
 strict as the kernel where the kernel refuses: elements of a missing set, deleting an

@@ -15,11 +15,15 @@ from collections.abc import Callable
 import pytest
 
 import dataplane
-from cni_protocol.errors import CniError
+from cni_plugin.cni_codes import to_cni_error
 from dataplane import (
     HOST_VETH_MAC,
+    CheckMismatch,
     ExpectedState,
+    InterfaceConflict,
     InvalidNetNS,
+    InvalidVethPrefix,
+    NetlinkFailure,
     NetNSNotFound,
     PodRoute,
     SetupSpec,
@@ -90,9 +94,9 @@ def test_host_veth_name_is_deterministic_and_fits() -> None:
 def test_invalid_veth_prefix_is_refused(prefix: str) -> None:
     """The one veth_prefix rule (the configuration models use it too): code 2, naming the
     field and the value."""
-    with pytest.raises(CniError) as exc:
+    with pytest.raises(InvalidVethPrefix) as exc:
         dataplane.host_veth_name(prefix, "n", "c", "eth0")
-    assert exc.value.code == 2
+    assert to_cni_error(exc.value).code == 2
     assert "veth_prefix" in exc.value.msg
 
 
@@ -252,9 +256,9 @@ def test_existing_ifname_in_pod_is_refused_and_left_untouched(
     before = pod.ip("-o", "addr", "show", "dev", "eth0").stdout + pod.link_line("eth0")
     spec = make_spec(pod, 11)
 
-    with pytest.raises(CniError) as exc:
+    with pytest.raises(InterfaceConflict) as exc:
         node.run(dataplane.setup, spec)
-    assert exc.value.code == 103
+    assert to_cni_error(exc.value).code == 103
     assert "eth0" in exc.value.msg
     assert "already exists" in exc.value.msg
     assert pod.ip("-o", "addr", "show", "dev", "eth0").stdout + pod.link_line("eth0") == before
@@ -269,7 +273,7 @@ def test_existing_ifname_that_is_a_local_veth_is_refused(node: Node, make_pod: M
     pod = make_pod()
     pod.ip("link", "add", "eth0", "type", "veth", "peer", "name", "other0")
     spec = make_spec(pod, 12)
-    with pytest.raises(CniError, match="already exists"):
+    with pytest.raises(InterfaceConflict, match="already exists"):
         node.run(dataplane.setup, spec)
     node.run(dataplane.teardown, spec.netns_path, "eth0", spec.host_ifname, None)
     assert {"eth0", "other0"} <= set(pod.links())
@@ -279,9 +283,9 @@ def test_failure_midway_rolls_back(node: Node, make_pod: MakePod) -> None:
     pod = make_pod()
     ip = pod_ips(13, (4,))[0]
     spec = SetupSpec(pod.path, "eth0", "calirollback0", [ip, ip])  # 2nd address: EEXIST
-    with pytest.raises(CniError) as exc:
+    with pytest.raises(NetlinkFailure) as exc:
         node.run(dataplane.setup, spec)
-    assert exc.value.code == 103
+    assert to_cni_error(exc.value).code == 103
     assert "errno 17" in exc.value.details
     assert "add address" in exc.value.details
     assert "calirollback0" not in node.links()
@@ -335,7 +339,7 @@ def test_own_netns_is_refused(node: Node, make_pod: MakePod) -> None:
     ):
         with pytest.raises(InvalidNetNS) as exc:
             node.run(fn)
-        assert exc.value.code == 8
+        assert to_cni_error(exc.value).code == 8
     assert node.links() == links_before
     # from the test process itself, with the path libcni's own test uses
     with pytest.raises(InvalidNetNS):
@@ -346,13 +350,13 @@ def test_missing_and_invalid_netns(node: Node, tmp_path: os.PathLike[str]) -> No
     missing = SetupSpec("/run/netns/tby-does-not-exist", "eth0", "calimissing00", pod_ips(19))
     with pytest.raises(NetNSNotFound) as nf:
         node.run(dataplane.setup, missing)
-    assert nf.value.code == 3
+    assert to_cni_error(nf.value).code == 3
     plain = os.path.join(tmp_path, "not-a-netns")
     with open(plain, "w"):
         pass
     with pytest.raises(InvalidNetNS) as inv:
         node.run(dataplane.setup, SetupSpec(plain, "eth0", "caliinvalid00", pod_ips(19)))
-    assert inv.value.code == 8
+    assert to_cni_error(inv.value).code == 8
     with pytest.raises(InvalidNetNS):  # a namespace, but not a network namespace
         node.run(
             dataplane.setup, SetupSpec("/proc/self/ns/mnt", "eth0", "calimnt000000", pod_ips(19))
@@ -490,9 +494,9 @@ def test_check_detects_damage_and_passes_after_repair(
     node.run(dataplane.setup, spec)
     node.run(dataplane.check, spec)
     break_it(node, pod, spec)
-    with pytest.raises(CniError) as exc:
+    with pytest.raises(CheckMismatch) as exc:
         node.run(dataplane.check, spec)
-    assert exc.value.code == 103
+    assert to_cni_error(exc.value).code == 103
     assert exc.value.msg.startswith("check failed")
     # repair: a fresh DEL + ADD
     node.run(dataplane.teardown, spec.netns_path, "eth0", spec.host_ifname, spec.addresses)
@@ -509,11 +513,11 @@ def test_check_tolerates_other_plugins_changes(node: Node, make_pod: MakePod) ->
     pod.ip("route", "add", "198.51.100.0/24", "via", "169.254.1.1", "dev", "eth0")
     pod.ip("link", "set", "eth0", "address", "02:11:22:33:44:55")
     node.run(dataplane.check, spec, ExpectedState(container_mac="02:11:22:33:44:55"))
-    with pytest.raises(CniError, match="MAC"):
+    with pytest.raises(CheckMismatch, match="MAC"):
         node.run(dataplane.check, spec, ExpectedState(container_mac="02:00:00:00:00:01"))
     want = [PodRoute(ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_address("169.254.1.1"))]
     node.run(dataplane.check, spec, ExpectedState(routes=want))
-    with pytest.raises(CniError, match="pod route"):
+    with pytest.raises(CheckMismatch, match="pod route"):
         node.run(
             dataplane.check,
             spec,
@@ -524,7 +528,7 @@ def test_check_tolerates_other_plugins_changes(node: Node, make_pod: MakePod) ->
 def test_check_of_missing_pod(node: Node, make_pod: MakePod) -> None:
     pod = make_pod()
     spec = make_spec(pod, 32)
-    with pytest.raises(CniError, match="not found in the pod"):
+    with pytest.raises(CheckMismatch, match="not found in the pod"):
         node.run(dataplane.check, spec)
 
 
@@ -554,5 +558,5 @@ def test_list_and_delete_host_veths(node: Node, make_pod: MakePod) -> None:
     assert [v.name for v in node.run(dataplane.list_host_veths, "cali")] == [b.host_ifname]
     assert pod_a.links() == ["lo"]
     assert host_routes(node, "10.244.0.40/32") == ""
-    with pytest.raises(CniError, match="not a veth"):
+    with pytest.raises(InterfaceConflict, match="not a veth"):
         node.run(dataplane.delete_host_veth, "lo")

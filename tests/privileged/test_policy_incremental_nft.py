@@ -16,9 +16,10 @@ import random
 
 import pytest
 
-from dataplane import nft
 from policy import engine
 from policy.engine import Endpoint
+from policy.render import Renderer, Snapshot
+from policy.state import PolicyDataplane
 from tests import policy_fuzz as fz
 from tests.privileged.netns_util import Node
 
@@ -53,11 +54,11 @@ def test_deltas_in_the_kernel_build_what_a_full_apply_builds(node: Node, seed: i
     world = fz.World()
     for _ in range(40):
         world.apply(fz.random_update(r, world.state()))
-    dp = nft.PolicyDataplane(fz.NODE)  # both families, the process-wide libnftables backend
-    ref = nft.Renderer("tabbyref")
+    dp = PolicyDataplane(fz.NODE)  # both families, the process-wide libnftables backend
+    ref = Renderer("tabbyref")
 
     def reference() -> str:
-        snap = nft.Snapshot(engine.compute(world.state(), fz.NODE), world.nat)
+        snap = Snapshot(engine.compute(world.state(), fz.NODE), world.nat)
         return dp.backend.run(ref.full(snap))
 
     assert node.run(dp.sync, world.state(), world.nat).full

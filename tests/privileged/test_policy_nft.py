@@ -28,7 +28,8 @@ import pytest
 import dataplane
 from dataplane import nft
 from policy import engine
-from policy.engine import ClusterState, Endpoint
+from policy.engine import ClusterState, Endpoint, NatConfig
+from policy.state import ApplyResult, PolicyDataplane
 from tests import policy_truth_table as tt
 from tests.policy_probes import Job, probe_many, start_server, stop_process
 from tests.privileged.netns_util import Netns, NetnsPool, Node, netns_pool, run_in_thread_netns
@@ -44,13 +45,13 @@ class Cluster:
     node: Node
     pods: dict[str, Netns]
     ifaces: dict[str, str]
-    dp: nft.PolicyDataplane
+    dp: PolicyDataplane
     servers: list[subprocess.Popen[str]]
 
     def state(self, step: tt.Step) -> ClusterState:
         return tt.build_state(step, iface=self.ifaces.__getitem__)
 
-    def apply(self, state: ClusterState, *, full: bool = False) -> nft.ApplyResult:
+    def apply(self, state: ClusterState, *, full: bool = False) -> ApplyResult:
         return self.node.run(self.dp.sync, state, None, full=full)
 
     def probe(
@@ -119,7 +120,7 @@ def _cluster() -> Iterator[Cluster]:
                 node.run(dataplane.setup, spec)
                 pods[name], ifaces[name] = pod, host
                 servers.append(start_server(pod.name))
-            dp = nft.PolicyDataplane("node1", families=(4,))
+            dp = PolicyDataplane("node1", families=(4,))
             yield Cluster(node, pods, ifaces, dp, servers)
         finally:
             for proc in servers:
@@ -295,7 +296,7 @@ def test_resync_with_identical_state_changes_nothing(cluster: Cluster) -> None:
         assert res.full
         assert _canonical(cluster) == before
         # and so does the CLI mechanism
-        cli = nft.PolicyDataplane("node1", families=(4,), backend=nft.NftCli())
+        cli = PolicyDataplane("node1", families=(4,), backend=nft.NftCli())
         cluster.node.run(cli.sync, st)
         assert _canonical(cluster) == before
     finally:
@@ -318,7 +319,7 @@ def test_only_table_inet_tabby_is_touched(cluster: Cluster) -> None:
 
 
 def test_nat_outgoing_masquerades_to_outside_the_pools(cluster: Cluster) -> None:
-    nat = nft.NatConfig((("10.244.0.0/16", True), ("10.250.0.0/16", False)))
+    nat = NatConfig((("10.244.0.0/16", True), ("10.250.0.0/16", False)))
     cluster.node.run(cluster.dp.sync, cluster.state(tt.Step((), tt.everything)), nat)
     try:
         text = _listing(cluster)
@@ -329,9 +330,7 @@ def test_nat_outgoing_masquerades_to_outside_the_pools(cluster: Cluster) -> None
         got = cluster.probe({"x/a": [(tt.address("x/b"), "TCP", 80)]}, timeout=3.0)
         assert all(got.values())
     finally:
-        cluster.node.run(
-            cluster.dp.sync, cluster.state(tt.Step((), tt.everything)), nft.NatConfig()
-        )
+        cluster.node.run(cluster.dp.sync, cluster.state(tt.Step((), tt.everything)), NatConfig())
     assert "masquerade" not in _listing(cluster)
 
 
@@ -358,7 +357,7 @@ def test_restart_under_default_deny_opens_no_window(cluster: Cluster) -> None:
         replaced = 0
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
-            fresh = nft.PolicyDataplane("node1", families=(4,))
+            fresh = PolicyDataplane("node1", families=(4,))
             res = cluster.node.run(fresh.sync, deny)
             assert res.full
             replaced += 1
@@ -409,7 +408,7 @@ def test_ipv6_policy_and_neighbour_discovery(netns_pool: NetnsPool) -> None:
             "x-b-to-a", tt.sel(pod="b"), egress=(tt.rule(tt.peer(tt.A)),), types=("Egress",)
         )
         state = dataclasses.replace(base, policies=(policy, b_out), endpoints=tuple(endpoints))
-        dp = nft.PolicyDataplane("node1")
+        dp = PolicyDataplane("node1")
         node.run(dp.sync, state)
 
         def probe(src: str, jobs: list[Job], timeout: float) -> dict[Job, bool]:

@@ -14,8 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from dataplane import nfnetlink, nft, nfttrace
+from dataplane import nfnetlink, nfttrace
 from dataplane.netns import open_netns, run_in_netns
+from policy.counters import CounterKey
+from policy.render import LOG_BURST, LOG_GROUP, LOG_RATE
+from policy.trace import decisions, verdict_of
 from tests import policy_truth_table as tt
 from tests.policy_probes import probe_many
 from tests.privileged.netns_util import run_in_thread_netns
@@ -24,8 +27,8 @@ from tests.privileged.test_policy_nft import Cluster, _cluster
 pytestmark = pytest.mark.privileged
 
 FROM_B = tt.Step(tt.CASES[2].steps[0].policies, tt.CASES[2].steps[0].expect)  # x/a from x/b
-ALLOW = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
-DENY = nft.CounterKey("x", "default-deny", "ingress", "deny")
+ALLOW = CounterKey("x", "x-a-from-b", "ingress", "allow")
+DENY = CounterKey("x", "default-deny", "ingress", "deny")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def _probe(c: Cluster, src: str, dst: str, proto: str = "TCP", port: int = 80) -
     return c.probe({src: [job]})[(src, job)]
 
 
-def _counts(c: Cluster) -> dict[nft.CounterKey, int]:
+def _counts(c: Cluster) -> dict[CounterKey, int]:
     return {k: p for k, (p, _b) in c.node.run(c.dp.packet_counts).items()}
 
 
@@ -92,7 +95,7 @@ def test_counters_survive_the_incremental_path(cluster: Cluster) -> None:
     assert res.changed
     assert not res.full
     assert _probe(c, "x/c", "x/a")
-    extra_key = nft.CounterKey("x", "a-from-c", "ingress", "allow")
+    extra_key = CounterKey("x", "a-from-c", "ingress", "allow")
     assert _counts(c)[extra_key] == 1
     assert _probe(c, "x/c", "x/a")
     # removed: its counter deleted (read first), its series gone; the others unchanged
@@ -128,7 +131,7 @@ class Log:
         ready = threading.Event()
 
         def read() -> None:
-            with nfnetlink.NflogListener(nft.LOG_GROUP) as listener:
+            with nfnetlink.NflogListener(LOG_GROUP) as listener:
                 ready.set()
                 while not self.stop.is_set():
                     self.packets += listener.read(0.1)
@@ -181,8 +184,8 @@ def test_the_log_is_rate_limited_node_wide(cluster: Cluster) -> None:
     finally:
         got = log.close()
     seconds = time.monotonic() - t0
-    assert len(got) <= nft.LOG_BURST + nft.LOG_RATE * seconds + 5
-    assert len(got) >= min(nft.LOG_BURST, len(ports)) // 2
+    assert len(got) <= LOG_BURST + LOG_RATE * seconds + 5
+    assert len(got) >= min(LOG_BURST, len(ports)) // 2
     assert _counts(cluster)[DENY] - before[DENY] == len(ports)
 
 
@@ -202,7 +205,7 @@ def _trace(c: Cluster, src: str, dst: str, proto: nfttrace.ProbeProtocol, port: 
             events = trace.collect(0.5)
         rules = nfttrace.table_rules()
         tables = c.dp.backend.run("list tables")
-        return answer, *nfttrace.decisions(events, rules), tables
+        return answer, *decisions(events, rules), tables
 
     try:
         return c.node.run(on_node)
@@ -214,8 +217,8 @@ def test_a_traced_probe_shows_the_rule_that_allowed_it(cluster: Cluster) -> None
     answer, ds, foreign, tables = _trace(cluster, "x/b", "x/a", "TCP", 80)
     assert answer == "connected"
     assert foreign == []
-    egress = nfttrace.verdict_of(ds, "egress")
-    ingress = nfttrace.verdict_of(ds, "ingress")
+    egress = verdict_of(ds, "egress")
+    ingress = verdict_of(ds, "ingress")
     assert egress is not None
     assert ingress is not None
     assert egress.verdict == "accept"  # x/b is not isolated: its chain accepts
@@ -235,7 +238,7 @@ def test_a_traced_probe_shows_the_default_deny(
 ) -> None:
     answer, ds, _foreign, tables = _trace(cluster, "y/b", "x/a", proto, port)
     assert answer == "no answer"
-    ingress = nfttrace.verdict_of(ds, "ingress")
+    ingress = verdict_of(ds, "ingress")
     assert ingress is not None
     assert ingress.verdict == "drop"
     assert ingress.chain == f"to-{cluster.ifaces['x/a']}"

@@ -14,7 +14,9 @@ import subprocess
 
 import pytest
 
-from dataplane.rtnl import NetlinkFailure, Rtnl
+from cni_plugin.cni_codes import to_cni_error
+from dataplane.errors import NetlinkFailure
+from dataplane.rtnl import Rtnl
 from tests.privileged.netns_util import Netns, Node
 
 pytestmark = pytest.mark.privileged
@@ -67,7 +69,7 @@ def test_failure_carries_errno_and_kernel_message_and_socket_stays_usable(node: 
 
     failure, index = node.run(work)
     assert failure.errno == errno.ENETUNREACH
-    assert failure.code == 103
+    assert to_cni_error(failure).code == 103
     assert "add route 10.1.0.0/16 via 10.9.9.9" in failure.details
     assert "(in node netns)" in failure.details
     assert "the kernel says" in failure.details  # extended ack text

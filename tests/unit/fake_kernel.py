@@ -9,6 +9,7 @@ import errno
 import itertools
 from typing import Any
 
+from dataplane.errors import NetlinkFailure
 from dataplane.overlay_model import (
     NUD_PERMANENT,
     RTN_BLACKHOLE,
@@ -20,7 +21,6 @@ from dataplane.overlay_model import (
     LinkState,
     VxlanAttrs,
 )
-from dataplane.rtnl import NetlinkFailure
 
 MAC_C = "02:cc:00:00:00:03"
 

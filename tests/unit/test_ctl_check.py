@@ -4,6 +4,7 @@ host veth is gone."""
 from __future__ import annotations
 
 import copy
+import errno
 import ipaddress
 import json
 from collections.abc import Callable
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import dataplane
-from cni_protocol.errors import CniError, Code
 from dataplane import HostVeth, host_veth_name
+from dataplane.errors import NetlinkFailure
 from ipam.core import PoolSpec
 from tests.unit.ctl_helpers import (
     NET,
@@ -253,7 +254,7 @@ def test_check_dataplane_failure_is_one_line(ctl: Ctl, monkeypatch: pytest.Monke
     ctl.add("pod-a")
 
     def broken(prefix: str) -> list[HostVeth]:
-        raise CniError(Code.DATAPLANE, "netlink dump failed", "EPERM")
+        raise NetlinkFailure("dump links", "host", errno.EPERM)
 
     monkeypatch.setattr(dataplane, "list_host_veths", broken)
     assert "cannot list host veths" in one_line_error(ctl.run("ipam", "check"))

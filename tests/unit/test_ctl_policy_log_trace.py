@@ -295,7 +295,7 @@ def _decision(direction: str, verdict: str, chain: str, comment: str) -> dict[st
 
 
 class Ds:
-    """A ``dataplane.nfttrace.Decision`` as ``compose`` reads it (``to_json``)."""
+    """A ``policy.trace.Decision`` as ``compose`` reads it (``to_json``)."""
 
     def __init__(self, d: dict[str, Any]) -> None:
         self.d = d

@@ -29,12 +29,12 @@ LAYERS: dict[str, tuple[int, str]] = {
     "cni_protocol": (1, "foundations"),
     "datastore": (1, "foundations"),
     "daemon": (1, "foundations"),
+    "dataplane": (1, "foundations"),  # the kernel: it applies what it is given
     "ipam.core": (2, "IPAM core"),
     "resources": (3, "resources"),
     "cni_config": (4, "configuration and policy"),
     "policy": (4, "configuration and policy"),
-    "dataplane": (5, "kernel and BIRD"),
-    "bird": (5, "kernel and BIRD"),
+    "bird": (5, "BIRD"),
     "ipam": (6, "CNI plugins"),
     "cni_plugin": (6, "CNI plugins"),
     "tabby_node": (7, "programs"),
@@ -62,24 +62,34 @@ FORBIDDEN = [
     # The lab is not product: it may import the product, never the other way round (the
     # bundle does not carry it: test_bundle_spec.py).
     *((product, "lab") for product in PRODUCT),
-    # The foundations stand alone: the store knows no CNI, the protocol no store.
+    # The foundations stand alone: the store knows no CNI, the protocol no store, the kernel
+    # neither (the plugin gives the dataplane's errors their CNI codes: cni_plugin.cni_codes).
     ("datastore", "cni_protocol"),
     ("cni_protocol", "datastore"),
+    ("dataplane", "cni_protocol"),
+    ("dataplane", "datastore"),
+    ("dataplane", "daemon"),
+    ("cni_protocol", "dataplane"),
+    ("datastore", "dataplane"),
     ("ipam.core", "cni_protocol"),
     ("resources", "cni_protocol"),
     ("policy", "cni_protocol"),
-    # The kernel side knows the protocol's errors, never the plugins or their configuration.
+    # The kernel side applies what it is given: it knows no policy (the policy state, its nft
+    # text and what a trace says are policy's), no plugin and no configuration.
+    ("dataplane", "policy"),
     ("dataplane", "cni_plugin"),
     ("dataplane", "cni_config"),
     ("dataplane", "ipam"),
-    ("dataplane", "datastore"),
     ("dataplane", "resources"),
     ("bird", "datastore"),
     ("bird", "resources"),
-    # The policy engine is pure: no kernel, no store.
+    # The policy engine and its incremental form are pure: no kernel, no store.
     ("policy.engine", "dataplane"),
     ("policy.engine", "datastore"),
     ("policy.engine", "resources"),
+    ("policy.incremental", "dataplane"),
+    ("policy.incremental", "datastore"),
+    ("policy.incremental", "resources"),
     # The core and stores stay cheap to import: no pydantic on the CNI hot path.
     ("ipam.core", "pydantic"),
     ("datastore", "pydantic"),
@@ -332,7 +342,8 @@ def test_the_walker_can_fail(tmp_path: Path) -> None:
     assert "dataplane.model" in found  # imported inside functions only
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    assert layer_of("dataplane.nft") == (5, "kernel and BIRD")
+    assert layer_of("dataplane.nft") == (1, "foundations")
+    assert layer_of("policy.state") == (4, "configuration and policy")
     assert layer_of("ipam.core.block") == (2, "IPAM core")
     assert layer_of("ipam.plugin") == (6, "CNI plugins")
     assert layer_of("bundle.entry") == (8, "the bundle's entry")

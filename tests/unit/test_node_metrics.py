@@ -33,10 +33,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bundle import __version__
 from cni_config.common import DatastoreSettings
-from dataplane.nft import ApplyResult, CounterKey, PolicyCounters
 from datastore.base import Doc, SyncEvent
 from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
+from policy.counters import CounterKey
+from policy.state import ApplyResult, PolicyCounters
 from tabby_node import http, metrics, server
 from tabby_node.agent import Agent, Facts
 from tabby_node.cache import WATCHED_KINDS

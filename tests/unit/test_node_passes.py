@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from cni_config.common import DatastoreSettings
-from dataplane import nft
 from datastore.base import SyncEvent
 from policy import engine
+from policy.render import Snapshot
+from policy.state import PolicyDataplane
 from resources.index import Change, Documents
 from tabby_node import agent as agent_mod
 from tabby_node.agent import Agent, Facts
@@ -61,7 +62,7 @@ def _agent(tmp_path: Any, routing: Routing) -> tuple[Agent, NftModel]:
     agent.facts = Facts("node1", None, None, 1500, False, "")
     agent.routing = routing  # type: ignore[assignment]
     model = NftModel()
-    agent.policy = nft.PolicyDataplane("node1", backend=model, families=(4,))
+    agent.policy = PolicyDataplane("node1", backend=model, families=(4,))
     agent.cache.apply(SyncEvent("snapshot", "", "", None, _docs()))
     return agent, model
 
@@ -105,12 +106,12 @@ def test_a_pass_takes_only_what_changed_and_the_check_finds_nothing(tmp_path: An
     assert (counters.checks, counters.check_fixes) == (1, 0)  # the first sync is no check
 
 
-def _table_of(policy: nft.PolicyDataplane) -> object:
+def _table_of(policy: PolicyDataplane) -> object:
     state = policy.state
     assert state is not None
     from tests.unit.test_policy_incremental import _table
 
-    return _table(nft.Snapshot(engine.compute(state, "node1", (4,)), policy._engine.nat))
+    return _table(Snapshot(engine.compute(state, "node1", (4,)), policy._engine.nat))
 
 
 def test_a_failed_pass_brings_the_check_forward(
@@ -160,24 +161,24 @@ def test_a_served_pods_policy_does_not_materialise_the_policy_state(
     assert agent.reconcile()
     reads: list[int] = []
     calls: list[str] = []
-    state = nft.PolicyDataplane.state
-    add, remove = nft.PolicyDataplane.add_endpoint, nft.PolicyDataplane.remove_endpoint
+    state = PolicyDataplane.state
+    add, remove = PolicyDataplane.add_endpoint, PolicyDataplane.remove_endpoint
 
-    def counted_state(self: nft.PolicyDataplane) -> Any:
+    def counted_state(self: PolicyDataplane) -> Any:
         reads.append(1)
         return state.fget(self)  # type: ignore[attr-defined]
 
-    def counted_add(self: nft.PolicyDataplane, *args: Any) -> Any:
+    def counted_add(self: PolicyDataplane, *args: Any) -> Any:
         calls.append("add")
         return add(self, *args)
 
-    def counted_remove(self: nft.PolicyDataplane, *args: Any) -> Any:
+    def counted_remove(self: PolicyDataplane, *args: Any) -> Any:
         calls.append("remove")
         return remove(self, *args)
 
-    monkeypatch.setattr(nft.PolicyDataplane, "state", property(counted_state))
-    monkeypatch.setattr(nft.PolicyDataplane, "add_endpoint", counted_add)
-    monkeypatch.setattr(nft.PolicyDataplane, "remove_endpoint", counted_remove)
+    monkeypatch.setattr(PolicyDataplane, "state", property(counted_state))
+    monkeypatch.setattr(PolicyDataplane, "add_endpoint", counted_add)
+    monkeypatch.setattr(PolicyDataplane, "remove_endpoint", counted_remove)
     monkeypatch.setattr(agent, "on_dataplane_thread", lambda fn, timeout: fn())
     key = next(iter(agent.cache.of(ENDPOINTS)))
     agent.endpoint_added(key, None)

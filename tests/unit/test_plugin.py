@@ -3,6 +3,7 @@ delegation and chaining rules of cni_protocol/CONFORMANCE.md)."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 from collections.abc import Iterator
@@ -15,6 +16,15 @@ import pytest
 from cni_plugin import plugin
 from cni_protocol import skel
 from cni_protocol.errors import CniError
+from dataplane.errors import (
+    CheckMismatch,
+    InterfaceConflict,
+    InvalidNetNS,
+    InvalidVethPrefix,
+    NetlinkFailure,
+    NetNSNotFound,
+    SysctlFailure,
+)
 from dataplane.names import host_veth_name
 from tests.conftest import ALL_SPEC_VERSIONS
 
@@ -22,13 +32,16 @@ V6GW = ipaddress.IPv6Address("fe80::ecee:eeff:feee:eeee")
 
 
 class FakeDataplane:
-    """Implements the ``Dataplane`` protocol the plugin is given (no kernel)."""
+    """Implements the ``Dataplane`` protocol the plugin is given (no kernel); it fails as
+    the kernel's does, with the dataplane's errors."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
-        self.fail_setup: CniError | None = None
-        self.fail_teardown: CniError | None = None
-        self.fail_check: CniError | None = None
+        self.fail_setup: Exception | None = None
+        self.fail_teardown: Exception | None = None
+        self.fail_check: Exception | None = None
+        self.fail_list: Exception | None = None
+        self.fail_delete: Exception | None = None
         self.veths: list[Any] = []
         self.live = False
 
@@ -70,10 +83,14 @@ class FakeDataplane:
             raise self.fail_check
 
     def list_host_veths(self, prefix: str) -> list[Any]:
+        if self.fail_list:
+            raise self.fail_list
         return self.veths
 
     def delete_host_veth(self, name: str) -> None:
         self.calls.append(("delete_host_veth", name))
+        if self.fail_delete:
+            raise self.fail_delete
 
     def pod_interface_present(self, netns_path: str, ifname: str) -> bool:
         self.calls.append(("pod_interface_present", (netns_path, ifname)))
@@ -144,6 +161,12 @@ def conf(version: str = "1.1.0", **extra: Any) -> dict[str, Any]:
 
 
 def run(command: str, config: dict[str, Any], **env: str) -> tuple[int, Any]:
+    rc, out = run_raw(command, config, **env)
+    return rc, (json.loads(out) if out.strip() else None)
+
+
+def run_raw(command: str, config: dict[str, Any], **env: str) -> tuple[int, bytes]:
+    """The call's exit status and stdout, byte for byte."""
     base = {
         "CNI_COMMAND": command,
         "CNI_CONTAINERID": "c1",
@@ -153,8 +176,7 @@ def run(command: str, config: dict[str, Any], **env: str) -> tuple[int, Any]:
         **env,
     }
     base = {k: v for k, v in base.items() if v != "<unset>"}
-    rc, out = skel.run(HANDLERS[-1], base, json.dumps(config).encode())
-    return rc, (json.loads(out) if out.strip() else None)
+    return skel.run(HANDLERS[-1], base, json.dumps(config).encode())
 
 
 @pytest.mark.parametrize("version", ALL_SPEC_VERSIONS)
@@ -197,7 +219,7 @@ def test_add_keeps_prev_result(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
 def test_add_rolls_back_ipam_when_dataplane_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """ADD-5: a failure after IPAM succeeded runs IPAM DEL, then reports the error."""
     dp, ipam = fakes
-    dp.fail_setup = CniError(103, "route failed", "EPERM")
+    dp.fail_setup = NetlinkFailure("add route 0.0.0.0/0", "pod", errno.EPERM)
     rc, out = run("ADD", conf())
     assert rc == 1
     assert out["code"] == 103
@@ -324,7 +346,7 @@ def test_del_always_tears_down_then_releases(
 def test_del_releases_ipam_even_when_teardown_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """DEL-3: IPAM DEL is not skipped because an earlier step failed; the error is reported."""
     dp, ipam = fakes
-    dp.fail_teardown = CniError(103, "netlink failed", "EBUSY")
+    dp.fail_teardown = NetlinkFailure("delete link cali0", "host", errno.EBUSY)
     rc, out = run("DEL", conf())
     assert (rc, out["code"]) == (1, 103)
     assert ipam.calls == ["DEL"]
@@ -461,7 +483,7 @@ def test_check_sandbox_mismatch_fails(fakes: tuple[FakeDataplane, FakeIpam]) -> 
 def test_check_dataplane_failure_is_reported(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """CHK-3."""
     dp, _ipam = fakes
-    dp.fail_check = CniError(103, "host route missing", "10.244.0.5/32")
+    dp.fail_check = CheckMismatch("host route 10.244.0.5/32 dev cali0 missing", "in the host netns")
     rc, out = run("CHECK", conf(prevResult=_added()))
     assert (rc, out["code"]) == (1, 103)
 
@@ -481,10 +503,11 @@ def test_check_dataplane_error_wins_and_ipam_is_still_waited_for(
     dataplane's error is the one reported, and the IPAM call started is waited for (no
     orphaned delegate)."""
     dp, ipam = fakes
-    dp.fail_check = CniError(103, "host route missing", "10.244.0.5/32")
+    dp.fail_check = CheckMismatch("host route 10.244.0.5/32 dev cali0 missing", "in the host netns")
     ipam.fail["CHECK"] = CniError(3, "no IPAM allocation for this attachment")
     rc, out = run("CHECK", conf(prevResult=_added()))
-    assert (rc, out["code"], out["msg"]) == (1, 103, "host route missing")
+    assert (rc, out["code"]) == (1, 103)
+    assert out["msg"] == "check failed: host route 10.244.0.5/32 dev cali0 missing"
     assert ipam.calls == ["CHECK"]
 
 
@@ -560,7 +583,7 @@ def test_a_failed_setup_removes_the_endpoint_recorded_meanwhile(
     """The endpoint is recorded while the kernel side is built; when that fails, the
     record goes again with the addresses."""
     dp, ipam = fakes
-    dp.fail_setup = CniError(103, "route failed", "EPERM")
+    dp.fail_setup = NetlinkFailure("add route 0.0.0.0/0", "pod", errno.EPERM)
     rc, out = run("ADD", conf())
     assert (rc, out["code"]) == (1, 103)
     assert [c[0] for c in ENDPOINTS[0].calls] == ["added", "removed"]
@@ -629,3 +652,127 @@ def test_add_writes_its_log_only_where_the_configuration_says(
         assert mine.parent.stat().st_mode & 0o777 == 0o700
     finally:
         log.setup("info", None, stderr=False)
+
+
+# -- the dataplane's errors as the runtime reads them (cni_plugin.cni_codes) -------------------
+# The dataplane raises its own errors; the plugin's edge gives them their CNI codes. What the
+# binary prints is byte for byte what it printed when the dataplane raised CNI errors itself.
+
+_NS = "/run/netns/p1"
+_CODES = [
+    (
+        NetNSNotFound(_NS),
+        b'{"cniVersion":"1.1.0","code":3,"msg":"network namespace /run/netns/p1 not found",'
+        b'"details":"/run/netns/p1"}\n',
+    ),
+    (
+        InvalidNetNS(_NS, f"{_NS} is not a namespace (Inappropriate ioctl for device)"),
+        b'{"cniVersion":"1.1.0","code":8,"msg":"invalid network namespace /run/netns/p1",'
+        b'"details":"/run/netns/p1 is not a namespace (Inappropriate ioctl for device)"}\n',
+    ),
+    (
+        NetlinkFailure(
+            "add route 0.0.0.0/0 via 169.254.1.1",
+            "pod",
+            errno.ENETUNREACH,
+            "Nexthop has invalid gateway",
+        ),
+        b'{"cniVersion":"1.1.0","code":103,"msg":"netlink: add route 0.0.0.0/0 via 169.254.1.1'
+        b' failed","details":"add route 0.0.0.0/0 via 169.254.1.1 (in pod netns): errno 101'
+        b" ENETUNREACH (Network is unreachable): the kernel says 'Nexthop has invalid"
+        b" gateway'\"}\n",
+    ),
+    (
+        SysctlFailure(
+            "write",
+            "ipv4/conf/cali0/forwarding",
+            "/proc/sys/net/ipv4/conf/cali0/forwarding",
+            PermissionError(errno.EACCES, "Permission denied"),
+        ),
+        b'{"cniVersion":"1.1.0","code":103,"msg":"sysctl write failed:'
+        b' net/ipv4/conf/cali0/forwarding","details":"write'
+        b' /proc/sys/net/ipv4/conf/cali0/forwarding: errno 13 (Permission denied)"}\n',
+    ),
+    (
+        InterfaceConflict(
+            "interface eth0 already exists in the pod",
+            f"an interface named 'eth0' already exists in {_NS}; it was left untouched"
+            " (CNI_IFNAME must be new)",
+        ),
+        b'{"cniVersion":"1.1.0","code":103,"msg":"interface eth0 already exists in the pod",'
+        b'"details":"an interface named \'eth0\' already exists in /run/netns/p1; it was left'
+        b' untouched (CNI_IFNAME must be new)"}\n',
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "printed"), _CODES, ids=lambda v: type(v).__name__)
+def test_a_dataplane_error_of_add_is_printed_as_before(
+    fakes: tuple[FakeDataplane, FakeIpam], error: Exception, printed: bytes
+) -> None:
+    dp, ipam = fakes
+    dp.fail_setup = error
+    assert run_raw("ADD", conf()) == (1, printed)
+    assert ipam.calls == ["ADD", "DEL"]
+
+
+def test_a_check_mismatch_is_code_103(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    dp, _ = fakes
+    dp.fail_check = CheckMismatch("host veth cali0 is down", "in the host netns")
+    assert run_raw("CHECK", conf(prevResult=_added())) == (
+        1,
+        b'{"cniVersion":"1.1.0","code":103,"msg":"check failed: host veth cali0 is down",'
+        b'"details":"in the host netns"}\n',
+    )
+
+
+def test_del_in_the_plugins_own_netns_is_code_8_after_ipam_del(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    dp, ipam = fakes
+    why = f"{_NS} is the plugin's own network namespace; refusing to configure the host"
+    dp.fail_teardown = InvalidNetNS(_NS, why, own=True)
+    assert run_raw("DEL", conf()) == (
+        1,
+        b'{"cniVersion":"1.1.0","code":8,"msg":"invalid network namespace /run/netns/p1",'
+        b'"details":"/run/netns/p1 is the plugin\'s own network namespace; refusing to'
+        b' configure the host"}\n',
+    )
+    assert ipam.calls == ["DEL"]
+
+
+def test_gc_reports_a_dataplane_error_with_the_others(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """GC-5: a host veth that cannot be deleted, and one whose listing failed."""
+    dp, ipam = fakes
+    dp.veths = [SimpleNamespace(name="cali-stale", alias="tabby:net1:c2:eth0")]
+    dp.fail_delete = InterfaceConflict("cali-stale is not a veth", "it is of kind 'dummy'")
+    valid = {"cni.dev/valid-attachments": []}
+    assert run_raw("GC", _gc_conf(**valid), CNI_CONTAINERID="") == (
+        1,
+        b'{"cniVersion":"1.1.0","code":103,"msg":"cali-stale is not a veth",'
+        b'"details":"cali-stale is not a veth: it is of kind \'dummy\'"}\n',
+    )
+    dp.fail_list = NetlinkFailure("dump links", "host", errno.EPERM)
+    ipam.fail["GC"] = CniError(11, "busy")
+    assert run_raw("GC", _gc_conf(**valid), CNI_CONTAINERID="") == (
+        1,
+        b'{"cniVersion":"1.1.0","code":103,"msg":"netlink: dump links failed","details":'
+        b'"netlink: dump links failed: dump links (in host netns): errno 1 EPERM (Operation not'
+        b' permitted); busy"}\n',
+    )
+    assert ipam.calls == ["GC", "GC"]
+
+
+def test_an_invalid_veth_prefix_is_code_2() -> None:
+    """The configuration models refuse it first; the dataplane's own check, should it be
+    reached, says the same."""
+    args = SimpleNamespace(network="net1", container_id="c1", ifname="eth0")
+    with pytest.raises(CniError) as e:
+        plugin.host_ifname(args, SimpleNamespace(veth_prefix="9ab"))  # type: ignore[arg-type]
+    assert e.value.to_json("1.1.0") == (
+        '{"cniVersion":"1.1.0","code":2,"msg":"unsupported value for field \'veth_prefix\':'
+        " '9ab'\",\"details\":\"must be a letter followed by letters, digits, '_' or '-'\"}"
+    )
+    assert isinstance(e.value.__context__, InvalidVethPrefix)

@@ -41,6 +41,8 @@ from policy.engine import (
     Rule,
 )
 from policy.incremental import Delta, IncrementalPolicy, Update, differences
+from policy.render import Renderer, Snapshot
+from policy.state import PolicyDataplane
 from resources.index import ENDPOINTS, POLICY, POOLS, Change, Index
 from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
@@ -57,9 +59,9 @@ def _rules(ir: DesiredState) -> int:
     return n
 
 
-def _table(snap: nft.Snapshot) -> dict[str, object]:
+def _table(snap: Snapshot) -> dict[str, object]:
     model = NftModel()
-    model.run(nft.Renderer().full(snap))
+    model.run(Renderer().full(snap))
     return model.canonical()
 
 
@@ -72,11 +74,11 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
     fams = r.choice(((4,), (6,), (4, 6)))
     eng = IncrementalPolicy(fz.NODE, fams)
     world = fz.World()
-    renderer = nft.Renderer()
+    renderer = Renderer()
     model = NftModel()
     prev = engine.compute(ClusterState(), fz.NODE, fams)
     prev_nat = NatConfig()
-    model.run(renderer.full(nft.Snapshot(prev, prev_nat)))
+    model.run(renderer.full(Snapshot(prev, prev_nat)))
     for i in range(OPS):
         batch = [fz.random_update(r, world.state()) for _ in range(r.choice((1, 1, 1, 2, 5)))]
         for u in batch:
@@ -96,7 +98,7 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
         elements = sum(len(e) for e in want.elements.values())
         assert eng.stats() == (len(want.endpoints), want.policies, _rules(want), sets, elements)
         # the delta is exactly the difference, and renders as a diff of the two states would
-        old, new = nft.Snapshot(prev, prev_nat), nft.Snapshot(want, world.nat)
+        old, new = Snapshot(prev, prev_nat), Snapshot(want, world.nat)
         assert delta.size == differences(prev, want, prev_nat, world.nat), where
         lines = renderer.incremental(delta)
         assert lines == renderer.delta(old, new), where
@@ -116,7 +118,7 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
     for _ in range(80):
         world.apply(fz.random_update(r, world.state()))
     model = NftModel()
-    dp = nft.PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t: [])
+    dp = PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t: [])
     assert dp.sync(world.state(), world.nat).full
     for i in range(OPS):
         u = fz.random_update(r, world.state())
@@ -131,7 +133,7 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
             res = dp.update([u])
         nat_flip = before_nat != world.nat.enabled
         assert res.full == nat_flip, f"seed {seed} op {i}: {u}"
-        want = nft.Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
+        want = Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
         assert model.canonical() == _table(want), f"seed {seed} op {i}: {u}"
         if i % 50 == 49:
             check = dp.sync(world.state(), world.nat)
@@ -441,7 +443,7 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     model = NftModel()
-    dp = nft.PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
     st = tt.build_state(tt.CASES[2].steps[0])  # 3: x/a from x/b
     dp.sync(st)
     assert dp.counters.checks == 0
@@ -450,9 +452,7 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     grown = st.with_endpoint(ep)
     res = dp.sync(grown)
     assert (res.fixes, res.full, res.changed) == (1, False, True)
-    assert model.canonical() == _table(
-        nft.Snapshot(engine.compute(grown, "node1", (4,)), NatConfig())
-    )
+    assert model.canonical() == _table(Snapshot(engine.compute(grown, "node1", (4,)), NatConfig()))
     assert (dp.counters.checks, dp.counters.check_fixes) == (1, 1)
     assert dp.sync(grown).fixes == 0
     # a fault inside the engine (its state no longer what its inputs give): rebuilt
@@ -464,12 +464,12 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     assert res.full
     assert res.fixes >= 1
     assert dp.desired() == engine.compute(grown, "node1", (4,))
-    assert model.canonical() == _table(nft.Snapshot(dp.desired(), NatConfig()))
+    assert model.canonical() == _table(Snapshot(dp.desired(), NatConfig()))
 
 
 def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> None:
     model = NftModel()
-    dp = nft.PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
     with pytest.raises(RuntimeError, match="first sync"):
         dp.update([])
     assert not dp.synced
@@ -484,7 +484,7 @@ def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> N
     res = dp.update([Update("policy", tt.DENY_INGRESS.key, None)])
     assert res.full
     assert dp.counters.apply_errors == 1
-    assert model.canonical() == _table(nft.Snapshot(dp.desired(), NatConfig()))
+    assert model.canonical() == _table(Snapshot(dp.desired(), NatConfig()))
     # a full replacement refused too: raised; the next change replaces the table again
     model.fail_next = 2
     with pytest.raises(nft.NftError):
@@ -492,9 +492,7 @@ def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> N
     res = dp.update([fz.put(tt.DENY_INGRESS)])
     assert res.full
     want = dataclasses.replace(st, policies=(tt.DENY_ALL, tt.DENY_INGRESS))
-    assert model.canonical() == _table(
-        nft.Snapshot(engine.compute(want, "node1", (4,)), NatConfig())
-    )
+    assert model.canonical() == _table(Snapshot(engine.compute(want, "node1", (4,)), NatConfig()))
     assert dp.explain(("x", "b"), ("x", "a")).allowed is False
 
 
@@ -591,7 +589,7 @@ def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing()
     index.replace(_docs())
     memo = inputs.PolicyInputs()
     model = NftModel()
-    dp = nft.PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
     state, nat = memo.convert(index.snapshot())
     index.drain()
     assert dp.sync(state, nat).full
@@ -617,4 +615,4 @@ def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing()
     state, nat = memo.convert(index.snapshot())
     check = dp.sync(state, nat, full=True)
     assert (check.fixes, check.full) == (0, True)
-    assert model.canonical() == _table(nft.Snapshot(engine.compute(state, "node1", (4,)), nat))
+    assert model.canonical() == _table(Snapshot(engine.compute(state, "node1", (4,)), nat))

@@ -15,8 +15,11 @@ import time
 from typing import Any
 
 from dataplane import nfnetlink as nfl
-from dataplane import nft
+from policy.counters import CounterKey, counters_of
 from policy.engine import Endpoint
+from policy.render import LOG_FLOW_SECONDS, LOG_GROUP, LOG_RATE, Renderer
+from policy.state import PolicyDataplane
+from policy.trace import Foreign, decisions, verdict_of
 from tabby_node import policylog
 from tests import policy_truth_table as tt
 
@@ -42,9 +45,9 @@ class Recorder:
         return out
 
 
-def _dp(visibility: bool = True) -> tuple[nft.PolicyDataplane, Recorder]:
+def _dp(visibility: bool = True) -> tuple[PolicyDataplane, Recorder]:
     rec = Recorder()
-    dp = nft.PolicyDataplane(
+    dp = PolicyDataplane(
         "node1",
         backend=rec,
         families=(4,),
@@ -61,11 +64,11 @@ def test_every_accept_counts_into_its_policy_and_every_deny_into_default_deny() 
     dp, rec = _dp()
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))  # 3: x/a only from x/b
     text = rec.sent[0]
-    counters = nft.counters_of(dp.desired())
+    counters = counters_of(dp.desired())
     # shown: the policy, and the default deny where a pod is isolated (x/a's ingress)
     assert sorted(dp.packet_counts()) == [
-        nft.CounterKey("x", "default-deny", "ingress", "deny"),
-        nft.CounterKey("x", "x-a-from-b", "ingress", "allow"),
+        CounterKey("x", "default-deny", "ingress", "deny"),
+        CounterKey("x", "x-a-from-b", "ingress", "allow"),
     ]
     # made: the policy's, and two per local endpoint (isolated or not)
     local = {e.interface for e in dp.desired().endpoints.values()}
@@ -90,12 +93,12 @@ def test_every_accept_counts_into_its_policy_and_every_deny_into_default_deny() 
 
 
 def test_the_log_is_rate_limited_and_once_per_flow() -> None:
-    lines = nft.Renderer().log_objects()
+    lines = Renderer().log_objects()
     text = "\n".join(lines)
-    assert f"add limit inet tabby log-denied {{ rate {nft.LOG_RATE}/second" in text
+    assert f"add limit inet tabby log-denied {{ rate {LOG_RATE}/second" in text
     for fam in (4, 6):
         assert f"add set inet tabby flows-p{fam} {{ type " in text
-        assert f"timeout {nft.LOG_FLOW_SECONDS}s" in text
+        assert f"timeout {LOG_FLOW_SECONDS}s" in text
     ingress = [x for x in lines if x.startswith("add rule inet tabby log-ingress")]
     # a logged flow returns before the limit is consulted; the rest is logged within it
     returns = [i for i, x in enumerate(ingress) if x.endswith("return")]
@@ -103,7 +106,7 @@ def test_the_log_is_rate_limited_and_once_per_flow() -> None:
     assert (len(returns), len(logs)) == (4, 4)
     assert max(returns) < min(logs)
     assert all('limit name "log-denied" add @flows-' in ingress[i] for i in logs)
-    assert all(f"group {nft.LOG_GROUP}" in ingress[i] for i in logs)
+    assert all(f"group {LOG_GROUP}" in ingress[i] for i in logs)
     assert all('"tabby-deny ingress"' in ingress[i] for i in logs)
     assert not any(" drop" in x for x in lines)  # the endpoint chain drops, not the log
 
@@ -136,9 +139,9 @@ def test_differences_add_counters_first_and_delete_them_last() -> None:
 # -- the counters' bookkeeping --------------------------------------------------------------------
 
 
-def _names(dp: nft.PolicyDataplane) -> dict[str, str]:
+def _names(dp: PolicyDataplane) -> dict[str, str]:
     """x/a's counters: its policy's (allow) and its ingress default deny (deny)."""
-    allow = [n for n, k in nft.counters_of(dp.desired()).items() if k.verdict == "allow"]
+    allow = [n for n, k in counters_of(dp.desired()).items() if k.verdict == "allow"]
     assert len(allow) == 1
     return {"allow": allow[0], "deny": "deny-in-calixa"}
 
@@ -150,8 +153,8 @@ def test_counts_add_up_across_reads_and_full_replacements() -> None:
     names = _names(dp)
     rec.counts = {names["allow"]: (3, 180), names["deny"]: (5, 300), "stranger": (9, 9)}
     got = dp.packet_counts()
-    allow = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
-    deny = nft.CounterKey("x", "default-deny", "ingress", "deny")
+    allow = CounterKey("x", "x-a-from-b", "ingress", "allow")
+    deny = CounterKey("x", "default-deny", "ingress", "deny")
     assert got == {allow: (3, 180), deny: (5, 300)}  # a counter it did not make: ignored
     rec.counts[names["allow"]] = (2, 120)
     dp.sync(st, full=True)  # read before the table (and its counters) is replaced
@@ -169,7 +172,7 @@ def test_a_removed_policy_is_read_before_its_counter_goes_then_forgotten() -> No
     moved = tt.build_state(tt.CASES[2].steps[0])
     moved = moved.without_endpoint("x", "a-eth0")
     dp.sync(moved)
-    allow = nft.CounterKey("x", "x-a-from-b", "ingress", "allow")
+    allow = CounterKey("x", "x-a-from-b", "ingress", "allow")
     assert dp.packet_counts()[allow] == (4, 240)
     # the policy deleted: its series ends
     dp.sync(tt.build_state(tt.Step((), tt.everything)))
@@ -504,15 +507,15 @@ def test_the_decision_of_each_pass_through_a_base_chain() -> None:
         _ev("to-calixa", "jump", 21, target="pi-1"),
         _ev("pi-1", "accept", 31),
     ]
-    ds, foreign = nfttrace.decisions(allowed, rules)
+    ds, foreign = decisions(allowed, rules)
     assert foreign == []
     assert [(d.base, d.verdict) for d in ds] == [("fwd-egress", "none"), ("fwd-ingress", "accept")]
-    ingress = nfttrace.verdict_of(ds, "ingress")
+    ingress = verdict_of(ds, "ingress")
     assert ingress is not None
     assert ingress.rule is not None
     assert ingress.rule.comment == "x/p ingress[0]"
     assert ingress.path == ("fwd-ingress", "to-calixa", "pi-1")
-    egress = nfttrace.verdict_of(ds, "egress")
+    egress = verdict_of(ds, "egress")
     assert egress is not None
     assert not egress.decided
     denied = [
@@ -524,7 +527,7 @@ def test_the_decision_of_each_pass_through_a_base_chain() -> None:
         _ev("to-calixa", "drop", 23),
         _ev("output", "drop", 5, table="bystander"),
     ]
-    ds, foreign = nfttrace.decisions(denied, rules)
+    ds, foreign = decisions(denied, rules)
     (d,) = ds
     assert (d.verdict, d.chain, d.path) == (
         "drop",
@@ -532,7 +535,7 @@ def test_the_decision_of_each_pass_through_a_base_chain() -> None:
         ("fwd-ingress", "to-calixa", "pi-1", "log-ingress"),
     )
     assert d.to_json()["comment"] == "x/a-eth0: ingress not allowed"
-    assert foreign == [nfttrace.Foreign("bystander", "output", 5)]
+    assert foreign == [Foreign("bystander", "output", 5)]
 
 
 def test_a_probe_matches_only_its_first_packet() -> None:

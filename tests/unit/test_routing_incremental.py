@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bird import BirdConfig
+from dataplane.errors import NetlinkFailure
 from dataplane.overlay import Reconciler
 from dataplane.overlay_model import (
     RTN_UNICAST,
@@ -23,7 +24,6 @@ from dataplane.overlay_model import (
     OverlayDelta,
     OverlayRoute,
 )
-from dataplane.rtnl import NetlinkFailure
 from resources.index import ROUTING, Index
 from tabby_node.cluster import Cluster, vxlan_state
 from tabby_node.cluster_index import ClusterIndex

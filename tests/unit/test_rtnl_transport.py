@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dataplane import rtnl
+from dataplane.errors import NetlinkFailure
 
 HDR = struct.Struct("=IHHII")
 
@@ -81,7 +82,7 @@ def test_interrupted_dump_is_redone_with_the_same_request() -> None:
 def test_a_dump_interrupted_every_time_fails_with_eagain() -> None:
     always = [lambda seq: [link_reply(seq, 1, "lo", rtnl.NLM_F_DUMP_INTR) + done(seq)]]
     sock = ScriptedSocket(*(always * rtnl._DUMP_ATTEMPTS))
-    with pytest.raises(rtnl.NetlinkFailure) as info:
+    with pytest.raises(NetlinkFailure) as info:
         make(sock).links()
     assert info.value.errno == errno.EAGAIN
     assert len(sock.sent) == rtnl._DUMP_ATTEMPTS
@@ -103,7 +104,7 @@ def test_negative_ack_raises_with_errno_and_enodev_get_is_none() -> None:
     )
     r = make(sock)
     assert r.link_by_name("nosuch") is None
-    with pytest.raises(rtnl.NetlinkFailure) as info:
+    with pytest.raises(NetlinkFailure) as info:
         r.link_by_name("lo")
     assert info.value.errno == errno.EPERM
     assert "get link lo (in test netns): errno 1 EPERM" in info.value.details
@@ -111,13 +112,13 @@ def test_negative_ack_raises_with_errno_and_enodev_get_is_none() -> None:
 
 def test_dump_error_in_done_raises() -> None:
     sock = ScriptedSocket(lambda seq: [done(seq, -errno.EINVAL)])
-    with pytest.raises(rtnl.NetlinkFailure) as info:
+    with pytest.raises(NetlinkFailure) as info:
         make(sock).links()
     assert info.value.errno == errno.EINVAL
 
 
 def test_truncated_message_is_ebadmsg_not_a_crash() -> None:
     sock = ScriptedSocket(lambda seq: [link_reply(seq, 1, "lo", 0)[:-4]])
-    with pytest.raises(rtnl.NetlinkFailure) as info:
+    with pytest.raises(NetlinkFailure) as info:
         make(sock).link_by_name("lo")
     assert info.value.errno == errno.EBADMSG

@@ -1,4 +1,5 @@
-"""PolicyDataplane and the nft text it sends, with a recording backend (no kernel, no root).
+"""PolicyDataplane (``policy.state``) and the nft text it has sent (``policy.render``), with
+a recording backend (no kernel, no root).
 
 The kernel tier (tests/privileged/test_policy_nft.py) proves the text does what it should;
 this proves which transactions are sent when: full replacement first, differences after,
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane import nft
-from policy.engine import Endpoint, IRRule, PolicyChain
+from dataplane.errors import NftError
+from policy.engine import Endpoint, IRRule, NatConfig, PolicyChain
+from policy.render import Renderer
+from policy.state import PolicyDataplane
 from tests import policy_truth_table as tt
 
 
@@ -24,14 +27,14 @@ class Recorder:
     def run(self, text: str) -> str:
         if self.fail_next:
             self.fail_next -= 1
-            raise nft.NftError("Error: No such file or directory")
+            raise NftError("Error: No such file or directory")
         self.sent.append(text)
         return ""
 
 
-def _dp() -> tuple[nft.PolicyDataplane, Recorder]:
+def _dp() -> tuple[PolicyDataplane, Recorder]:
     rec = Recorder()
-    dp = nft.PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t: [])
     return dp, rec
 
 
@@ -98,7 +101,7 @@ def test_a_refused_difference_falls_back_to_a_full_replacement() -> None:
     assert rec.sent[-1].startswith("add table inet tabby\ndelete table")
     assert dp.counters.apply_errors == 1
     rec.fail_next = 2
-    with pytest.raises(nft.NftError):
+    with pytest.raises(NftError):
         dp.sync(tt.build_state(tt.Step((), tt.everything)))
     assert dp.counters.apply_errors == 3
 
@@ -114,7 +117,7 @@ def test_endpoint_calls_need_a_first_sync() -> None:
 
 
 def test_rule_text() -> None:
-    r = nft.Renderer(visibility=False)
+    r = Renderer(visibility=False)
     ing = PolicyChain("pi-1", "x/p", "ingress", ())
     egr = PolicyChain("pe-1", "x/p", "egress", ())
     assert r.rule(ing, IRRule(4, "a4-s", "tcp", ((80, 80), (90, 99)), None, "c")) == (
@@ -129,37 +132,17 @@ def test_rule_text() -> None:
         'add rule inet tabby pe-1 meta l4proto sctp accept comment "a_b"'
     )
     with pytest.raises(ValueError, match="prefix"):
-        nft.Renderer(prefix="ca li")
+        Renderer(prefix="ca li")
     with pytest.raises(ValueError, match="table"):
-        nft.Renderer(table="a b")
+        Renderer(table="a b")
 
 
 def test_nat_switch_replaces_and_pool_changes_are_elements() -> None:
     dp, rec = _dp()
     st = tt.build_state(tt.Step((), tt.everything))
     dp.sync(st)
-    dp.sync(st, nft.NatConfig((("10.244.0.0/16", True),)))
+    dp.sync(st, NatConfig((("10.244.0.0/16", True),)))
     assert rec.sent[-1].startswith("add table")  # NAT switched on: full
     assert "masquerade" in rec.sent[-1]
-    dp.sync(st, nft.NatConfig((("10.244.0.0/16", True), ("10.9.0.0/16", False))))
+    dp.sync(st, NatConfig((("10.244.0.0/16", True), ("10.9.0.0/16", False))))
     assert rec.sent[-1].strip() == "add element inet tabby pools4 { 10.9.0.0/16 }"
-
-
-def test_libnftables_hands_over_to_the_cli_when_descriptors_run_high() -> None:
-    """libnftables select()s on its socket: a descriptor >= 1024 would abort the process,
-    so no context is made then and the namespace is served by the CLI."""
-    try:
-        lib = nft.LibNftables()
-    except OSError:
-        pytest.skip("libnftables.so.1 not installed")
-    rec = Recorder()
-    lib.FD_LIMIT = 0
-    lib._cli = rec  # type: ignore[assignment]
-    assert lib.run("list tables\n") == ""
-    assert rec.sent == ["list tables\n"]
-    assert list(lib._ctx.values()) == [None]
-    lib.close()
-
-
-def test_default_backend_is_one_per_process() -> None:
-    assert nft.default_backend() is nft.default_backend()

@@ -1,0 +1,488 @@
+"""The nft text of the policy table ``inet tabby``: the IR (whole, or a change) as the flat
+commands one atomic transaction is made of. Pure: the dataplane applies the text
+(``dataplane.nft``); nothing here talks to the kernel.
+
+Layout (see DESIGN.md beside this file)::
+
+    table inet tabby
+      set a4-<h> / a6-<h>     pod addresses of one peer selector (plain sets)
+      set b4-<h> / b6-<h>     one ipBlock: cidr minus except (interval sets)
+      set n4-<name>-<h> ...   one container-port name: address . protocol . port
+      map wl-from / wl-to     host veth name -> jump from-<if> / to-<if>
+      chain pi-<h> / pe-<h>   one policy's ingress / egress rules (accept on match)
+      chain to-<if>           endpoint ingress: jump pi-... ; drop (or accept: not isolated)
+      chain from-<if>         endpoint egress:  jump pe-... ; drop (or accept)
+      chain fwd-egress        hook forward, priority filter:     traffic from a pod
+      chain fwd-ingress       hook forward, priority filter + 1: traffic to a pod
+      chain input             hook input, priority filter:       a pod to its node
+      chain nat-postrouting   hook postrouting (srcnat): natOutgoing pools (when any)
+    with visibility (the default):
+      counter pkt-pi-<h> ...  packets one policy's chain accepted (one per policy chain)
+      counter deny-in-<h> ... packets denied by isolation in one namespace and direction
+      chain log-ingress/-egress  a denied packet's first of its flow to NFLOG group 116
+      set flows-{p,x}{4,6}    the flows logged in the last 10 s (dynamic, timeout)
+      limit log-denied        100 logged packets a second, node-wide
+
+Allowing is ``accept``: an accept ends only the base chain it happens in, so pod-to-pod
+traffic on one node passes the sender's egress (``fwd-egress``) and then the receiver's
+ingress (``fwd-ingress``); a drop anywhere is final. Both forward chains and ``input`` start
+with ``ct state established,related accept`` and ``ct state invalid drop``, then dispatch by
+interface name through the verdict maps; a prefixed interface that is in no map (a pod whose
+rules do not exist yet) is dropped. The node's own traffic to its pods (``output``) is not
+policed, so kubelet probes pass.
+
+:meth:`Renderer.full` replaces the whole table (``add table; delete table; <everything>``:
+the kernel switches atomically, so a restart never opens a window); :meth:`Renderer.delta`
+diffs two states; :meth:`Renderer.incremental` gives the very same lines from a
+:class:`~policy.incremental.Delta` alone. With visibility, every accept rule of a policy
+chain counts into the policy's named counter (:mod:`policy.counters`), and an endpoint chain
+counts what it denies into its ``deny-`` counter before it sends the packet through
+``log-ingress``/``log-egress`` (NFLOG, rate-limited and once per flow) and drops it. Only
+packets that open a connection reach these chains (``ct state established,related accept``
+comes first), so counting costs a long stream nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+
+from dataplane.names import DEFAULT_VETH_PREFIX, NFT_TABLE
+from policy.counters import (
+    DEFAULT_DENY,
+    CounterKey,
+    chain_counter,
+    counters_of,
+    deny_counter,
+    endpoint_counters,
+)
+from policy.engine import (
+    DesiredState,
+    Element,
+    EndpointProgram,
+    IRRule,
+    NatConfig,
+    PolicyChain,
+    SetDef,
+)
+from policy.incremental import Delta
+
+#: The table is ``inet <DEFAULT_TABLE>`` (the dataplane names what tabby makes in the kernel).
+DEFAULT_TABLE = NFT_TABLE
+#: The base chains police the interfaces ``<DEFAULT_PREFIX>*``: the host veths.
+DEFAULT_PREFIX = DEFAULT_VETH_PREFIX
+#: The base chains and the direction of policy each one decides: the sending pod's egress
+#: (``fwd-egress``; ``input``: a pod to its node) or the receiving pod's ingress.
+BASE_CHAINS = {"fwd-egress": "egress", "input": "egress", "fwd-ingress": "ingress"}
+_FAM = {4: "ip", 6: "ip6"}
+_SET_TYPE = {
+    ("addr", 4): "ipv4_addr",
+    ("addr", 6): "ipv6_addr",
+    ("cidr", 4): "ipv4_addr",
+    ("cidr", 6): "ipv6_addr",
+    ("named-port", 4): "ipv4_addr . inet_proto . inet_service",
+    ("named-port", 6): "ipv6_addr . inet_proto . inet_service",
+}
+
+
+#: The NFLOG group denied packets go to (tabby's route protocol number, for memory).
+LOG_GROUP = 116
+#: Denied packets sent to userspace at most this often, node-wide (a named limit), with
+#: this burst: a flood of denied packets costs tabby-node at most this many messages.
+LOG_RATE = 100
+LOG_BURST = 200
+#: A flow (source, destination, protocol, destination port) is logged once in this time.
+LOG_FLOW_SECONDS = 10
+LOG_FLOW_SET_SIZE = 8192
+#: Bytes of each logged packet copied to userspace (IPv6 + extension headers + ports).
+LOG_SNAPLEN = 128
+LOG_PREFIX = "tabby-deny "
+_PORTED = "{ tcp, udp, sctp }"
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What one table holds: the policy IR and the NAT pools."""
+
+    ir: DesiredState
+    nat: NatConfig
+
+    def all_sets(self) -> dict[str, SetDef]:
+        sets = dict(self.ir.sets)
+        if self.nat.enabled:
+            for kind in ("nat-src", "pools"):
+                for fam in (4, 6):
+                    name = f"{kind}{fam}"
+                    sets[name] = SetDef(name, fam, "cidr", f"{kind} IP pools")
+        return sets
+
+    def all_elements(self) -> dict[str, frozenset[Element]]:
+        elems = dict(self.ir.elements)
+        if self.nat.enabled:
+            elems.update(self.nat.elements())
+        return elems
+
+
+def _quote(text: str) -> str:
+    return '"' + "".join(c if c.isprintable() and c not in '"\\' else "_" for c in text) + '"'
+
+
+def _element(e: Element) -> str:
+    if isinstance(e, tuple):
+        addr, proto, port = e
+        return f"{addr} . {proto} . {port}"
+    return e
+
+
+def _ports(ranges: Sequence[tuple[int, int]]) -> str:
+    items = [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
+class Renderer:
+    """nft text for one table. Every statement is a flat command (``add ...``), so full and
+    incremental transactions are made of the same pieces."""
+
+    def __init__(
+        self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX, *, visibility: bool = True
+    ) -> None:
+        if not table.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"invalid table name {table!r}")
+        if not prefix or not prefix.isalnum() or len(prefix) > 14:
+            raise ValueError(f"invalid interface prefix {prefix!r}")
+        self.table = table
+        self.prefix = prefix
+        self.visibility = visibility
+        self.t = f"inet {table}"
+
+    # sets
+    def add_set(self, d: SetDef) -> str:
+        flags = " flags interval;" if d.kind == "cidr" else ""
+        return (
+            f"add set {self.t} {d.name} {{ type {_SET_TYPE[(d.kind, d.family)]};{flags}"
+            f" comment {_quote(d.comment[:120])}; }}"
+        )
+
+    def elements(self, verb: str, name: str, elems: Iterable[Element]) -> Iterator[str]:
+        items = sorted(_element(e) for e in elems)
+        for i in range(0, len(items), 2000):
+            yield f"{verb} element {self.t} {name} {{ {', '.join(items[i : i + 2000])} }}"
+
+    # policy chains
+    def rule(self, chain: PolicyChain, r: IRRule) -> str:
+        side = "saddr" if chain.direction == "ingress" else "daddr"
+        parts = []
+        if r.peer_set is not None:
+            assert r.family is not None
+            parts.append(f"{_FAM[r.family]} {side} @{r.peer_set}")
+        elif r.family is not None and r.named_port_set is None:
+            parts.append(f"meta nfproto ipv{r.family}")
+        if r.protocol is not None:
+            parts.append(f"meta l4proto {r.protocol}")
+        if r.ports:
+            parts.append(f"th dport {_ports(r.ports)}")
+        if r.named_port_set is not None:
+            assert r.family is not None
+            parts.append(f"{_FAM[r.family]} daddr . meta l4proto . th dport @{r.named_port_set}")
+        if self.visibility:
+            parts.append(f'counter name "{chain_counter(chain)[0]}"')
+        parts.append(f"accept comment {_quote(r.comment)}")
+        return f"add rule {self.t} {chain.name} {' '.join(parts)}"
+
+    def policy_chain_rules(self, c: PolicyChain) -> list[str]:
+        return [self.rule(c, r) for r in c.rules]
+
+    # endpoint chains
+    @staticmethod
+    def ep_chains(iface: str) -> tuple[str, str]:
+        return f"to-{iface}", f"from-{iface}"
+
+    def endpoint_rules(self, p: EndpointProgram) -> list[str]:
+        out = []
+        to, frm = self.ep_chains(p.interface)
+        for chain, jumps, what in ((to, p.ingress, "ingress"), (frm, p.egress, "egress")):
+            if jumps is None:
+                note = _quote(f"{p.endpoint}: no {what} policy")
+                out.append(f"add rule {self.t} {chain} accept comment {note}")
+                continue
+            out.extend(f"add rule {self.t} {chain} jump {j}" for j in jumps)
+            if self.visibility:
+                count = deny_counter(p.interface, what)
+                out.append(f'add rule {self.t} {chain} counter name "{count}" jump log-{what}')
+            note = _quote(f"{p.endpoint}: {what} not allowed")
+            out.append(f"add rule {self.t} {chain} drop comment {note}")
+        return out
+
+    # visibility: counters and the denied-flow log
+    def add_counter(self, name: str, key: CounterKey) -> str:
+        if key.policy == DEFAULT_DENY:  # an endpoint's: the same whoever has the interface
+            what = f"{key.direction} denied by isolation"
+        else:
+            what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
+        return f"add counter {self.t} {name} {{ comment {_quote(what)}; }}"
+
+    def log_objects(self) -> list[str]:
+        """The flow sets, the rate limit and the two log chains (``log-ingress``,
+        ``log-egress``): a packet of a flow logged in the last LOG_FLOW_SECONDS returns at
+        once; else, within the node-wide limit, its flow is remembered and the packet sent
+        to NFLOG group LOG_GROUP with the prefix ``tabby-deny <direction>``. The chains
+        never drop: the endpoint chain that jumped here does."""
+        t = self.t
+        out = [f"add limit {t} log-denied {{ rate {LOG_RATE}/second burst {LOG_BURST} packets; }}"]
+        flags = f"flags dynamic,timeout; timeout {LOG_FLOW_SECONDS}s; size {LOG_FLOW_SET_SIZE};"
+        for fam, kw in ((4, "ipv4_addr"), (6, "ipv6_addr")):
+            ported = f"{kw} . {kw} . inet_proto . inet_service"
+            out.append(f"add set {t} flows-p{fam} {{ type {ported}; {flags} }}")
+            out.append(f"add set {t} flows-x{fam} {{ type {kw} . {kw} . inet_proto; {flags} }}")
+        for direction in ("ingress", "egress"):
+            chain = f"log-{direction}"
+            out.append(f"add chain {t} {chain}")
+            log = f"log prefix {_quote(LOG_PREFIX + direction)} group {LOG_GROUP}"
+            log += f" snaplen {LOG_SNAPLEN}"
+            rules: list[str] = []
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                rules.append(f"meta l4proto {_PORTED} {key_p} @flows-p{fam} return")
+                rules.append(f"meta l4proto != {_PORTED} {key_x} @flows-x{fam} return")
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                key_p = f"{kw} saddr . {kw} daddr . meta l4proto . th dport"
+                key_x = f"{kw} saddr . {kw} daddr . meta l4proto"
+                first = f"meta nfproto ipv{fam}"
+                rules.append(
+                    f'{first} meta l4proto {_PORTED} limit name "log-denied"'
+                    f" add @flows-p{fam} {{ {key_p} }} {log}"
+                )
+                rules.append(
+                    f'{first} meta l4proto != {_PORTED} limit name "log-denied"'
+                    f" add @flows-x{fam} {{ {key_x} }} {log}"
+                )
+            out.extend(f"add rule {t} {chain} {r}" for r in rules)
+        return out
+
+    def map_elements(self, verb: str, ifaces: Iterable[str]) -> list[str]:
+        out: list[str] = []
+        ifaces = sorted(ifaces)
+        if not ifaces:
+            return out
+        if verb == "add":
+            to = ", ".join(f'"{i}" : jump {self.ep_chains(i)[0]}' for i in ifaces)
+            frm = ", ".join(f'"{i}" : jump {self.ep_chains(i)[1]}' for i in ifaces)
+        else:
+            to = frm = ", ".join(f'"{i}"' for i in ifaces)
+        out.append(f"{verb} element {self.t} wl-to {{ {to} }}")
+        out.append(f"{verb} element {self.t} wl-from {{ {frm} }}")
+        return out
+
+    # base chains
+    def base(self, nat: NatConfig) -> list[str]:
+        t, p = self.t, f'"{self.prefix}*"'
+        out = [
+            f"add map {t} wl-to {{ type ifname : verdict; }}",
+            f"add map {t} wl-from {{ type ifname : verdict; }}",
+        ]
+        hooks = (
+            ("fwd-egress", "forward priority filter", "iifname", "wl-from"),
+            ("fwd-ingress", "forward priority filter + 1", "oifname", "wl-to"),
+            ("input", "input priority filter", "iifname", "wl-from"),
+        )
+        for chain, hook, key, vmap in hooks:
+            out.append(f"add chain {t} {chain} {{ type filter hook {hook}; policy accept; }}")
+            out.append(f"add rule {t} {chain} {key} != {p} return")
+            out.append(f"add rule {t} {chain} ct state established,related accept")
+            if chain == "input":
+                out.append(
+                    f"add rule {t} {chain} icmpv6 type {{ nd-router-solicit, nd-neighbor-solicit,"
+                    f" nd-neighbor-advert }} accept"
+                )
+            out.append(f"add rule {t} {chain} ct state invalid drop")
+            out.append(f"add rule {t} {chain} {key} vmap @{vmap}")
+            out.append(
+                f"add rule {t} {chain} drop comment {_quote(f'unknown {self.prefix}* interface')}"
+            )
+        if nat.enabled:
+            hook = "type nat hook postrouting priority srcnat; policy accept;"
+            out.append(f"add chain {t} nat-postrouting {{ {hook} }}")
+            for fam in (4, 6):
+                kw = _FAM[fam]
+                out.append(
+                    f"add rule {t} nat-postrouting {kw} saddr @nat-src{fam}"
+                    f" {kw} daddr != @pools{fam} masquerade"
+                )
+        return out
+
+    # transactions
+    def full(self, snap: Snapshot) -> str:
+        t = self.t
+        out = [f"add table {t}", f"delete table {t}", f"add table {t}"]
+        sets = snap.all_sets()
+        elems = snap.all_elements()
+        for name in sorted(sets):
+            out.append(self.add_set(sets[name]))
+            out.extend(self.elements("add", name, elems[name]))
+        ir = snap.ir
+        if self.visibility:
+            out.extend(self.log_objects())
+            for name, key in sorted(counters_of(ir).items()):
+                out.append(self.add_counter(name, key))
+        for name in sorted(ir.chains):
+            out.append(f"add chain {t} {name}")
+        for iface in sorted(ir.endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        for name in sorted(ir.chains):
+            out.extend(self.policy_chain_rules(ir.chains[name]))
+        for iface in sorted(ir.endpoints):
+            out.extend(self.endpoint_rules(ir.endpoints[iface]))
+        base = self.base(snap.nat)
+        out.extend(base[:2])  # the maps, before their elements
+        out.extend(self.map_elements("add", ir.endpoints))
+        out.extend(base[2:])
+        return "\n".join(out) + "\n"
+
+    def delta(self, old: Snapshot, new: Snapshot) -> list[str] | None:
+        """Commands that turn ``old`` into ``new`` (one transaction); ``None`` when only a
+        full replacement can do it (e.g. NAT switched on or off)."""
+        if old.nat.enabled != new.nat.enabled:
+            return None
+        t = self.t
+        out: list[str] = []
+        late: list[str] = []
+        osets, nsets = old.all_sets(), new.all_sets()
+        oel, nel = old.all_elements(), new.all_elements()
+        for name, d in sorted(nsets.items()):
+            if name in osets and (osets[name].kind, osets[name].family) != (d.kind, d.family):
+                return None
+            if name not in osets:
+                out.append(self.add_set(d))
+                out.extend(self.elements("add", name, nel[name]))
+                continue
+            if oel[name] is nel[name]:
+                continue
+            gone, came = oel[name] - nel[name], nel[name] - oel[name]
+            if gone:
+                out.extend(self.elements("delete", name, gone))
+            if came:
+                out.extend(self.elements("add", name, came))
+        ochains, nchains = old.ir.chains, new.ir.chains
+        oeps, neps = old.ir.endpoints, new.ir.endpoints
+        ocount = counters_of(old.ir) if self.visibility else {}
+        ncount = counters_of(new.ir) if self.visibility else {}
+        for name in sorted(ncount.keys() - ocount.keys()):
+            out.append(self.add_counter(name, ncount[name]))
+        for name in sorted(nchains.keys() - ochains.keys()):
+            out.append(f"add chain {t} {name}")
+        for iface in sorted(neps.keys() - oeps.keys()):
+            out.extend(f"add chain {t} {ch}" for ch in self.ep_chains(iface))
+        for name, pc in sorted(nchains.items()):
+            if name not in ochains:
+                out.extend(self.policy_chain_rules(pc))
+            elif ochains[name] is not pc and ochains[name] != pc:
+                out.append(f"flush chain {t} {name}")
+                out.extend(self.policy_chain_rules(pc))
+        for iface, p in sorted(neps.items()):
+            if iface not in oeps:
+                out.extend(self.endpoint_rules(p))
+            elif oeps[iface] is not p and oeps[iface] != p:
+                if (oeps[iface].ingress, oeps[iface].egress, oeps[iface].endpoint) == (
+                    p.ingress,
+                    p.egress,
+                    p.endpoint,
+                ):
+                    continue  # only the addresses differ: nothing in the chains
+                out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
+                out.extend(self.endpoint_rules(p))
+        out.extend(self.map_elements("add", neps.keys() - oeps.keys()))
+        removed = sorted(oeps.keys() - neps.keys())
+        late.extend(self.map_elements("delete", removed))
+        for iface in removed:
+            for c in self.ep_chains(iface):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        for name in sorted(ochains.keys() - nchains.keys()):
+            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
+        for name in sorted(osets.keys() - nsets.keys()):
+            late.append(f"delete set {t} {name}")
+        for name in sorted(ocount.keys() - ncount.keys()):
+            late.append(f"delete counter {t} {name}")
+        return out + late
+
+    def incremental(self, d: Delta) -> list[str] | None:
+        """Commands for a :class:`~policy.incremental.Delta`: what :meth:`delta` sends for
+        the two states the delta lies between, line for line, made from the delta alone
+        (no IR is diffed). ``None`` when only a full replacement can do it (NAT switched
+        on or off)."""
+        t = self.t
+        by_set: dict[str, list[str]] = {}
+        if d.nat is not None:
+            was, now = d.nat
+            if was.enabled != now.enabled:
+                return None
+            if now.enabled:
+                oel, nel = was.elements(), now.elements()
+                for name in nel:
+                    by_set[name] = [
+                        *self.elements("delete", name, oel[name] - nel[name]),
+                        *self.elements("add", name, nel[name] - oel[name]),
+                    ]
+        for name, sd in d.new_sets.items():
+            by_set[name] = [self.add_set(sd), *self.elements("add", name, d.new_elements[name])]
+        for name in d.added.keys() | d.removed.keys():
+            by_set[name] = [
+                *self.elements("delete", name, d.removed.get(name, ())),
+                *self.elements("add", name, d.added.get(name, ())),
+            ]
+        out = [line for name in sorted(by_set) for line in by_set[name]]
+        if self.visibility:
+            came = dict(chain_counter(c) for c in d.new_chains.values())
+            for p in d.new_endpoints.values():
+                came.update(endpoint_counters(p))
+            out.extend(self.add_counter(name, came[name]) for name in sorted(came))
+        out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
+        for iface in sorted(d.new_endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        chains = {**d.new_chains, **d.changed_chains}
+        for name in sorted(chains):
+            if name in d.changed_chains:
+                out.append(f"flush chain {t} {name}")
+            out.extend(self.policy_chain_rules(chains[name]))
+        for iface in sorted(d.new_endpoints.keys() | d.changed_endpoints.keys()):
+            if iface in d.new_endpoints:
+                out.extend(self.endpoint_rules(d.new_endpoints[iface]))
+                continue
+            was_p, now_p = d.changed_endpoints[iface]
+            if (was_p.ingress, was_p.egress, was_p.endpoint) == (
+                now_p.ingress,
+                now_p.egress,
+                now_p.endpoint,
+            ):
+                continue  # only the addresses differ: nothing in the chains
+            out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
+            out.extend(self.endpoint_rules(now_p))
+        out.extend(self.map_elements("add", d.new_endpoints))
+        late = self.map_elements("delete", d.gone_endpoints)
+        for iface in d.gone_endpoints:
+            for c in self.ep_chains(iface):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        for name in d.gone_chains:
+            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
+        late.extend(f"delete set {t} {name}" for name in d.gone_sets)
+        if self.visibility:
+            gone = [f"pkt-{name}" for name in d.gone_chains]
+            gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
+            late.extend(f"delete counter {t} {name}" for name in sorted(gone))
+        return out + late
+
+
+__all__ = [
+    "BASE_CHAINS",
+    "DEFAULT_PREFIX",
+    "DEFAULT_TABLE",
+    "LOG_BURST",
+    "LOG_FLOW_SECONDS",
+    "LOG_GROUP",
+    "LOG_PREFIX",
+    "LOG_RATE",
+    "Renderer",
+    "Snapshot",
+]
