@@ -29,7 +29,7 @@ from cni_protocol import skel
 from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
 
 if TYPE_CHECKING:
-    from tabby_node.view import MetricsHooks
+    from tabby_node.view import CallHooks
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
@@ -72,7 +72,8 @@ def node_handlers(
     endpoints: plugin.EndpointRecorder | None = None, mtu_file: str | None = None
 ) -> skel.Handlers:
     """tabby's handlers as tabby-node runs them: tabby-ipam in-process, the endpoint
-    recorder the agent gives (it programs a new pod's policy before the ADD answers), and
+    recorder tabby-node gives (``tabby_node.pod_policy.PodEndpoints``: it programs a new
+    pod's policy before the ADD answers), and
     the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
     return plugin.Plugin(
         ipam=InProcessIpam(), endpoints=endpoints, mtu_file=mtu_file, validate_first=True
@@ -127,12 +128,46 @@ def execute(
         os.close(home)
 
 
+def claim_run_dir(path: str) -> FileLock:
+    """Own the directory of socket ``path`` (one tabby-node per run directory) for as long
+    as the returned lock is held; SystemExit with one line when another tabby-node holds
+    it. Probing the socket alone races: two nodes starting together both find no live
+    socket, both bind, and the first one ends up serving a path the second one unlinked."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SystemExit(
+            f"tabby-node: another tabby-node is running in {directory} (it holds {lock.lock_file})"
+        ) from None
+    return lock
+
+
+def release_run_dir(path: str, lock: FileLock) -> None:
+    """Give the run directory of socket ``path`` up (``lock``: :func:`claim_run_dir`'s),
+    with the socket left there by a node that served it before."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    lock.release()
+
+
 class NodeServer:
+    """The socket the plugins' calls come in on (``path``). ``metrics``: counts every call
+    served. ``claimed``: the caller holds the run directory (:func:`claim_run_dir`) and
+    gives it up; else :meth:`bind` claims it and :meth:`stop` gives it up."""
+
     def __init__(
         self,
         path: str,
         endpoints: plugin.EndpointRecorder | None = None,
         mtu_file: str | None = None,
+        *,
+        metrics: CallHooks | None = None,
+        claimed: bool = False,
     ) -> None:
         self.path = path
         self.handlers = node_handlers(endpoints, mtu_file)
@@ -141,19 +176,17 @@ class NodeServer:
         self.inflight: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.served = 0
+        self.claimed = claimed
         self.run_dir_lock: FileLock | None = None
-        #: tabby_node.metrics.Metrics, or None: counts every call served
-        self.metrics: MetricsHooks | None = None
+        self.metrics = metrics
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def claim(self) -> None:
-        """Own the socket's directory (one tabby-node per run directory); SystemExit with
-        one line when another tabby-node holds it."""
-        if self.run_dir_lock is None:
-            directory = os.path.dirname(self.path)
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            self._claim_run_dir(directory)
+        """Own the socket's directory (:func:`claim_run_dir`), unless the caller or this
+        server does."""
+        if not self.claimed and self.run_dir_lock is None:
+            self.run_dir_lock = claim_run_dir(self.path)
 
     def bind(self) -> None:
         self.claim()
@@ -176,20 +209,6 @@ class NodeServer:
         os.chmod(self.path, 0o600)
         sock.listen(128)
         self.sock = sock
-
-    def _claim_run_dir(self, directory: str) -> None:
-        """Hold the run directory's lock for as long as this node runs. Probing the socket
-        alone races: two nodes starting together both find no live socket, both bind, and
-        the first one ends up serving a path the second one unlinked."""
-        lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise SystemExit(
-                f"tabby-node: another tabby-node is running in {directory} "
-                f"(it holds {lock.lock_file})"
-            ) from None
-        self.run_dir_lock = lock
 
     def serve_forever(self) -> None:
         assert self.sock is not None
