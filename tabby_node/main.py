@@ -30,11 +30,12 @@ last the CNI socket. It stops in the order :class:`~tabby_node.lifecycle.Shutdow
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bundle import __version__
 from cni_protocol.errors import CniError
@@ -43,14 +44,22 @@ from tabby_node.lifecycle import Retry, Shutdown, Threads
 
 if TYPE_CHECKING:
     from cni_config.common import DatastoreSettings
+    from dataplane.nft import PolicyDataplane
     from datastore import Served
     from datastore.base import Store
     from tabby_node.cache import Cache
+    from tabby_node.facts import Facts
     from tabby_node.metrics import Metrics
+    from tabby_node.options import NodeOptions
+    from tabby_node.passes import DataplaneLoop, Requests
+    from tabby_node.policylog import DeniedFlows
+    from tabby_node.server import NodeServer
+    from tabby_node.view import RoutingBackend
+
+log = logging.getLogger("tabby.node")
 
 
 def main(argv: list[str] | None = None) -> int:
-    import logging
     import sys
 
     from cni_protocol import log as cni_log
@@ -58,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     from tabby_node import options as node_options
     from tabby_node import server as call_server
 
-    log = logging.getLogger("tabby.node")
     try:
         options, settings = node_options.parse(argv)
     except CniError as e:
@@ -88,98 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     shutdown.on("socket", lambda: call_server.release_run_dir(options.socket_path, run_dir))
     threads = Threads(problems)
     shutdown.on("threads", threads.join)
-    retry = Retry(stopping, problems, metrics)
 
     with stop_on_signals(stopping):
         try:
-            from datastore import open_store
-            from tabby_node import policylog, tracer
-            from tabby_node.cache import Cache
-            from tabby_node.facts import discover, write_file
-            from tabby_node.registration import Liveness, ensure_default_pools
-            from tabby_node.tunnels import Tunnels
-            from tabby_node.watcher import Watcher
-
-            os.makedirs(options.run_dir, mode=0o755, exist_ok=True)
-            os.makedirs(options.state_dir, mode=0o755, exist_ok=True)
-            facts = discover(options)
-            cache = Cache(facts.name)  # before the watch: whose Pods' stored forms are kept
-            write_file(options.nodename_file, facts.name + "\n")
-            store = open_store(settings)
-            shutdown.on("store", lambda: _quietly(store.close))
-            log.warning(
-                "tabby-node %s: node %s, %s, backend %s, datastore %s",
-                __version__,
-                facts.name,
-                ", ".join(str(a) for a in (facts.ipv4, facts.ipv6) if a) or "no underlay address",
-                options.backend,
-                settings.describe(),
-            )
-            tunnels = Tunnels(facts, options.backend, store, cache)
-            liveness = Liveness(
-                facts,
-                options.backend,
-                store,
-                node_ttl=options.node_ttl,
-                cache=cache,
-                ensure_tunnels=tunnels.ensure,
-                stopping=stopping,
-                beats=beats,
-                problems=problems,
+            node = start_up(
+                options,
+                settings,
                 metrics=metrics,
-            )
-            retry("register", liveness.register)
-            retry(
-                "default pools",
-                lambda: ensure_default_pools(store, options.ipv4_pool, options.ipv6_pool),
-            )
-            watcher = Watcher(store, cache, stopping=stopping, beats=beats, metrics=metrics)
-            threads.spawn("watcher", watcher.run)
-            threads.spawn("heartbeat", liveness.run)
-            served = serve_calls(settings, store, cache)
-            shutdown.on("served", lambda: _unserve(settings))
-            if not cache.synced.wait(settings.lock_timeout_seconds):
-                log.warning("no datastore snapshot yet: starting with an empty view")
-            retry("tunnel addresses", tunnels.ensure)
-            mtu = tunnels.write_mtu(options.mtu_file)
-
-            from dataplane.nft import PolicyDataplane
-            from tabby_node import routing as routing_backends
-            from tabby_node.node_status import StatusReport
-            from tabby_node.passes import DataplaneLoop, IpipNotice, PolicyPass, Requests
-
-            routing = routing_backends.choose(options.backend, facts, options.run_dir, metrics)
-            shutdown.on("routing", lambda: _quietly(routing.stop))
-            routing.start()
-            visibility = options.policy_visibility == "on"
-            policy = PolicyDataplane(facts.name, visibility=visibility)
-            requests = Requests(cache.wake)
-            status = StatusReport(
-                facts,
-                backend=options.backend,
-                mtu=mtu,
-                problems=problems,
-                routing=routing,
-                run_dir=options.run_dir,
-            )
-            passes = DataplaneLoop(
-                cache,
-                routing,
-                PolicyPass(policy, metrics),
-                ipip=IpipNotice(facts, options.backend, problems),
-                status=status,
-                requests=requests,
                 stopping=stopping,
-                beats=beats,
                 problems=problems,
-                metrics=metrics,
+                beats=beats,
+                threads=threads,
+                shutdown=shutdown,
             )
-            passes.reconcile(full=True)
-            denied_flows = None
-            if visibility:
-                denied_flows = policylog.DeniedFlows(facts.name)
-                policylog.start(policy, denied_flows, stopping, problems)
-            tracer.start(facts.name, cache, store, stopping)
         except (CniError, DatastoreError) as e:
             print(f"tabby-node: {e}", file=sys.stderr)
             shutdown.run()
@@ -192,57 +121,15 @@ def main(argv: list[str] | None = None) -> int:
         if stopping.is_set():
             shutdown.run()
             return 0
-
-        from tabby_node import http
-        from tabby_node.pod_policy import PodEndpoints, PodPolicy
-
-        server = call_server.NodeServer(
-            options.socket_path,
-            endpoints=PodEndpoints(cache, PodPolicy(cache, policy, requests, metrics)),
-            mtu_file=options.mtu_file,
+        server = serve(
+            options,
+            settings,
+            node,
             metrics=metrics,
-            claimed=True,
-        )
-        if metrics is not None:
-            from tabby_node.metrics import NodeCollector
-            from tabby_node.options import conf_reserved
-            from tabby_node.routing import BirdRouting
-
-            metrics.registry.register(
-                NodeCollector(
-                    node=facts.name,
-                    backend=options.backend,
-                    started=metrics.started,
-                    problems=problems,
-                    calls=server,
-                    cache=cache,
-                    reserved=conf_reserved(options.conf),
-                    bgp=routing if isinstance(routing, BirdRouting) else None,
-                    policy=policy,
-                    denied_flows=denied_flows,
-                    store=store,
-                    served=served,
-                )
-            )
-        health = http.Health(
-            node_ttl=options.node_ttl,
-            datastore=settings,
-            passes=passes,
-            routing=routing,
+            problems=problems,
             beats=beats,
-            problems=problems,
-            metrics=metrics,
+            shutdown=shutdown,
         )
-        servers = http.start(
-            health,
-            health_port=options.health_port,
-            metrics_port=options.metrics_port,
-            node_ip=str(facts.ipv4.address) if facts.ipv4 is not None else None,
-            exposition=metrics.exposition if metrics is not None else None,
-            denied_flows=denied_flows,
-            problems=problems,
-        )
-        shutdown.on("http", lambda: http.stop(servers))
         server.bind()
         shutdown.on("socket", server.stop)
         threads.spawn("cni server", server.serve_forever)
@@ -253,11 +140,202 @@ def main(argv: list[str] | None = None) -> int:
             (time.perf_counter() - t0) * 1000,
         )
         try:
-            passes.run()
+            node.passes.run()
         finally:
             shutdown.run()
             log.warning("tabby-node stopped after %d calls", server.served)
     return 0
+
+
+class Node(NamedTuple):
+    """What start-up made, for :func:`serve` and the dataplane loop."""
+
+    facts: Facts
+    cache: Cache
+    store: Store
+    served: Served
+    routing: RoutingBackend
+    policy: PolicyDataplane
+    requests: Requests
+    passes: DataplaneLoop
+    denied_flows: DeniedFlows | None
+
+
+def start_up(
+    options: NodeOptions,
+    settings: DatastoreSettings,
+    *,
+    metrics: Metrics | None,
+    stopping: threading.Event,
+    problems: dict[str, str],
+    beats: dict[str, float],
+    threads: Threads,
+    shutdown: Shutdown,
+) -> Node:
+    """Everything up to serving, in this order: the node's facts, its name file, the
+    store, the Node and heartbeat, the default pools, the watcher and heartbeat threads,
+    the served calls' store, the first snapshot, the tunnel addresses, the MTU file, the
+    routing backend, the policy dataplane and the first full pass, the policy log and the
+    tracer. What it started is stopped by ``shutdown``."""
+    from datastore import open_store
+    from tabby_node import policylog, tracer
+    from tabby_node.cache import Cache
+    from tabby_node.facts import discover, write_file
+    from tabby_node.registration import Liveness, ensure_default_pools
+    from tabby_node.tunnels import Tunnels
+    from tabby_node.watcher import Watcher
+
+    retry = Retry(stopping, problems, metrics)
+    os.makedirs(options.run_dir, mode=0o755, exist_ok=True)
+    os.makedirs(options.state_dir, mode=0o755, exist_ok=True)
+    facts = discover(options)
+    cache = Cache(facts.name)  # before the watch: whose Pods' stored forms are kept
+    write_file(options.nodename_file, facts.name + "\n")
+    store = open_store(settings)
+    shutdown.on("store", lambda: _quietly(store.close))
+    log.warning(
+        "tabby-node %s: node %s, %s, backend %s, datastore %s",
+        __version__,
+        facts.name,
+        ", ".join(str(a) for a in (facts.ipv4, facts.ipv6) if a) or "no underlay address",
+        options.backend,
+        settings.describe(),
+    )
+    tunnels = Tunnels(facts, options.backend, store, cache)
+    liveness = Liveness(
+        facts,
+        options.backend,
+        store,
+        node_ttl=options.node_ttl,
+        cache=cache,
+        ensure_tunnels=tunnels.ensure,
+        stopping=stopping,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    retry("register", liveness.register)
+    retry(
+        "default pools", lambda: ensure_default_pools(store, options.ipv4_pool, options.ipv6_pool)
+    )
+    watcher = Watcher(store, cache, stopping=stopping, beats=beats, metrics=metrics)
+    threads.spawn("watcher", watcher.run)
+    threads.spawn("heartbeat", liveness.run)
+    served = serve_calls(settings, store, cache)
+    shutdown.on("served", lambda: _unserve(settings))
+    if not cache.synced.wait(settings.lock_timeout_seconds):
+        log.warning("no datastore snapshot yet: starting with an empty view")
+    retry("tunnel addresses", tunnels.ensure)
+    mtu = tunnels.write_mtu(options.mtu_file)
+
+    from dataplane.nft import PolicyDataplane
+    from tabby_node import routing as routing_backends
+    from tabby_node.node_status import StatusReport
+    from tabby_node.passes import DataplaneLoop, IpipNotice, PolicyPass, Requests
+
+    routing = routing_backends.choose(options.backend, facts, options.run_dir, metrics)
+    shutdown.on("routing", lambda: _quietly(routing.stop))
+    routing.start()
+    visibility = options.policy_visibility == "on"
+    policy = PolicyDataplane(facts.name, visibility=visibility)
+    requests = Requests(cache.wake)
+    status = StatusReport(
+        facts,
+        backend=options.backend,
+        mtu=mtu,
+        problems=problems,
+        routing=routing,
+        run_dir=options.run_dir,
+    )
+    passes = DataplaneLoop(
+        cache,
+        routing,
+        PolicyPass(policy, metrics),
+        ipip=IpipNotice(facts, options.backend, problems),
+        status=status,
+        requests=requests,
+        stopping=stopping,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    passes.reconcile(full=True)
+    denied_flows = None
+    if visibility:
+        denied_flows = policylog.DeniedFlows(facts.name)
+        policylog.start(policy, denied_flows, stopping, problems)
+    tracer.start(facts.name, cache, store, stopping)
+    return Node(facts, cache, store, served, routing, policy, requests, passes, denied_flows)
+
+
+def serve(
+    options: NodeOptions,
+    settings: DatastoreSettings,
+    node: Node,
+    *,
+    metrics: Metrics | None,
+    problems: dict[str, str],
+    beats: dict[str, float],
+    shutdown: Shutdown,
+) -> NodeServer:
+    """The call server (not bound yet: :meth:`NodeServer.bind`) with the per-pod policy,
+    the state the metrics read, and the HTTP endpoints (serving already; stopped by
+    ``shutdown``)."""
+    from tabby_node import http
+    from tabby_node.pod_policy import PodEndpoints, PodPolicy
+    from tabby_node.server import NodeServer
+
+    pods = PodPolicy(node.cache, node.policy, node.requests, metrics)
+    server = NodeServer(
+        options.socket_path,
+        endpoints=PodEndpoints(node.cache, pods),
+        mtu_file=options.mtu_file,
+        metrics=metrics,
+        claimed=True,
+    )
+    if metrics is not None:
+        from tabby_node.metrics import NodeCollector
+        from tabby_node.options import conf_reserved
+        from tabby_node.routing import BirdRouting
+
+        routing = node.routing
+        metrics.registry.register(
+            NodeCollector(
+                node=node.facts.name,
+                backend=options.backend,
+                started=metrics.started,
+                problems=problems,
+                calls=server,
+                cache=node.cache,
+                reserved=conf_reserved(options.conf),
+                bgp=routing if isinstance(routing, BirdRouting) else None,
+                policy=node.policy,
+                denied_flows=node.denied_flows,
+                store=node.store,
+                served=node.served,
+            )
+        )
+    health = http.Health(
+        node_ttl=options.node_ttl,
+        datastore=settings,
+        passes=node.passes,
+        routing=node.routing,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    ipv4 = node.facts.ipv4
+    servers = http.start(
+        health,
+        health_port=options.health_port,
+        metrics_port=options.metrics_port,
+        node_ip=str(ipv4.address) if ipv4 is not None else None,
+        exposition=metrics.exposition if metrics is not None else None,
+        denied_flows=node.denied_flows,
+        problems=problems,
+    )
+    shutdown.on("http", lambda: http.stop(servers))
+    return server
 
 
 def serve_calls(settings: DatastoreSettings, store: Store, cache: Cache) -> Served:
