@@ -2,7 +2,7 @@
 
 PRODUCT's table (README "tabby-node"): every flag has a ``TABBY_*`` variable. The datastore
 settings are resolved by the one module that does it for tabbyctl too
-(``cni_config.resolve.resolve_datastore``: flag > env > ``--conf``'s ipam section > defaults).
+(``ipam.config.resolve_datastore``: flag > env > ``--conf``'s ipam section > defaults).
 """
 
 from __future__ import annotations
