@@ -11,7 +11,7 @@ The documents are saved once per size (``--cache-dir``) and reused.
 
 Then, for each N, a fresh process is one tabby-node's state: the store's sync snapshot
 (what the watch hands over first) goes into tabby-node's ``Cache`` (``Index``), and
-``Agent.reconcile(full=True)`` builds the routing (``VxlanRouting``: cluster index, VXLAN
+``DataplaneLoop.reconcile(full=True)`` builds the routing (``VxlanRouting``: cluster index, VXLAN
 table; the kernel is the unit tests' fake one) and the policy state (policy memo, nft
 dataplane; nft is the unit tests' model). Measured, each in its own process:
 
@@ -55,7 +55,7 @@ NAMESPACES = 50
 ENDPOINT = "http://127.0.0.1:1"  # never dialled: the memory store is served in its place
 PREFIX = "/bench-memory"
 ME = "sim-0"  # the node whose state is measured (a node like the others)
-HELD: list[object] = []  # what a running watch holds besides the agent
+HELD: list[object] = []  # what a running watch holds besides the node's parts
 
 
 # == the datastore, written by scale_writer's code paths ===========================================
@@ -84,20 +84,21 @@ def _generate(nodes: int, pods_per_node: int, path: Path) -> None:
     store = MemoryStore()
     serve(settings, store)
     try:
-        _write(store, settings, nodes, pods_per_node, path)
+        _write(store, nodes, pods_per_node, path)
     finally:
         unserve(settings)
 
 
-def _write(store: Any, settings: Any, nodes: int, pods_per_node: int, path: Path) -> None:
+def _write(store: Any, nodes: int, pods_per_node: int, path: Path) -> None:
     import ipaddress
 
     import scale_writer
 
     from resources.heartbeat import Heartbeat
-    from tabby_node.agent import Agent, _cas
+    from tabby_node.cache import Cache
     from tabby_node.facts import Facts
-    from tabby_node.options import NodeOptions
+    from tabby_node.registration import cas, node_spec
+    from tabby_node.tunnels import Tunnels
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {
@@ -116,14 +117,13 @@ def _write(store: Any, settings: Any, nodes: int, pods_per_node: int, path: Path
         def register(node: str, index: int) -> None:  # Writer.register, on this store
             from dataplane.nodeinfo import NodeAddress
 
-            agent = Agent(NodeOptions(nodename=node, backend="vxlan", run_dir=tmp), settings)
             address = ipaddress.ip_address(SIM_UNDERLAY) + index
-            agent.facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
-            agent.store = store
-            _cas(store, "node", node, agent.node_spec)
+            facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
+            cache = Cache(node)
+            cas(store, "node", node, lambda existing: node_spec(facts, "vxlan", existing))
             for key, doc in store.list("pool"):
-                agent.cache.put_local("pool", key, doc)
-            agent.ensure_tunnels(store)
+                cache.put_local("pool", key, doc)
+            Tunnels(facts, "vxlan", store, cache).ensure()
             store.put("heartbeat", node, Heartbeat(node, time.time(), 1000 + index).to_data(), None)
 
         writer.register = register  # type: ignore[method-assign]
@@ -178,37 +178,52 @@ def build_node(path: str | None) -> Any:
     them over as one snapshot (through the stores' own ``Reported``, which the watch keeps
     for as long as it runs), the cache takes it, the first pass builds the rest."""
     import ipaddress
+    import threading
 
-    from cni_config.common import DatastoreSettings
     from dataplane.nodeinfo import NodeAddress
     from dataplane.overlay import Reconciler
     from datastore.engine import Reported
     from policy.state import PolicyDataplane
-    from tabby_node.agent import Agent
+    from tabby_node.cache import Cache
     from tabby_node.facts import Facts
-    from tabby_node.options import NodeOptions
+    from tabby_node.node_status import StatusReport
+    from tabby_node.passes import DataplaneLoop, IpipNotice, PolicyPass, Requests
     from tabby_node.routing import VxlanRouting
     from tests.nft_model import NftModel
     from tests.unit.fake_kernel import FakeKernel
 
     tmp = tempfile.mkdtemp(prefix="tabby-node-memory-")
     atexit.register(shutil.rmtree, tmp, True)
-    agent = Agent(NodeOptions(nodename=ME, backend="vxlan", run_dir=tmp), DatastoreSettings())
     address = ipaddress.ip_address(SIM_UNDERLAY)
-    agent.facts = Facts(ME, NodeAddress(address, 16, None), None, 1500, False, "")
-    agent.routing = VxlanRouting(agent)
-    agent.routing.overlay.reconciler = Reconciler(netlink=FakeKernel(ipip=False))  # type: ignore[arg-type]
-    agent.policy = PolicyDataplane(ME, backend=NftModel(), families=(4,))
+    facts = Facts(ME, NodeAddress(address, 16, None), None, 1500, False, "")
+    cache = Cache(ME)
+    routing = VxlanRouting(facts, "vxlan")
+    routing.overlay.reconciler = Reconciler(netlink=FakeKernel(ipip=False))  # type: ignore[arg-type]
+    policy = PolicyDataplane(ME, backend=NftModel(), families=(4,))
+    problems: dict[str, str] = {}
+    node = DataplaneLoop(
+        cache,
+        routing,
+        PolicyPass(policy),
+        ipip=IpipNotice(facts, "vxlan", problems),
+        status=StatusReport(
+            facts, backend="vxlan", mtu=1450, problems=problems, routing=routing, run_dir=tmp
+        ),
+        requests=Requests(cache.wake),
+        stopping=threading.Event(),
+        beats={},
+        problems=problems,
+    )
     if path is None:
-        return agent
+        return node
     reported = Reported()  # the watch's: alive as long as the watch
     HELD.append(reported)
     event = reported.snapshot(load(Path(path)))
-    agent.cache.apply(event)
+    node.cache.apply(event)
     del event
-    if not agent.reconcile(full=True):
-        raise SystemExit(f"the pass failed: {agent.problems}")
-    return agent
+    if not node.reconcile(full=True):
+        raise SystemExit(f"the pass failed: {node.problems}")
+    return node
 
 
 #: Allocations that are not a real node's memory (the fake kernel, the nft model, this file).
@@ -223,14 +238,14 @@ def measure(path: str | None, mode: str, top: int) -> dict[str, Any]:
             endpoints = sum(1 for line in f if line.startswith('["workloadendpoint"'))
     if mode == "rss":
         t0 = time.process_time()
-        agent = build_node(path)
+        node = build_node(path)
         cpu = time.process_time() - t0
         gc.collect()
-        return {"rss_kb": rss_kb(), "cpu_s": cpu, "endpoints": endpoints, "agent": id(agent)}
+        return {"rss_kb": rss_kb(), "cpu_s": cpu, "endpoints": endpoints, "node": id(node)}
     build_node(None)  # the imports are the idle node's, not the state's
     gc.collect()
     tracemalloc.start()
-    agent = build_node(path)
+    node = build_node(path)
     gc.collect()
     peak = tracemalloc.get_traced_memory()[1]
     snap = tracemalloc.take_snapshot()
@@ -242,7 +257,7 @@ def measure(path: str | None, mode: str, top: int) -> dict[str, Any]:
     by_file = snap.statistics("filename")
     by_line = snap.statistics("lineno")
     total = sum(s.size for s in by_file)
-    del agent
+    del node
     return {
         "traced": total,
         "peak": peak,

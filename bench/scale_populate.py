@@ -6,8 +6,8 @@ pod ADD pay its round trips to etcd: N = 1000 took 18 minutes. Here the same doc
 made by tabby's own code on an in-memory store, then copied to the target store in
 transactions of up to ``MAX_TXN_OPS`` documents:
 
-- a node's ``Node`` through tabby-node's ``Agent.node_spec``, its VXLAN tunnel address and
-  MAC through ``Agent.ensure_tunnels`` (IPAM: the node's block claimed, its affinity, the
+- a node's ``Node`` through tabby-node's ``registration.node_spec``, its VXLAN tunnel address
+  and MAC through ``Tunnels.ensure`` (IPAM: the node's block claimed, its affinity, the
   tunnel handle), as bench/scale_writer.py's ``register`` does;
 - a pod's address through the IPAM core (``Ipam.assign`` with the request tabby-ipam builds
   from a CNI ADD: handle, allocation in the node's block), its ``WorkloadEndpoint`` through
@@ -97,19 +97,20 @@ class Builder:
         """The node's registration and tunnel address (bench/scale_writer.py ``register``)."""
         from dataplane.nodeinfo import NodeAddress
         from tabby_node import options as node_options
-        from tabby_node.agent import Agent, _cas
+        from tabby_node.cache import Cache
         from tabby_node.facts import Facts
+        from tabby_node.registration import cas, node_spec
+        from tabby_node.tunnels import Tunnels
 
         argv = [a.replace("{node}", node) for a in self.node_argv]
-        options, datastore = node_options.parse(argv)
-        agent = Agent(options, datastore)
+        options, _datastore = node_options.parse(argv)
         address = self.underlay + index
-        agent.facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
-        agent.store = self.mem
-        _cas(self.mem, "node", node, agent.node_spec)
+        facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
+        cache = Cache(node)
+        cas(self.mem, "node", node, lambda existing: node_spec(facts, options.backend, existing))
         for key, doc in self.mem.list("pool"):
-            agent.cache.put_local("pool", key, doc)
-        agent.ensure_tunnels(self.mem)
+            cache.put_local("pool", key, doc)
+        Tunnels(facts, options.backend, self.mem, cache).ensure()
 
     def pods(self, node: str, pods: Sequence[tuple[str, str]], labels: dict[str, str]) -> None:
         """``pods`` ((namespace, name) each) on ``node``: address, endpoint, Pod."""

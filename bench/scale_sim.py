@@ -5,8 +5,8 @@ Started by scale_bench.py inside the control node's network namespace (where etc
 driven by JSON lines on stdin, answering with JSON lines on stdout. Not meant to be run by
 hand.
 
-What a simulated node is: tabby-node's own ``Agent`` with its own ``EtcdStore``, running
-tabby-node's own loops (``Agent._watch``: ``store.sync(WATCHED_KINDS)``; ``Agent._heartbeat``:
+What a simulated node is: tabby-node's own parts with its own ``EtcdStore``, running
+tabby-node's own loops (``Watcher.run``: ``store.sync(WATCHED_KINDS)``; ``Liveness.run``:
 the lease kept alive every ttl/3, written again only when it expired), so the ranges it
 reads and watches, the revisions it watches from, what it does after a broken or compacted
 watch and how it keeps its liveness are tabby's, and follow tabby's code as it changes.
@@ -636,8 +636,11 @@ class SimNode:
     def __init__(self, hub: Hub, name: str, argv: list[str]) -> None:
         from datastore import open_store
         from tabby_node import options as node_options
-        from tabby_node.agent import Agent
         from tabby_node.facts import Facts
+        from tabby_node.lifecycle import Retry, Threads
+        from tabby_node.registration import Liveness
+        from tabby_node.tunnels import Tunnels
+        from tabby_node.watcher import Watcher
 
         self.hub = hub
         self.name = name
@@ -646,9 +649,8 @@ class SimNode:
         self.booted_streams = 0
         self.synced_at: float | None = None
         options, datastore = node_options.parse(argv)
-        self.agent = agent = Agent(options, datastore)
-        agent.facts = Facts(name, None, None, 1500, False, "")
-        agent.cache = SimCache(hub, name)
+        facts = Facts(name, None, None, 1500, False, "")
+        cache = SimCache(hub, name)
         store = open_store(datastore)
         inner: EtcdClient = store.client  # type: ignore[attr-defined]
         client = SimClient(inner.urls, timeout=inner.timeout)
@@ -669,20 +671,34 @@ class SimNode:
             count_sync(what)
 
         store.count_sync = counted  # type: ignore[method-assign]
-        agent.store = store
+        self.store = store
+        self.stopping = threading.Event()
+        problems: dict[str, str] = {}
+        beats: dict[str, float] = {}
+        self.threads = Threads(problems)
+        self.retry = Retry(self.stopping, problems)
+        self.liveness = Liveness(
+            facts,
+            options.backend,
+            store,
+            node_ttl=options.node_ttl,
+            cache=cache,
+            ensure_tunnels=Tunnels(facts, options.backend, store, cache).ensure,
+            stopping=self.stopping,
+            beats=beats,
+            problems=problems,
+        )
+        self.watcher = Watcher(store, cache, stopping=self.stopping, beats=beats)
 
     def beat(self) -> None:
-        store = self.agent.store
-        assert store is not None
-        self.agent._retry("heartbeat", lambda: self.agent.beat(store))
+        self.retry("heartbeat", self.liveness.beat)
 
     def start_loops(self) -> None:
-        agent = self.agent
-        agent._spawn("watcher", agent._watch)
-        agent._spawn("heartbeat", agent._heartbeat)
+        self.threads.spawn("watcher", self.watcher.run)
+        self.threads.spawn("heartbeat", self.liveness.run)
 
     def stop(self) -> None:
-        self.agent.stopping.set()
+        self.stopping.set()
 
 
 # == the command loop ==============================================================================
@@ -861,14 +877,11 @@ class Sim:
         except Exception as e:
             logging.warning("closing the streams: %s", e)
         for node in hub.nodes:
-            for t in node.agent.threads:
-                t.join(timeout=0.05)
-            store = node.agent.store
-            if store is not None:
-                try:
-                    store.close()
-                except Exception as e:
-                    logging.warning("closing a store: %s", e)
+            node.threads.join(timeout=0.05)
+            try:
+                node.store.close()
+            except Exception as e:
+                logging.warning("closing a store: %s", e)
 
 
 def main() -> int:

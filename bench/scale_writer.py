@@ -6,7 +6,7 @@ driven by JSON lines on stdin, answering on stdout. Not meant to be run by hand.
 What it writes, and through what:
 
 - a simulated node registers as tabby-node does: its ``Node`` through tabby-node's own
-  ``Agent.node_spec`` and compare-and-swap, then ``Agent.ensure_tunnels`` (the VXLAN tunnel
+  ``registration.node_spec`` and compare-and-swap, then ``Tunnels.ensure`` (the VXLAN tunnel
   address from IPAM, which claims the node's block, and the MAC, on the Node); its
   heartbeat is the simulated node's own (bench/scale_sim.py);
 - a pod ADD on a simulated node is the CNI call tabby-node serves, run through the same
@@ -349,24 +349,25 @@ class Writer:
         from dataplane.nodeinfo import NodeAddress
         from datastore import open_store
         from tabby_node import options as node_options
-        from tabby_node.agent import Agent, _cas
+        from tabby_node.cache import Cache
         from tabby_node.facts import Facts
+        from tabby_node.registration import cas, node_spec
+        from tabby_node.tunnels import Tunnels
 
         lane = self.lanes[self.lane(node)]
         argv = [
             a.replace("{node}", node).replace("{endpoint}", lane) for a in self.cfg["node_argv"]
         ]
         options, datastore = node_options.parse(argv)
-        agent = Agent(options, datastore)
         address = ipaddress.ip_address(self.cfg["sim_underlay"]) + index
-        agent.facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
+        facts = Facts(node, NodeAddress(address, 16, None), None, 1500, False, "")
+        cache = Cache(node)
         store = open_store(datastore)
         try:
-            agent.store = store
-            _cas(store, "node", node, agent.node_spec)
+            cas(store, "node", node, lambda existing: node_spec(facts, options.backend, existing))
             for key, doc in store.list("pool"):
-                agent.cache.put_local("pool", key, doc)
-            agent.ensure_tunnels(store)
+                cache.put_local("pool", key, doc)
+            Tunnels(facts, options.backend, store, cache).ensure()
         finally:
             store.close()
 

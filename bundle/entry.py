@@ -171,7 +171,7 @@ def main_ctl() -> None:
 
 
 def main_node() -> None:
-    from tabby_node.agent import main as node
+    from tabby_node.main import main as node
 
     sys.exit(node())
 

@@ -21,10 +21,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from http.server import ThreadingHTTPServer
 
-    from daemon.http import Route
+    from cni_config.common import DatastoreSettings
+    from daemon.http import Endpoints, Exposition, Route
     from datastore.base import Store
-    from tabby_node.view import AgentView
+    from tabby_node.policylog import DeniedFlows
+    from tabby_node.view import DatastoreErrors, Passes, Ready
 
 log = logging.getLogger("tabby.node")
 
@@ -35,8 +38,29 @@ DATASTORE_CHECK_EVERY = 2.0
 
 
 class Health:
-    def __init__(self, agent: AgentView) -> None:
-        self.agent = agent
+    """``/liveness`` from the loops' beats (``beats``: loop -> when it last went round) and
+    crashed loops (``problems``); ``/readiness`` from a datastore check of its own (a store
+    opened from ``datastore`` with a short timeout), the dataplane passes, the routing
+    backend and the problems."""
+
+    def __init__(
+        self,
+        *,
+        node_ttl: float,
+        datastore: DatastoreSettings,
+        passes: Passes,
+        routing: Ready,
+        beats: Mapping[str, float],
+        problems: Mapping[str, str],
+        metrics: DatastoreErrors | None = None,
+    ) -> None:
+        self.node_ttl = node_ttl
+        self.datastore = datastore
+        self.passes = passes
+        self.routing = routing
+        self.beats = beats
+        self.problems = problems
+        self.metrics = metrics
         self._checked = 0.0
         self._datastore_problem: str | None = None
         self._store: Store | None = None
@@ -45,16 +69,16 @@ class Health:
     def liveness(self) -> list[str]:
         now = time.monotonic()
         reasons = []
-        beats = dict(self.agent.loop_beat)
+        beats = dict(self.beats)
         for loop, limit in STUCK_SECONDS.items():
             beat = beats.get(loop)
             if beat is not None and now - beat > limit:
                 reasons.append(f"{loop} loop stuck for {now - beat:.0f} s")
-        period = max(self.agent.options.node_ttl / 3, 1.0)
+        period = max(self.node_ttl / 3, 1.0)
         beat = beats.get("heartbeat")
         if beat is not None and now - beat > 3 * period + 10:
             reasons.append(f"heartbeat loop stuck for {now - beat:.0f} s")
-        reasons += [f"{k}: {v}" for k, v in self.agent.problems.items() if k.startswith("loop ")]
+        reasons += [f"{k}: {v}" for k, v in self.problems.items() if k.startswith("loop ")]
         return reasons
 
     def _datastore(self) -> str | None:
@@ -65,7 +89,7 @@ class Health:
             from ipam.core.errors import DatastoreError
 
             if self._store is None:
-                quick = self.agent.datastore.model_copy(
+                quick = self.datastore.model_copy(
                     update={"lock_timeout_seconds": DATASTORE_CHECK_TIMEOUT}
                 )
                 self._store = open_store(quick)
@@ -74,76 +98,81 @@ class Health:
                 self._datastore_problem = None
             except (DatastoreError, OSError) as e:
                 self._datastore_problem = f"datastore: {e}"
-                if self.agent.metrics is not None:  # metrics
-                    self.agent.metrics.datastore_error("health_check")
+                if self.metrics is not None:  # metrics
+                    self.metrics.datastore_error("health_check")
             self._checked = time.monotonic()
             return self._datastore_problem
 
     def readiness(self) -> list[str]:
-        agent = self.agent
+        problems = self.problems
         reasons = []
         problem = self._datastore()
         if problem:
             reasons.append(problem)
-        if agent.reconciles == 0:
+        if self.passes.reconciles == 0:
             reasons.append("dataplane: not programmed yet")
-        elif not agent.in_sync:
+        elif not self.passes.in_sync:
             for key in ("routing", "policy"):
-                if key in agent.problems:
-                    reasons.append(f"{key}: {agent.problems[key]}")
+                if key in problems:
+                    reasons.append(f"{key}: {problems[key]}")
             if len(reasons) == (1 if problem else 0):
                 reasons.append("dataplane: the last reconcile failed")
-        if agent.routing is not None:
-            reasons += agent.routing.readiness()
-        if "ipip" in agent.problems:
-            reasons.append(f"ipip: {agent.problems['ipip']}")
+        reasons += self.routing.readiness()
+        if "ipip" in problems:
+            reasons.append(f"ipip: {problems['ipip']}")
         return reasons
 
 
 def _serve(
-    agent: AgentView,
-    host: str,
-    port: int,
-    health: Health,
-    what: str,
-    routes: Mapping[str, Route] | None = None,
-) -> None:
-    from daemon.http import Endpoints, serve
+    host: str, port: int, endpoints: Endpoints, what: str, problems: dict[str, str]
+) -> ThreadingHTTPServer | None:
+    """One server; None (and a problem node status shows) when the port cannot be had."""
+    from daemon.http import serve
 
-    metrics = agent.metrics.exposition if agent.metrics is not None else None
-    endpoints = Endpoints(health.liveness, health.readiness, metrics, routes or {})
     try:
-        server = serve(host, port, endpoints, what)
+        return serve(host, port, endpoints, what)
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
-        agent.problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
-        return
-    agent.http_servers.append(server)
+        problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
+        return None
 
 
-def start(agent: AgentView) -> None:
-    """Serve health on 127.0.0.1 (probes run on the node) and metrics on 127.0.0.1 and the
-    node's IPv4 address (Prometheus scrapes from elsewhere), as the ports say (0: off);
-    the denied-flow log on both."""
-    health = Health(agent)
-    options = agent.options
+def start(
+    health: Health,
+    *,
+    health_port: int,
+    metrics_port: int,
+    node_ip: str | None,
+    exposition: Exposition | None,
+    denied_flows: DeniedFlows | None,
+    problems: dict[str, str],
+) -> list[ThreadingHTTPServer]:
+    """Serve health on 127.0.0.1 (probes run on the node) and metrics (``exposition``) on
+    127.0.0.1 and the node's IPv4 address (Prometheus scrapes from elsewhere), as the ports
+    say (0: off); the denied-flow log on both. Returns the servers (:func:`stop`)."""
+    from daemon.http import Endpoints
+
     routes: dict[str, Route] = {}
-    if agent.denied_flows is not None:
+    if denied_flows is not None:
         from tabby_node.policylog import http_route
 
-        routes["/policy/log"] = http_route(agent.denied_flows)
-    if options.health_port:
-        _serve(agent, "127.0.0.1", options.health_port, health, "health", routes)
-    if options.metrics_port and agent.metrics is not None:
-        hosts = ["127.0.0.1"]
-        facts = agent.facts
-        if facts is not None and facts.ipv4 is not None:
-            hosts.append(str(facts.ipv4.address))
-        for host in hosts:
-            _serve(agent, host, options.metrics_port, health, f"metrics {host}", routes)
+        routes["/policy/log"] = http_route(denied_flows)
+    endpoints = Endpoints(health.liveness, health.readiness, exposition, routes)
+    wanted: list[tuple[str, int, str]] = []
+    if health_port:
+        wanted.append(("127.0.0.1", health_port, "health"))
+    if metrics_port and exposition is not None:
+        hosts = ["127.0.0.1", *([node_ip] if node_ip is not None else [])]
+        wanted += [(host, metrics_port, f"metrics {host}") for host in hosts]
+    servers = []
+    for host, port, what in wanted:
+        server = _serve(host, port, endpoints, what, problems)
+        if server is not None:
+            servers.append(server)
+    return servers
 
 
-def stop(agent: AgentView) -> None:
+def stop(servers: list[ThreadingHTTPServer]) -> None:
     from daemon.http import stop as stop_servers
 
-    stop_servers(agent.http_servers)
+    stop_servers(servers)

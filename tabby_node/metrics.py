@@ -3,16 +3,18 @@
 One :class:`Metrics` per tabby-node, with a registry of its own (never the library's global
 one). Two kinds of numbers:
 
-* events, counted where they happen through the hooks the node calls: a CNI call served
-  (:meth:`Metrics.cni_request`, from the call server), a reconcile pass
+* events, counted where they happen through the hooks the node's parts call: a CNI call
+  served (:meth:`Metrics.cni_request`, from the call server), a reconcile pass
   (:meth:`Metrics.reconciled`), a routing pass (:meth:`Metrics.routes`), a policy apply
-  (:meth:`Metrics.policy_applied`), a datastore error the agent caught
-  (:meth:`Metrics.datastore_error`);
-* state, read at scrape time by a collector from what the agent already holds: the IPAM
-  gauges from the cache's pool and block documents (through the very views ``tabbyctl ipam
-  show`` uses, recomputed only when the cache changed), BGP sessions from BIRD's control
-  socket, the nftables counters, the store's watch counters (re-reads, resumed streams), the
-  etcd store's transaction counters.
+  (:meth:`Metrics.policy_applied`), a datastore error a part caught
+  (:meth:`Metrics.datastore_error`). :class:`Metrics` exists before anything else (start-up
+  is counted too);
+* state, read at scrape time by a :class:`NodeCollector` from what the parts already hold,
+  registered once they exist (before ``/metrics`` is served): the IPAM gauges from the
+  cache's pool and block documents (``tabby_node.ipam_usage``: through the very views
+  ``tabbyctl ipam show`` uses, recomputed only when the cache changed), BGP sessions from
+  BIRD's control socket, the nftables counters, the store's watch counters (re-reads,
+  resumed streams), the etcd store's transaction counters.
 
 Only tabby-node imports this module: the per-call binaries never load prometheus_client
 (tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
@@ -27,8 +29,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -43,14 +45,16 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from bundle import __version__
+from tabby_node.ipam_usage import IpamNumbers, live_nodes
 
 if TYPE_CHECKING:
-    from bird import BirdSupervisor
     from dataplane.overlay import Changes
-    from datastore.base import Doc, Store
-    from policy.state import ApplyResult
-    from resources.index import Documents
-    from tabby_node.view import AgentView
+    from datastore import Served
+    from policy.counters import CounterKey
+    from policy.state import ApplyResult, PolicyCounters
+    from tabby_node.cache import Cache
+    from tabby_node.policylog import DeniedFlows
+    from tabby_node.view import BgpSpeaker, CallServer
 
 log = logging.getLogger("tabby.node")
 
@@ -64,7 +68,7 @@ APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 ROUTE_KINDS = ("block", "borrowed", "blackhole", "tunnel")
 #: BGP states always exported (zero when no session is in them).
 BGP_STATES = ("Established", "Active", "Connect", "OpenSent", "OpenConfirm", "Idle")
-#: Datastore operations whose errors the agent counts (pre-set to zero).
+#: Datastore operations whose errors tabby-node counts (pre-set to zero).
 DATASTORE_OPS = (
     "register",
     "default_pools",
@@ -229,9 +233,9 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_datastore_fast_path_total": (
         "counter",
         "outcome",
-        "served CNI calls' datastore operations on etcd: committed (one optimistic commit), "
-        "retried (it did not land: run on the store), declined (one commit could not do it), "
-        "failed (it failed on the view: run on the store)",
+        "served CNI calls' datastore operations: cached (read through the watch, no read of "
+        "the datastore), retried (a write lost its compare-and-swap: the watch was behind), "
+        "fresh (it failed on the watch's view: run again on the datastore's)",
     ),
     # the node
     "tabby_node_up": ("gauge", "", "1: tabby-node runs"),
@@ -265,109 +269,17 @@ def op_label(what: str) -> str:
     return what.strip().replace(" ", "_").replace("-", "_") or "unknown"
 
 
-# -- the datastore cache as a read-only store, for the IPAM views ------------------------------
-
-
-class SnapshotStore:
-    """The cache's documents as the read-only part of the Store contract: enough for
-    ``ipam.core.Ipam``'s views (``pool_usage``, ``block_usage``, ``allocations``)."""
-
-    def __init__(self, docs: Mapping[str, Mapping[str, Doc]]) -> None:
-        self.docs = docs
-
-    def get(self, kind: str, key: str) -> Doc | None:
-        return (self.docs.get(kind) or {}).get(key)
-
-    def list_keys(self, kind: str) -> list[str]:
-        return sorted(self.docs.get(kind) or {})
-
-    def list(self, kind: str, prefix: str = "") -> list[tuple[str, Doc]]:
-        return sorted(
-            (k, d) for k, d in (self.docs.get(kind) or {}).items() if k.startswith(prefix)
-        )
-
-    def location(self, kind: str, key: str) -> str:
-        return f"cache:{kind}/{key}"
-
-    def __getattr__(self, name: str) -> object:  # lock, put, delete, commit, sync...
-        raise AttributeError(f"the metrics' cache view is read-only (no {name})")
-
-
-class IpamNumbers:
-    """The IPAM gauges of one cache version. Pool-wide numbers and the blocks are
-    ``ipam.core``'s views (what ``tabbyctl ipam show`` prints); an allocation belongs to the
-    node its attributes name, else to its block's node (as ``tabbyctl`` shows it), counted
-    from the block documents the views could read."""
-
-    def __init__(self, docs: Documents, node: str | None, reserved: Sequence[str]) -> None:
-        from ipam.core import Ipam
-        from resources.index import BLOCKS
-
-        ipam = Ipam(cast("Store", SnapshotStore(docs.raw_kinds())), "")
-        self.pools = ipam.pool_usage(reserved)
-        names = [p.cidr for p in self.pools]
-        self.node = node
-        self.in_use = dict.fromkeys(names, 0)
-        self.borrowed = dict.fromkeys(names, 0)
-        self.blocks = dict.fromkeys(names, 0)
-        if node is None:
-            return
-        readable = {b.cidr: b for b in ipam.block_usage(reserved) if b.pool in self.in_use}
-        for cidr, entry in docs.of(BLOCKS).items():
-            block = readable.get(cidr)
-            if block is None:
-                continue  # unreadable, or outside every pool: not in the views either
-            if block.node == node:
-                self.blocks[block.pool] += 1
-            for alloc in entry.value.allocations:
-                if alloc is None:
-                    continue
-                holder = (alloc.get("attrs") or {}).get("node") or block.node
-                if holder == node:
-                    self.in_use[block.pool] += 1
-                    if block.node != node:
-                        self.borrowed[block.pool] += 1
-
-
-def conf_reserved(path: str | None) -> list[str]:
-    """The ``reserved`` list of a conflist's tabby ipam section (what ``tabbyctl ipam show
-    --conf`` counts as reserved); [] without one."""
-    if not path:
-        return []
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return []
-    plugins = doc.get("plugins") if isinstance(doc, dict) else None
-    for p in plugins if isinstance(plugins, list) else [doc]:
-        if isinstance(p, dict) and p.get("type") == "tabby":
-            ipam = p.get("ipam")
-            reserved = ipam.get("reserved") if isinstance(ipam, dict) else None
-            if isinstance(reserved, list) and all(isinstance(r, str) for r in reserved):
-                return list(reserved)
-    return []
-
-
 # -- the metrics -------------------------------------------------------------------------------
 
 
-class _StateCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterable[Metric]:
-        return self.metrics.collect_state()
-
-
 class Metrics:
-    """tabby-node's metrics. ``agent`` may be None (tests; then only the hooks count)."""
+    """tabby-node's metrics: the registry, and the hooks that count events. The state a
+    scrape reads comes from a :class:`NodeCollector` registered on :attr:`registry`."""
 
-    def __init__(self, agent: AgentView | None = None, *, reserved: Sequence[str] = ()) -> None:
+    def __init__(self) -> None:
         # no *_created series (this process has no other prometheus_client user)
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.agent = agent
-        self.reserved = list(reserved)
+        #: when tabby-node started (``tabby_node_start_time_seconds``)
         self.started = time.time()
         self.registry = CollectorRegistry()
         r = self.registry
@@ -440,15 +352,9 @@ class Metrics:
         )
         for op in DATASTORE_OPS:
             self.datastore_errors.labels(op=op)
-        r.register(_StateCollector(self))
         ProcessCollector(registry=r)
-        self._bird: BirdSupervisor | None = None
-        self._ipam_lock = threading.Lock()
-        self._ipam_key: tuple[int, str | None] | None = None
-        self._ipam: IpamNumbers | None = None
-        self._nodes = 0
 
-    # -- hooks (the agent, the routing backends, the call server) -------------------------------
+    # -- hooks (the loops, the routing backends, the call server) -------------------------------
 
     def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None:
         """One CNI call served (called where its exit status and stdout are known)."""
@@ -491,10 +397,6 @@ class Metrics:
             if n:
                 self.check_fixes.labels(what=what).inc(n)
 
-    def bird(self, supervisor: BirdSupervisor) -> None:
-        """The BIRD supervisor (bird backend): sessions and restarts are read at scrape."""
-        self._bird = supervisor
-
     def policy_applied(self, result: ApplyResult | None) -> None:
         """A policy sync or endpoint change: its duration when it programmed something."""
         if result is not None and result.changed:
@@ -510,9 +412,59 @@ class Metrics:
         encoder, content_type = choose_encoder(accept or "")
         return content_type, encoder(self.registry)
 
-    # -- state read at scrape time -----------------------------------------------------------
 
-    def collect_state(self) -> Iterator[Metric]:
+class Policy(Protocol):
+    """The policy dataplane (``policy.state.PolicyDataplane``), as a scrape reads it."""
+
+    @property
+    def counters(self) -> PolicyCounters: ...
+
+    def packet_counts(self) -> dict[CounterKey, tuple[int, int]]: ...
+
+
+class NodeCollector(Collector):
+    """The state a scrape reads, from the parts of a running tabby-node: who it is
+    (``node``, ``backend``, since ``started``), its ``problems`` and the calls in flight
+    (``calls``), the IPAM gauges from the ``cache`` (pool reservations ``reserved``: those of
+    ``--conf``, as ``tabbyctl ipam show --conf`` counts them), BGP from the bird backend
+    (``bgp``; None under the other backends), the ``policy`` dataplane and the
+    ``denied_flows`` log, the ``store``'s counters and what the served calls did
+    (``served``). A section that fails is left out of that scrape (and logged)."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        backend: str,
+        started: float,
+        problems: Mapping[str, str],
+        calls: CallServer,
+        cache: Cache,
+        reserved: Sequence[str] = (),
+        bgp: BgpSpeaker | None = None,
+        policy: Policy | None = None,
+        denied_flows: DeniedFlows | None = None,
+        store: object = None,
+        served: Served | None = None,
+    ) -> None:
+        self.node = node
+        self.backend = backend
+        self.started = started
+        self.problems = problems
+        self.calls = calls
+        self.cache = cache
+        self.reserved = list(reserved)
+        self.bgp = bgp
+        self.policy = policy
+        self.denied_flows = denied_flows
+        self.store = store
+        self.served = served
+        self._ipam_lock = threading.Lock()
+        self._ipam_version: int | None = None
+        self._ipam: IpamNumbers | None = None
+        self._nodes = 0
+
+    def collect(self) -> Iterator[Metric]:
         for section in (
             self._node_families,
             self._ipam_families,
@@ -526,34 +478,25 @@ class Metrics:
                 log.warning("metrics: %s failed: %s", section.__name__.strip("_"), e)
 
     def _node_families(self) -> Iterator[Metric]:
-        agent = self.agent
         yield _gauge("tabby_node_up", 1)
         info = GaugeMetricFamily(
             "tabby_node_info", _help("tabby_node_info"), labels=["node", "version", "backend"]
         )
-        if agent is not None:
-            facts = agent.facts
-            name = facts.name if facts is not None else (agent.options.nodename or "")
-            info.add_metric([name, __version__, agent.options.backend], 1)
+        info.add_metric([self.node, __version__, self.backend], 1)
         yield info
         yield _gauge("tabby_node_start_time_seconds", self.started)
-        yield _gauge("tabby_node_problems", len(agent.problems) if agent is not None else 0)
-        server = agent.server if agent is not None else None
-        yield _gauge("tabby_cni_requests_in_flight", len(server.inflight) if server else 0)
+        yield _gauge("tabby_node_problems", len(self.problems))
+        yield _gauge("tabby_cni_requests_in_flight", len(self.calls.inflight))
 
-    def _ipam_numbers(self) -> IpamNumbers | None:
-        agent = self.agent
-        if agent is None:
-            return None
-        cache = agent.cache
-        node = agent.facts.name if agent.facts is not None else None
+    def _ipam_numbers(self) -> IpamNumbers:
+        cache = self.cache
         with self._ipam_lock:
-            key = (cache.version, node)
-            if self._ipam is None or key != self._ipam_key:
+            if self._ipam is None or cache.version != self._ipam_version:
+                version = cache.version
                 docs = cache.view()
-                self._ipam = IpamNumbers(docs, node, self.reserved)
-                self._nodes = _live_nodes(docs, node)
-                self._ipam_key = key
+                self._ipam = IpamNumbers(docs, self.node, self.reserved)
+                self._nodes = live_nodes(docs, self.node)
+                self._ipam_version = version
             return self._ipam
 
     def _ipam_families(self) -> Iterator[Metric]:
@@ -577,34 +520,28 @@ class Metrics:
                 "tabby_ipam_blocks",
             )
         }
-        if numbers is not None:
-            for p in numbers.pools:
-                fams["tabby_ipam_pool_size"].add_metric([p.cidr], p.total)
-                fams["tabby_ipam_pool_reserved"].add_metric([p.cidr], p.reserved)
-                fams["tabby_ipam_pool_addresses_in_use"].add_metric([p.cidr], p.in_use)
-                fams["tabby_ipam_pool_addresses_free"].add_metric([p.cidr], p.free)
-                fams["tabby_ipam_pool_blocks"].add_metric([p.cidr], p.blocks)
-                fams["tabby_ipam_pool_disabled"].add_metric([p.cidr], 1 if p.disabled else 0)
-                if numbers.node is not None:
-                    labels = [p.cidr, numbers.node]
-                    per_node["tabby_ipam_addresses_in_use"].add_metric(
-                        labels, numbers.in_use[p.cidr]
-                    )
-                    per_node["tabby_ipam_addresses_borrowed"].add_metric(
-                        labels, numbers.borrowed[p.cidr]
-                    )
-                    per_node["tabby_ipam_blocks"].add_metric(labels, numbers.blocks[p.cidr])
+        for p in numbers.pools:
+            fams["tabby_ipam_pool_size"].add_metric([p.cidr], p.total)
+            fams["tabby_ipam_pool_reserved"].add_metric([p.cidr], p.reserved)
+            fams["tabby_ipam_pool_addresses_in_use"].add_metric([p.cidr], p.in_use)
+            fams["tabby_ipam_pool_addresses_free"].add_metric([p.cidr], p.free)
+            fams["tabby_ipam_pool_blocks"].add_metric([p.cidr], p.blocks)
+            fams["tabby_ipam_pool_disabled"].add_metric([p.cidr], 1 if p.disabled else 0)
+            labels = [p.cidr, self.node]
+            per_node["tabby_ipam_addresses_in_use"].add_metric(labels, numbers.in_use[p.cidr])
+            per_node["tabby_ipam_addresses_borrowed"].add_metric(labels, numbers.borrowed[p.cidr])
+            per_node["tabby_ipam_blocks"].add_metric(labels, numbers.blocks[p.cidr])
         yield from fams.values()
         yield from per_node.values()
-        yield _gauge("tabby_cluster_nodes", self._nodes if numbers is not None else 0)
+        yield _gauge("tabby_cluster_nodes", self._nodes)
 
     def _bgp_families(self) -> Iterator[Metric]:
         states = dict.fromkeys(BGP_STATES, 0)
-        bird = self._bird
         up = 0
         restarts = 0
         announced = {"block": 0, "borrowed": 0}
-        if bird is not None:
+        if self.bgp is not None:
+            bird = self.bgp.bird
             restarts = bird.restarts
             up = 1 if bird.running() else 0
             if up:
@@ -613,9 +550,7 @@ class Metrics:
                         states[peer.state] = states.get(peer.state, 0) + 1
                 except Exception as e:
                     log.debug("metrics: no BGP sessions from BIRD: %s", e)
-            routing = self.agent.routing if self.agent is not None else None
-            if routing is not None:
-                announced = routing.announced()
+            announced = self.bgp.announced()
         peers = GaugeMetricFamily("tabby_bgp_peers", _help("tabby_bgp_peers"), labels=["state"])
         for state, n in states.items():
             peers.add_metric([state], n)
@@ -632,7 +567,7 @@ class Metrics:
         )
 
     def _policy_families(self) -> Iterator[Metric]:
-        policy = self.agent.policy if self.agent is not None else None
+        policy = self.policy
         c = policy.counters if policy is not None else None
         yield _gauge("tabby_policy_endpoints", c.endpoints if c else 0)
         yield _gauge("tabby_policy_networkpolicies", c.policies if c else 0)
@@ -660,7 +595,7 @@ class Metrics:
         for key, (n, _bytes) in sorted(policy.packet_counts().items() if policy else ()):
             packets.add_metric([key.namespace, key.policy, key.direction, key.verdict], n)
         yield packets
-        flows = self.agent.denied_flows if self.agent is not None else None
+        flows = self.denied_flows
         yield CounterMetricFamily(
             "tabby_policy_denied_flows",
             _help("tabby_policy_denied_flows_total"),
@@ -676,10 +611,9 @@ class Metrics:
         )
 
     def _datastore_families(self) -> Iterator[Metric]:
-        agent = self.agent
-        cache = agent.cache if agent is not None else None
-        synced = cache is not None and cache.synced.is_set() and cache.last_error is None
-        store = agent.store if agent is not None else None
+        cache = self.cache
+        synced = cache.synced.is_set() and cache.last_error is None
+        store = self.store
         sync_stats = getattr(store, "sync_stats", None)
         watch: Mapping[str, int] = sync_stats if isinstance(sync_stats, Mapping) else {}
         yield CounterMetricFamily(
@@ -713,35 +647,20 @@ class Metrics:
         retried.add_metric(["applied"], stats.get("resolved", 0))
         retried.add_metric(["unknown"], stats.get("unknown", 0))
         yield retried
-        served = agent.served if agent is not None else None
+        served = self.served
         counts = served.counts.as_dict() if served is not None else {}
         fast = CounterMetricFamily(
             "tabby_datastore_fast_path",
             _help("tabby_datastore_fast_path_total"),
             labels=["outcome"],
         )
-        for outcome in ("committed", "retried", "declined", "failed"):
+        for outcome in ("cached", "retried", "fresh"):
             fast.add_metric([outcome], counts.get(outcome, 0))
         yield fast
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, _help(name), value=value)
-
-
-def _live_nodes(docs: Documents, me: str | None) -> int:
-    """Nodes with a Node and a live heartbeat (this node always counts itself), as
-    ``Cluster.alive`` has them."""
-    from resources.index import HEARTBEATS, NODES
-
-    live = set(docs.raw(HEARTBEATS.name)) | ({me} if me else set())
-    return len(set(docs.of(NODES)) & live)
-
-
-def create(agent: AgentView) -> Metrics:
-    """The metrics of a running tabby-node (``agent.main``): pool reservations from
-    ``--conf``'s ipam section, as ``tabbyctl ipam show --conf`` counts them."""
-    return Metrics(agent, reserved=conf_reserved(agent.options.conf))
 
 
 def metric_names(registry: CollectorRegistry) -> set[str]:
@@ -759,11 +678,8 @@ def metric_names(registry: CollectorRegistry) -> set[str]:
 
 __all__ = [
     "CATALOGUE",
-    "IpamNumbers",
     "Metrics",
-    "SnapshotStore",
-    "conf_reserved",
-    "create",
+    "NodeCollector",
     "metric_names",
     "result_code",
 ]

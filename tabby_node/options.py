@@ -16,7 +16,13 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
-from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
+from cni_config.resolve import (
+    add_datastore_flags,
+    daemon_datastore,
+    daemon_options,
+    tabby_ipam_section,
+)
+from cni_protocol.errors import CniError
 from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, DEFAULT_RUN_DIR
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
 
@@ -151,3 +157,17 @@ def parse(
     ns = parser().parse_args(argv)
     options = daemon_options(NodeOptions, ns, env, ENV, _NUMBERS, empty_is_unset=("log_file",))
     return options, daemon_datastore(ns, env, options.conf)
+
+
+def conf_reserved(conf: str | None) -> list[str]:
+    """The ``reserved`` list of ``--conf``'s tabby ipam section (what ``tabbyctl ipam show
+    --conf`` counts as reserved; the IPAM gauges count it so); [] without one, or when the
+    file cannot be read now."""
+    try:
+        section = tabby_ipam_section(conf)
+    except CniError:
+        return []
+    reserved = (section or {}).get("reserved")
+    if isinstance(reserved, list) and all(isinstance(r, str) for r in reserved):
+        return list(reserved)
+    return []

@@ -1,9 +1,9 @@
 """tabby-node's routing backends: what reaches other nodes' pods (``--backend``).
 
-* ``bird``: BIRD 2 speaks BGP (full mesh, route reflectors, explicit BGPPeers); the agent
+* ``bird``: BIRD 2 speaks BGP (full mesh, route reflectors, explicit BGPPeers); tabby-node
   renders its configuration from the cluster view and reloads it on change (confd's role,
   :mod:`bird`). Pools with VXLAN get the vxlan state too.
-* ``vxlan``: no BGP; the agent programs VXLAN devices, neighbours, FDB entries and routes
+* ``vxlan``: no BGP; tabby-node programs VXLAN devices, neighbours, FDB entries and routes
   itself (felix's role, :mod:`dataplane.overlay`).
 * ``none``: one node; tabby's own routes, if an earlier backend left some, are removed.
 
@@ -28,18 +28,19 @@ from resources.index import (
     Change,
     Documents,
 )
-from tabby_node.cluster import Cluster, NodeInfo, PeerSpec, encap_of
+from tabby_node.cluster import Cluster, NodeInfo, PeerSpec, encap_of, vxlan_state
 from tabby_node.cluster_index import BlockEntry, ClusterIndex, Present, Touched
 from tabby_node.view import RoutingCheck, RoutingPass
 from tabby_node.vxlan_table import ROUTE_KINDS, VxlanTable, route_kind
 
 if TYPE_CHECKING:
-    from bird import BirdConfig, BirdNode, Peer, PeerType
+    from bird import BirdConfig, BirdNode, BirdSupervisor, Peer, PeerType
     from bird import Pool as BirdPool
     from bundle.types import IPAddress, IPNetwork
     from dataplane.overlay import Changes
     from dataplane.overlay_model import DesiredState, FdbEntry, NeighbourEntry
-    from tabby_node.view import AgentView
+    from tabby_node.facts import Facts
+    from tabby_node.view import RoutingBackend, RoutingHooks
 
 log = logging.getLogger("tabby.node")
 
@@ -57,10 +58,12 @@ class _Overlay:
     """The kernel side of VXLAN (and of nothing, when no pool wants it): kept per change
     (:meth:`update`), or computed whole from a cluster view (:meth:`reconcile`)."""
 
-    def __init__(self, agent: AgentView) -> None:
+    def __init__(self, facts: Facts, backend: str, metrics: RoutingHooks | None) -> None:
         from dataplane.overlay import Reconciler
 
-        self.agent = agent
+        self.facts = facts
+        self.backend = backend
+        self.metrics = metrics
         self.reconciler = Reconciler()
         self.table: VxlanTable | None = None
         #: The last whole state programmed by :meth:`reconcile` (None: by :meth:`update`).
@@ -76,14 +79,16 @@ class _Overlay:
 
     def _table(self) -> VxlanTable:
         if self.table is None:
-            facts = self.agent.facts
-            assert facts is not None
-            self.table = VxlanTable(facts.name, self.agent.underlay(), self.agent.options.backend)
+            self.table = VxlanTable(self.facts.name, self.facts.underlay(), self.backend)
         return self.table
+
+    def _whole_state(self, cluster: Cluster) -> DesiredState:
+        """The kernel state this node wants, computed whole from ``cluster``."""
+        return vxlan_state(cluster, self.facts.name, self.facts.underlay(), self.backend)
 
     def reconcile(self, cluster: Cluster) -> Changes:
         """The whole state from ``cluster`` (``vxlan_state``), reconciled whole."""
-        desired = self.agent.vxlan_state(cluster)
+        desired = self._whole_state(cluster)
         changes = self.reconciler.reconcile(desired)
         self.last = desired
         self._peers = _whole_peers(cluster, desired)
@@ -117,7 +122,7 @@ class _Overlay:
         kept one (the objects that differ are counted and the table is rebuilt from
         ``index``, as it is with ``rebuild``: a new index), then reconciled whole. Returns
         (objects that differed, what the kernel needed)."""
-        desired = self.agent.vxlan_state(cluster)
+        desired = self._whole_state(cluster)
         table = self._table()
         model = 0
         if table.ready and self.last is None:
@@ -145,8 +150,8 @@ class _Overlay:
             log.info("routing: %s", changes.summary())
         self.programmed = programmed
         self.problems = [str(p) for p in (*changes.conflicts, *changes.failures)]
-        if self.agent.metrics is not None:
-            self.agent.metrics.routes(self.programmed, changes)
+        if self.metrics is not None:
+            self.metrics.routes(self.programmed, changes)
 
     def vxlan_peers(self) -> list[dict[str, Any]]:
         """``node status``'s VXLAN peers as programmed (one per other node). From the table
@@ -228,13 +233,17 @@ def _cluster_difference(kept: Cluster, whole: Cluster) -> int:
 class NoRouting:
     """``--backend none``; the base of the others.
 
-    Per dataplane pass the agent hands over the documents that changed (:meth:`sync`);
-    periodically it has everything recomputed from the documents and checked
-    (:meth:`check`). :meth:`reconcile` is a whole pass from a cluster view."""
+    Per dataplane pass the dataplane loop hands over the documents that changed
+    (:meth:`sync`); periodically it has everything recomputed from the documents and
+    checked (:meth:`check`). :meth:`reconcile` is a whole pass from a cluster view.
+    ``backend`` is ``--backend`` (the pools' encapsulation depends on it)."""
 
-    def __init__(self, agent: AgentView) -> None:
-        self.agent = agent
-        self.overlay = _Overlay(agent)
+    def __init__(
+        self, facts: Facts, backend: str = "none", metrics: RoutingHooks | None = None
+    ) -> None:
+        self.facts = facts
+        self.metrics = metrics
+        self.overlay = _Overlay(facts, backend, metrics)
         self.index: ClusterIndex | None = None
         #: What the periodic checks had to fix so far, by kind (see RoutingCheck).
         self.check_fixes: dict[str, int] = RoutingCheck().as_dict()
@@ -245,9 +254,7 @@ class NoRouting:
 
     def _index(self) -> ClusterIndex:
         if self.index is None:
-            facts = self.agent.facts
-            assert facts is not None
-            self.index = ClusterIndex(facts.name)
+            self.index = ClusterIndex(self.facts.name)
         return self.index
 
     def sync(self, changes: Iterable[Change], present: Present | None = None) -> RoutingPass:
@@ -274,9 +281,7 @@ class NoRouting:
         kept (a difference is a bug: logged, counted, and the kept state rebuilt from the
         documents), then the kernel reconciled whole against it. All counts 0 when all was
         right; they are added to :attr:`check_fixes` and exported."""
-        facts = self.agent.facts
-        assert facts is not None
-        cluster = Cluster.from_documents(docs, facts.name)
+        cluster = Cluster.from_documents(docs, self.facts.name)
         model = 0
         if self.index is not None:
             model = _cluster_difference(self.index.cluster(), cluster)
@@ -297,8 +302,8 @@ class NoRouting:
             self.check_fixes[key] += n
         if result.fixes:
             log.warning("routing check fixed %s", result.as_dict())
-        if self.agent.metrics is not None:
-            self.agent.metrics.routing_checked(result.as_dict())
+        if self.metrics is not None:
+            self.metrics.routing_checked(result.as_dict())
         return result
 
     def _check_bird(self, cluster: Cluster) -> int:
@@ -347,6 +352,11 @@ def _every(docs: Documents) -> list[Change]:
 
 
 class VxlanRouting(NoRouting):
+    def __init__(
+        self, facts: Facts, backend: str = "vxlan", metrics: RoutingHooks | None = None
+    ) -> None:
+        super().__init__(facts, backend, metrics)
+
     def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
         return {"peers": [], "vxlan": self.overlay.vxlan_peers(), **self._status_common()}
 
@@ -357,13 +367,18 @@ class VxlanRouting(NoRouting):
 
 
 class BirdRouting(NoRouting):
-    """BIRD for BGP; the vxlan state for pools that ask for VXLAN."""
+    """BIRD for BGP (``bird``: the supervisor of the run directory's BIRD); the vxlan state
+    for pools that ask for VXLAN."""
 
-    def __init__(self, agent: AgentView) -> None:
-        super().__init__(agent)
-        from bird import BirdSupervisor
-
-        self.bird = BirdSupervisor(agent.options.run_dir)
+    def __init__(
+        self,
+        facts: Facts,
+        bird: BirdSupervisor,
+        backend: str = "bird",
+        metrics: RoutingHooks | None = None,
+    ) -> None:
+        super().__init__(facts, backend, metrics)
+        self.bird = bird
         self.started = False
         self.config: BirdConfig | None = None
         #: BIRD's configuration rendered, and rendered because a change could alter it
@@ -376,8 +391,7 @@ class BirdRouting(NoRouting):
     def _bird(self, cluster: Cluster) -> None:
         """Render BIRD's configuration from ``cluster``; start BIRD with it, or reload it
         when it changed."""
-        facts = self.agent.facts
-        assert facts is not None
+        facts = self.facts
         self._retry = True
         self.renders += 1
         config = bird_config(cluster, facts.name, ipip=facts.ipip_available)
@@ -392,8 +406,6 @@ class BirdRouting(NoRouting):
             self.bird.apply(config)
         self.config = config
         self._retry = False
-        if self.agent.metrics is not None:
-            self.agent.metrics.bird(self.bird)
 
     def _sync_bird(self, index: ClusterIndex, touched: Touched) -> bool:
         if self.started and not self._retry and not bird_touched(index, touched):
@@ -402,8 +414,6 @@ class BirdRouting(NoRouting):
         return True
 
     def _check_bird(self, cluster: Cluster) -> int:
-        facts = self.agent.facts
-        assert facts is not None
         before = self.config
         self._bird(cluster)
         if before is not None and before != self.config:
@@ -449,6 +459,19 @@ class BirdRouting(NoRouting):
             self.bird.stop(graceful=True)
         else:
             self.bird.detach()
+
+
+def choose(
+    backend: str, facts: Facts, run_dir: str, metrics: RoutingHooks | None
+) -> RoutingBackend:
+    """The routing backend ``--backend`` names (BIRD's supervisor on ``run_dir``)."""
+    if backend == "bird":
+        from bird import BirdSupervisor
+
+        return BirdRouting(facts, BirdSupervisor(run_dir), backend, metrics)
+    if backend == "vxlan":
+        return VxlanRouting(facts, backend, metrics)
+    return NoRouting(facts, backend, metrics)
 
 
 def bird_touched(index: ClusterIndex, touched: Touched) -> bool:

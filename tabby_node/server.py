@@ -30,7 +30,7 @@ from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
 
 if TYPE_CHECKING:
     from datastore import Stores
-    from tabby_node.view import MetricsHooks
+    from tabby_node.view import CallHooks
 
 log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
@@ -81,8 +81,9 @@ def node_handlers(
     mtu_file: str | None = None,
 ) -> skel.Handlers:
     """tabby's handlers as tabby-node runs them: tabby-ipam in-process, both on the node's
-    ``stores``; the endpoint recorder the agent gives (it programs a new pod's policy before
-    the ADD answers), and the node's own MTU file for pods whose conflist says ``"mtu": 0``."""
+    ``stores``; the endpoint recorder tabby-node gives (``tabby_node.pod_policy.PodEndpoints``:
+    it programs a new pod's policy before the ADD answers), and the node's own MTU file for
+    pods whose conflist says ``"mtu": 0``."""
     return plugin.Plugin(
         ipam=InProcessIpam(stores),
         endpoints=endpoints,
@@ -140,18 +141,51 @@ def execute(
         os.close(home)
 
 
+def claim_run_dir(path: str) -> FileLock:
+    """Own the directory of socket ``path`` (one tabby-node per run directory) for as long
+    as the returned lock is held; SystemExit with one line when another tabby-node holds
+    it. Probing the socket alone races: two nodes starting together both find no live
+    socket, both bind, and the first one ends up serving a path the second one unlinked."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SystemExit(
+            f"tabby-node: another tabby-node is running in {directory} (it holds {lock.lock_file})"
+        ) from None
+    return lock
+
+
+def release_run_dir(path: str, lock: FileLock) -> None:
+    """Give the run directory of socket ``path`` up (``lock``: :func:`claim_run_dir`'s),
+    with the socket left there by a node that served it before."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    lock.release()
+
+
 class NodeServer:
+    """The socket the plugins' calls come in on (``path``). ``metrics``: counts every call
+    served. ``claimed``: the caller holds the run directory (:func:`claim_run_dir`) and
+    gives it up; else :meth:`bind` claims it and :meth:`stop` gives it up."""
+
     def __init__(
         self,
         path: str,
         endpoints: plugin.EndpointRecorder | None = None,
         mtu_file: str | None = None,
         stores: Stores | None = None,
+        *,
+        metrics: CallHooks | None = None,
+        claimed: bool = False,
     ) -> None:
         from ipam.plugin import IpamVerbs
 
         self.path = path
-        self.mtu_file = mtu_file
         self.handlers = node_handlers(stores, endpoints, mtu_file)
         self.ipam_handlers = IpamVerbs(stores).handlers() if stores is not None else None
         self.sock: socket.socket | None = None
@@ -159,28 +193,17 @@ class NodeServer:
         self.inflight: set[threading.Thread] = set()
         self.lock = threading.Lock()
         self.served = 0
+        self.claimed = claimed
         self.run_dir_lock: FileLock | None = None
-        #: tabby_node.metrics.Metrics, or None: counts every call served
-        self.metrics: MetricsHooks | None = None
-
-    def serve(self, stores: Stores, endpoints: plugin.EndpointRecorder | None) -> None:
-        """The calls' datastore work on ``stores`` (tabby-node's served store, open once its
-        start-up has reached it), their endpoints recorded by ``endpoints``; before
-        ``bind``."""
-        from ipam.plugin import IpamVerbs
-
-        self.handlers = node_handlers(stores, endpoints, self.mtu_file)
-        self.ipam_handlers = IpamVerbs(stores).handlers()
+        self.metrics = metrics
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def claim(self) -> None:
-        """Own the socket's directory (one tabby-node per run directory); SystemExit with
-        one line when another tabby-node holds it."""
-        if self.run_dir_lock is None:
-            directory = os.path.dirname(self.path)
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            self._claim_run_dir(directory)
+        """Own the socket's directory (:func:`claim_run_dir`), unless the caller or this
+        server does."""
+        if not self.claimed and self.run_dir_lock is None:
+            self.run_dir_lock = claim_run_dir(self.path)
 
     def bind(self) -> None:
         self.claim()
@@ -203,20 +226,6 @@ class NodeServer:
         os.chmod(self.path, 0o600)
         sock.listen(128)
         self.sock = sock
-
-    def _claim_run_dir(self, directory: str) -> None:
-        """Hold the run directory's lock for as long as this node runs. Probing the socket
-        alone races: two nodes starting together both find no live socket, both bind, and
-        the first one ends up serving a path the second one unlinked."""
-        lock = FileLock(os.path.join(directory, LOCK_NAME), mode=0o600, thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            raise SystemExit(
-                f"tabby-node: another tabby-node is running in {directory} "
-                f"(it holds {lock.lock_file})"
-            ) from None
-        self.run_dir_lock = lock
 
     def serve_forever(self) -> None:
         assert self.sock is not None

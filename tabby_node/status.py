@@ -1,10 +1,11 @@
 """What tabby-node publishes for operators: ``<run-dir>/status.json``, rewritten after the
 dataplane passes (at most once a second) and at least every ``RESYNC_SECONDS``, which
-``tabbyctl node status`` and ``tabbyctl node diags`` read.
+``tabbyctl node status`` and ``tabbyctl node diags`` read. What goes in it:
+``tabby_node.node_status``.
 
 This module is tabby-node's interface to tabbyctl (the layering test allows tabbyctl to
 import it, and nothing else of tabby-node but the package's constants): standard library
-only, no import of the agent.
+only, no import of tabby-node's other modules.
 """
 
 from __future__ import annotations

@@ -1,42 +1,34 @@
-"""The agent as its parts see it: the interfaces between tabby-node's modules.
+"""The interfaces between tabby-node's parts.
 
-The routing backends, the HTTP endpoints and the metrics collector read the running agent;
-the agent builds them. So that no module imports the agent (which imports them all), they
-take it as an :class:`AgentView`, and the agent's parts as the protocols below. The agent
-(``tabby_node.agent.Agent``) satisfies them; mypy checks it where the agent hands itself
-over.
+``tabby_node.main`` builds the parts and hands each one the others it uses. A part that
+uses another through one of the protocols below does not import it: the routing backends,
+the loops and the call server tell the metrics what happened without importing
+prometheus_client, and the HTTP endpoints, the status file and the metrics read the
+routing backend and the dataplane passes without importing them (which import the
+routing). mypy checks, where ``main`` wires them, that the parts satisfy these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping
-from http.server import ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from bird import BirdSupervisor
-    from cni_config.common import DatastoreSettings
+    from bird.control import PeerStatus
     from dataplane.overlay import Changes
-    from dataplane.overlay_model import DesiredState
-    from datastore import Served
-    from datastore.base import Store
-    from policy.state import ApplyResult, PolicyDataplane
+    from policy.state import ApplyResult
     from resources.index import Change, Documents
-    from tabby_node.cache import Cache
-    from tabby_node.cluster import Cluster, Underlay
+    from tabby_node.cluster import Cluster
     from tabby_node.cluster_index import Present, Touched
-    from tabby_node.facts import Facts
-    from tabby_node.options import NodeOptions
-    from tabby_node.policylog import DeniedFlows
 
 
 @dataclasses.dataclass(frozen=True)
 class RoutingPass:
     """What one :meth:`NoRouting.sync` did."""
 
-    #: What the batch changed in the cluster view (``pools``: the agent's IP-in-IP notice).
+    #: What the batch changed in the cluster view (``pools``: the IP-in-IP notice).
     touched: Touched
     #: What the kernel got (None: nothing to change).
     kernel: Changes | None = None
@@ -66,24 +58,42 @@ class RoutingCheck:
         return {"kernel": self.kernel, "model": self.model, "bird": self.bird}
 
 
-class MetricsHooks(Protocol):
-    """What the agent's parts tell the metrics (``tabby_node.metrics.Metrics``)."""
+# -- what the parts tell the metrics (``tabby_node.metrics.Metrics``) ---------------------------
+
+
+class DatastoreErrors(Protocol):
+    """The start-up retries, the watcher, the heartbeat and the health check."""
+
+    def datastore_error(self, op: str) -> None: ...
+
+
+class PolicyHooks(Protocol):
+    """The policy passes and the per-pod policy of the CNI calls."""
+
+    def policy_applied(self, result: ApplyResult | None) -> None: ...
+
+
+class PassHooks(PolicyHooks, Protocol):
+    """The dataplane passes."""
 
     def reconciled(self, seconds: float, ok: bool) -> None: ...
+
+
+class RoutingHooks(Protocol):
+    """The routing backends."""
 
     def routes(self, programmed: Mapping[str, int], changes: Changes) -> None: ...
 
     def routing_checked(self, fixes: Mapping[str, int]) -> None: ...
 
-    def bird(self, supervisor: BirdSupervisor) -> None: ...
 
-    def policy_applied(self, result: ApplyResult | None) -> None: ...
-
-    def datastore_error(self, op: str) -> None: ...
+class CallHooks(Protocol):
+    """The CNI call server."""
 
     def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None: ...
 
-    def exposition(self, accept: str | None) -> tuple[str, bytes]: ...
+
+# -- what the parts read of each other -----------------------------------------------------------
 
 
 class CallServer(Protocol):
@@ -95,7 +105,19 @@ class CallServer(Protocol):
         ...
 
 
-class RoutingBackend(Protocol):
+class Ready(Protocol):
+    """The routing backend, as readiness reads it."""
+
+    def readiness(self) -> list[str]: ...
+
+
+class Reporting(Protocol):
+    """The routing backend, as the status file reads it."""
+
+    def status(self, cluster: Cluster | None = None) -> dict[str, Any]: ...
+
+
+class RoutingBackend(Ready, Reporting, Protocol):
     """``--backend``: what reaches other nodes' pods (``tabby_node.routing``)."""
 
     def start(self) -> None: ...
@@ -109,76 +131,47 @@ class RoutingBackend(Protocol):
         reconciled whole; what it had to fix."""
         ...
 
-    def reconcile(self, cluster: Cluster, *, full: bool = False) -> None: ...
+    def stop(self, *, stop_bird: bool = True) -> None: ...
 
-    def status(self, cluster: Cluster | None = None) -> dict[str, Any]: ...
 
-    def readiness(self) -> list[str]: ...
+class Bird(Protocol):
+    """The BIRD supervisor (``bird.BirdSupervisor``), as the metrics read it."""
+
+    @property
+    def restarts(self) -> int: ...
+
+    def running(self) -> bool: ...
+
+    def peers(self) -> list[PeerStatus]: ...
+
+
+class BgpSpeaker(Protocol):
+    """The bird backend (``tabby_node.routing.BirdRouting``), as the metrics read it."""
+
+    @property
+    def bird(self) -> Bird: ...
 
     def announced(self) -> dict[str, int]:
         """Prefixes announced over BGP, by kind (``block``, ``borrowed``)."""
         ...
 
-    def stop(self, *, stop_bird: bool = True) -> None: ...
 
-
-class AgentView(Protocol):
-    """The running agent, read-only, as its parts need it."""
-
-    @property
-    def options(self) -> NodeOptions: ...
+class Passes(Protocol):
+    """The dataplane passes (``tabby_node.passes.DataplaneLoop``), as readiness reads
+    them."""
 
     @property
-    def datastore(self) -> DatastoreSettings: ...
-
-    @property
-    def facts(self) -> Facts | None: ...
-
-    @property
-    def cache(self) -> Cache: ...
-
-    @property
-    def store(self) -> Store | None: ...
-
-    @property
-    def served(self) -> Served | None: ...
-
-    @property
-    def problems(self) -> dict[str, str]: ...
-
-    @property
-    def denied_flows(self) -> DeniedFlows | None:
-        """The denied-flow log (None without policy visibility)."""
+    def reconciles(self) -> int:
+        """Passes so far (0: the dataplane is not programmed yet)."""
         ...
 
     @property
-    def loop_beat(self) -> dict[str, float]: ...
-
-    @property
-    def reconciles(self) -> int: ...
-
-    @property
-    def in_sync(self) -> bool: ...
-
-    @property
-    def routing(self) -> RoutingBackend | None: ...
-
-    @property
-    def policy(self) -> PolicyDataplane | None: ...
-
-    @property
-    def server(self) -> CallServer | None: ...
-
-    @property
-    def metrics(self) -> MetricsHooks | None: ...
-
-    @property
-    def http_servers(self) -> list[ThreadingHTTPServer]: ...
-
-    def underlay(self) -> Underlay:
-        """This node's underlay addresses, uplinks and MTU."""
+    def in_sync(self) -> bool:
+        """The last pass succeeded."""
         ...
 
-    def vxlan_state(self, cluster: Cluster) -> DesiredState:
-        """The kernel state the vxlan backend wants on this node."""
-        ...
+
+class DataplaneThread(Protocol):
+    """Runs a function on the dataplane thread (``tabby_node.passes.Requests``)."""
+
+    def call(self, fn: Callable[[], None], timeout: float) -> None: ...

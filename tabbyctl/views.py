@@ -169,7 +169,7 @@ def when(ts: object) -> str:
     return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-#: tabby-node's VXLAN tunnel addresses (``tabby_node.agent.ensure_tunnels``): network
+#: tabby-node's VXLAN tunnel addresses (``tabby_node.tunnels.Tunnels.ensure``): network
 #: ``tabby-tunnel``, attribute ``purpose: vxlan-tunnel``. They have no netns and no host veth
 #: by design: never a leak for ``ipam check`` or ``ipam gc``.
 TUNNEL_NETWORK = "tabby-tunnel"

@@ -1,7 +1,7 @@
 """A datastore filled by tabby's own writers, for the cluster-view and routing unit tests.
 
-Nothing here is hand-written JSON: Nodes and heartbeats come from ``Agent.register`` and
-``Agent.ensure_tunnels`` (what tabby-node writes at start), resources from
+Nothing here is hand-written JSON: Nodes and heartbeats come from ``Liveness.register`` and
+``Tunnels.ensure`` (what tabby-node writes at start), resources from
 ``ResourceClient.apply`` (what ``tabbyctl apply`` writes, merging into the Node as it does
 for an operator's labels and BGP fields), pools created from configuration from the IPAM
 core (what the plugin does on the first ADD), pod addresses from ``Ipam.assign`` with the
@@ -12,13 +12,14 @@ its real lease.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import itertools
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from bundle.types import IPAddress, IPNetwork
-from cni_config.common import DatastoreSettings
 from dataplane.nodeinfo import NodeAddress
 from datastore.base import Doc, SyncEvent
 from datastore.memory import MemoryStore
@@ -26,14 +27,15 @@ from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from ipam.core.block import Block
 from resources.client import ResourceClient
 from resources.index import ROUTING, Documents
-from tabby_node.agent import Agent, Facts
+from tabby_node.cache import Cache
 from tabby_node.cluster import Cluster, Underlay
-from tabby_node.options import NodeOptions
+from tabby_node.facts import Facts
+from tabby_node.registration import Liveness
+from tabby_node.tunnels import Tunnels
 
 Backend = Literal["bird", "vxlan", "none"]
 NODE_TTL = 90.0
 API = "tabby.io/v1"
-_UNUSED_DIR = "/nonexistent/tabby-unit-test"  # register/ensure_tunnels write no files
 
 
 def ip(text: str) -> IPAddress:
@@ -44,6 +46,17 @@ def net(text: str) -> IPNetwork:
     return ipaddress.ip_network(text)
 
 
+@dataclasses.dataclass
+class NodeParts:
+    """One tabby-node's parts that write into the datastore."""
+
+    facts: Facts
+    backend: Backend
+    cache: Cache
+    tunnels: Tunnels
+    liveness: Liveness
+
+
 class World:
     """One cluster's datastore and the tabby-nodes that wrote into it."""
 
@@ -52,7 +65,7 @@ class World:
         self.now = 1000.0
         self.store = MemoryStore(clock=lambda: self.now)
         self.client = ResourceClient(self.store)
-        self.agents: dict[str, Agent] = {}
+        self.nodes: dict[str, NodeParts] = {}
         self._pods = itertools.count(1)
 
     # -- resources (tabbyctl apply) --------------------------------------------------------
@@ -113,22 +126,12 @@ class World:
         uplink: str = "eth0",
         tunnels: bool = True,
         mtu: int = 1500,
-    ) -> Agent:
+    ) -> NodeParts:
         """Start tabby-node ``name`` as far as the datastore sees it: register (Node and
-        heartbeat), then, with ``tunnels``, the VXLAN tunnel addresses and MACs."""
-        agent = self.agents.get(name)
-        if agent is None:
-            options = NodeOptions(
-                nodename=name,
-                backend=backend or self.backend,
-                state_dir=_UNUSED_DIR,
-                run_dir=_UNUSED_DIR,
-                log_file=None,
-                node_ttl=NODE_TTL,
-            )
-            agent = Agent(options, DatastoreSettings())
-            self.agents[name] = agent
-        agent.facts = Facts(
+        heartbeat), then, with ``tunnels``, the VXLAN tunnel addresses and MACs. A node
+        started again keeps its backend and its cache."""
+        before = self.nodes.get(name)
+        facts = Facts(
             name=name,
             ipv4=_address(ipv4, uplink),
             ipv6=_address(ipv6, uplink),
@@ -136,25 +139,41 @@ class World:
             ipip_available=False,
             ipip_reason="not probed in unit tests",
         )
-        agent.register(self.store)
+        chosen = before.backend if before is not None else (backend or self.backend)
+        cache = before.cache if before is not None else Cache(name)
+        parts_tunnels = Tunnels(facts, chosen, self.store, cache)
+        liveness = Liveness(
+            facts,
+            chosen,
+            self.store,
+            node_ttl=NODE_TTL,
+            cache=cache,
+            ensure_tunnels=parts_tunnels.ensure,
+            stopping=threading.Event(),
+            beats={},
+            problems={},
+        )
+        parts = NodeParts(facts, chosen, cache, parts_tunnels, liveness)
+        self.nodes[name] = parts
+        liveness.register()
         if tunnels:
             self.tunnels(name)
-        return agent
+        return parts
 
     def tunnels(self, name: str) -> None:
-        agent = self.agents[name]
-        agent.cache.apply(SyncEvent("snapshot", "", "", None, self.docs()))
-        agent.ensure_tunnels(self.store)
+        parts = self.nodes[name]
+        parts.cache.apply(SyncEvent("snapshot", "", "", None, self.docs()))
+        parts.tunnels.ensure()
 
     def lease_expires(self, *names: str) -> None:
         """Time passes beyond the heartbeat TTL; every other node beats meanwhile."""
         self.now += NODE_TTL + 1
-        for name, agent in self.agents.items():
+        for name, parts in self.nodes.items():
             if name not in names:
-                agent.beat(self.store)
+                parts.liveness.beat()
 
     def underlay(self, name: str) -> Underlay:
-        return self.agents[name].underlay()
+        return self.nodes[name].facts.underlay()
 
     # -- IPAM (the plugin's ADD) ---------------------------------------------------------
 

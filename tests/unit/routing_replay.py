@@ -206,7 +206,7 @@ class Replay:
 
     def beat(self) -> None:
         for name in sorted(self.running):
-            self.w.agents[name].beat(self.store)
+            self.w.nodes[name].liveness.beat()
 
     def edit(self, kind: str, key: str, change: Callable[[dict[str, Any]], object]) -> None:
         doc = self.store.get(kind, key)
@@ -294,7 +294,7 @@ class Replay:
                 return f"{name} expires"
             if name in nodes:
                 self.running.add(name)
-                self.w.agents[name].beat(self.store)
+                self.w.nodes[name].liveness.beat()
                 return f"{name} beats again"
             self.join(name)
             return f"{name} joins"
@@ -325,7 +325,7 @@ class Replay:
                 mac6 = rng.choice([*MACS, self._field(other, "vxlanTunnelMACAddrV6")])
                 self.spec(name, vxlanTunnelMACAddrV6=mac6)
                 return f"{name} MAC6 {mac6}"
-            if name in self.w.agents:
+            if name in self.w.nodes:
                 self.w.tunnels(name)  # tabby-node sets them again
             return f"{name} tunnels again"
         if pick < 0.71:

@@ -307,8 +307,11 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
         _WatchStream,
     )
     from datastore.etcd.store import EtcdStore
-    from tabby_node.agent import Agent
     from tabby_node.cache import WATCHED_KINDS, Cache
+    from tabby_node.lifecycle import Retry, Threads
+    from tabby_node.registration import Liveness, cas, node_spec
+    from tabby_node.tunnels import Tunnels
+    from tabby_node.watcher import Watcher
 
     assert list(inspect.signature(EtcdClient._open_watch).parameters) == [
         "self",
@@ -328,8 +331,17 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
     assert list(inspect.signature(_Conn.request).parameters) == ["self", "path", "body", "deadline"]
     assert callable(_Rotation)
     assert callable(_watch_response)
-    for name in ("_watch", "_heartbeat", "beat", "_retry", "_spawn", "node_spec", "ensure_tunnels"):
-        assert callable(getattr(Agent, name)), name
+    for cls, name in (
+        (Watcher, "run"),
+        (Liveness, "run"),
+        (Liveness, "beat"),
+        (Retry, "__call__"),
+        (Threads, "spawn"),
+        (Tunnels, "ensure"),
+    ):
+        assert callable(getattr(cls, name)), f"{cls.__name__}.{name}"
+    assert callable(node_spec)
+    assert callable(cas)
     assert callable(Cache.apply)
     assert WATCHED_KINDS
     assert callable(EtcdStore._apply)
@@ -409,7 +421,7 @@ def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -
         # liveness: every node's lease kept alive by tabby's own beat, no event
         before = sim.counters()["events"].get("heartbeat", 0)
         for node in sim.hub.nodes:
-            node.agent.beat(node.agent.store)
+            node.liveness.beat()
         time.sleep(0.5)
         assert sim.counters()["events"].get("heartbeat", 0) == before
 

@@ -34,7 +34,7 @@ TUNNEL_HANDLE = handle_id("tabby-tunnel", f"vxlan-tunnel-addr-{NODE}", "vxlan.ta
 
 
 def add_tunnel(ipam: Ipam, node: str = NODE) -> str:
-    """The VXLAN tunnel address as tabby-node allocates it (``Agent.ensure_tunnels``)."""
+    """The VXLAN tunnel address as tabby-node allocates it (``Tunnels.ensure``)."""
     ipam.ensure_pools([PoolSpec(V4), PoolSpec(V6)])
     (got,) = ipam.assign(
         AssignRequest(
@@ -47,7 +47,7 @@ def add_tunnel(ipam: Ipam, node: str = NODE) -> str:
 
 
 def beat(ctl: Ctl, node: str = OTHER) -> None:
-    """tabby-node's heartbeat document (``Agent.beat``)."""
+    """tabby-node's heartbeat document (``Liveness.beat``)."""
     ctl.store().put_leased(  # type: ignore[attr-defined]
         "heartbeat", node, {"node": node, "time": 1.0e9, "pid": 4242}, None, ttl=300
     )

@@ -38,7 +38,7 @@ VXLAN = {
 
 
 def status(backend: str, **extra: Any) -> dict[str, Any]:
-    """What tabby-node writes after a reconcile (``Agent._write_status``)."""
+    """What tabby-node writes after a reconcile (``StatusReport.write``)."""
     return {
         "node": "node-a",
         "backend": backend,

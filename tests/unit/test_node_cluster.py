@@ -55,18 +55,16 @@ def state(w: World, me: str, backend: str | None = None) -> DesiredState:
 
 
 def device(w: World, me: str, version: int = 4, mtu: int = 1450) -> VxlanDevice:
-    agent = w.agents[me]
-    assert agent.facts is not None
-    local = agent.facts.ipv4 if version == 4 else agent.facts.ipv6
+    facts = w.nodes[me].facts
+    local = facts.ipv4 if version == 4 else facts.ipv6
     assert local is not None
     return VxlanDevice(local.address, w.mac(me, version), mtu, w.tunnel(me, version))
 
 
 def vtep(w: World, node: str, version: int = 4) -> tuple[FdbEntry, NeighbourEntry]:
     """The FDB and neighbour entries that make ``node`` reachable on a VXLAN device."""
-    agent = w.agents[node]
-    assert agent.facts is not None
-    underlay = agent.facts.ipv4 if version == 4 else agent.facts.ipv6
+    facts = w.nodes[node].facts
+    underlay = facts.ipv4 if version == 4 else facts.ipv6
     assert underlay is not None
     dev = VXLAN_V4_DEVICE if version == 4 else VXLAN_V6_DEVICE
     mac = w.mac(node, version)

@@ -367,11 +367,11 @@ def test_freed_memory_goes_back_to_the_system_after_a_snapshot(
     import threading
 
     from datastore.base import Doc, SyncEvent
-    from tabby_node import agent as agent_mod
+    from tabby_node import watcher as watcher_mod
 
-    agent_mod._release_freed_memory()  # runs on this system (glibc) without error
+    watcher_mod.release_freed_memory()  # runs on this system (glibc) without error
     calls: list[int] = []
-    monkeypatch.setattr(agent_mod, "_release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(watcher_mod, "release_freed_memory", lambda: calls.append(1))
     stop = threading.Event()
     applied: list[str] = []
 
@@ -386,12 +386,12 @@ def test_freed_memory_goes_back_to_the_system_after_a_snapshot(
         def apply(self, event: SyncEvent) -> None:
             applied.append(event.type)
 
-    agent = agent_mod.Agent.__new__(agent_mod.Agent)
-    agent.store = Store()  # type: ignore[assignment]
-    agent.cache = Cache()  # type: ignore[assignment]
-    agent.loop_beat = {}
-    agent.stopping = stop
-    agent.metrics = None
-    agent._watch()
+    watcher = watcher_mod.Watcher(
+        Store(),  # type: ignore[arg-type]
+        Cache(),  # type: ignore[arg-type]
+        stopping=stop,
+        beats={},
+    )
+    watcher.run()
     assert applied == ["snapshot", "put", "delete"]
     assert calls == [1]

@@ -4,10 +4,11 @@
   catalogue), and prometheus-client's own parsers read the exposition back;
 - CNI calls are counted by a real NodeServer serving them over its socket (the node's work,
   ``execute``, replaced by a stand-in: the privileged test runs the real thing);
-- the IPAM gauges, computed from the agent's cache, equal what ``tabbyctl ipam show``
+- the IPAM gauges, computed from tabby-node's cache, equal what ``tabbyctl ipam show``
   computes from the same datastore (pods, borrowed addresses and a tunnel address), and the
   per-node in-use gauges of every node add up to the pools' total;
-- the hooks the agent and routing call (reconcile, routes, BIRD, policy, datastore errors);
+- the hooks the dataplane passes and routing call (reconcile, routes, policy, datastore
+  errors), and the state a scrape reads (BIRD, policy, the store);
 - conf-examples' dashboard and alert rules name only metrics a live registry exports.
 """
 
@@ -39,11 +40,10 @@ from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from policy.counters import CounterKey
 from policy.state import ApplyResult, PolicyCounters
 from tabby_node import http, metrics, server
-from tabby_node.agent import Agent, Facts
-from tabby_node.cache import WATCHED_KINDS
+from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.client import try_node
-from tabby_node.metrics import CATALOGUE, Metrics, metric_names
-from tabby_node.options import NodeOptions
+from tabby_node.metrics import CATALOGUE, Metrics, NodeCollector, metric_names
+from tabby_node.options import conf_reserved
 from tabby_node.server import NodeServer
 from tabbyctl import views
 
@@ -88,11 +88,37 @@ def sample(m: Metrics, name: str, **labels: str) -> float | None:
     return m.registry.get_sample_value(name, labels)
 
 
+class NoCalls:
+    """A call server with no call in flight."""
+
+    inflight: set[threading.Thread] = set()
+
+
+def node_metrics(
+    name: str = "node-a", docs: MemoryStore | None = None, **parts: Any
+) -> tuple[Metrics, NodeCollector]:
+    """The metrics of node ``name`` (backend none) with its state registered as tabby-node
+    registers it (``tabby_node.main``): its cache (the snapshot of ``docs``) and ``parts``
+    (policy, bgp, store, served, reserved...)."""
+    m = Metrics()
+    collector = NodeCollector(
+        node=name,
+        backend="none",
+        started=m.started,
+        problems={},
+        calls=NoCalls(),
+        cache=cache_of(name, docs),
+        **parts,
+    )
+    m.registry.register(collector)
+    return m, collector
+
+
 # -- the registry ----------------------------------------------------------------------------
 
 
 def test_registry_is_the_nodes_own_and_has_the_product_table() -> None:
-    m = Metrics()
+    m, _ = node_metrics()
     types = family_types(m)
     for name, kind in README_TABLE.items():
         assert types.get(name) == kind, name
@@ -152,9 +178,8 @@ def test_result_code(rc: int, out: bytes, code: str) -> None:
 
 @pytest.fixture
 def node_server(tmp_path: Path) -> Iterator[tuple[NodeServer, Metrics]]:
-    srv = NodeServer(str(tmp_path / "run" / "node.sock"))
     m = Metrics()
-    srv.metrics = m
+    srv = NodeServer(str(tmp_path / "run" / "node.sock"), metrics=m)
     srv.bind()
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -215,27 +240,19 @@ def test_a_failing_metric_never_fails_a_call(
 # -- IPAM gauges from the cache ----------------------------------------------------------------
 
 
-def make_agent(name: str, store: MemoryStore | None = None, conf: str | None = None) -> Agent:
-    options = NodeOptions(
-        nodename=name,
-        backend="none",
-        state_dir="/nonexistent/tabby-unit",
-        run_dir="/nonexistent/tabby-unit",
-        log_file=None,
-        conf=conf,
-    )
-    agent = Agent(options, DatastoreSettings())
-    agent.facts = Facts(name, None, None, 1500, False, "test")
+def cache_of(name: str, store: MemoryStore | None = None) -> Cache:
+    """Node ``name``'s cache, with ``store``'s snapshot when given."""
+    cache = Cache(name)
     if store is not None:
-        feed(agent, store)
-    return agent
+        feed(cache, store)
+    return cache
 
 
-def feed(agent: Agent, store: MemoryStore) -> None:
-    """The watch's snapshot, as the agent's watcher thread would apply it."""
+def feed(cache: Cache, store: MemoryStore) -> None:
+    """The watch's snapshot, as tabby-node's watcher thread would apply it."""
     stop = threading.Event()
     events = store.sync(WATCHED_KINDS, stop)
-    agent.cache.apply(next(events))
+    cache.apply(next(events))
     stop.set()
     events.close()  # type: ignore[attr-defined]
 
@@ -304,7 +321,7 @@ def expected_per_node(report: dict[str, Any], node: str) -> dict[str, dict[str, 
 
 @pytest.mark.parametrize("node", ["node-a", "node-b", "node-c", "node-d"])
 def test_ipam_gauges_equal_the_tabbyctl_view(cluster_store: MemoryStore, node: str) -> None:
-    m = Metrics(make_agent(node, cluster_store))
+    m, _ = node_metrics(node, cluster_store)
     report = tabbyctl_view(cluster_store, [])
     for p in report["pools"]:
         cidr = p["cidr"]
@@ -326,7 +343,7 @@ def test_ipam_gauges_equal_the_tabbyctl_view(cluster_store: MemoryStore, node: s
 
 
 def test_the_fixture_has_what_the_gauges_must_get_right(cluster_store: MemoryStore) -> None:
-    m = {n: Metrics(make_agent(n, cluster_store)) for n in ("node-a", "node-b")}
+    m = {n: node_metrics(n, cluster_store)[0] for n in ("node-a", "node-b")}
     # the tunnel address counts for node-a; node-b borrows one from node-a's block
     assert sample(m["node-a"], "tabby_ipam_addresses_in_use", pool=POOL, node="node-a") == 3
     assert sample(m["node-b"], "tabby_ipam_addresses_in_use", pool=POOL, node="node-b") == 5
@@ -341,7 +358,7 @@ def test_per_node_in_use_adds_up_to_the_pools_total(cluster_store: MemoryStore) 
     total = sum(p["in_use"] for p in report["pools"])
     scraped = 0.0
     for node in ("node-a", "node-b", "node-c"):
-        _, body = Metrics(make_agent(node, cluster_store)).exposition(None)
+        _, body = node_metrics(node, cluster_store)[0].exposition(None)
         for fam in text_string_to_metric_families(body.decode()):
             if fam.name == "tabby_ipam_addresses_in_use":
                 scraped += sum(s.value for s in fam.samples)
@@ -364,26 +381,26 @@ def test_reserved_comes_from_the_conf_as_tabbyctl_reads_it(
             }
         )
     )
-    assert metrics.conf_reserved(str(conf)) == reserved
-    assert metrics.conf_reserved(str(tmp_path / "missing")) == []
-    m = metrics.create(make_agent("node-a", cluster_store, conf=str(conf)))
+    assert conf_reserved(str(conf)) == reserved
+    assert conf_reserved(str(tmp_path / "missing")) == []
+    assert conf_reserved(None) == []
+    m, _ = node_metrics("node-a", cluster_store, reserved=conf_reserved(str(conf)))
     for p in tabbyctl_view(cluster_store, reserved)["pools"]:
         assert sample(m, "tabby_ipam_pool_reserved", pool=p["cidr"]) == p["reserved"]
         assert sample(m, "tabby_ipam_pool_addresses_free", pool=p["cidr"]) == p["free"]
 
 
 def test_ipam_gauges_follow_the_cache(cluster_store: MemoryStore) -> None:
-    agent = make_agent("node-c", cluster_store)
-    m = Metrics(agent)
+    m, collector = node_metrics("node-c", cluster_store)
     assert sample(m, "tabby_ipam_addresses_in_use", pool=POOL2, node="node-c") == 1
     Ipam(cluster_store, "node-c").release_handle(handle_id(NET, "c-node-c", "eth0"))
     assert sample(m, "tabby_ipam_addresses_in_use", pool=POOL2, node="node-c") == 1  # cached
-    feed(agent, cluster_store)
+    feed(collector.cache, cluster_store)
     assert sample(m, "tabby_ipam_addresses_in_use", pool=POOL2, node="node-c") == 0
 
 
-def test_no_cache_no_node_still_exports_every_family() -> None:
-    names = metric_names(Metrics().registry)
+def test_an_empty_cache_still_exports_every_family() -> None:
+    names = metric_names(node_metrics()[0].registry)
     for name in ("tabby_ipam_addresses_in_use", "tabby_ipam_pool_size", "tabby_bgp_peers"):
         assert name in names
 
@@ -418,9 +435,18 @@ class FakeBird:
         return [FakePeer(s) for s in self.states]
 
 
+class FakeBgp:
+    """The bird backend, as the metrics read it."""
+
+    def __init__(self, bird: Any) -> None:
+        self.bird = bird
+
+    def announced(self) -> dict[str, int]:
+        return {"block": 2, "borrowed": 1}
+
+
 def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
-    agent = make_agent("node-a")
-    m = Metrics(agent)
+    m, state = node_metrics("node-a")
     m.reconciled(0.02, True)
     m.reconciled(0.5, False)
     assert sample(m, "tabby_reconcile_passes_total") == 2
@@ -440,14 +466,16 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
 
     assert sample(m, "tabby_bgp_peers", state="Established") == 0
     assert sample(m, "tabby_bird_up") == 0
-    m.bird(FakeBird(["Established", "Active", "Established", "Passive"]))
+    assert sample(m, "tabby_bgp_announced_prefixes", kind="block") == 0
+    state.bgp = FakeBgp(FakeBird(["Established", "Active", "Established", "Passive"]))
     assert sample(m, "tabby_bgp_peers", state="Established") == 2
     assert sample(m, "tabby_bgp_peers", state="Active") == 1
     assert sample(m, "tabby_bgp_peers", state="Passive") == 1
     assert sample(m, "tabby_bgp_peers", state="Idle") == 0
     assert sample(m, "tabby_bird_up") == 1
     assert sample(m, "tabby_bird_restarts_total") == 2
-    m.bird(FakeBird(["Established"], up=False))
+    assert sample(m, "tabby_bgp_announced_prefixes", kind="block") == 2
+    state.bgp = FakeBgp(FakeBird(["Established"], up=False))
     assert sample(m, "tabby_bgp_peers", state="Established") == 0
     assert sample(m, "tabby_bird_up") == 0
 
@@ -469,7 +497,7 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
         def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:
             return {CounterKey("x", "default-deny", "ingress", "deny"): (5, 300)}
 
-    agent.policy = Policy()
+    state.policy = Policy()
     m.policy_applied(ApplyResult(True, False, 12, 0.003))
     m.policy_applied(ApplyResult(False, False, 0, 0.0))  # nothing programmed: not an apply
     assert sample(m, "tabby_policy_apply_duration_seconds_count") == 1
@@ -488,15 +516,15 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_datastore_errors_total", op="default_pools") == 1
     assert sample(m, "tabby_datastore_errors_total", op="watch") == 1
     assert sample(m, "tabby_datastore_errors_total", op="heartbeat") == 0  # pre-set
-    agent.store = type("S", (), {"stats": {"txns": 7, "conflicts": 1, "resolved": 0}})()
+    state.store = type("S", (), {"stats": {"txns": 7, "conflicts": 1, "resolved": 0}})()
     assert sample(m, "tabby_datastore_transactions_total") == 7
     assert sample(m, "tabby_datastore_retried_writes_total", outcome="unknown") == 0
     assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 0
     from datastore import Served
 
-    agent.served = Served(agent.store, None)
+    state.served = served = Served(state.store, None)  # type: ignore[arg-type]
     for outcome in ("committed", "committed", "retried"):
-        agent.served.counts.add(outcome)
+        served.counts.add(outcome)
     assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 2
     assert sample(m, "tabby_datastore_fast_path_total", outcome="retried") == 1
     assert sample(m, "tabby_node_info", node="node-a", version=__version__, backend="none") == 1
@@ -507,37 +535,33 @@ def test_watch_counters_are_the_stores_rereads_and_resumes() -> None:
     first read is not a re-read, a store's re-read is one (its events are only the
     differences), and an etcd store's resumed streams are counted as it counts them."""
     store = MemoryStore()
-    agent = make_agent("node-a", store)
-    agent.store = store
-    m = Metrics(agent)
+    m, state = node_metrics("node-a", store, store=store)
     assert sample(m, "tabby_datastore_watch_resyncs_total") == 0
     assert sample(m, "tabby_datastore_watch_resumes_total") == 0
     stop = threading.Event()
     events = store.sync(WATCHED_KINDS, stop)
-    agent.cache.apply(next(events))
+    state.cache.apply(next(events))
     store.put("node", "node-b", {}, None)
     store.resync()
     event = next(events)
     assert (event.type, event.key) == ("put", "node-b")
-    agent.cache.apply(event)
+    state.cache.apply(event)
     stop.set()
     assert list(events) == []
     assert sample(m, "tabby_datastore_watch_resyncs_total") == 1
-    agent.store = type("S", (), {"sync_stats": {"snapshots": 1, "rereads": 2, "resumes": 5}})()
+    state.store = type("S", (), {"sync_stats": {"snapshots": 1, "rereads": 2, "resumes": 5}})()
     assert sample(m, "tabby_datastore_watch_resyncs_total") == 2
     assert sample(m, "tabby_datastore_watch_resumes_total") == 5
 
 
 def test_a_broken_section_does_not_break_the_scrape() -> None:
-    m = Metrics(make_agent("node-a"))
-
     class Broken:
         restarts = 0
 
         def running(self) -> bool:
             raise RuntimeError("boom")
 
-    m.bird(Broken())
+    m, _ = node_metrics("node-a", bgp=FakeBgp(Broken()))
     _, body = m.exposition(None)
     names = {f.name for f in text_string_to_metric_families(body.decode())}
     assert "tabby_cni_requests" in names
@@ -547,20 +571,48 @@ def test_a_broken_section_does_not_break_the_scrape() -> None:
 # -- /metrics over HTTP ----------------------------------------------------------------------
 
 
+class Passes:
+    reconciles = 1
+    in_sync = True
+
+
+class Routing:
+    def readiness(self) -> list[str]:
+        return []
+
+
 def test_metrics_route_serves_the_registry(cluster_store: MemoryStore) -> None:
-    agent = make_agent("node-a", cluster_store)
-    agent.metrics = Metrics(agent)
+    m, _ = node_metrics("node-a", cluster_store)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    http._serve(agent, "127.0.0.1", port, http.Health(agent), "metrics")
+    health = http.Health(
+        node_ttl=90.0,
+        datastore=DatastoreSettings(),
+        passes=Passes(),
+        routing=Routing(),
+        beats={},
+        problems={},
+    )
+    problems: dict[str, str] = {}
+    servers = http.start(
+        health,
+        health_port=0,
+        metrics_port=port,
+        node_ip=None,
+        exposition=m.exposition,
+        denied_flows=None,
+        problems=problems,
+    )
+    assert len(servers) == 1
+    assert not problems
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/plain")
             text = resp.read().decode()
     finally:
-        http.stop(agent)
+        http.stop(servers)
     got = {
         s.labels.get("pool"): s.value
         for f in text_string_to_metric_families(text)
@@ -593,7 +645,7 @@ def example_metric_names() -> dict[str, set[str]]:
 
 
 def test_examples_name_only_metrics_a_live_registry_exports() -> None:
-    exported = metric_names(Metrics(make_agent("node-a")).registry)
+    exported = metric_names(node_metrics("node-a")[0].registry)
     found = example_metric_names()
     assert len(found["dashboard"]) >= 10
     assert len(found["alerts"]) >= 5
@@ -621,7 +673,7 @@ def test_alert_rules_cover_what_the_issue_asks() -> None:
 
 
 def test_metric_names_handles_suffixes() -> None:
-    names = metric_names(Metrics().registry)
+    names = metric_names(node_metrics()[0].registry)
     for n in (
         "tabby_cni_requests_total",
         "tabby_cni_request_duration_seconds_bucket",
@@ -642,8 +694,8 @@ def test_cluster_nodes_counts_live_nodes_as_the_cluster_view_does() -> None:
         "heartbeat": {"node-a": beat, "node-b": beat, "node-gone": beat},
     }
     for me, live in (("node-c", 3), ("node-d", 2)):
-        agent = make_agent(me)
-        # the cache consumes a snapshot (the watch's to give away): each agent its own
+        m, state = node_metrics(me)
+        # the cache consumes a snapshot (the watch's to give away): each node its own
         copy = {kind: dict(docs) for kind, docs in snapshot.items()}
-        agent.cache.apply(SyncEvent("snapshot", "", "", None, copy))
-        assert sample(Metrics(agent), "tabby_cluster_nodes") == live
+        state.cache.apply(SyncEvent("snapshot", "", "", None, copy))
+        assert sample(m, "tabby_cluster_nodes") == live

@@ -1,24 +1,28 @@
-"""tabby-node's dataplane passes (``Agent.reconcile``): a pass hands routing and policy only
+"""tabby-node's dataplane passes (``DataplaneLoop.reconcile``): a pass hands routing and policy only
 the documents that changed since the last one; the whole check comes first, then only
 periodically (or after a failed pass), and then finds nothing to fix."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
-from cni_config.common import DatastoreSettings
 from datastore.base import SyncEvent
 from policy import engine
+from policy import state as nft
 from policy.render import Snapshot
 from policy.state import PolicyDataplane
 from resources.index import Change, Documents
-from tabby_node import agent as agent_mod
-from tabby_node.agent import Agent, Facts
+from tabby_node import passes as passes_mod
+from tabby_node.cache import Cache
 from tabby_node.cluster_index import Present, Touched
-from tabby_node.options import NodeOptions
+from tabby_node.facts import Facts
+from tabby_node.node_status import StatusReport
+from tabby_node.passes import DataplaneLoop, IpipNotice, PolicyPass, Requests
+from tabby_node.pod_policy import PodPolicy
 from tabby_node.view import RoutingCheck, RoutingPass
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
@@ -26,7 +30,7 @@ from tests.unit.test_policy_incremental import _docs
 
 
 class Routing:
-    """Records what the agent hands the routing backend."""
+    """Records what the dataplane passes hand the routing backend."""
 
     def __init__(self, fail: bool = False) -> None:
         self.passes: list[list[tuple[str, str]]] = []
@@ -57,33 +61,52 @@ class Routing:
     def stop(self, *, stop_bird: bool = True) -> None: ...
 
 
-def _agent(tmp_path: Any, routing: Routing) -> tuple[Agent, NftModel]:
-    agent = Agent(NodeOptions(backend="vxlan", run_dir=str(tmp_path)), DatastoreSettings())
-    agent.facts = Facts("node1", None, None, 1500, False, "")
-    agent.routing = routing  # type: ignore[assignment]
+def _loop(tmp_path: Any, routing: Routing) -> tuple[DataplaneLoop, NftModel]:
+    """The dataplane passes of node1 (backend vxlan) on a snapshot of the truth table."""
+    facts = Facts("node1", None, None, 1500, False, "")
+    cache = Cache("node1")
     model = NftModel()
-    agent.policy = PolicyDataplane("node1", backend=model, families=(4,))
-    agent.cache.apply(SyncEvent("snapshot", "", "", None, _docs()))
-    return agent, model
+    policy = nft.PolicyDataplane("node1", backend=model, families=(4,))
+    problems: dict[str, str] = {}
+    loop = DataplaneLoop(
+        cache,
+        routing,  # type: ignore[arg-type]
+        PolicyPass(policy),
+        ipip=IpipNotice(facts, "vxlan", problems),
+        status=StatusReport(
+            facts,
+            backend="vxlan",
+            mtu=1450,
+            problems=problems,
+            routing=routing,
+            run_dir=str(tmp_path),
+        ),
+        requests=Requests(cache.wake),
+        stopping=threading.Event(),
+        beats={},
+        problems=problems,
+    )
+    cache.apply(SyncEvent("snapshot", "", "", None, _docs()))
+    return loop, model
 
 
 def test_a_pass_takes_only_what_changed_and_the_check_finds_nothing(tmp_path: Any) -> None:
     routing = Routing()
-    agent, model = _agent(tmp_path, routing)
-    assert agent.reconcile()  # the first pass: everything, then the check
+    loop, model = _loop(tmp_path, routing)
+    assert loop.reconcile()  # the first pass: everything, then the check
     assert routing.checks == 1
     assert len(routing.passes[0]) > 10
-    assert agent.policy is not None
-    assert agent.policy.synced
+    policy = loop.policy.policy
+    assert policy.synced
     first = len(model.transactions)
 
     # A pod on this node goes: that one document, no check, the policy delta sent.
     pod = next(iter(tt.PODS))
     ns, name = pod.split("/")
     key = f"{ns}/{name}-eth0"
-    assert agent.cache.has("workloadendpoint", key)
-    agent.cache.apply(SyncEvent("delete", "workloadendpoint", key, None, None))
-    assert agent.reconcile()
+    assert loop.cache.has("workloadendpoint", key)
+    loop.cache.apply(SyncEvent("delete", "workloadendpoint", key, None, None))
+    assert loop.reconcile()
     assert routing.passes[-1] == [("workloadendpoint", key)]
     assert routing.checks == 1
     assert len(model.transactions) == first + 1
@@ -92,17 +115,17 @@ def test_a_pass_takes_only_what_changed_and_the_check_finds_nothing(tmp_path: An
 
     # Nothing changed: an empty pass sends nothing.
     sent = len(model.transactions)
-    assert agent.reconcile()
+    assert loop.reconcile()
     assert routing.passes[-1] == []
     assert len(model.transactions) == sent
 
     # The periodic check: recomputed from the documents, nothing to fix.
-    assert agent.reconcile(full=True)
+    assert loop.reconcile(full=True)
     assert routing.checks == 2
-    state = agent.policy.state
+    state = policy.state
     assert state is not None
-    assert model.canonical() == _table_of(agent.policy)
-    counters = agent.policy.counters
+    assert model.canonical() == _table_of(policy)
+    counters = policy.counters
     assert (counters.checks, counters.check_fixes) == (1, 0)  # the first sync is no check
 
 
@@ -120,32 +143,32 @@ def test_a_failed_pass_brings_the_check_forward(
     """What a failed pass took from the journal is not lost: the loop runs the whole check
     within ``RETRY_SECONDS``, which rebuilds from the documents."""
     routing = Routing()
-    agent, _ = _agent(tmp_path, routing)
-    assert agent.reconcile()
+    loop, _ = _loop(tmp_path, routing)
+    assert loop.reconcile()
     routing.fail = True
-    agent.cache.apply(SyncEvent("delete", "pool", "10.244.0.0/16", None, None))
-    assert not agent.reconcile()
-    assert "routing" in agent.problems
+    loop.cache.apply(SyncEvent("delete", "pool", "10.244.0.0/16", None, None))
+    assert not loop.reconcile()
+    assert "routing" in loop.problems
     routing.fail = False
-    monkeypatch.setattr(agent_mod, "CHECK_SECONDS", 3600.0)
-    monkeypatch.setattr(agent_mod, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(passes_mod, "CHECK_SECONDS", 3600.0)
+    monkeypatch.setattr(passes_mod, "RETRY_SECONDS", 0.0)
     checks = routing.checks
 
-    original = Agent.reconcile
+    original = DataplaneLoop.reconcile
 
-    def stop_after_a_check(self: Agent, *, full: bool = False) -> bool:
+    def stop_after_a_check(self: DataplaneLoop, *, full: bool = False) -> bool:
         ok = original(self, full=full)
         if full:
             self.stopping.set()
         return ok
 
     routing.fail = True
-    agent.cache.changed.set()
-    monkeypatch.setattr(Agent, "reconcile", stop_after_a_check)
-    agent.run()  # a failed change pass, then the check at once
+    loop.cache.changed.set()
+    monkeypatch.setattr(DataplaneLoop, "reconcile", stop_after_a_check)
+    loop.run()  # a failed change pass, then the check at once
     assert routing.checks == checks + 1
     assert routing.passes[-1] == []  # the check's own pass: the journal was drained
-    assert "routing" not in agent.problems  # the check rebuilt from the documents
+    assert "routing" not in loop.problems  # the check rebuilt from the documents
 
 
 def test_a_served_pods_policy_does_not_materialise_the_policy_state(
@@ -157,8 +180,8 @@ def test_a_served_pods_policy_does_not_materialise_the_policy_state(
     1,000 nodes of 20 pods). A count, not a timing."""
     from resources.index import ENDPOINTS
 
-    agent, _model = _agent(tmp_path, Routing())
-    assert agent.reconcile()
+    loop, _model = _loop(tmp_path, Routing())
+    assert loop.reconcile()
     reads: list[int] = []
     calls: list[str] = []
     state = PolicyDataplane.state
@@ -176,12 +199,19 @@ def test_a_served_pods_policy_does_not_materialise_the_policy_state(
         calls.append("remove")
         return remove(self, *args)
 
-    monkeypatch.setattr(PolicyDataplane, "state", property(counted_state))
-    monkeypatch.setattr(PolicyDataplane, "add_endpoint", counted_add)
-    monkeypatch.setattr(PolicyDataplane, "remove_endpoint", counted_remove)
-    monkeypatch.setattr(agent, "on_dataplane_thread", lambda fn, timeout: fn())
-    key = next(iter(agent.cache.of(ENDPOINTS)))
-    agent.endpoint_added(key, None)
-    agent.endpoint_removed(key)
+    monkeypatch.setattr(nft.PolicyDataplane, "state", property(counted_state))
+    monkeypatch.setattr(nft.PolicyDataplane, "add_endpoint", counted_add)
+    monkeypatch.setattr(nft.PolicyDataplane, "remove_endpoint", counted_remove)
+
+    class Inline:
+        """The dataplane thread, as the CNI thread's own."""
+
+        def call(self, fn: Callable[[], None], timeout: float) -> None:
+            fn()
+
+    pods = PodPolicy(loop.cache, loop.policy.policy, Inline())
+    key = next(iter(loop.cache.of(ENDPOINTS)))
+    pods.endpoint_added(key, None)
+    pods.endpoint_removed(key)
     assert calls == ["add", "remove"]  # programmed, and taken away
     assert reads == []

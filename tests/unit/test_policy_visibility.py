@@ -412,19 +412,30 @@ def test_the_route_answers_json_and_refuses_nonsense() -> None:
 
 
 def test_the_counters_are_exported_per_policy_direction_and_verdict() -> None:
-    from cni_config.common import DatastoreSettings
-    from tabby_node.agent import Agent
-    from tabby_node.metrics import Metrics
-    from tabby_node.options import NodeOptions
+    from tabby_node.cache import Cache
+    from tabby_node.metrics import Metrics, NodeCollector
 
-    agent = Agent(NodeOptions(nodename="node1", log_file=None), DatastoreSettings())
     dp, rec = _dp()
-    agent.policy = dp
-    agent.denied_flows = policylog.DeniedFlows("node1")
     dp.sync(tt.build_state(tt.CASES[2].steps[0]))
     names = _names(dp)
     rec.counts = {names["allow"]: (3, 180), names["deny"]: (7, 420)}
-    m = Metrics(agent)
+    m = Metrics()
+
+    class NoCalls:
+        inflight: set[object] = set()
+
+    m.registry.register(
+        NodeCollector(
+            node="node1",
+            backend="bird",
+            started=m.started,
+            problems={},
+            calls=NoCalls(),  # type: ignore[arg-type]
+            cache=Cache("node1"),
+            policy=dp,
+            denied_flows=policylog.DeniedFlows("node1"),
+        )
+    )
     value = m.registry.get_sample_value
     labels = {"namespace": "x", "direction": "ingress"}
     assert (

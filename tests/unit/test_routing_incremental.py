@@ -67,15 +67,13 @@ class Node:
         self.w = w
         self.me = me
         self.watch = Index(ROUTING)
-        agent = w.agents[me]
+        parts = w.nodes[me]
         self.routing: NoRouting
-        if agent.options.backend == "bird":
-            bird = BirdRouting(agent)
+        if parts.backend == "bird":
             self.bird = FakeBird()
-            bird.bird = self.bird  # type: ignore[assignment]
-            self.routing = bird
+            self.routing = BirdRouting(parts.facts, self.bird)  # type: ignore[arg-type]
         else:
-            self.routing = VxlanRouting(agent)
+            self.routing = VxlanRouting(parts.facts, parts.backend)
         self.kernel = FakeKernel(ipip=False)
         self.routing.overlay.reconciler = Reconciler(netlink=self.kernel)  # type: ignore[arg-type]
 
@@ -284,7 +282,7 @@ def test_backend_none_removes_leftovers_and_then_has_nothing_to_do() -> None:
     a.kernel.routes[(net("10.244.9.0/26"), 0)] = KernelRoute(
         net("10.244.9.0/26"), RTN_UNICAST, 116, None, 2, False, 0
     )
-    routing = NoRouting(w.agents["a"])
+    routing = NoRouting(w.nodes["a"].facts, "none")
     routing.overlay.reconciler = Reconciler(netlink=a.kernel)  # type: ignore[arg-type]
     a.routing = routing
     first = a.sync()

@@ -1,0 +1,356 @@
+"""tabby-node, the node agent (calico-node's role): registration, datastore watch, routing,
+NetworkPolicy, and the CNI calls of the plugins. :func:`main` builds its parts, each
+complete when made and given only what it uses, in the order a node starts, and runs it.
+
+Threads::
+
+    watcher      store.sync() -> the cache (a fresh snapshot after a broken watch;
+                 tabby_node.watcher)
+    heartbeat    this node's liveness document (ttl --node-ttl), every ttl/3; re-registers
+                 the Node if an operator deleted it while the node runs
+                 (tabby_node.registration)
+    dataplane    the one thread that changes the kernel (tabby-node's main thread): on
+                 every cache change (debounced) it reconciles the routing backend (BIRD or
+                 VXLAN) and the nftables table; it also programs a new pod's policy before
+                 that pod's ADD answers (requests from the CNI threads: tabby_node.passes,
+                 tabby_node.pod_policy)
+    cni server   one thread per CNI call (tabby_node.server)
+    http         /metrics, /liveness, /readiness, /policy/log (tabby_node.http)
+    policy log   denied flows from NFLOG into a ring (tabby_node.policylog)
+    tracer       this node's half of a policy trace from another node (tabby_node.tracer)
+
+Start-up: the node's facts (discovery), its name file, the store; the Node and its
+heartbeat, the default pools (both retried until the datastore answers); the watcher and
+heartbeat threads; the calls this node serves given its store; the first snapshot (waited
+for, bounded); the VXLAN tunnel addresses, the MTU file; the routing backend, the policy
+dataplane, the first full pass; the policy log and the tracer; then the HTTP endpoints, and
+last the CNI socket. It stops in the order :class:`~tabby_node.lifecycle.Shutdown` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from bundle import __version__
+from cni_protocol.errors import CniError
+from dataplane.errors import DataplaneError
+from ipam.core.errors import DatastoreError
+from tabby_node.lifecycle import Retry, Shutdown, Threads
+
+if TYPE_CHECKING:
+    from cni_config.common import DatastoreSettings
+    from datastore import Served
+    from datastore.base import Store
+    from policy.state import PolicyDataplane
+    from tabby_node.cache import Cache
+    from tabby_node.facts import Facts
+    from tabby_node.metrics import Metrics
+    from tabby_node.options import NodeOptions
+    from tabby_node.passes import DataplaneLoop, Requests
+    from tabby_node.policylog import DeniedFlows
+    from tabby_node.server import NodeServer
+    from tabby_node.view import RoutingBackend
+
+log = logging.getLogger("tabby.node")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from cni_protocol import log as cni_log
+    from daemon.signals import stop_on_signals
+    from tabby_node import options as node_options
+    from tabby_node import server as call_server
+
+    try:
+        options, settings = node_options.parse(argv)
+    except CniError as e:
+        print(f"tabby-node: {e}", file=sys.stderr)
+        return 2
+    cni_log.setup_resident(options.log_level, options.log_file)
+    if os.geteuid() != 0:
+        print("tabby-node: must run as root", file=sys.stderr)
+        return 1
+
+    t0 = time.perf_counter()
+    call_server.warm_up()
+    metrics: Metrics | None = None
+    if options.metrics_port:  # metrics: before start-up, so that start-up is counted too
+        from tabby_node.metrics import Metrics
+
+        metrics = Metrics()
+    try:
+        run_dir = call_server.claim_run_dir(options.socket_path)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 1
+    stopping = threading.Event()
+    problems: dict[str, str] = {}  # what node status and readiness report
+    beats: dict[str, float] = {}  # loop -> when it last went round (liveness)
+    shutdown = Shutdown(stopping)
+    shutdown.on("socket", lambda: call_server.release_run_dir(options.socket_path, run_dir))
+    threads = Threads(problems)
+    shutdown.on("threads", threads.join)
+
+    with stop_on_signals(stopping):
+        try:
+            node = start_up(
+                options,
+                settings,
+                metrics=metrics,
+                stopping=stopping,
+                problems=problems,
+                beats=beats,
+                threads=threads,
+                shutdown=shutdown,
+            )
+        except (CniError, DataplaneError, DatastoreError) as e:
+            print(f"tabby-node: {e}", file=sys.stderr)
+            shutdown.run()
+            return 1
+        except Exception as e:
+            log.exception("tabby-node failed to start")
+            print(f"tabby-node: failed to start: {type(e).__name__}: {e}", file=sys.stderr)
+            shutdown.run()
+            return 1
+        if stopping.is_set():
+            shutdown.run()
+            return 0
+        server = serve(
+            options,
+            settings,
+            node,
+            metrics=metrics,
+            problems=problems,
+            beats=beats,
+            shutdown=shutdown,
+        )
+        server.bind()
+        shutdown.on("socket", server.stop)
+        threads.spawn("cni server", server.serve_forever)
+        log.warning(
+            "tabby-node %s serving %s (ready in %.0f ms)",
+            __version__,
+            options.socket_path,
+            (time.perf_counter() - t0) * 1000,
+        )
+        try:
+            node.passes.run()
+        finally:
+            shutdown.run()
+            log.warning("tabby-node stopped after %d calls", server.served)
+    return 0
+
+
+class Node(NamedTuple):
+    """What start-up made, for :func:`serve` and the dataplane loop."""
+
+    facts: Facts
+    cache: Cache
+    store: Store
+    served: Served
+    routing: RoutingBackend
+    policy: PolicyDataplane
+    requests: Requests
+    passes: DataplaneLoop
+    denied_flows: DeniedFlows | None
+
+
+def start_up(
+    options: NodeOptions,
+    settings: DatastoreSettings,
+    *,
+    metrics: Metrics | None,
+    stopping: threading.Event,
+    problems: dict[str, str],
+    beats: dict[str, float],
+    threads: Threads,
+    shutdown: Shutdown,
+) -> Node:
+    """Everything up to serving, in this order: the node's facts, its name file, the
+    store, the Node and heartbeat, the default pools, the watcher and heartbeat threads,
+    the served calls' store, the first snapshot, the tunnel addresses, the MTU file, the
+    routing backend, the policy dataplane and the first full pass, the policy log and the
+    tracer. What it started is stopped by ``shutdown``."""
+    from datastore import open_store
+    from tabby_node import policylog, tracer
+    from tabby_node.cache import Cache
+    from tabby_node.facts import discover, write_file
+    from tabby_node.registration import Liveness, ensure_default_pools
+    from tabby_node.tunnels import Tunnels
+    from tabby_node.watcher import Watcher
+
+    retry = Retry(stopping, problems, metrics)
+    os.makedirs(options.run_dir, mode=0o755, exist_ok=True)
+    os.makedirs(options.state_dir, mode=0o755, exist_ok=True)
+    facts = discover(options)
+    cache = Cache(facts.name)  # before the watch: whose Pods' stored forms are kept
+    write_file(options.nodename_file, facts.name + "\n")
+    store = open_store(settings)
+    shutdown.on("store", lambda: _quietly(store.close))
+    log.warning(
+        "tabby-node %s: node %s, %s, backend %s, datastore %s",
+        __version__,
+        facts.name,
+        ", ".join(str(a) for a in (facts.ipv4, facts.ipv6) if a) or "no underlay address",
+        options.backend,
+        settings.describe(),
+    )
+    tunnels = Tunnels(facts, options.backend, store, cache)
+    liveness = Liveness(
+        facts,
+        options.backend,
+        store,
+        node_ttl=options.node_ttl,
+        cache=cache,
+        ensure_tunnels=tunnels.ensure,
+        stopping=stopping,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    retry("register", liveness.register)
+    retry(
+        "default pools", lambda: ensure_default_pools(store, options.ipv4_pool, options.ipv6_pool)
+    )
+    watcher = Watcher(store, cache, stopping=stopping, beats=beats, metrics=metrics)
+    threads.spawn("watcher", watcher.run)
+    threads.spawn("heartbeat", liveness.run)
+    served = serve_calls(settings, store, cache)
+    if not cache.synced.wait(settings.lock_timeout_seconds):
+        log.warning("no datastore snapshot yet: starting with an empty view")
+    retry("tunnel addresses", tunnels.ensure)
+    mtu = tunnels.write_mtu(options.mtu_file)
+
+    from policy.state import PolicyDataplane
+    from tabby_node import routing as routing_backends
+    from tabby_node.node_status import StatusReport
+    from tabby_node.passes import DataplaneLoop, IpipNotice, PolicyPass, Requests
+
+    routing = routing_backends.choose(options.backend, facts, options.run_dir, metrics)
+    shutdown.on("routing", lambda: _quietly(routing.stop))
+    routing.start()
+    visibility = options.policy_visibility == "on"
+    policy = PolicyDataplane(facts.name, visibility=visibility)
+    requests = Requests(cache.wake)
+    status = StatusReport(
+        facts,
+        backend=options.backend,
+        mtu=mtu,
+        problems=problems,
+        routing=routing,
+        run_dir=options.run_dir,
+    )
+    passes = DataplaneLoop(
+        cache,
+        routing,
+        PolicyPass(policy, metrics),
+        ipip=IpipNotice(facts, options.backend, problems),
+        status=status,
+        requests=requests,
+        stopping=stopping,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    passes.reconcile(full=True)
+    denied_flows = None
+    if visibility:
+        denied_flows = policylog.DeniedFlows(facts.name)
+        policylog.start(policy, denied_flows, stopping, problems)
+    tracer.start(facts.name, cache, store, stopping)
+    return Node(facts, cache, store, served, routing, policy, requests, passes, denied_flows)
+
+
+def serve(
+    options: NodeOptions,
+    settings: DatastoreSettings,
+    node: Node,
+    *,
+    metrics: Metrics | None,
+    problems: dict[str, str],
+    beats: dict[str, float],
+    shutdown: Shutdown,
+) -> NodeServer:
+    """The call server (not bound yet: :meth:`NodeServer.bind`) with the per-pod policy,
+    the state the metrics read, and the HTTP endpoints (serving already; stopped by
+    ``shutdown``)."""
+    from tabby_node import http
+    from tabby_node.pod_policy import PodEndpoints, PodPolicy
+    from tabby_node.server import NodeServer
+
+    pods = PodPolicy(node.cache, node.policy, node.requests, metrics)
+    server = NodeServer(
+        options.socket_path,
+        endpoints=PodEndpoints(node.cache, pods, node.served),
+        stores=node.served,
+        mtu_file=options.mtu_file,
+        metrics=metrics,
+        claimed=True,
+    )
+    if metrics is not None:
+        from tabby_node.metrics import NodeCollector
+        from tabby_node.options import conf_reserved
+        from tabby_node.routing import BirdRouting
+
+        routing = node.routing
+        metrics.registry.register(
+            NodeCollector(
+                node=node.facts.name,
+                backend=options.backend,
+                started=metrics.started,
+                problems=problems,
+                calls=server,
+                cache=node.cache,
+                reserved=conf_reserved(options.conf),
+                bgp=routing if isinstance(routing, BirdRouting) else None,
+                policy=node.policy,
+                denied_flows=node.denied_flows,
+                store=node.store,
+                served=node.served,
+            )
+        )
+    health = http.Health(
+        node_ttl=options.node_ttl,
+        datastore=settings,
+        passes=node.passes,
+        routing=node.routing,
+        beats=beats,
+        problems=problems,
+        metrics=metrics,
+    )
+    ipv4 = node.facts.ipv4
+    servers = http.start(
+        health,
+        health_port=options.health_port,
+        metrics_port=options.metrics_port,
+        node_ip=str(ipv4.address) if ipv4 is not None else None,
+        exposition=metrics.exposition if metrics is not None else None,
+        denied_flows=node.denied_flows,
+        problems=problems,
+    )
+    shutdown.on("http", lambda: http.stop(servers))
+    return server
+
+
+def serve_calls(settings: DatastoreSettings, store: Store, cache: Cache) -> Served:
+    """The CNI calls this node serves use its store (warm connections) when their
+    configuration names the same datastore, read through what the watch and this node's
+    own writes tell it (``datastore.cached``: a stale read costs a compare-and-swap retry,
+    never a wrong answer)."""
+    from datastore import Served
+    from tabby_node.knowledge import Knowledge
+
+    return Served(settings, store, Knowledge(cache))
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    """``step()``, whatever it raises (stopping goes on)."""
+    with contextlib.suppress(Exception):
+        step()
