@@ -75,21 +75,17 @@ def generate(nodes: int, pods_per_node: int, path: Path) -> None:
 
 def _generate(nodes: int, pods_per_node: int, path: Path) -> None:
     from cni_config.common import DatastoreSettings
-    from datastore import serve, unserve
+    from datastore import Served
     from datastore.memory import MemoryStore
 
     settings = DatastoreSettings(
         datastore_type="etcdv3", etcd_endpoints=[ENDPOINT], etcd_prefix=PREFIX
     )
     store = MemoryStore()
-    serve(settings, store)
-    try:
-        _write(store, nodes, pods_per_node, path)
-    finally:
-        unserve(settings)
+    _write(store, Served(settings, store), nodes, pods_per_node, path)
 
 
-def _write(store: Any, nodes: int, pods_per_node: int, path: Path) -> None:
+def _write(store: Any, stores: Any, nodes: int, pods_per_node: int, path: Path) -> None:
     import ipaddress
 
     import scale_writer
@@ -110,7 +106,7 @@ def _write(store: Any, nodes: int, pods_per_node: int, path: Path) -> None:
             "cni_log": os.path.join(tmp, "cni.log"),
             "namespaces": NAMESPACES,
         }
-        writer = scale_writer.Writer(cfg)
+        writer = scale_writer.Writer(cfg, stores)
         writer.store = store
         writer.lane_stores = [store]
 

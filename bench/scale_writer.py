@@ -41,13 +41,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from datastore.etcd import client as etcd_client
 from datastore.etcd import store as etcd_store
+
+if TYPE_CHECKING:
+    from datastore import Stores
 
 NETWORK = "k8s-pod-network"
 PROBE_NAMESPACE = "bench-probe"
@@ -155,7 +158,9 @@ class NoKernel:
 
 
 class Writer:
-    def __init__(self, cfg: dict[str, Any]) -> None:
+    def __init__(self, cfg: dict[str, Any], stores: Stores | None = None) -> None:
+        """``stores``: where the simulated nodes' CNI calls do their datastore work (a store
+        of each call's own by default, the lane its conflist names)."""
         from cni_plugin.plugin import DatastoreEndpoints, Plugin
         from tabby_node.server import InProcessIpam
 
@@ -166,8 +171,8 @@ class Writer:
         self.lanes: list[str] = cfg["lanes"]  # etcd URLs, one per lane
         self.handlers = Plugin(
             dataplane=NoKernel,
-            ipam=InProcessIpam(),
-            endpoints=DatastoreEndpoints(),
+            ipam=InProcessIpam(stores),
+            endpoints=DatastoreEndpoints(stores),
             validate_first=True,
         ).handlers()
         self.lane_locks = [threading.Lock() for _ in self.lanes]

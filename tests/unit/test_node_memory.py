@@ -84,9 +84,8 @@ def _wep(name: str, node: str, rev: int) -> Doc:
 
 
 def test_only_this_nodes_pods_keep_their_stored_form() -> None:
-    from datastore.optimistic import UNKNOWN
-
     from datastore.base import SyncEvent
+    from datastore.cached import UNKNOWN
 
     cache = Cache("me")
     snapshot: dict[str, dict[str, Any]] = {
@@ -177,9 +176,8 @@ def _block(affinity: str, rev: int) -> Doc:
 
 
 def test_other_nodes_blocks_keep_only_what_routing_and_the_gauges_read() -> None:
-    from datastore.optimistic import UNKNOWN
-
     from datastore.base import SyncEvent
+    from datastore.cached import UNKNOWN
     from resources.index import BLOCKS
     from tabby_node.cluster import _block as routing_facts
 

@@ -519,13 +519,15 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     state.store = type("S", (), {"stats": {"txns": 7, "conflicts": 1, "resolved": 0}})()
     assert sample(m, "tabby_datastore_transactions_total") == 7
     assert sample(m, "tabby_datastore_retried_writes_total", outcome="unknown") == 0
-    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 0
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="cached") == 0
     from datastore import Served
+    from datastore.memory import MemoryStore
 
-    state.served = served = Served(state.store, None)  # type: ignore[arg-type]
-    for outcome in ("committed", "committed", "retried"):
+    settings = type("Settings", (), {"datastore_type": "file", "data_dir": "/x"})()
+    state.served = served = Served(settings, MemoryStore())  # type: ignore[arg-type]
+    for outcome in ("cached", "cached", "retried"):
         served.counts.add(outcome)
-    assert sample(m, "tabby_datastore_fast_path_total", outcome="committed") == 2
+    assert sample(m, "tabby_datastore_fast_path_total", outcome="cached") == 2
     assert sample(m, "tabby_datastore_fast_path_total", outcome="retried") == 1
     assert sample(m, "tabby_node_info", node="node-a", version=__version__, backend="none") == 1
 
