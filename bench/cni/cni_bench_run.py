@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cni_bench_exec import (
+from bench.cni.cni_bench_exec import (
     BenchError,
     ExecResult,
     Interrupted,
@@ -34,7 +34,7 @@ from cni_bench_exec import (
     run_ip,
     setns_thread,
 )
-from cni_bench_pure import (
+from bench.cni.cni_bench_pure import (
     DEFAULT_PATH,
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
@@ -49,12 +49,12 @@ from cni_bench_pure import (
     compute_stats,
     encode_config,
     parse_env_assignments,
-    percentile,
     plugin_env,
     plugin_error,
     result_host_interfaces,
     result_ips,
 )
+from bench.stats import percentile
 
 
 @dataclass

@@ -46,8 +46,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "bench.scale.node_memory_bench"  # its children run it again: -m from ROOT
 
 POOL = "10.128.0.0/14"  # scale_bench's
 SIM_UNDERLAY = "172.30.0.1"
@@ -92,8 +92,7 @@ def _generate(nodes: int, pods_per_node: int, path: Path) -> None:
 def _write(store: Any, settings: Any, nodes: int, pods_per_node: int, path: Path) -> None:
     import ipaddress
 
-    import scale_writer
-
+    from bench.scale import scale_writer
     from resources.heartbeat import Heartbeat
     from tabby_node.agent import Agent, _cas
     from tabby_node.facts import Facts
@@ -265,7 +264,16 @@ def _short(filename: str) -> str:
 
 def child(path: str | None, mode: str, top: int) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--top", str(top), *([path] if path else [])],
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--child",
+            mode,
+            "--top",
+            str(top),
+            *([path] if path else []),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -291,7 +299,6 @@ def main() -> int:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("path", nargs="?", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "bench"))
     if args.child:
         print(json.dumps(measure(args.path, args.child, args.top)))
         return 0

@@ -1,8 +1,9 @@
-"""The pure parts of cni_bench.py: no I/O, no root (tests/unit/test_bench_stats.py).
+"""The pure parts of cni_bench: no I/O, no root (tests/unit/test_bench_stats.py).
 
 Constants shared by the whole benchmark, CNI version selection, the plugin chain and the stdin
-libcni would build for each plugin, CNI_ARGS and the environment, percentiles and ratios, result
-parsing, and the report (statistics and the printed table). Imports nothing of the benchmark.
+libcni would build for each plugin, CNI_ARGS and the environment, ratios, result parsing, and
+the report (statistics and the printed table). Percentiles are ``bench.stats``'s, the one
+definition every bench uses. Imports nothing else of the benchmarks.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from bench.stats import median, percentile
 
 VERBS = ("ADD", "CHECK", "DEL")
 CLONE_NEWNET = 0x40000000
@@ -211,27 +213,6 @@ def find_plugin(ptype: str, cni_path: str) -> str | None:
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """q-th percentile (0..100), linear interpolation between closest ranks.
-
-    The same definition as numpy's default and ``statistics.quantiles(method="inclusive")``:
-    the p50 of an even-sized sample is the mean of the two middle values.
-    """
-    if not 0 <= q <= 100:
-        raise ValueError("q must be within 0..100")
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float | None:
-    return percentile(values, 50)
 
 
 def paired_ratios(a: Mapping[Any, float], b: Mapping[Any, float]) -> list[float]:

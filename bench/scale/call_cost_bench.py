@@ -50,12 +50,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.scale import scale_populate
+from bench.scale.scale_writer import NoKernel, cni_env
+from bench.stats import percentile
 
-import scale_populate  # noqa: E402
-from scale_writer import NoKernel, cni_env  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 POOL = "10.128.0.0/14"
@@ -535,8 +534,8 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
         return {
             "size": size,
             "load": loadavg(),
-            "add_ms": sorted(adds)[len(adds) // 2],
-            "del_ms": sorted(dels)[len(dels) // 2],
+            "add_ms": percentile(adds, 50),
+            "del_ms": percentile(dels, 50),
             "add_mean": sum(adds) / len(adds),
             "del_mean": sum(dels) / len(dels),
             "etcd_ms": sum(etcd_ms) / len(etcd_ms),

@@ -43,16 +43,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from datastore.base import Doc  # noqa: E402
-from resources.index import ROUTING, Index  # noqa: E402
-from tabby_node.cluster import Cluster, Underlay, vxlan_state  # noqa: E402
-from tabby_node.cluster_index import ClusterIndex  # noqa: E402
-from tabby_node.routing import bird_config, bird_touched  # noqa: E402
-from tabby_node.vxlan_table import VxlanTable  # noqa: E402
+from bench.stats import pct
+from datastore.base import Doc
+from resources.index import ROUTING, Index
+from tabby_node.cluster import Cluster, Underlay, vxlan_state
+from tabby_node.cluster_index import ClusterIndex
+from tabby_node.routing import bird_config, bird_touched
+from tabby_node.vxlan_table import VxlanTable
 
 T = TypeVar("T")
 POOL = "10.0.0.0/8"
@@ -332,10 +329,8 @@ class NetnsKernel:
 
 
 def ms(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """The ``q``-th percentile (0..100) of ``values`` (s) in ms; NaN without values."""
+    return 1000 * pct(values, q)
 
 
 def main() -> int:
@@ -359,7 +354,7 @@ def main() -> int:
             for event, samples in got.items():
                 row: dict[str, Any] = {"backend": backend, "nodes": n, "event": event}
                 for column, values in samples.items():
-                    row[column] = (ms(values, 0.5), ms(values, 0.9))
+                    row[column] = (ms(values, 50), ms(values, 90))
                 results.append(row)
                 if not args.json:
                     _print(row)

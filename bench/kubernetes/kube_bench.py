@@ -66,8 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.stats import pct
 from lab.cluster import http_get
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import KubeLab
@@ -96,14 +95,6 @@ def echo(text: str) -> None:
 def load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
-
-
-def pct(values: list[float], p: int) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 def summary(values: list[float]) -> dict[str, Any]:

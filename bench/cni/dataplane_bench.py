@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -28,9 +27,9 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from bench.stats import pct
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SITE = sysconfig.get_paths()["purelib"]
 
@@ -45,13 +44,8 @@ IMPORTS: list[tuple[str, str]] = [
 ]
 
 
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
 def _fmt(values: list[float]) -> str:
-    return f"p50 {statistics.median(values):7.1f} ms   p90 {_pct(values, 0.9):7.1f} ms"
+    return f"p50 {pct(values, 50):7.1f} ms   p90 {pct(values, 90):7.1f} ms"
 
 
 def _fresh(code: str, extra_env: dict[str, str] | None = None) -> float:
@@ -68,7 +62,7 @@ def bench_imports(runs: int) -> None:
     base: float | None = None
     for label, code in IMPORTS:
         times = [_fresh(code) for _ in range(runs)]
-        p50 = statistics.median(times)
+        p50 = pct(times, 50)
         extra = "" if base is None else f"   (+{p50 - base:6.1f} ms over bare)"
         base = p50 if base is None else base
         print(f"  {label:45s} {_fmt(times)}{extra}")

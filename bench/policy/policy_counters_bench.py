@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -51,13 +50,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from dataplane import nft  # noqa: E402
-from dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from policy.engine import (  # noqa: E402
+from bench.stats import pct
+from dataplane import nft
+from dataplane.netns import open_netns, run_in_netns
+from policy.engine import (
     ClusterState,
     Endpoint,
     LabelSelector,
@@ -317,7 +313,7 @@ def check_counted(topo: Topology, dp: nft.PolicyDataplane, sample: Sample, secon
 
 
 def median(samples: list[Sample], attr: str) -> float:
-    return float(statistics.median(float(getattr(s, attr)) for s in samples))
+    return pct([float(getattr(s, attr)) for s in samples], 50)
 
 
 def main() -> int:
@@ -405,9 +401,7 @@ def paired(conditions: list[str], results: dict[str, list[Sample]]) -> None:
                 getattr(a, attr) / getattr(b, attr)
                 for a, b in zip(results[cond], results[off], strict=True)
             )
-            parts.append(
-                f"{what} {statistics.median(ratios):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
-            )
+            parts.append(f"{what} {pct(ratios, 50):.3f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
         print(f"  {count} policies: " + ", ".join(parts))
 
 

@@ -27,11 +27,11 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from cni_bench_exec import (
+from bench.cni.cni_bench_exec import (
     BenchError,
     Spawner,
 )
-from cni_bench_pure import (
+from bench.cni.cni_bench_pure import (
     DEFAULT_PATH,
     EXIT_USAGE,
     GNU_TIME,
@@ -46,7 +46,7 @@ from cni_bench_pure import (
     plugin_error,
     rounded,
 )
-from cni_bench_run import (
+from bench.cni.cni_bench_run import (
     Bench,
     NetConf,
 )

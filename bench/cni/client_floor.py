@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "bench" / "client_floor_main.py"
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = Path(__file__).resolve().parent / "client_floor_main.py"
 OUT = ROOT / "build" / "client-floor"
 BINARY = OUT / "dist" / "floor" / "floor"
 

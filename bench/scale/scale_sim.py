@@ -48,11 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import scale_wire as wire
-
+from bench.scale import scale_wire as wire
 from datastore import etcd_client
 from datastore.base import SyncEvent
 from datastore.etcd import LAYOUT

@@ -31,19 +31,15 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from lab.cluster import Lab, LabNode, LabPod  # noqa: E402
-from tests import policy_probes as pp  # noqa: E402
-from tests.cluster import policy_lab as pl  # noqa: E402
+from bench.stats import pct
+from lab.cluster import Lab, LabNode, LabPod
+from tests import policy_probes as pp
+from tests.cluster import policy_lab as pl
 
 Doc = dict[str, Any]
 OTHER_NAMESPACES = [f"o{i:02d}" for i in range(1, 17)]
@@ -55,15 +51,8 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
-
-
 def ms(values: list[float]) -> str:
-    return f"p50 {pct(values, 0.5) * 1000:7.0f} ms   p90 {pct(values, 0.9) * 1000:7.0f} ms"
+    return f"p50 {pct(values, 50) * 1000:7.0f} ms   p90 {pct(values, 90) * 1000:7.0f} ms"
 
 
 # -- resources -------------------------------------------------------------------------------
@@ -456,8 +445,8 @@ class Bench:
             print(f"  {name:13s} ADD {ms(results[label])}   DEL {ms(dels[label])}")
             for line in inside[label]:
                 print(f"      node-1 during the ADDs: {line}")
-        base = statistics.median(results["none"])
-        with_p = statistics.median(results["policies"])
+        base = pct(results["none"], 50)
+        with_p = pct(results["policies"], 50)
         print(f"  ADD p50 with policies / without: {with_p / base:.2f}")
 
     def _add_round(self, node: LabNode, docs: list[Doc], r: int) -> tuple[list[float], list[float]]:
@@ -510,7 +499,7 @@ class Bench:
             name = "no policy" if label == "none" else f"{self.args.policies} policies"
             vals = results[label]
             print(
-                f"  {name:13s} median {statistics.median(vals):8.1f} MB/s   "
+                f"  {name:13s} median {pct(vals, 50):8.1f} MB/s   "
                 f"(runs: {', '.join(f'{v:.0f}' for v in vals)})"
             )
 

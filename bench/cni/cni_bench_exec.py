@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cni_bench_pure import (
+from bench.cni.cni_bench_pure import (
     CLONE_NEWNET,
     GNU_TIME,
     READ_CHUNK,

@@ -25,21 +25,17 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from dataplane import nft  # noqa: E402
-from dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from policy import engine  # noqa: E402
-from policy.engine import (  # noqa: E402
+from bench.stats import pct
+from dataplane import nft
+from dataplane.netns import open_netns, run_in_netns
+from policy import engine
+from policy.engine import (
     ClusterState,
     ContainerPort,
     Endpoint,
@@ -131,16 +127,9 @@ def cluster(local: int, remote: int, policies: int) -> ClusterState:
     return ClusterState(tuple(_policy(j) for j in range(policies)), nss, tuple(pods), tuple(eps))
 
 
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
 def _line(label: str, values: list[float], extra: str = "") -> None:
     ms = [v * 1000 for v in values]
-    print(
-        f"  {label:<44} p50 {statistics.median(ms):8.1f} ms   p90 {_pct(ms, 0.9):8.1f} ms {extra}"
-    )
+    print(f"  {label:<44} p50 {pct(ms, 50):8.1f} ms   p90 {pct(ms, 90):8.1f} ms {extra}")
 
 
 def _timed(fn: Callable[[], Any]) -> float:

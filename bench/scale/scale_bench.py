@@ -47,14 +47,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.scale import scale_wire as wire
+from bench.stats import percentile
+from lab.cluster import Lab, LabError, LabNode, http_get
+from lab.proc import INTERRUPTS, stop_process
 
-import scale_wire as wire  # noqa: E402
-
-from lab.cluster import Lab, LabError, LabNode, http_get  # noqa: E402
-from lab.proc import INTERRUPTS, stop_process  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ENGINES = ("gateway", "grpc", "proxy")
@@ -465,7 +463,7 @@ class Run:
         self.writer = Child(
             lab,
             lab.control.netns,
-            [self.python(), str(ROOT / "bench" / "scale_writer.py"), path],
+            [self.python(), "-m", "bench.scale.scale_writer", path],
             os.path.join(lab.workdir, "writer.log"),
             "writer",
         )
@@ -564,7 +562,7 @@ class Run:
         self.sim = Child(
             lab,
             lab.control.netns,
-            [self.python(), str(ROOT / "bench" / "scale_sim.py"), path],
+            [self.python(), "-m", "bench.scale.scale_sim", path],
             os.path.join(lab.workdir, f"sim-{engine}.err"),
             "simulator",
         )
@@ -682,9 +680,9 @@ class Run:
             dels.append((c4 - c2) * 1000)  # type: ignore[operator]
             walls.append((t1 - t0) * 1000)
         return {
-            "add_cpu_ms": wire.percentile(adds, 50),
-            "del_cpu_ms": wire.percentile(dels, 50),
-            "add_wall_ms": wire.percentile(walls, 50),
+            "add_cpu_ms": percentile(adds, 50),
+            "del_cpu_ms": percentile(dels, 50),
+            "add_wall_ms": percentile(walls, 50),
             "calls": count,
         }
 
@@ -750,11 +748,11 @@ class Run:
             out["achieved_rate"] = len(pod_ops) / span if span > 0 else None
         out["op_wall_ms"] = {
             k: (
-                wire.percentile(
+                percentile(
                     [(o["t1"] - o["t0"]) * 1000 for o in log["ops"] if o["op"] == k and "t1" in o],
                     50,
                 ),
-                wire.percentile(
+                percentile(
                     [(o["t1"] - o["t0"]) * 1000 for o in log["ops"] if o["op"] == k and "t1" in o],
                     99,
                 ),
@@ -766,7 +764,7 @@ class Run:
             k: sum(1 for o in ops if o["op"] == k) for k in ("add", "del", "block", "policy")
         }
         out["errors"] = [o["error"] for o in ops if "error" in o][:5]
-        out["op_lag_ms"] = wire.percentile(
+        out["op_lag_ms"] = percentile(
             [(o["t0"] - o["scheduled"]) * 1000 for o in ops if "t0" in o], 99
         )
         out.update(self.latencies(ops, log["writes"], arrivals, a["t"]))
@@ -806,9 +804,9 @@ class Run:
             last.append(ms)
             per_kind.setdefault(kind, []).append(ms)
         out: dict[str, Any] = {
-            "last_watcher_ms": (wire.percentile(last, 50), wire.percentile(last, 99)),
+            "last_watcher_ms": (percentile(last, 50), percentile(last, 99)),
             "last_watcher_by_kind": {
-                k: (wire.percentile(v, 50), wire.percentile(v, 99)) for k, v in per_kind.items()
+                k: (percentile(v, 50), percentile(v, 99)) for k, v in per_kind.items()
             },
             "writes_watched": watched,
             "writes_not_everywhere": partial,
@@ -849,11 +847,11 @@ class Run:
                     sets_missing += 1
                 else:
                     sets.append((max(ts) - t0) * 1000)  # type: ignore[type-var]
-        out["route_ms"] = (wire.percentile(routes, 50), wire.percentile(routes, 99))
+        out["route_ms"] = (percentile(routes, 50), percentile(routes, 99))
         out["route_n"] = (len(routes), routes_missing)
-        out["policy_ms"] = (wire.percentile(policies, 50), wire.percentile(policies, 99))
+        out["policy_ms"] = (percentile(policies, 50), percentile(policies, 99))
         out["policy_n"] = (len(policies), policies_missing)
-        out["podset_ms"] = (wire.percentile(sets, 50), wire.percentile(sets, 99))
+        out["podset_ms"] = (percentile(sets, 50), percentile(sets, 99))
         out["podset_n"] = (len(sets), sets_missing)
         for m in (*self.routes.values(), *self.nft.values()):
             m.trim(since)
@@ -929,7 +927,7 @@ class Run:
             "down_s": t_up - t_start,
             "sims_synced": len(sims),
             "sims_pending": report["pending"],
-            "sims_sync_s": (wire.percentile(sims, 50), max(sims) if sims else None),
+            "sims_sync_s": (percentile(sims, 50), max(sims) if sims else None),
             "probes_sync_s": max((t - t_up for t in probes_at.values()), default=None),
             "probes_pending": len(self.routes) - len(probes_at),
             "etcd_peak_pct": self.sampler.peak("etcd", t_start, t_end + 2.0),

@@ -42,17 +42,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dataplane.netns import open_netns, run_in_netns
+from tests.etcd_cluster import EtcdCluster
+from tests.node_agent import agent_argv
 
-from dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from tests.etcd_cluster import EtcdCluster  # noqa: E402
-from tests.node_agent import agent_argv  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 T = TypeVar("T")
-BENCH = ROOT / "bench"
-REFERENCE = BENCH / "conf" / "ptp-host-local.conflist"
-TABBY_CONF = BENCH / "conf" / "tabby.conflist"
+CONF = Path(__file__).resolve().parent / "conf"
+REFERENCE = CONF / "ptp-host-local.conflist"
+TABBY_CONF = CONF / "tabby.conflist"
 CASES = (
     "node-file",
     "node-etcd1",
@@ -232,7 +231,7 @@ def run_case(
     workdir = case.workdir if case is not None else tempfile.mkdtemp(prefix="tabby-dsbench-")
     out = os.path.join(workdir, "report.json")
     name = case.name if case is not None else "ptp"
-    argv = [sys.executable, str(BENCH / "cni_bench.py")]
+    argv = [sys.executable, "-m", "bench.cni.cni_bench"]
     if case is None:
         argv += ["--conf", str(REFERENCE), "--cni-path", args.ref_cni_path, "--label-a", "ptp"]
     elif alone:
@@ -264,7 +263,7 @@ def run_case(
 def _cni_bench(
     argv: list[str], out: str, name: str, args: argparse.Namespace, keep: str | None
 ) -> dict[str, Any]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         text, _ = proc.communicate()
     except BaseException:  # Ctrl-C: cni_bench got it too and cleans up; wait for it
@@ -335,8 +334,7 @@ def table(args: argparse.Namespace) -> int:
     the client floor (a frozen Python process that does nothing) measured in every run."""
     floor: str | None = None
     if not args.no_client_floor:
-        sys.path.insert(0, str(BENCH))
-        from client_floor import build
+        from bench.cni.client_floor import build
 
         floor = build()
     print(

@@ -23,14 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.stats import pct
 from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 
@@ -53,10 +50,6 @@ def request(n: int) -> AssignRequest:
     return AssignRequest(
         handle_id("k8s-pod-network", f"{n:064x}", "eth0"), attrs, True, False, [POOL]
     )
-
-
-def pct(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 def fill(ipam: Ipam, count: int) -> list[int]:

@@ -36,7 +36,6 @@ import secrets
 import select
 import signal
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -47,8 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.stats import pct
 from lab.cluster import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
 from lab.proc import INTERRUPTS
 from tests.policy_probes import icmp_echo
@@ -61,14 +59,6 @@ FAKE_MAC = "ee:ee:00:00:00:01"
 
 
 # -- small helpers -----------------------------------------------------------------------------
-
-
-def pct(values: list[float], p: int) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 def summary(values: list[float]) -> dict[str, float | int]:

@@ -12,7 +12,7 @@
   (``etcdserverpb.WatchRequest``/``WatchResponse``, ``mvccpb.KeyValue``).
 - A snapshot read (a multi-key range answer) reduced to its last key value, so that tabby's
   own paging code (``EtcdStore._range_all``) runs unchanged without parsing every document.
-- Percentiles and the tables.
+- The printed tables (percentiles are ``bench.stats``'s).
 """
 
 from __future__ import annotations
@@ -419,20 +419,7 @@ class KindOf:
         return kind
 
 
-# == statistics and tables =======================================================================
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between ranks (numpy's default); None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+# == tables (percentiles: bench.stats) ============================================================
 
 
 def fmt(value: float | None, unit: str = "", digits: int = 1) -> str:

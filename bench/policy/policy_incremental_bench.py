@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -41,17 +40,12 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for path in (REPO, os.path.dirname(os.path.abspath(__file__))):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-import policy_bench as pb  # noqa: E402
-
-from dataplane import nft  # noqa: E402
-from dataplane.netns import open_netns, run_in_netns  # noqa: E402
-from policy import engine  # noqa: E402
-from policy.engine import (  # noqa: E402
+from bench.policy import policy_bench as pb
+from bench.stats import pct
+from dataplane import nft
+from dataplane.netns import open_netns, run_in_netns
+from policy import engine
+from policy.engine import (
     ClusterState,
     LabelSelector,
     Namespace,
@@ -60,17 +54,12 @@ from policy.engine import (  # noqa: E402
     PortSpec,
     Rule,
 )
-from policy.incremental import IncrementalPolicy  # noqa: E402
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+from policy.incremental import IncrementalPolicy
 
 
 def _line(label: str, seconds: list[float], extra: str = "") -> None:
     ms = [s * 1000 for s in seconds]
-    print(f"  {label:<46} p50 {statistics.median(ms):9.3f} ms  p90 {_pct(ms, 0.9):9.3f} ms {extra}")
+    print(f"  {label:<46} p50 {pct(ms, 50):9.3f} ms  p90 {pct(ms, 90):9.3f} ms {extra}")
 
 
 def _cpu(fn: Callable[[], Any]) -> float:

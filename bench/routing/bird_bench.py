@@ -33,11 +33,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from bird import (  # noqa: E402
+from bench.stats import pct
+from bird import (
     BirdConfig,
     BirdNode,
     BirdSupervisor,
@@ -47,7 +44,7 @@ from bird import (  # noqa: E402
     check_config,
     render,
 )
-from dataplane.netns import open_netns, run_in_netns  # noqa: E402
+from dataplane.netns import open_netns, run_in_netns
 
 T = TypeVar("T")
 POOL = Pool(ipaddress.ip_network("10.244.0.0/16"))
@@ -61,11 +58,6 @@ def in_netns(ns: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` in a thread that entered namespace ``ns`` (what it starts stays there)."""
     with open_netns(f"/run/netns/{ns}") as handle:
         return run_in_netns(handle.fd, fn)
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def wait(check: Callable[[], bool], timeout: float = 30.0, step: float = 0.002) -> float:
@@ -126,10 +118,10 @@ def main() -> None:
         check_config(path)
         checks.append(time.perf_counter() - t0)
     print(
-        f"render 100 peers + 1000 blocks ({len(text)} bytes): p50 {pct(times, 0.5) * 1e3:.1f} ms",
+        f"render 100 peers + 1000 blocks ({len(text)} bytes): p50 {pct(times, 50) * 1e3:.1f} ms",
     )
     print(
-        f"bird -p of it:                                  p50 {pct(checks, 0.5) * 1e3:.1f} ms",
+        f"bird -p of it:                                  p50 {pct(checks, 50) * 1e3:.1f} ms",
     )
 
     tag = f"tbybench{os.getpid()}-{secrets.token_hex(2)}"
@@ -192,8 +184,8 @@ def main() -> None:
             ("block withdrawn -> route gone there", withdraws),
         ):
             print(
-                f"{label:<40} p50 {pct(values, 0.5) * 1e3:6.1f} ms  "
-                f"p90 {pct(values, 0.9) * 1e3:6.1f} ms  (n={len(values)})"
+                f"{label:<40} p50 {pct(values, 50) * 1e3:6.1f} ms  "
+                f"p90 {pct(values, 90) * 1e3:6.1f} ms  (n={len(values)})"
             )
         resets = sum(a != b for a, b in zip(sessions, since(sups[1]), strict=True))
         print(f"sessions reset by those {2 * args.runs} reloads: {resets}")

@@ -22,17 +22,14 @@ disk: fsync costs are the disk's).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.stats import pct
 from datastore.base import Store
 from datastore.etcd import EtcdStore
 from datastore.file import FileStore
@@ -42,10 +39,6 @@ from tests.etcd_cluster import EtcdCluster
 CLAIM_POOL = "10.60.0.0/16"  # 65536 blocks: the nodes' walks start far apart
 FILL_POOL = "10.62.0.0/24"  # 256 blocks, 240 claimed: the walks run into each other
 LAT_POOL = "10.61.0.0/16"
-
-
-def pct(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 def etcd_store(cluster: EtcdCluster, prefix: str, lock_dir: str) -> EtcdStore:

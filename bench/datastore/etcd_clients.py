@@ -26,7 +26,6 @@ import importlib
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,8 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.stats import pct
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "bench.datastore.etcd_clients"  # the children run it again: -m from ROOT
 
 CANDIDATES = ("tabby", "etcd3gw", "aetcd")
 
@@ -141,10 +142,6 @@ def child(name: str, endpoint: str, n: int) -> dict[str, Any]:
     }
 
 
-def pct(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-n", type=int, default=300, help="puts and txns per candidate and round")
@@ -182,7 +179,7 @@ def main() -> int:
             for rnd in range(args.rounds):
                 order = list(pythons) if rnd % 2 == 0 else list(reversed(pythons))
                 for name in order:
-                    cmd = [pythons[name], __file__, "--child", name, "--endpoint", endpoint]
+                    cmd = [pythons[name], "-m", MODULE, "--child", name, "--endpoint", endpoint]
                     out = subprocess.run(
                         [*cmd, "-n", str(args.n)],
                         env=env,
