@@ -4,10 +4,10 @@ is (PyInstaller onedir, modules as plain files, the same start-up hooks dropped,
 interpreter), so that a benchmark
 can show beside every number the least any frozen Python process costs on this machine.
 
-    .venv/bin/python bench/client_floor.py            # builds it once, prints its path
-    .venv/bin/python bench/client_floor.py --rebuild
+    .venv/bin/python -m bench.cni.client_floor            # builds it once, prints its path
+    .venv/bin/python -m bench.cni.client_floor --rebuild
 
-The program (``bench/client_floor_main.py``, an empty module) lands in
+The program (``bench/cni/client_floor_main.py``, an empty module) lands in
 ``build/client-floor/dist/floor/floor`` (``build/`` is not tracked); it is rebuilt when it is
 missing, or older than its source or this script. Building takes ~20-60 s with the
 PyInstaller of the environment running this script (``.venv``: ``pip install -e '.[dev]'``).

@@ -1,6 +1,6 @@
 """A frozen Python program that does nothing: the least a Python plugin process costs (the
 bootloader, the interpreter's start-up; it leaves as tabby's binaries do, without the
-interpreter's teardown), built by ``bench/client_floor.py``."""
+interpreter's teardown), built by ``bench/cni/client_floor.py``."""
 
 import os
 

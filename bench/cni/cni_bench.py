@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BINARY",
         help="also time BINARY (no stdin, no CNI variables) the way the spawn floor is timed "
         "and report it beside it: e.g. a frozen Python program that does nothing "
-        "(bench/client_floor.py builds one), the least any Python plugin process costs",
+        "(bench/cni/client_floor.py builds one), the least any Python plugin process costs",
     )
     p.add_argument("--json", action="store_true", help="JSON report on stdout (progress on stderr)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")

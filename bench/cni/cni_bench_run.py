@@ -556,7 +556,7 @@ class Bench:
         if len(self.confs) == 2:
             cmp_ = compare_stats(stats, self.samples, labels[0], labels[1])
         return {
-            "tool": "tabby bench/cni_bench.py",
+            "tool": "tabby bench/cni/cni_bench.py",
             "run": {
                 "id": self.run_id,
                 "started": self.started.isoformat(timespec="seconds"),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start-up and kernel-work cost of dataplane (needs root for the netns part).
 
-    python3 bench/dataplane_bench.py [--runs N] [--imports-only]
+    python3 -m bench.cni.dataplane_bench [--runs N] [--imports-only]
 
 Prints, as p50 (and p90) over fresh processes or repeated calls:
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): CNI ADD/CHECK/DEL of tabby per datastore, each case interleaved
-pod by pod against Debian's ptp + host-local by ``bench/cni_bench.py`` (the runtime-faithful
+pod by pod against Debian's ptp + host-local by ``bench/cni/cni_bench.py`` (the runtime-faithful
 harness; this script only prepares what each case needs and runs it).
 
 Cases (``--cases``, comma-separated):
@@ -16,13 +16,13 @@ Per case: one network namespace is the node (``cni_bench --node-netns``); the et
 (``tests/etcd_cluster.py``: 127.0.0.1, free ports, private data dir) and tabby-node
 (``--backend none``, its datastore flags pointing at the same store as the conflist, no
 HTTP ports) are started inside it by a thread that entered it, so they share the plugins'
-loopback and mount namespace, as on a node. The conflist is bench/conf/tabby.conflist with
+loopback and mount namespace, as on a node. The conflist is bench/cni/conf/tabby.conflist with
 the case's datastore in its ``ipam`` section. Everything is stopped by PID and the namespace
 and temp dir removed afterwards, also on Ctrl-C.
 
-    .venv/bin/python bench/datastore_cni_bench.py -n 100 --repeat 2
-    .venv/bin/python bench/datastore_cni_bench.py --table      # issue 21's table, one command
-    .venv/bin/python bench/datastore_cni_bench.py --cases node-etcd3 --mode concurrent -k 8
+    .venv/bin/python -m bench.cni.datastore_cni_bench -n 100 --repeat 2
+    .venv/bin/python -m bench.cni.datastore_cni_bench --table      # issue 21's table, one command
+    .venv/bin/python -m bench.cni.datastore_cni_bench --cases node-etcd3 --mode concurrent -k 8
 """
 
 from __future__ import annotations
@@ -431,7 +431,7 @@ def main() -> int:
     ap.add_argument(
         "--no-client-floor",
         action="store_true",
-        help="--table without the client floor (which bench/client_floor.py builds once)",
+        help="--table without the client floor (which bench/cni/client_floor.py builds once)",
     )
     args = ap.parse_args()
     if args.pods is None:

@@ -16,7 +16,7 @@ The child imports the client (timed; RSS before/after), then does ``-n`` puts an
 txns (compare mod_revision, then put: what every store write is), one at a time, and
 reports p50/p90 in ms. Rounds alternate the candidates' order.
 
-    python bench/etcd_clients.py [-n 300] [--rounds 2] [--members 1,3] [--other-python PY]
+    python -m bench.datastore.etcd_clients [-n 300] [--rounds 2] [--members 1,3] [--other-python PY]
 """
 
 from __future__ import annotations

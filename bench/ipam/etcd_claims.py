@@ -16,7 +16,7 @@ Every etcd runs on 127.0.0.1 with random ports and a private data dir (``tests/e
 and is removed at the end. The file store's data dir is a temp dir (``--dir`` to choose the
 disk: fsync costs are the disk's).
 
-    python bench/etcd_claims.py [--claims 20] [--pairs 300] [--members 1,3] [--dir /var/tmp]
+    python -m bench.ipam.etcd_claims [--claims 20] [--pairs 300] [--members 1,3] [--dir /var/tmp]
 """
 
 from __future__ import annotations

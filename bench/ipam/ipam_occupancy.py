@@ -15,7 +15,7 @@ levels alike.
 
 Cost must not grow with occupancy: no per-ADD read of every block.
 
-    python bench/ipam_occupancy.py [--levels 1,50,95] [--pairs 200] [--dir /var/tmp]
+    python -m bench.ipam.ipam_occupancy [--levels 1,50,95] [--pairs 200] [--dir /var/tmp]
 """
 
 from __future__ import annotations

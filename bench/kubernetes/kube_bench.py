@@ -34,12 +34,12 @@ lab.kubernetes.build``), Debian's containerd, runc, etcd, bird2, nftables and
 containernetworking-plugins (ptp, host-local, loopback in /usr/lib/cni). See
 bench/README.md.
 
-    .venv/bin/python bench/kube_bench.py                       # every case, ~10 min
-    .venv/bin/python bench/kube_bench.py --cases policy -n 40
-    .venv/bin/python bench/kube_bench.py --cases pod-start --pairs 30 --warmup 3 \
+    .venv/bin/python -m bench.kubernetes.kube_bench                       # every case, ~10 min
+    .venv/bin/python -m bench.kubernetes.kube_bench --cases policy -n 40
+    .venv/bin/python -m bench.kubernetes.kube_bench --cases pod-start --pairs 30 --warmup 3 \
         --py-spy /path/to/py-spy --logs /tmp/kube-bench-logs
-    .venv/bin/python bench/kube_bench.py --cases controllers --pods 100 --rest 60
-    .venv/bin/python bench/kube_bench.py --json /tmp/kube-bench.json
+    .venv/bin/python -m bench.kubernetes.kube_bench --cases controllers --pods 100 --rest 60
+    .venv/bin/python -m bench.kubernetes.kube_bench --json /tmp/kube-bench.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """NetworkPolicy programming cost: engine + nftables at scale (needs root for the netns).
 
-    python3 bench/policy_bench.py [--local 1000] [--remote 0] [--policies 200] [--runs 7]
+    python3 -m bench.policy.policy_bench [--local 1000] [--remote 0] [--policies 200] [--runs 7]
                                   [--backend libnftables,nft-cli]
 
 A synthetic cluster: ``--local`` endpoints on this node and ``--remote`` on others, spread

@@ -2,7 +2,7 @@
 """NetworkPolicy on a cluster: how fast a change is enforced on every node, and what 200
 policies cost a pod's ADD and a TCP stream (needs root, the installed binaries, etcd, BIRD).
 
-    python3 bench/policy_cluster_bench.py [--backend bird] [--rounds 10] [--adds 20]
+    python3 -m bench.policy.policy_cluster_bench [--backend bird] [--rounds 10] [--adds 20]
                                           [--policies 200] [--seconds 3] [--repeats 3]
 
 One lab (lab.cluster: 3 nodes, a 3-member etcd, tabby-node per node, IPv4), built

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the policy counters (``--policy-visibility``) cost on the data path (needs root).
 
-    python3 bench/policy_counters_bench.py [--reps 3] [--seconds 4] [--policies 200]
+    python3 -m bench.policy.policy_counters_bench [--reps 3] [--seconds 4] [--policies 200]
                                            [--conditions none,1-off,1-on,200-off,200-on]
 
 A node namespace routes between two pod namespaces (client, server) over veths named as

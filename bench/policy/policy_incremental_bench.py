@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """NetworkPolicy per event: the incremental engine against the full recompute, by cluster size.
 
-    python3 bench/policy_incremental_bench.py [--sizes 1000,5000,20000] [--policies 200]
+    python3 -m bench.policy.policy_incremental_bench [--sizes 1000,5000,20000] [--policies 200]
                                               [--local 110] [--events 200] [--kernel]
 
-The synthetic cluster of ``bench/policy_bench.py`` (20 namespaces, ``--policies`` policies
+The synthetic cluster of ``bench/policy/policy_bench.py`` (20 namespaces, ``--policies`` policies
 mixing default deny, same-namespace selectors, namespaceSelector AND podSelector, ipBlocks,
 named ports, egress to DNS), ``--local`` endpoints on this node and the rest on others. For
 each size it loads the cluster into :class:`policy.incremental.IncrementalPolicy` and prints

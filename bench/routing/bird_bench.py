@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the BIRD backend (bird) costs and how fast it converges (root).
 
-    python3 bench/bird_bench.py [--nodes 3] [--runs 20]
+    python3 -m bench.routing.bird_bench [--nodes 3] [--runs 20]
 
 Builds an underlay (a bridge namespace and N node namespaces, 10.251.0.X/24), starts one
 BirdSupervisor (one ``bird``) per node in a full mesh, then prints:

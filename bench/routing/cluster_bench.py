@@ -19,9 +19,9 @@ Needs root, the installed binaries (/opt/cni/bin, /usr/local/bin/tabby-node), et
 nftables. Everything is torn down by the lab (processes by PID, namespaces, work
 directory), also on Ctrl-C. See bench/README.md.
 
-    .venv/bin/python bench/cluster_bench.py convergence --backend bird --samples 20
-    .venv/bin/python bench/cluster_bench.py scale --backend vxlan --pods 100 -k 8
-    .venv/bin/python bench/cluster_bench.py agent --backend vxlan --blocks 1000 --idle 20
+    .venv/bin/python -m bench.routing.cluster_bench convergence --backend bird --samples 20
+    .venv/bin/python -m bench.routing.cluster_bench scale --backend vxlan --pods 100 -k 8
+    .venv/bin/python -m bench.routing.cluster_bench agent --backend vxlan --blocks 1000 --idle 20
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """tabby-node's routing work per watch event: incremental (per changed document) against
 the whole recompute it replaced, as the cluster grows.
 
-    python3 bench/routing_bench.py [--nodes 100,300,1000] [--pods 20] [--runs 60]
+    python3 -m bench.routing.routing_bench [--nodes 100,300,1000] [--pods 20] [--runs 60]
                                    [--backend vxlan,bird] [--kernel] [--json]
 
 A synthetic cluster as tabby's writers leave it in the datastore: ``--nodes`` nodes alive

@@ -3,12 +3,12 @@
 
 For each cluster size N: a real etcd (Debian's etcd-server) on loopback, its data on tmpfs,
 pinned to one CPU, filled in bulk with the documents of N nodes of ``--pods`` pods each
-(bench/scale_populate.py: the keys and shapes bench/scale_writer.py writes); then pod ADDs
+(scale_populate.py beside it: the keys and shapes scale_writer.py writes); then pod ADDs
 and DELs through the path a call served by tabby-node takes, in this process: tabby's CNI
 handlers (``cni_plugin.plugin.Plugin`` with tabby-ipam in-process and the endpoint
 recorder; no kernel), the datastore work as one optimistic commit based on a warm watch
 cache (``tabby_node.cache.Cache`` fed by ``store.sync`` of tabby-node's kinds, through
-``tabby_node.knowledge.Knowledge``). Also, per pod, the writes bench/scale_writer.py makes
+``tabby_node.knowledge.Knowledge``). Also, per pod, the writes scale_writer.py makes
 besides the CNI calls (the controllers' Pod mirror: scheduled, with its address, deleted),
 and the CNI calls as a process of their own makes them (no served store: the writer's path).
 
@@ -19,11 +19,11 @@ average; asserts nothing. Needs etcd on PATH; not root. See bench/README.md.
 
 ``--agent`` (root): a real tabby-node of this checkout in a lab namespace (``lab.cluster``)
 serves the calls, through the installed ``tabby`` client; tabby-node's CPU per call as
-bench/scale_bench.py measures a probe's, and its RSS when ready (with its peak) and after the calls.
+scale_bench.py measures a probe's, and its RSS when ready (with its peak) and after the calls.
 
-    .venv/bin/python bench/call_cost_bench.py --sizes 10,100,300,1000
-    .venv/bin/python bench/call_cost_bench.py --sizes 300 --profile served-add
-    sudo .venv/bin/python bench/call_cost_bench.py --agent --sizes 10,1000 --calls 40
+    .venv/bin/python -m bench.scale.call_cost_bench --sizes 10,100,300,1000
+    .venv/bin/python -m bench.scale.call_cost_bench --sizes 300 --profile served-add
+    sudo .venv/bin/python -m bench.scale.call_cost_bench --agent --sizes 10,1000 --calls 40
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ class Meter:
 
 
 def new_pod(node: str, i: int, namespaces: int) -> dict[str, Any]:
-    """A churn pod as bench/scale_writer.py makes them (spread over its namespaces)."""
+    """A churn pod as bench/scale/scale_writer.py makes them (spread over its namespaces)."""
     return {
         "node": node,
         "namespace": f"bench-ns-{i % namespaces}",
@@ -458,7 +458,7 @@ def run_agent(args: argparse.Namespace, size: int) -> dict[str, Any]:
     """``--agent``: a real tabby-node (this checkout's) in a lab node namespace
     (``lab.cluster``, etcd in it), its datastore filled as for the in-process rows, then pod
     ADDs and DELs through the installed ``tabby`` client and tabby-node's socket, as
-    bench/scale_bench.py measures a probe: tabby-node's CPU from the ADD until 0.3 s after
+    bench/scale/scale_bench.py measures a probe: tabby-node's CPU from the ADD until 0.3 s after
     it (the watch's echo and the dataplane pass it causes), and the same for the DEL."""
     from dataplane.netns import run_in_netns
     from datastore.etcd import EtcdStore

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Where tabby-node's memory goes as the cluster grows, without etcd and in a minute.
 
-The datastore of bench/scale_bench.py (its Kubernetes mode: the pool, 50 namespaces, the
+The datastore of bench/scale/scale_bench.py (its Kubernetes mode: the pool, 50 namespaces, the
 probe namespace and its two NetworkPolicies, N nodes each registered as tabby-node does,
 ``--pods-per-node`` pods on each, every Pod mirrored as tabby-kube-controllers mirror it, a
-heartbeat per node) is written by the same code paths bench/scale_writer.py drives (its
+heartbeat per node) is written by the same code paths bench/scale/scale_writer.py drives (its
 ``Writer``: tabby-node's CNI handlers with the in-process tabby-ipam and the endpoint
 recorder, the controllers' mirror), here into a ``MemoryStore`` served in place of etcd.
 The documents are saved once per size (``--cache-dir``) and reused.
@@ -27,7 +27,7 @@ nodes with 20 endpoints each (idle + 20,000 x the per-endpoint cost at the large
 
 Usage::
 
-    .venv/bin/python bench/node_memory_bench.py [--nodes 100,300,1000] [--pods-per-node 20]
+    .venv/bin/python -m bench.scale.node_memory_bench [--nodes 100,300,1000] [--pods-per-node 20]
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 One real etcd pinned to one core; a few real tabby-nodes (VXLAN) as probes, each in a node
 namespace of the lab (``lab.cluster``); many simulated nodes in one process
-(bench/scale_sim.py: tabby-node's own watch and heartbeat loops over tabby's own store,
-with the stream reading done by one asyncio loop); a writer (bench/scale_writer.py) that
+(bench/scale/scale_sim.py: tabby-node's own watch and heartbeat loops over tabby's own store,
+with the stream reading done by one asyncio loop); a writer (bench/scale/scale_writer.py) that
 fills the datastore as the simulated nodes' registrations and CNI ADDs would, then churns
 it at Kubernetes' steady-state rate (20 pod changes/s) with a new block every few seconds
 and a policy change every 10 s. For each cluster size N (probes included) and each
@@ -22,9 +22,9 @@ run the probes from this checkout), etcd (Debian's etcd-server, which also has
 '.[bench]'``). Everything it starts is stopped by PID, every namespace and directory it
 made removed, also on Ctrl-C. Prints numbers; asserts nothing. See bench/README.md.
 
-    .venv/bin/python bench/scale_bench.py --quick                  # a smoke run, ~6 min
-    .venv/bin/python bench/scale_bench.py --sizes 100,300          # gateway, grpc, proxy
-    .venv/bin/python bench/scale_bench.py --sizes 1000 --engines gateway,proxy --json r.json
+    .venv/bin/python -m bench.scale.scale_bench --quick                  # a smoke run, ~6 min
+    .venv/bin/python -m bench.scale.scale_bench --sizes 100,300          # gateway, grpc, proxy
+    .venv/bin/python -m bench.scale.scale_bench --sizes 1000 --engines gateway,proxy --json r.json
 """
 
 from __future__ import annotations

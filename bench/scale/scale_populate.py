@@ -1,14 +1,14 @@
-"""A simulated cluster's documents written in bulk (bench/scale_bench.py ``--populate bulk``,
-bench/call_cost_bench.py).
+"""A simulated cluster's documents written in bulk (bench/scale/scale_bench.py ``--populate bulk``,
+bench/scale/call_cost_bench.py).
 
-Populating N nodes through the CNI handlers (bench/scale_writer.py's ``setup``) makes every
+Populating N nodes through the CNI handlers (bench/scale/scale_writer.py's ``setup``) makes every
 pod ADD pay its round trips to etcd: N = 1000 took 18 minutes. Here the same documents are
 made by tabby's own code on an in-memory store, then copied to the target store in
 transactions of up to ``MAX_TXN_OPS`` documents:
 
 - a node's ``Node`` through tabby-node's ``Agent.node_spec``, its VXLAN tunnel address and
   MAC through ``Agent.ensure_tunnels`` (IPAM: the node's block claimed, its affinity, the
-  tunnel handle), as bench/scale_writer.py's ``register`` does;
+  tunnel handle), as bench/scale/scale_writer.py's ``register`` does;
 - a pod's address through the IPAM core (``Ipam.assign`` with the request tabby-ipam builds
   from a CNI ADD: handle, allocation in the node's block), its ``WorkloadEndpoint`` through
   ``resources.wep.write_endpoint`` (the plugin's recorder), its ``Pod`` as
@@ -56,7 +56,7 @@ def pool_doc(cidr: str, block_size: int = 26) -> dict[str, Any]:
 def k8s_pod(
     namespace: str, name: str, node: str, uid: str, labels: dict[str, str], ips: list[str]
 ) -> dict[str, Any]:
-    """The Kubernetes Pod as bench/scale_writer.py makes it (what the controllers mirror)."""
+    """The Kubernetes Pod as bench/scale/scale_writer.py makes it (what the controllers mirror)."""
     obj: dict[str, Any] = {
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": labels},
         "spec": {
@@ -94,7 +94,7 @@ class Builder:
         self.pod_ops: list[Op] = []
 
     def register(self, node: str, index: int) -> None:
-        """The node's registration and tunnel address (bench/scale_writer.py ``register``)."""
+        """The node's registration and tunnel address (bench/scale/scale_writer.py ``register``)."""
         from dataplane.nodeinfo import NodeAddress
         from tabby_node import options as node_options
         from tabby_node.agent import Agent, _cas
@@ -226,7 +226,7 @@ def populate(
     heartbeat_ttl: float | None = None,
 ) -> dict[str, Any]:
     """The documents of ``nodes`` (each with ``pods_per_node`` pods named
-    ``<node>-p<j>``, spread over ``namespaces`` as bench/scale_writer.py spreads them)
+    ``<node>-p<j>``, spread over ``namespaces`` as bench/scale/scale_writer.py spreads them)
     written into ``store``; the pool and namespaces first when it lacks them. With
     ``heartbeat_ttl``, each node's heartbeat too, as tabby-node writes it (a lease of that
     ttl, never kept alive here: the nodes count as alive for that long). Returns counts and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Simulated tabby-nodes for bench/scale_bench.py: many nodes in one process.
+"""Simulated tabby-nodes for bench/scale/scale_bench.py: many nodes in one process.
 
 Started by scale_bench.py inside the control node's network namespace (where etcd listens),
 driven by JSON lines on stdin, answering with JSON lines on stdout. Not meant to be run by
@@ -779,7 +779,7 @@ class Sim:
         raise SystemExit(
             "the first simulated node opened no watch through EtcdClient._open_watch and "
             "etcd_client._read_watches: tabby's store changed how it watches; "
-            "bench/scale_sim.py must follow"
+            "bench/scale/scale_sim.py must follow"
         )
 
     def counters(self) -> dict[str, Any]:

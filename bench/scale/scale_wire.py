@@ -1,4 +1,4 @@
-"""Pure parts of the scale benchmark (bench/scale_bench.py): no I/O, no root, unit-tested
+"""Pure parts of the scale benchmark (bench/scale/scale_bench.py): no I/O, no root, unit-tested
 (tests/unit/test_bench_scale.py).
 
 - The watch streams' bytes read *minimally*: the simulated nodes must read every byte etcd

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The datastore writer of bench/scale_bench.py: the simulated cluster's contents and its
+"""The datastore writer of bench/scale/scale_bench.py: the simulated cluster's contents and its
 churn, written by tabby's own code paths. Started inside the control node's namespace,
 driven by JSON lines on stdin, answering on stdout. Not meant to be run by hand.
 
@@ -8,7 +8,7 @@ What it writes, and through what:
 - a simulated node registers as tabby-node does: its ``Node`` through tabby-node's own
   ``Agent.node_spec`` and compare-and-swap, then ``Agent.ensure_tunnels`` (the VXLAN tunnel
   address from IPAM, which claims the node's block, and the MAC, on the Node); its
-  heartbeat is the simulated node's own (bench/scale_sim.py);
+  heartbeat is the simulated node's own (bench/scale/scale_sim.py);
 - a pod ADD on a simulated node is the CNI call tabby-node serves, run through the same
   handlers (``cni_plugin.plugin.Plugin`` with tabby-node's in-process tabby-ipam and the
   datastore endpoint recorder): IPAM handle and block allocation, WorkloadEndpoint; only the
@@ -432,7 +432,7 @@ class Writer:
         return {"setup_s": round(now() - t0, 1), "revision": self.revision()}
 
     def populate(self, pods_per_node: int, namespaces: list[str]) -> None:
-        """The simulated nodes and their pods in bulk (bench/scale_populate.py): the same
+        """The simulated nodes and their pods in bulk (bench/scale/scale_populate.py): the same
         documents ``register`` and ``add`` write, made in memory by the same code."""
         import scale_populate
 
