@@ -264,7 +264,7 @@ class Store(Protocol):
 
 
 class StoreSettings(Protocol):
-    """What ``open_store`` reads (README "Datastore settings"); any object with these
+    """What ``open_store`` reads (docs/cluster.md "Datastore settings"); any object with these
     attributes will do (the plugins' config, tabby-node's and tabbyctl's options)."""
 
     @property

@@ -27,6 +27,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
+from bench import record
 from bench.cni.cni_bench_exec import (
     BenchError,
     Spawner,
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON report on stdout (progress on stderr)")
     p.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    record.add_argument(p, "cni_bench")
     return p
 
 
@@ -266,4 +268,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "cni_bench"))

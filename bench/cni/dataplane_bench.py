@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from bench import record
 from bench.stats import pct
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -145,6 +146,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--imports-only", action="store_true")
+    record.add_argument(ap, "dataplane_bench")
     opts = ap.parse_args()
     bench_imports(opts.runs)
     if not opts.imports_only:
@@ -156,4 +158,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "dataplane_bench"))

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import record
 from dataplane.netns import open_netns, run_in_netns
 from tests.etcd_cluster import EtcdCluster
 from tests.node_agent import agent_argv
@@ -433,6 +434,7 @@ def main() -> int:
         action="store_true",
         help="--table without the client floor (which bench/cni/client_floor.py builds once)",
     )
+    record.add_argument(ap, "datastore_cni_table with --table, else datastore_cni_bench")
     args = ap.parse_args()
     if args.pods is None:
         args.pods = 40 if args.table else 100
@@ -512,5 +514,10 @@ def main() -> int:
     return 1 if any(r["failures"] for r in results) else 0
 
 
+def record_name(argv: list[str]) -> str:
+    """``--record``'s default: the table and the cases are recorded apart."""
+    return "datastore_cni_table" if "--table" in argv else "datastore_cni_bench"
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, record_name))

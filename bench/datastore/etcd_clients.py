@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from bench.stats import pct
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +151,7 @@ def main() -> int:
     ap.add_argument("--other-python", help="interpreter that has etcd3gw and aetcd")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    record.add_argument(ap, "etcd_clients")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.endpoint, args.n)))
@@ -221,4 +223,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "etcd_clients"))

@@ -29,6 +29,7 @@ import time
 import uuid
 from typing import Any
 
+from bench import record
 from bench.stats import pct
 from datastore.base import Store
 from datastore.etcd import EtcdStore
@@ -131,6 +132,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=300, help="assign/release pairs per store")
     ap.add_argument("--members", default="1,3")
     ap.add_argument("--dir", help="parent of the file store's temp dir")
+    record.add_argument(ap, "etcd_claims")
     args = ap.parse_args()
     sizes = [int(x) for x in args.members.split(",")]
     clusters: dict[int, EtcdCluster] = {}
@@ -194,4 +196,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "etcd_claims"))

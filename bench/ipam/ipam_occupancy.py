@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 
+from bench import record
 from bench.stats import pct
 from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
@@ -118,6 +119,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,95", help="occupancy percentages")
     parser.add_argument("--pairs", type=int, default=200)
     parser.add_argument("--dir", default=None, help="where to put the temp stores")
+    record.add_argument(parser, "ipam_occupancy")
     args = parser.parse_args()
     base = args.dir or tempfile.gettempdir()
     levels = []
@@ -155,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(record.run(main, "ipam_occupancy"))

@@ -66,6 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import record
 from bench.stats import pct
 from lab.cluster import http_get
 from lab.kubernetes import node as knode
@@ -1827,6 +1828,7 @@ def main() -> int:
     ap.add_argument(
         "--timeout", type=float, default=600, help="controllers: give up a phase after (600 s)"
     )
+    record.add_argument(ap, "kube_bench")
     args = ap.parse_args()
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
@@ -1868,4 +1870,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "kube_bench"))

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from bench import record
 from bench.stats import pct
 from dataplane import nft
 from dataplane.netns import open_netns, run_in_netns
@@ -256,6 +257,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--backend", default="libnftables,nft-cli")
     ap.add_argument("--no-json", action="store_true")
+    record.add_argument(ap, "policy_bench")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (it creates a network namespace)", file=sys.stderr)
@@ -280,4 +282,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "policy_bench"))

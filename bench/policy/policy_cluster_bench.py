@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Any
 
+from bench import record
 from bench.stats import pct
 from lab.cluster import Lab, LabNode, LabPod
 from tests import policy_probes as pp
@@ -574,6 +575,7 @@ def main() -> int:
     ap.add_argument(
         "--only", default="enforcement,add,throughput", help="phases to run (comma-separated)"
     )
+    record.add_argument(ap, "policy_cluster_bench")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
@@ -613,4 +615,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "policy_cluster_bench"))

@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from bench import record
 from bench.stats import pct
 from dataplane import nft
 from dataplane.netns import open_netns, run_in_netns
@@ -322,6 +323,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--policies", type=int, default=200)
     ap.add_argument("--conditions", default="")
+    record.add_argument(ap, "policy_counters_bench")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (it creates network namespaces)", file=sys.stderr)
@@ -406,4 +408,4 @@ def paired(conditions: list[str], results: dict[str, list[Sample]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "policy_counters_bench"))

@@ -40,6 +40,7 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bench import record
 from bench.policy import policy_bench as pb
 from bench.stats import pct
 from dataplane import nft
@@ -228,6 +229,7 @@ def main() -> int:
     ap.add_argument("--local", type=int, default=110)
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--kernel", action="store_true", help="also through nft in a netns (root)")
+    record.add_argument(ap, "policy_incremental_bench")
     args = ap.parse_args()
     if args.kernel and os.geteuid() != 0:
         print("--kernel needs root (it creates a network namespace)", file=sys.stderr)
@@ -254,4 +256,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "policy_incremental_bench"))

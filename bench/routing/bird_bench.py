@@ -33,6 +33,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
+from bench import record
 from bench.stats import pct
 from bird import (
     BirdConfig,
@@ -89,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--runs", type=int, default=20)
+    record.add_argument(parser, "bird_bench")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
@@ -213,4 +215,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(record.run(main, "bird_bench"))

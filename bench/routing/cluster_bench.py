@@ -46,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench import record
 from bench.stats import pct
 from lab.cluster import SUBNETS, UNDERLAY_V4, V4_POOL, Lab, LabError, LabNode, LabPod
 from lab.proc import INTERRUPTS
@@ -1016,6 +1017,7 @@ def main() -> int:
     common.add_argument(
         "--probe-interval", type=float, default=10, help="ms between echo requests (10)"
     )
+    record.add_argument(common, "cluster_bench_<convergence|scale|agent>")
     p = sub.add_parser("convergence", parents=[common], help="new block on A -> ping from B")
     p.add_argument("--samples", type=int, default=20)
     p.add_argument("--settle", type=float, default=1.0, help="quiet seconds before a sample")
@@ -1058,5 +1060,11 @@ def main() -> int:
     return 0
 
 
+def record_name(argv: list[str]) -> str:
+    """``--record``'s default: each measurement recorded apart (cluster_bench_<what>)."""
+    what = next((a for a in argv if a in ("convergence", "scale", "agent")), "")
+    return f"cluster_bench_{what}" if what else "cluster_bench"
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, record_name))

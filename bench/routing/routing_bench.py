@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from bench import record
 from bench.stats import pct
 from datastore.base import Doc
 from resources.index import ROUTING, Index
@@ -341,6 +342,7 @@ def main() -> int:
     parser.add_argument("--backend", default="vxlan,bird")
     parser.add_argument("--kernel", action="store_true", help="also the kernel (root, netns)")
     parser.add_argument("--json", action="store_true")
+    record.add_argument(parser, "routing_bench")
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     for backend in args.backend.split(","):
@@ -378,4 +380,4 @@ def _print(row: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "routing_bench"))

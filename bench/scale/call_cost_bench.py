@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from bench.scale import scale_populate
 from bench.scale.scale_writer import NoKernel, cni_env
 from bench.stats import percentile
@@ -617,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--cni-bin", default="/opt/cni/bin", help="where the tabby client is")
     ap.add_argument("--json", help="write the results here")
+    record.add_argument(ap, "call_cost_agent with --agent, else call_cost_bench")
     args = ap.parse_args(argv)
     if shutil.which("etcd") is None:
         echo("call_cost_bench: etcd is missing (apt-get install etcd-server)")
@@ -651,5 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def record_name(argv: list[str]) -> str:
+    """``--record``'s default: the in-process rows and ``--agent`` are recorded apart."""
+    return "call_cost_agent" if "--agent" in argv else "call_cost_bench"
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, record_name))

@@ -46,6 +46,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from bench import record
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "bench.scale.node_memory_bench"  # its children run it again: -m from ROOT
 
@@ -298,6 +300,7 @@ def main() -> int:
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("path", nargs="?", help=argparse.SUPPRESS)
+    record.add_argument(ap, "node_memory_bench")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(measure(args.path, args.child, args.top)))
@@ -356,4 +359,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "node_memory_bench"))

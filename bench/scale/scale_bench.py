@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from bench.scale import scale_wire as wire
 from bench.stats import percentile
 from lab.cluster import Lab, LabError, LabNode, http_get
@@ -1361,6 +1362,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a smoke run: N=20, short phases")
     ap.add_argument("--json", metavar="FILE", help="also write every result as JSON")
     ap.add_argument("--keep-logs", metavar="DIR", help="copy every log here before teardown")
+    record.add_argument(ap, "scale_bench")
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes = "20"
@@ -1451,4 +1453,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "scale_bench"))
