@@ -143,7 +143,7 @@ def machine() -> str:
 
 
 def commit() -> str | None:
-    """The checkout's commit, ``-dirty`` when tracked files differ from it."""
+    """The checkout's commit, ``-dirty`` when tracked files (but the results) differ from it."""
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -152,7 +152,11 @@ def commit() -> str | None:
             check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            # (a changed results file does not make the code dirty)
+            [
+                *("git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"),
+                *("--", ".", ":!bench/results"),
+            ],
             capture_output=True,
             text=True,
             check=True,
