@@ -91,7 +91,8 @@ def _plain_name(value: str) -> str:
 
 
 def _split_endpoints(value: object) -> object:
-    """``etcd_endpoints``: a list, or one comma-separated string (README "`tabby-ipam` fields")."""
+    """``etcd_endpoints``: a list, or one comma-separated string (docs/configuration.md
+    "`tabby-ipam` fields")."""
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
     return value
@@ -186,7 +187,7 @@ class Attachment(Section, AttachmentValues):
 
 
 class DatastoreSettings(Section, DatastoreValues):
-    """Where tabby keeps its state (README "Datastore settings")."""
+    """Where tabby keeps its state (docs/cluster.md "Datastore settings")."""
 
     datastore_type: Literal["file", "etcdv3"] = "file"
     data_dir: AbsPath = DEFAULT_DATA_DIR

@@ -1,7 +1,7 @@
 """The datastore settings of the daemons and tabbyctl, from flags > environment > conflist.
 
 tabby-node, tabbyctl and tabby-kube-controllers find the datastore with
-:func:`resolve_datastore` (README "Datastore settings"): a flag wins over the environment,
+:func:`resolve_datastore` (docs/cluster.md "Datastore settings"): a flag wins over the environment,
 which wins over a conflist's ``ipam`` section, which wins over the defaults. A CNI call never
 does this: it uses the datastore its own conflist names (:func:`datastore_of`).
 """
@@ -20,7 +20,7 @@ from cni_protocol.errors import CniError, Code
 M = TypeVar("M", bound=BaseModel)
 
 #: setting -> (tabbyctl / tabby-node flag, environment variable). The conflist field is the
-#: setting's own name (README "Datastore settings").
+#: setting's own name (docs/cluster.md "Datastore settings").
 SOURCES: dict[str, tuple[str, str]] = {
     "datastore_type": ("--datastore-type", "TABBY_DATASTORE_TYPE"),
     "etcd_endpoints": ("--etcd-endpoints", "TABBY_ETCD_ENDPOINTS"),

@@ -1,6 +1,6 @@
 """The configuration as DEL and GC read it: each invalid field dropped to its default and
-reported, so that a typo never keeps a pod from being torn down (README "What DEL does with
-an invalid field").
+reported, so that a typo never keeps a pod from being torn down (docs/configuration.md "What
+DEL does with an invalid field").
 
 ADD, CHECK and STATUS read the configuration strictly (``common.parse``). Teardown cannot
 refuse that way: the runtime calls DEL after a failed ADD with the same configuration, and

@@ -63,7 +63,7 @@ class AttachmentValues(Values):
 
 
 class DatastoreValues(Values):
-    """Where tabby keeps its state (README "Datastore settings")."""
+    """Where tabby keeps its state (docs/cluster.md "Datastore settings")."""
 
     datastore_type: str
     data_dir: str
@@ -112,7 +112,8 @@ class CommonValues(Values):
     args: Any
 
     def node_name(self) -> str:
-        """``nodename`` > contents of ``nodename_file`` > hostname (README "`tabby` fields").
+        """``nodename`` > contents of ``nodename_file`` > hostname (docs/configuration.md
+        "`tabby` fields").
 
         A file that holds something that is not a node name is an error (code 2 naming the
         file): silently using it would put the pod's block on a node that does not exist."""

@@ -1,7 +1,7 @@
 """CNI error codes and the one exception type every layer turns its failures into.
 
 Codes 0-99 are the spec's (CNI spec §5, "Error"); tabby's own start at 100. What each
-one means: README "Error codes".
+one means: docs/configuration.md "Error codes".
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Code(enum.IntEnum):
     TRY_AGAIN_LATER = 11
     NOT_READY = 50
     NOT_READY_DEGRADED = 51
-    # tabby's own (README "Error codes")
+    # tabby's own (docs/configuration.md "Error codes")
     NO_ADDRESS = 100
     STORE_CORRUPT = 101
     ADDRESS_UNAVAILABLE = 102

@@ -1,6 +1,6 @@
 """Logging for short-lived CNI processes: a size-rotated file shared by many processes.
 
-Never stdout (CONFORMANCE.md GEN-5). Warnings and errors also go to stderr (README
+Never stdout (CONFORMANCE.md GEN-5). Warnings and errors also go to stderr (docs/configuration.md
 "`tabby` fields", ``log_file_path``).
 ``logging.handlers.RotatingFileHandler`` is not safe when many processes append and
 rotate the same file at once; this handler appends with O_APPEND (one write per record,

@@ -21,7 +21,7 @@ HASH_CHARS = 11
 #: Longest prefix that still leaves room for the hash within IFNAMSIZ - 1 bytes.
 PREFIX_MAX = IFNAME_MAX - HASH_CHARS
 
-#: Default ``veth_prefix`` (README "`tabby` fields"), as Calico names its host veths.
+#: Default ``veth_prefix`` (docs/configuration.md "`tabby` fields"), as Calico names its host veths.
 DEFAULT_VETH_PREFIX = "cali"
 
 #: The name of tabby's own nftables table (``inet tabby``).

@@ -134,7 +134,7 @@ class Undecoded(Mapping[str, Doc]):
     A consumer that takes the documents one at a time (``pop``: ``resources.index``) never
     holds all of them decoded at once: with 20k endpoints in the cluster, the decoded
     snapshot was ~150 MB at once on every tabby-node, and Python's allocator kept most of
-    that after it was freed (bench/node_memory_bench.py). The store decoded every value
+    that after it was freed (bench/scale/node_memory_bench.py). The store decoded every value
     once when it made the snapshot and left out what does not decode, as from any snapshot;
     each read decodes again (a fresh copy, as ``get`` gives)."""
 
@@ -258,7 +258,7 @@ def leases(store: Store) -> Leases:
 
 
 class StoreSettings(Protocol):
-    """What ``open_store`` reads (README "Datastore settings"); any object with these
+    """What ``open_store`` reads (docs/cluster.md "Datastore settings"); any object with these
     attributes will do (the plugins' config, tabby-node's and tabbyctl's options)."""
 
     @property

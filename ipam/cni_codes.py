@@ -1,5 +1,5 @@
 """The IPAM core's errors as CNI errors: the one table both plugins' adapters use at their
-edge (the core and the stores know nothing of CNI codes; PRODUCT codes in the README).
+edge (the core and the stores know nothing of CNI codes; PRODUCT codes in docs/configuration.md).
 Standard library and the protocol layer only: cheap for the CNI binaries to import."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ipam.core.errors import (
 )
 
 # The IPAM core's errors know nothing of CNI; this table is where they get their codes
-# (README "Error codes"). The most specific class wins (the table is walked along the MRO).
+# (docs/configuration.md "Error codes"). The most specific class wins (the table is walked along
+# the MRO).
 CODES: dict[type[DatastoreError], tuple[int, str]] = {
     InvalidConfig: (Code.INVALID_CONFIG, "invalid IPAM configuration"),
     IpamError: (Code.INTERNAL, "IPAM failure"),

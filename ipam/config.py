@@ -75,7 +75,7 @@ def _block_size(family: int) -> Any:
 
 
 class IpamConf(DatastoreSettings, IpamValues):
-    """tabby-ipam's ``ipam`` section (README "tabby-ipam fields")."""
+    """tabby-ipam's ``ipam`` section (docs/configuration.md "tabby-ipam fields")."""
 
     type: PluginType = "tabby-ipam"
     assign_ipv4: Flag = True

@@ -2,8 +2,8 @@
 
 The core knows nothing of CNI; this module maps CNI inputs to an AssignRequest (specific
 IPs, pod-annotation pools, the attachment's identity and metadata) and core errors to
-CNI codes (README "Error codes": 100-102, 11 for a lock timeout). Rule IDs (IPM-12, ...)
-are defined in cni_protocol/CONFORMANCE.md.
+CNI codes (docs/configuration.md "Error codes": 100-102, 11 for a lock timeout). Rule IDs
+(IPM-12, ...) are defined in cni_protocol/CONFORMANCE.md.
 """
 
 from __future__ import annotations

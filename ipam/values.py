@@ -10,7 +10,7 @@ from cni_config.values import CommonValues, DatastoreValues
 
 
 class IpamValues(DatastoreValues):
-    """tabby-ipam's ``ipam`` section (README "tabby-ipam fields")."""
+    """tabby-ipam's ``ipam`` section (docs/configuration.md "tabby-ipam fields")."""
 
     type: str
     assign_ipv4: bool

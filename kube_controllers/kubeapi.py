@@ -1,6 +1,7 @@
 """A small client of the Kubernetes API: what tabby-kube-controllers need, and nothing else.
 
-Why not a library (measured on the 2-core VM, README "tabby-kube-controllers"): the
+Why not a library (measured on the 2-core VM, docs/performance.md
+"Measurements behind design choices"): the
 official ``kubernetes`` client (37.0) costs 0.4-0.8 s to import, +33 MB RSS and 126 MB on disk
 (the bundle and the image carry it), and only reports a ``410 Gone`` (the caller re-lists);
 ``lightkube`` silently loses the deletions of the gap when it restarts an expired watch, and

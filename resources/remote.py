@@ -6,7 +6,7 @@ namespace, name, labels and named ports; an endpoint's namespace, name, pod, nod
 interface, addresses and labels. Its CNI calls and ``wait_mirrored`` read only its own
 node's documents, which stay whole models. Held as models, another node's WorkloadEndpoint
 cost ~2.9 KB and its reduced Pod ~1.8 KB, plus the strings they reference: with 20k
-endpoints in the cluster, most of the agent's memory (bench/node_memory_bench.py). These
+endpoints in the cluster, most of the agent's memory (bench/scale/node_memory_bench.py). These
 slotted records hold the same values in ~0.1 KB each; the strings many of them repeat
 (namespaces, node names, label keys and values, port names, a pod's name in its endpoints)
 are interned, and equal labels are one tuple.

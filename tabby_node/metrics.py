@@ -20,7 +20,7 @@ Only tabby-node imports this module: the per-call binaries never load prometheus
 (tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
 ``TABBY_NODE_SOCKET=off``) is not counted anywhere.
 
-Every name and its meaning: :data:`CATALOGUE` (the README's metrics table is made from it).
+Every name and its meaning: :data:`CATALOGUE` (docs/cluster.md's metrics table is made from it).
 """
 
 from __future__ import annotations

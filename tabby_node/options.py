@@ -1,7 +1,7 @@
 """tabby-node's settings: one pydantic model, filled from flags > environment > defaults.
 
-PRODUCT's table (README "tabby-node"): every flag has a ``TABBY_*`` variable. The datastore
-settings are resolved by the one module that does it for tabbyctl too
+PRODUCT's table (docs/cluster.md "tabby-node in cluster mode"): every flag has a ``TABBY_*``
+variable. The datastore settings are resolved by the one module that does it for tabbyctl too
 (``ipam.config.resolve_datastore``: flag > env > ``--conf``'s ipam section > defaults).
 """
 
@@ -86,7 +86,7 @@ class NodeOptions(Section):
         return os.path.join(self.state_dir, "mtu")
 
 
-#: option -> environment variable (README "tabby-node in cluster mode").
+#: option -> environment variable (docs/cluster.md "tabby-node in cluster mode").
 ENV = {
     "nodename": "TABBY_NODENAME",
     "node_ip": "TABBY_NODE_IP",

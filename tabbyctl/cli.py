@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def datastore_options(fn: F) -> F:
-    """The datastore flags (README "Datastore settings"); a flag wins over the
+    """The datastore flags (docs/cluster.md "Datastore settings"); a flag wins over the
     environment (TABBY_*), which wins over ``--conf``."""
     from cni_config.resolve import SOURCES
 

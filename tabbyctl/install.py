@@ -507,7 +507,7 @@ def register(node_group: click.Group) -> None:
         """Install tabby on this node: the bundle, the CNI binaries, the conflist (from a
         template whose placeholders come from TABBY_* variables), the etcd TLS files and
         the node name, each replaced atomically (what the DaemonSet's init container runs;
-        README "Installing on Kubernetes")."""
+        docs/kubernetes.md "Installing on Kubernetes")."""
         try:
             if not nodename:
                 raise InstallError("no node name: give --nodename or TABBY_NODENAME")

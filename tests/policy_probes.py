@@ -1,5 +1,5 @@
 """NetworkPolicy probes shared by the kernel tier (tests/privileged/test_policy_nft.py), the
-cluster tier (tests/cluster/policy_lab.py) and bench/policy_cluster_bench.py.
+cluster tier (tests/cluster/policy_lab.py) and bench/policy/policy_cluster_bench.py.
 
 * Servers: a small Python process per pod (started inside the pod's namespace, stopped by
   PID, SIGKILLed by the kernel if the test process dies) answering TCP and UDP.

@@ -3,10 +3,10 @@ same contract as ``EtcdClient.watch_ranges`` over the JSON gateway).
 
 Why a second transport: through etcd's JSON gateway every delivered event costs etcd ~70-160
 us of CPU, and all gateway watchers of one client listener share one internal connection (a
-hundred of them fell tens of seconds behind: bench/README.md, ``scale_bench.py``); native
-gRPC costs etcd ~24 us per event, and it is the only protocol ``etcd grpc-proxy`` speaks (the
+hundred of them fell tens of seconds behind: docs/performance.md, ``bench.scale.scale_bench``);
+native gRPC costs etcd ~24 us per event, and it is the only protocol ``etcd grpc-proxy`` speaks (the
 proxy coalesces the identical watches of many nodes into one watch on etcd, which is how
-tabby's fan-out scales past a few hundred nodes: README "Scale and watch fan-out").
+tabby's fan-out scales past a few hundred nodes: docs/cluster.md "Scale and watch fan-out").
 
 - HTTP/2 by ``h2`` (pure Python, ~4 MB; imported when a watch starts: tabby-node, tabbyctl
   and the controllers, never a CNI call). The protobuf of the few messages used is encoded

@@ -849,7 +849,7 @@ class KubeLab(Lab):
     # -- tabby-node inside the node's namespaces -------------------------------------------------
 
     def agent_argv(self, n: LabNode) -> list[str]:
-        """tabby-node as the README tells an operator to run it: its defaults (socket
+        """tabby-node as docs/node.md tells an operator to run it: its defaults (socket
         /run/tabby/node.sock, state /var/lib/tabby, the node name from
         /var/lib/tabby/nodename), the datastore from the conflist."""
         kn = self.kube_node(n)

@@ -1,14 +1,14 @@
-"""tabby installed on a Kubernetes lab the Kubernetes way, as README "Installing on
+"""tabby installed on a Kubernetes lab the Kubernetes way, as docs/kubernetes.md "Installing on
 Kubernetes" tells an operator to: the image imported into every node's containerd
 (``ctr -n k8s.io images import``), ``manifests/tabby.yaml`` applied with its ConfigMap set to
-the lab (the documented defaults replaced in the text, as the README's ``sed`` does), the
+the lab (the documented defaults replaced in the text, as docs/kubernetes.md's ``sed`` does), the
 DaemonSet rolled to another image, and everything removed with ``kubectl delete -f``.
 
 The lab is a :class:`~lab.kubernetes.cluster.KubeLab` built with ``install_cni=False``: its
 nodes have no network until the DaemonSet's init container installs one (into each node's
 private /opt, /etc/cni/net.d and /var/lib). The lab's API server is not reachable at the
 in-cluster service address (there is no kube-proxy), so tabby-kube-controllers get its real
-address from the optional ConfigMap ``tabby-kubernetes-api``, as the README says for such
+address from the optional ConfigMap ``tabby-kubernetes-api``, as docs/kubernetes.md says for such
 clusters.
 """
 
@@ -35,7 +35,7 @@ DAEMONSET = "tabby-node"
 DEPLOYMENT = "tabby-kube-controllers"
 NODE_LABEL = "app.kubernetes.io/name=tabby-node"
 CONTROLLERS_LABEL = "app.kubernetes.io/name=tabby-kube-controllers"
-#: The manifest's defaults an operator replaces (README "Installing on Kubernetes").
+#: The manifest's defaults an operator replaces (docs/kubernetes.md "Installing on Kubernetes").
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/tabby"
 DEFAULT_BACKEND = "bird"
@@ -268,7 +268,7 @@ class ManifestInstall:
         self.timings["apply -> controllers leading"] = round(time.monotonic() - started, 2)
 
     def set_image(self, image: str) -> None:
-        """What the README's upgrade says: ``kubectl set image`` of both workloads."""
+        """What docs/kubernetes.md's upgrade says: ``kubectl set image`` of both workloads."""
         self.kube.kubectl(
             "set",
             "image",

@@ -262,7 +262,7 @@ def cni_binaries(cni_bin: str) -> dict[str, str]:
 
 
 def conflist(endpoints: list[str], prefix: str) -> dict[str, Any]:
-    """conf-examples/10-tabby.conflist as the README's operator adapts it for a cluster:
+    """conf-examples/10-tabby.conflist as docs/cluster.md's operator adapts it for a cluster:
     the etcd datastore (the lab's endpoints and prefix) instead of the file store, and
     ``"mtu": 0`` (each pod gets the MTU of the tabby-node serving its ADD: 1450 under VXLAN
     on the lab's 1500-byte underlay, where the example's fixed 1500 would not fit)."""

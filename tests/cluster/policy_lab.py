@@ -1,5 +1,5 @@
 """The NetworkPolicy harness of the cluster tier (tests/cluster/test_policy.py) and of
-bench/policy_cluster_bench.py, over a :class:`tabbyctl.demo.lab.Lab`.
+bench/policy/policy_cluster_bench.py, over a :class:`tabbyctl.demo.lab.Lab`.
 
 * Servers: a small Python process per pod (started inside the pod's namespace, stopped by
   PID, SIGKILLed by the kernel if the test process dies) answering TCP and UDP on 80 and 81.

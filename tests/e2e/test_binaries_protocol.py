@@ -1,7 +1,7 @@
 """The installed binaries answer protocol errors as cni_protocol/CONFORMANCE.md says.
 
 Exec'd exactly as a runtime does; each failure gives exit 1 and one error JSON on stdout
-with the code README "Error codes" gives, for both binaries.
+with the code docs/configuration.md "Error codes" gives, for both binaries.
 """
 
 from __future__ import annotations

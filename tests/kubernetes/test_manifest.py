@@ -1,6 +1,7 @@
-"""tabby installed the Kubernetes way (README "Installing on Kubernetes"), per backend, on a
-fresh 3-node Kubernetes whose lab installs no network (lab.kubernetes.cluster.KubeLab with
-``install_cni=False``; lab.kubernetes.manifest does what the README tells an operator):
+"""tabby installed the Kubernetes way (docs/kubernetes.md "Installing on Kubernetes"), per
+backend, on a fresh 3-node Kubernetes whose lab installs no network
+(lab.kubernetes.cluster.KubeLab with ``install_cni=False``; lab.kubernetes.manifest does what
+docs/kubernetes.md tells an operator):
 
 * the manifest passes the API server's validation and admission (server-side dry run, RBAC
   on); the nodes are NotReady: no network;

@@ -46,7 +46,7 @@ NODE = "health-node"
 POOL = "10.244.0.0/16"
 METRICS_PORT = 9091  # the namespace is ours: the default ports are free there
 HEALTH_PORT = 9099
-#: README "Metrics and health": readiness turns 503 within 20 s of losing the datastore.
+#: docs/cluster.md "Metrics and health": readiness turns 503 within 20 s of losing the datastore.
 READINESS_BOUND = 20.0
 
 

@@ -1,4 +1,4 @@
-"""The scale benchmark's own parts (bench/scale_wire.py, bench/scale_sim.py; no root).
+"""The scale benchmark's own parts (bench/scale/scale_wire.py, scale_sim.py; no root).
 
 The pure parts: the minimal readers of etcd's watch streams (gateway JSON and gRPC
 protobuf), the WatchRequest built from tabby's own create request, the reduced snapshot
@@ -14,7 +14,6 @@ import base64
 import importlib.util
 import json
 import random
-import sys
 import threading
 import time
 import uuid
@@ -25,21 +24,11 @@ from typing import Any
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
 
 def _load(name: str) -> ModuleType:
-    if str(BENCH_DIR) not in sys.path:
-        sys.path.insert(0, str(BENCH_DIR))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``bench.scale.<name>``, imported when a test needs it (the simulator and the writer
+    import tabby-node's parts)."""
+    return importlib.import_module(f"bench.scale.{name}")
 
 
 wire = _load("scale_wire")
@@ -278,11 +267,8 @@ def test_covers() -> None:
     assert wire.covers([(b"/z", b"\0")], b"/zzz")
 
 
-def test_percentile_and_table() -> None:
-    assert wire.percentile([], 50) is None
-    assert wire.percentile([3.0], 99) == 3.0
-    assert wire.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert wire.percentile([float(i) for i in range(101)], 99) == pytest.approx(99.0)
+def test_table_and_fmt() -> None:
+    """(The percentiles scale_bench prints are bench.stats', tests/unit/test_bench_stats.py.)"""
     text = wire.table([["a", "1"], ["bbb", "22"]], ["x", "y"])
     assert text.splitlines() == ["x    y", "---  --", "a    1", "bbb  22"]
     assert wire.fmt(None) == "-"
@@ -293,9 +279,10 @@ def test_percentile_and_table() -> None:
 
 
 def test_the_hooks_the_simulator_relies_on_exist() -> None:
-    """bench/scale_sim.py runs tabby-node's own loops over tabby's own client and replaces
-    only the transport under these methods; bench/scale_writer.py records revisions at
-    ``EtcdStore._apply``. If one of them goes, the bench must follow tabby's new code."""
+    """bench/scale/scale_sim.py runs tabby-node's own loops over tabby's own client and
+    replaces only the transport under these methods; bench/scale/scale_writer.py records
+    revisions at ``EtcdStore._apply``. If one of them goes, the bench must follow tabby's new
+    code."""
     import inspect
 
     from datastore.etcd.client import (
@@ -464,7 +451,7 @@ def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -
 def test_writer_fills_and_churns_the_datastore(
     etcd1: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bench/scale_writer.py: the simulated nodes registered as tabby-node registers (a
+    """bench/scale/scale_writer.py: the simulated nodes registered as tabby-node registers (a
     Node with its VXLAN tunnel, a block of its own), their pods ADDed through tabby's CNI
     handlers (a WorkloadEndpoint each, the Pod mirrored), a churn of ADDs, DELs, new blocks
     and policy changes on schedule with every write's revision recorded, and a

@@ -1,37 +1,22 @@
-"""Pure parts of bench/cni_bench.py (bench/cni_bench_pure.py): statistics, stdin building,
-CNI_ARGS/env (no root)."""
+"""The benches' one percentile definition (bench/stats.py), and the pure parts of cni_bench
+(bench/cni/cni_bench_pure.py): stdin building, CNI_ARGS/env, the report (no root)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import math
 import statistics
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-BENCH = BENCH_DIR / "cni_bench_pure.py"
+from bench import stats
+from bench.cni import cni_bench_pure as cb
 
-
-def _load() -> ModuleType:
-    name = "tabby_cni_bench_under_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-cb = _load()
+ROOT = Path(__file__).resolve().parents[2]
 
 PTP_LIST: dict[str, Any] = {
     "cniVersion": "0.4.0",
@@ -62,8 +47,10 @@ RESULT = {
 def test_percentile_matches_statistics_inclusive() -> None:
     data = [7.0, 1.0, 3.0, 10.0, 4.0, 2.5, 8.0, 6.0, 5.0, 9.0, 0.5]
     cuts = statistics.quantiles(data, n=100, method="inclusive")
-    for q in (10, 50, 90, 99):
-        assert cb.percentile(data, q) == pytest.approx(cuts[q - 1])
+    for q in range(1, 100):
+        assert stats.percentile(data, q) == pytest.approx(cuts[q - 1])
+    assert stats.median(data) == statistics.median(data)
+    assert stats.median(data[1:]) == statistics.median(data[1:])  # even: the two middle ones
 
 
 @pytest.mark.parametrize(
@@ -80,22 +67,45 @@ def test_percentile_matches_statistics_inclusive() -> None:
     ],
 )
 def test_percentile_values(values: list[float], q: float, expected: float) -> None:
-    assert cb.percentile(values, q) == pytest.approx(expected)
+    assert stats.percentile(values, q) == pytest.approx(expected)
+    assert stats.pct(values, q) == pytest.approx(expected)
 
 
 def test_percentile_empty_and_bounds() -> None:
-    assert cb.percentile([], 50) is None
-    assert cb.median([]) is None
+    assert stats.percentile([], 50) is None
+    assert stats.median([]) is None
+    assert math.isnan(stats.pct([], 90))
     with pytest.raises(ValueError):
-        cb.percentile([1.0], 101)
+        stats.percentile([1.0], 101)
     with pytest.raises(ValueError):
-        cb.percentile([1.0], -1)
+        stats.percentile([1.0], -1)
 
 
-def test_percentile_does_not_mutate_input() -> None:
+def test_percentile_does_not_mutate_input_and_takes_any_iterable() -> None:
     data = [3.0, 1.0, 2.0]
-    cb.percentile(data, 50)
+    stats.percentile(data, 50)
     assert data == [3.0, 1.0, 2.0]
+    assert stats.percentile(iter(data), 50) == 2.0
+    assert stats.percentile((float(v) for v in range(5)), 75) == 3.0
+
+
+def test_summary() -> None:
+    assert stats.summary([4.0, 1.0, 3.0, 2.0]) == {
+        "n": 4,
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+        "min": 1.0,
+        "max": 4.0,
+    }
+    empty = stats.summary([], qs=(50, 99))
+    assert empty["n"] == 0
+    assert all(math.isnan(float(empty[k])) for k in ("p50", "p99", "min", "max"))
+
+
+def test_the_cni_bench_reports_with_the_one_definition() -> None:
+    """cni_bench's statistics are bench.stats', not a copy of their own."""
+    assert cb.percentile is stats.percentile
+    assert cb.median is stats.median
 
 
 def test_summarize() -> None:
@@ -403,14 +413,15 @@ def test_format_report_smoke() -> None:
 
 
 def test_the_benchmark_script_wires_its_modules_together() -> None:
-    """cni_bench.py imports its siblings (exec, run, pure) from its own directory when run as
-    a script; --help needs all of them and no root."""
+    """``python -m bench.cni.cni_bench`` (from the repository root) imports its siblings
+    (exec, run, pure) and bench.stats; --help needs all of them and no root."""
     proc = subprocess.run(
-        [sys.executable, str(BENCH_DIR / "cni_bench.py"), "--help"],
+        [sys.executable, "-m", "bench.cni.cni_bench", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: cni_bench.py")

@@ -1,7 +1,7 @@
 """Every documented configuration field refuses bad values, in both binaries (issue: one
 declarative model, so that no field escapes validation).
 
-The test walks the README's field tables: each documented field must have a row of cases
+The test walks docs/configuration.md's field tables: each documented field must have a row of cases
 here (wrong type, empty, out of range, hostile), and every field the models know must be
 documented. A field added later without validation or without documentation fails.
 
@@ -34,7 +34,7 @@ from ipam.config import IpamConf
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Fields a table documents as free-form (the README says so): never a reason to fail.
+#: Fields a table documents as free-form (docs/configuration.md says so): never a reason to fail.
 FREE_FORM = {"capabilities"}
 #: Reserved keys the runtime owns (CNI spec): tolerated in any shape, documented apart.
 RESERVED = {"runtimeConfig", "args", "cni.dev/valid-attachments", "cni.dev/attachments"}
@@ -151,12 +151,12 @@ GC_CASES: list[tuple[Any, int]] = [
 ]
 
 
-# -- the README's tables ----------------------------------------------------------------------
+# -- docs/configuration.md's tables ---------------------------------------------------------
 
 
-def readme_fields(heading: str) -> set[str]:
+def doc_fields(heading: str) -> set[str]:
     """First-column field names of the table under ``heading`` (``a`` / ``b`` rows split)."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "configuration.md").read_text()
     start = text.index(heading)
     table = []
     for line in text[start:].splitlines()[1:]:
@@ -176,24 +176,26 @@ def model_fields(model: type[Any]) -> set[str]:
 
 
 def test_plugin_table_matches_the_model_and_the_cases() -> None:
-    documented = readme_fields("### `tabby` fields")
+    documented = doc_fields("### `tabby` fields")
     cased = set(PLUGIN_CASES) | set(COMMON_CASES)
     assert documented - FREE_FORM == cased, "every documented field needs cases, and back"
     known = model_fields(PluginConf) - set(SECTION_CASES)
     known |= {f"container_settings.{f}" for f in model_fields(ContainerSettings)}
     known |= {f"ipam.{f}" for f in model_fields(IpamRef)}
     undocumented = known - documented - RESERVED
-    assert not undocumented, f"fields the plugin reads but the README does not list: {undocumented}"
+    assert not undocumented, (
+        f"fields the plugin reads but docs/configuration.md does not list: {undocumented}"
+    )
 
 
 def test_ipam_table_matches_the_model_and_the_cases() -> None:
-    documented = readme_fields("### `tabby-ipam` fields")
+    documented = doc_fields("### `tabby-ipam` fields")
     assert documented == set(IPAM_CASES), "every documented field needs cases, and back"
     assert model_fields(IpamConf) - {"type"} == documented
 
 
 def test_readme_says_which_fields_are_free_form() -> None:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "configuration.md").read_text()
     for field in FREE_FORM:
         row = next(line for line in text.splitlines() if line.startswith(f"| `{field}`"))
         assert "free-form" in row
@@ -390,7 +392,7 @@ def test_nodename_file_with_garbage_is_refused(tmp_path: Path) -> None:
     ],
 )
 def test_documented_leniencies(tmp_path: Path, field: str, value: Any) -> None:
-    """What the README documents as accepted (Calico's string booleans, a comma-separated
+    """What docs/configuration.md documents as accepted (Calico's string booleans, a comma-separated
     endpoint list, case-insensitive log levels, free-form and reserved keys)."""
     config = _set(_base(tmp_path), field, value)
     rc, out, _ = _run_tabby(config)

@@ -104,7 +104,7 @@ RICH = {
 
 def configs() -> list[dict[str, Any]]:
     out = [RICH, {"cniVersion": "1.0.0", "name": "n", "type": "tabby", "ipam": {"type": "x"}}]
-    for path in (ROOT / "conf-examples/10-tabby.conflist", ROOT / "bench/conf/tabby.conflist"):
+    for path in (ROOT / "conf-examples/10-tabby.conflist", ROOT / "bench/cni/conf/tabby.conflist"):
         doc = json.loads(path.read_text())
         for p in doc["plugins"]:
             if p["type"] == "tabby":

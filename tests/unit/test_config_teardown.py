@@ -1,7 +1,7 @@
 """The configuration as DEL and GC read it (cni_config/teardown.py): every invalid field is
 dropped to its default and listed, never a structural problem or GC's own input, and what
 teardown derives from a dropped field is unknown rather than the default's (CONFORMANCE.md
-DEL-9; README "What DEL does with an invalid field").
+DEL-9; docs/configuration.md "What DEL does with an invalid field").
 
 The field tables (test_config_fields.py) run every documented bad value through both
 binaries; this file pins the rule itself: which problems are dropped, the rules over several

@@ -1,7 +1,7 @@
 """The repository stands alone: every CNI rule ID it cites is defined in
 cni_protocol/CONFORMANCE.md, a file that cites IDs says where they are defined, quoted
-README and CONFORMANCE.md sections exist, and nothing points at documents a clone does not
-have (the project's private notes)."""
+README, docs/ and CONFORMANCE.md sections exist, and nothing points at documents a clone does
+not have (the project's private notes)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ PRIVATE = ("PRODUCT" + ".md", "STYLE" + ".md", "cni-spec-" + "checklist", "/wo" 
 #: The private list cited by its own numbering: the word, then "section", a number or an ID.
 CHECKLIST_RE = re.compile(r"\bchecklist\s+(?:sections?\b|\d|[A-Z]+-\d)", re.IGNORECASE)
 README_REF_RE = re.compile(r'\bREADME\s+"([^"]+)"')
+#: ``docs/cluster.md "Datastore settings"``: a section of a page of the manual.
+DOCS_REF_RE = re.compile(r'\b(docs/[\w-]+\.md)\s+"([^"]+)"')
 DOC_REF_RE = re.compile(r'\bCONFORMANCE\.md\s+"([^"]+)"')
 
 #: Files other engineers are editing while this test was written: they still cite a private
@@ -167,7 +169,7 @@ def test_no_reference_to_documents_a_clone_does_not_have() -> None:
         if path not in PENDING
         for n, what in private_references(text)
     ]
-    assert not bad, f"point at README or {DOC_PATH} instead: {bad}"
+    assert not bad, f"point at README, docs/ or {DOC_PATH} instead: {bad}"
 
 
 def test_quoted_sections_exist() -> None:
@@ -182,7 +184,22 @@ def test_quoted_sections_exist() -> None:
                 name = " ".join(m.group(1).split())
                 if not names_a_heading(name, heads):
                     bad.append(f"{path}: {where} section {name!r}")
+            for m in DOCS_REF_RE.finditer(text):
+                page, name = m.group(1), " ".join(m.group(2).split())
+                if page not in FILES:
+                    bad.append(f"{path}: no page {page}")
+                elif not names_a_heading(name, headings(FILES[page])):
+                    bad.append(f"{path}: {page} section {name!r}")
     assert not bad, f"no such section: {bad}"
+
+
+def test_quoting_a_section_of_the_manual_is_checked() -> None:
+    """A quoted section of a docs/ page must exist (what test_quoted_sections_exist reads)."""
+    cited = [m.group(1) for text in FILES.values() for m in DOCS_REF_RE.finditer(text)]
+    assert "docs/configuration.md" in cited
+    assert "docs/cluster.md" in cited
+    assert names_a_heading("Datastore settings", headings(FILES["docs/cluster.md"]))
+    assert not names_a_heading("No such section", headings(FILES["docs/cluster.md"]))
 
 
 @pytest.mark.parametrize("path", sorted(PENDING))

@@ -1,4 +1,4 @@
-"""The architecture's layers, enforced (README "Architecture").
+"""The architecture's layers, enforced (docs/architecture.md "Layers").
 
 Every top-level package is one layer or one program. The test walks every import statement
 of the product (module level, inside functions and under TYPE_CHECKING alike: a lazy import
@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Layer of a module: the longest matching prefix wins; an arrow may only point to the same
-#: layer or a lower one. The README's architecture table is this table.
+#: layer or a lower one. docs/architecture.md's table is this table.
 LAYERS: dict[str, tuple[int, str]] = {
     # bundle/__init__.py: __version__; bundle/types.py: the types every layer shares (IP
     # address/network/interface, JSON), defined nowhere else (test_shared_types.py)
@@ -246,7 +246,7 @@ def test_every_product_module_has_a_layer() -> None:
 
 
 def test_every_top_level_package_is_declared() -> None:
-    """A new top-level package must be given a layer (and a line in the README)."""
+    """A new top-level package must be given a layer (and a line in docs/architecture.md)."""
     skip = {"tests", "bench", "packaging", "conf-examples", "build", "dist", "manifests"}
     found = {
         p.name
@@ -337,7 +337,7 @@ def test_no_import_cycle_between_packages() -> None:
 
 def test_the_walker_can_fail(tmp_path: Path) -> None:
     """The test itself must be able to fail: a function-level import is found, the cycle
-    finder finds a loop, the table places modules where the README says."""
+    finder finds a loop, the table places modules where docs/architecture.md says."""
     found = {t for _, t in imports_of(ROOT / "cni_plugin" / "plugin.py")}
     assert "dataplane.model" in found  # imported inside functions only
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

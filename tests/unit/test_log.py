@@ -1,5 +1,5 @@
-"""Logging: a shared, size-rotated file; never stdout (README "`tabby` fields", ``log_file_path``;
-cni_protocol/CONFORMANCE.md GEN-5)."""
+"""Logging: a shared, size-rotated file; never stdout (docs/configuration.md "`tabby` fields",
+``log_file_path``; cni_protocol/CONFORMANCE.md GEN-5)."""
 
 from __future__ import annotations
 

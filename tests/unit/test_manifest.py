@@ -125,12 +125,14 @@ def test_the_variables_set_are_the_ones_the_programs_read() -> None:
     assert {n for n in env_of(ctl) if n.startswith("TABBY_")} <= known | {"TABBY_LOG_LEVEL"}
 
 
-def _readme_table(heading: str) -> dict[str, str]:
-    """The table under the heading line ``heading`` of README's "Installing on Kubernetes"
-    (up to the next heading): its first column (a `key`) -> its second (backquotes off)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("\n## Installing on Kubernetes\n") :]
-    section = section[: section.index("\n## ", 1)]
+def _doc_table(heading: str) -> dict[str, str]:
+    """The table under the heading line ``heading`` of docs/kubernetes.md's "Installing on
+    Kubernetes" (up to the next heading): its first column (a `key`) -> its second
+    (backquotes off)."""
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = doc[doc.index("\n## Installing on Kubernetes\n") :]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
     part = section[section.index(f"\n{heading}\n") + 1 :]
     part = part[: part.index("\n#", 1)] if "\n#" in part[1:] else part
     rows = re.findall(r"^\| `([A-Za-z0-9_-]+)` \| ([^|]*) \|", part, re.M)
@@ -138,8 +140,8 @@ def _readme_table(heading: str) -> dict[str, str]:
 
 
 def test_every_configmap_key_is_used_and_documented() -> None:
-    """README's table of ConfigMap keys is the ConfigMap's: every key, none more, each with
-    the manifest's default."""
+    """docs/kubernetes.md's table of ConfigMap keys is the ConfigMap's: every key, none more,
+    each with the manifest's default."""
     data = one("ConfigMap", "tabby-config")["data"]
     used = {
         e["valueFrom"]["configMapKeyRef"]["key"]
@@ -149,8 +151,8 @@ def test_every_configmap_key_is_used_and_documented() -> None:
         if "configMapKeyRef" in e.get("valueFrom", {})
     }
     assert used == set(data)
-    table = _readme_table("### 2. The settings (ConfigMap `tabby-config`)")
-    assert list(table) == list(data), "README's keys, in the manifest's order"
+    table = _doc_table("### 2. The settings (ConfigMap `tabby-config`)")
+    assert list(table) == list(data), "the documented keys, in the manifest's order"
     for key, value in data.items():
         if key == "cni_network_config":
             assert table[key] == "the conflist below"
@@ -160,8 +162,9 @@ def test_every_configmap_key_is_used_and_documented() -> None:
 
 def test_the_optional_objects_are_documented() -> None:
     """What the pods take from objects the manifest does not create: the Secret's keys
-    (mounted, named by the ConfigMap's etcd_* defaults in README) and the optional
-    ConfigMap tabby-kubernetes-api's keys, each in README's table of them."""
+    (mounted, named by the ConfigMap's etcd_* defaults in docs/kubernetes.md) and the
+    optional ConfigMap tabby-kubernetes-api's keys, each in docs/kubernetes.md's table of
+    them."""
     ds = one("DaemonSet")
     (ctl,) = containers(one("Deployment"))
     secrets = {
@@ -171,11 +174,11 @@ def test_the_optional_objects_are_documented() -> None:
         if "secret" in v
     }
     assert secrets == {"tabby-etcd-secrets"}
-    table = _readme_table("#### etcd over TLS: the Secret `tabby-etcd-secrets`")
+    table = _doc_table("#### etcd over TLS: the Secret `tabby-etcd-secrets`")
     assert set(table) == {"etcd-ca", "etcd-cert", "etcd-key"}
     for key, path in table.items():
         assert path == f"/etc/tabby/etcd-secrets/{key}"
     (ref,) = ctl["envFrom"]
     assert ref["configMapRef"] == {"name": "tabby-kubernetes-api", "optional": True}
-    api = _readme_table("#### Without kube-proxy: the ConfigMap `tabby-kubernetes-api`")
+    api = _doc_table("#### Without kube-proxy: the ConfigMap `tabby-kubernetes-api`")
     assert set(api) == {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}

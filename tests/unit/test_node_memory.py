@@ -1,12 +1,11 @@
 """tabby-node's memory per endpoint in the cluster (issue 20: RSS <= 120 MB with 1000 nodes
 and 20k endpoints): the state one node keeps (cache, routing, policy) measured with
-tracemalloc over the datastore bench/node_memory_bench.py writes, as a slope between two
+tracemalloc over the datastore bench/scale/node_memory_bench.py writes, as a slope between two
 cluster sizes (what does not grow with the cluster cancels out). Bytes, not time."""
 
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,15 +13,13 @@ from typing import Any
 
 import pytest
 
+from bench.scale import node_memory_bench as bench
 from datastore.base import Doc
 from datastore.engine import Reported
 from policy.inputs import pod_key
 from resources.index import ENDPOINTS, PODS
 from resources.remote import RemoteEndpoint, RemotePod
 from tabby_node.cache import REMOTE_HANDLE, Cache
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import node_memory_bench as bench
 
 #: Bytes of state per endpoint (its Pod, WorkloadEndpoint and share of a block): 2.4 KB
 #: measured once other nodes' Pods and WorkloadEndpoints were held as ``resources.remote``'s

@@ -1,6 +1,6 @@
 """tabby-node's Prometheus metrics (tabby_node.metrics), without root.
 
-- the registry is the node's own and exports every name of the README's table (and the
+- the registry is the node's own and exports every name of docs/cluster.md's table (and the
   catalogue), and prometheus-client's own parsers read the exposition back;
 - CNI calls are counted by a real NodeServer serving them over its socket (the node's work,
   ``execute``, replaced by a stand-in: the privileged test runs the real thing);
@@ -52,7 +52,7 @@ EXAMPLES = ROOT / "conf-examples"
 DASHBOARD = EXAMPLES / "grafana-dashboard.json"
 ALERTS = EXAMPLES / "prometheus-alerts.yaml"
 
-#: README "Metrics and health": name -> type.
+#: docs/cluster.md "Metrics and health": name -> type.
 README_TABLE = {
     "tabby_cni_requests_total": "counter",
     "tabby_cni_request_duration_seconds": "histogram",

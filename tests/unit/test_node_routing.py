@@ -495,7 +495,7 @@ def test_node_labels_applied_with_tabbyctl_select_peers() -> None:
     assert ipaddress.ip_address("192.168.1.200") not in {p.address for p in config(w, "a").peers}
 
 
-# == above ~100 nodes: route reflectors (the configuration README recommends) ===============
+# == above ~100 nodes: route reflectors (the configuration docs/cluster.md recommends) ======
 
 
 def _big(n: int, reflectors: int) -> World:

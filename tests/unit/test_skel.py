@@ -1,5 +1,5 @@
 """The protocol skeleton, in-process (the general, environment and VERSION rules of
-cni_protocol/CONFORMANCE.md; the codes of README "Error codes")."""
+cni_protocol/CONFORMANCE.md; the codes of docs/configuration.md "Error codes")."""
 
 from __future__ import annotations
 

@@ -1,0 +1,523 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): CNI ADD/CHECK/DEL of tabby per datastore, each case interleaved
+pod by pod against Debian's ptp + host-local by ``bench/cni/cni_bench.py`` (the runtime-faithful
+harness; this script only prepares what each case needs and runs it).
+
+Cases (``--cases``, comma-separated):
+
+    node-file         tabby-node serves the calls; file store
+    node-etcd1        tabby-node serves the calls; etcd, 1 member
+    node-etcd3        tabby-node serves the calls; etcd, 3 members
+    standalone-etcd1  no tabby-node (TABBY_NODE_SOCKET=off): every call opens etcd itself
+    standalone-etcd3  the same against 3 members
+    standalone-file   no tabby-node, file store
+
+Per case: one network namespace is the node (``cni_bench --node-netns``); the etcd members
+(``tests/etcd_cluster.py``: 127.0.0.1, free ports, private data dir) and tabby-node
+(``--backend none``, its datastore flags pointing at the same store as the conflist, no
+HTTP ports) are started inside it by a thread that entered it, so they share the plugins'
+loopback and mount namespace, as on a node. The conflist is bench/cni/conf/tabby.conflist with
+the case's datastore in its ``ipam`` section. Everything is stopped by PID and the namespace
+and temp dir removed afterwards, also on Ctrl-C.
+
+    .venv/bin/python -m bench.cni.datastore_cni_bench -n 100 --repeat 2
+    .venv/bin/python -m bench.cni.datastore_cni_bench --table      # issue 21's table, one command
+    .venv/bin/python -m bench.cni.datastore_cni_bench --cases node-etcd3 --mode concurrent -k 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import record
+from dataplane.netns import open_netns, run_in_netns
+from tests.etcd_cluster import EtcdCluster
+from tests.node_agent import agent_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+T = TypeVar("T")
+CONF = Path(__file__).resolve().parent / "conf"
+REFERENCE = CONF / "ptp-host-local.conflist"
+TABBY_CONF = CONF / "tabby.conflist"
+CASES = (
+    "node-file",
+    "node-etcd1",
+    "node-etcd3",
+    "standalone-etcd1",
+    "standalone-etcd3",
+    "standalone-file",
+)
+DEFAULT_CASES = "node-file,node-etcd1,node-etcd3,standalone-etcd1"
+NODENAME = "bench-node"
+
+
+def in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread that entered ``netns`` (children it forks start there)."""
+    with open_netns(f"/run/netns/{netns}") as handle:
+        return run_in_netns(handle.fd, fn)
+
+
+class Case:
+    """The node namespace, etcd and tabby-node of one case; ``close()`` removes them."""
+
+    def __init__(self, name: str, tabby_node: str) -> None:
+        self.name = name
+        self.node = name.startswith("node-")
+        self.members = int(name[-1]) if name.endswith(("etcd1", "etcd3")) else 0
+        self.netns = f"tbdsb{os.getpid()}-{secrets.token_hex(3)}"
+        self.workdir = tempfile.mkdtemp(prefix=f"tabby-dsbench-{os.getpid()}-")
+        self.etcd: EtcdCluster | None = None
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.socket = os.path.join(self.workdir, "run", "node.sock")
+        self.prefix = f"/bench-{secrets.token_hex(4)}"
+        subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        try:
+            subprocess.run(["ip", "-n", self.netns, "link", "set", "lo", "up"], check=True)
+            if self.members:
+                self.etcd = in_netns(self.netns, lambda: EtcdCluster(self.members))
+            if self.node:
+                self._start_agent(tabby_node)
+        except BaseException:
+            self.close()
+            raise
+
+    def ipam(self) -> dict[str, Any]:
+        if self.etcd is not None:
+            return {
+                "datastore_type": "etcdv3",
+                "etcd_endpoints": self.etcd.endpoints,
+                "etcd_prefix": self.prefix,
+            }
+        return {"datastore_type": "file", "data_dir": os.path.join(self.workdir, "store")}
+
+    def datastore_flags(self) -> list[str]:
+        ipam = self.ipam()
+        if self.etcd is not None:
+            return [
+                *("--datastore-type", "etcdv3"),
+                *("--etcd-endpoints", ",".join(ipam["etcd_endpoints"])),
+                *("--etcd-prefix", ipam["etcd_prefix"]),
+            ]
+        return ["--datastore-type", "file", "--data-dir", ipam["data_dir"]]
+
+    def _start_agent(self, binary: str) -> None:
+        argv = agent_argv(
+            [binary], self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
+        )
+        argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
+        os.makedirs(os.path.dirname(self.socket), mode=0o700, exist_ok=True)
+        err = open(os.path.join(self.workdir, "node.err"), "wb")  # noqa: SIM115
+        try:
+            self.agent = in_netns(
+                self.netns,
+                lambda: subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=err,
+                    stderr=err,
+                    start_new_session=True,
+                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache()},
+                ),
+            )
+        finally:
+            err.close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket):
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                tail = Path(self.workdir, "node.err").read_text(errors="replace")[-800:]
+                raise RuntimeError(f"tabby-node did not start: {tail}")
+            time.sleep(0.05)
+
+    def conflist(self) -> str:
+        doc = json.loads(TABBY_CONF.read_text())
+        plugin = doc["plugins"][0]
+        plugin["nodename"] = NODENAME
+        plugin["log_file_path"] = os.path.join(self.workdir, "cni.log")
+        plugin["ipam"].pop("data_dir", None)
+        plugin["ipam"].update(self.ipam())
+        path = os.path.join(self.workdir, f"{self.name}.conflist")
+        Path(path).write_text(json.dumps(doc, indent=2))
+        return path
+
+    def cache(self) -> str:
+        """Where the case's calls (and its tabby-node) keep validated configurations
+        (``cni_config.known``): the case's own, filled by its first calls (the warm-up)."""
+        return os.path.join(self.workdir, "config-cache")
+
+    def env(self) -> list[str]:
+        return [
+            f"TABBY_NODE_SOCKET={self.socket if self.node else 'off'}",
+            f"TABBY_CONFIG_CACHE={self.cache()}",
+        ]
+
+    def close(self) -> None:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: still clean up
+        try:
+            self._close()
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+    def _close(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.send_signal(signal.SIGTERM)
+            try:
+                self.agent.wait(30)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+        if self.etcd is not None:
+            self.etcd.stop()
+        subprocess.run(["ip", "netns", "delete", self.netns], check=False, capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def etcd_requests(case: Case) -> dict[str, float]:
+    """etcd's gRPC requests handled so far, by method, summed over the members (its
+    ``/metrics``: the JSON gateway's calls pass through gRPC too). Empty without etcd."""
+    if case.etcd is None:
+        return {}
+    import urllib.request
+
+    def scrape() -> dict[str, float]:
+        out: dict[str, float] = {}
+        assert case.etcd is not None
+        for url in case.etcd.endpoints:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:  # noqa: S310
+                text = resp.read().decode()
+            for line in text.splitlines():
+                if not line.startswith("grpc_server_handled_total{"):
+                    continue
+                labels, _, value = line.rpartition(" ")
+                method = labels.split('grpc_method="', 1)[1].split('"', 1)[0]
+                out[method] = out.get(method, 0.0) + float(value)
+        return out
+
+    return in_netns(case.netns, scrape)
+
+
+@contextlib.contextmanager
+def case_env(name: str, tabby_node: str) -> Iterator[Case]:
+    case = Case(name, tabby_node)
+    try:
+        yield case
+    finally:
+        case.close()
+
+
+def run_case(
+    case: Case | None,
+    args: argparse.Namespace,
+    keep: str | None,
+    *,
+    mode: str | None = None,
+    alone: bool = False,
+    floor: str | None = None,
+) -> dict[str, Any]:
+    """One cni_bench run: the case interleaved with ptp+host-local (``alone``: the case by
+    itself; no case: ptp+host-local by itself, in a namespace of cni_bench's own)."""
+    workdir = case.workdir if case is not None else tempfile.mkdtemp(prefix="tabby-dsbench-")
+    out = os.path.join(workdir, "report.json")
+    name = case.name if case is not None else "ptp"
+    argv = [sys.executable, "-m", "bench.cni.cni_bench"]
+    if case is None:
+        argv += ["--conf", str(REFERENCE), "--cni-path", args.ref_cni_path, "--label-a", "ptp"]
+    elif alone:
+        argv += ["--conf", case.conflist(), "--cni-path", args.cni_path, "--label-a", name]
+    else:
+        argv += [
+            *("--conf", str(REFERENCE), "--cni-path", args.ref_cni_path),
+            *("--compare", case.conflist(), "--cni-path-b", args.cni_path),
+            *("--label-a", "ptp", "--label-b", name),
+        ]
+    argv += [
+        *("-n", str(args.pods), "--warmup", str(args.warmup)),
+        *("--mode", mode or args.mode, "-k", str(args.k)),
+        *("--output", out, "-q"),
+    ]
+    if case is not None:
+        argv += ["--node-netns", case.netns]
+        for assignment in case.env():
+            argv += ["--env", assignment]
+    if floor:
+        argv += ["--client-floor", floor]
+    try:
+        return _cni_bench(argv, out, name, args, keep)
+    finally:
+        if case is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _cni_bench(
+    argv: list[str], out: str, name: str, args: argparse.Namespace, keep: str | None
+) -> dict[str, Any]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        text, _ = proc.communicate()
+    except BaseException:  # Ctrl-C: cni_bench got it too and cleans up; wait for it
+        with contextlib.suppress(BaseException):
+            proc.wait(120)
+        raise
+    if args.verbose:
+        print(text.decode(errors="replace"))
+    try:
+        report: dict[str, Any] = json.loads(Path(out).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"cni_bench gave no report ({e}): {text.decode()[-1500:]}") from None
+    if keep:
+        shutil.copy(out, os.path.join(keep, f"{name}-{int(time.time())}.json"))
+    report["exit_status"] = proc.returncode
+    return report
+
+
+def row(report: dict[str, Any], case: str) -> dict[str, Any]:
+    stats, cmp_ = report["stats"], (report.get("compare") or {}).get("verbs", {})
+    out: dict[str, Any] = {
+        "failures": len(report.get("failures") or []),
+        "phases": {p["verb"]: p["calls_per_s"] for p in report.get("phases", [])},
+    }
+    for verb in ("ADD", "CHECK", "DEL"):
+        a, b = stats.get("ptp", {}).get(verb), stats.get(case, {}).get(verb)
+        if not a or not b:
+            continue
+        out[verb] = {
+            "ref_p50": a["p50"],
+            "p50": b["p50"],
+            "p90": b["p90"],
+            "cpu_p50": b["cpu_p50"],
+            "p50_ratio": cmp_.get(verb, {}).get("p50_ratio"),
+            "paired": cmp_.get(verb, {}).get("paired_median"),
+        }
+    return out
+
+
+def fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+# -- issue 21's table: every path in one command ------------------------------------------------
+
+#: (case, the path as the table names it, the targets per verb: p50 over ptp+host-local's)
+TABLE_ROWS: list[tuple[str, str, dict[str, float]]] = [
+    ("node-file", "through tabby-node, file store", {"ADD": 2.0, "CHECK": 2.0, "DEL": 1.2}),
+    ("node-etcd1", "through tabby-node, etcd 1 member", {"ADD": 2.0, "DEL": 1.3}),
+    ("node-etcd3", "through tabby-node, etcd 3 members", {"ADD": 2.3, "DEL": 1.3}),
+    ("standalone-file", "standalone, file store", {"ADD": 10.0, "CHECK": 10.0, "DEL": 10.0}),
+]
+#: Cases whose throughput is measured: 8 ADDs at a time, against ptp+host-local's rate.
+TABLE_CONCURRENT = ("node-file", "node-etcd1")
+RATE_TARGET = 0.7
+
+
+def floor_text(report: dict[str, Any]) -> str:
+    floor = report.get("client_floor") or {}
+    if floor.get("wall_ms_p50") is None:
+        return "-"
+    return f"{floor['wall_ms_p50']:.1f}/{floor['cpu_ms_p50']:.1f}"
+
+
+def table(args: argparse.Namespace) -> int:
+    """Issue 21's table: each path one interleaved run against ptp+host-local (sequential),
+    then 8 concurrent ADDs of ptp+host-local alone and of each TABLE_CONCURRENT case alone;
+    the client floor (a frozen Python process that does nothing) measured in every run."""
+    floor: str | None = None
+    if not args.no_client_floor:
+        from bench.cni.client_floor import build
+
+        floor = build()
+    print(
+        f"datastore_cni_bench --table: {args.pods} pods per config, p50 ms (x: over "
+        f"ptp+host-local's p50 in the same run; paired: median of pod-by-pod ratios); "
+        f"floor: the client floor, wall/cpu p50 ms (a frozen Python process that does "
+        f"nothing); load at the end of each run",
+        flush=True,
+    )
+    head = (
+        f"{'path':35} {'verb':5} {'ptp':>6} {'tabby':>7} {'x':>6} {'paired':>6} "
+        f"{'target':>7} {'met':>3} {'floor':>9} {'load':>5}"
+    )
+    print(head, flush=True)
+    failures = 0
+    for name, path, targets in TABLE_ROWS:
+        with case_env(name, args.tabby_node) as case:
+            report = run_case(case, args, args.keep, mode="sequential", floor=floor)
+        failures += len(report.get("failures") or [])
+        r, load = row(report, name), os.getloadavg()[0]
+        for verb in ("ADD", "CHECK", "DEL"):
+            v = r.get(verb)
+            if v is None:
+                continue
+            target = targets.get(verb)
+            ratio = v["p50_ratio"]
+            met = "-" if target is None or ratio is None else ("yes" if ratio <= target else "no")
+            print(
+                f"{path:35} {verb:5} {fmt(v['ref_p50']):>6} {fmt(v['p50']):>7} "
+                f"{fmt(ratio, 2) + 'x':>6} {fmt(v['paired'], 2):>6} "
+                f"{'<= ' + fmt(target, 1) if target else '':>7} {met:>3} "
+                f"{floor_text(report):>9} {load:5.2f}",
+                flush=True,
+            )
+    reference = run_case(None, args, args.keep, mode="concurrent", floor=floor)
+    failures += len(reference.get("failures") or [])
+    ref_rate = phase_rate(reference, "ADD")
+    print(
+        f"{'8 concurrent ADDs, ptp+host-local':35} {'ADD':5} {fmt(ref_rate, 0):>6} calls/s"
+        f"{'':25} {floor_text(reference):>9} {os.getloadavg()[0]:5.2f}",
+        flush=True,
+    )
+    for name in TABLE_CONCURRENT:
+        with case_env(name, args.tabby_node) as case:
+            report = run_case(case, args, args.keep, mode="concurrent", alone=True, floor=floor)
+        failures += len(report.get("failures") or [])
+        rate = phase_rate(report, "ADD")
+        share = rate / ref_rate if rate and ref_rate else None
+        met = "-" if share is None else ("yes" if share >= RATE_TARGET else "no")
+        print(
+            f"{'8 concurrent ADDs, ' + name:35} {'ADD':5} {fmt(rate, 0):>6} calls/s "
+            f"{fmt(share, 2) + ' of ptp':>10} {'>= ' + fmt(RATE_TARGET, 1):>7} {met:>3} "
+            f"{floor_text(report):>9} {os.getloadavg()[0]:5.2f}",
+            flush=True,
+        )
+    if failures:
+        print(f"{failures} failed call(s) or check(s): see --keep", flush=True)
+    return 1 if failures else 0
+
+
+def phase_rate(report: dict[str, Any], verb: str) -> float | None:
+    for p in report.get("phases", []):
+        if p["verb"] == verb:
+            rate: float | None = p["calls_per_s"]
+            return rate
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated of {CASES}")
+    ap.add_argument(
+        "-n", "--pods", type=int, default=None, help="measured pods per config (100; --table: 40)"
+    )
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over all cases (1)")
+    ap.add_argument("--mode", choices=("sequential", "concurrent"), default="sequential")
+    ap.add_argument("-k", type=int, default=8, help="calls in flight in concurrent mode (8)")
+    ap.add_argument("--cni-path", default="/opt/cni/bin", help="tabby's plugins")
+    ap.add_argument("--ref-cni-path", default="/usr/lib/cni", help="ptp and host-local")
+    ap.add_argument(
+        "--tabby-node", default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node"
+    )
+    ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
+    ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show cni_bench's own tables")
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="issue 21's table in one run per path: tabby-node with the file store and etcd "
+        "1 and 3 members, standalone with the file store, and 8 concurrent ADDs through "
+        "tabby-node (file, etcd) against ptp+host-local's rate; -n defaults to 40",
+    )
+    ap.add_argument(
+        "--no-client-floor",
+        action="store_true",
+        help="--table without the client floor (which bench/cni/client_floor.py builds once)",
+    )
+    record.add_argument(ap, "datastore_cni_table with --table, else datastore_cni_bench")
+    args = ap.parse_args()
+    if args.pods is None:
+        args.pods = 40 if args.table else 100
+    # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a background job);
+    # cni_bench, exec'd from here, then gets the default disposition and cleans up too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in CASES]
+    if bad or os.geteuid() != 0:
+        print(f"datastore_cni_bench: unknown case(s) {bad} or not root", file=sys.stderr)
+        return 2
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+    if args.table:
+        try:
+            return table(args)
+        except KeyboardInterrupt:
+            print("datastore_cni_bench: interrupted (everything was removed)", file=sys.stderr)
+            return 130
+    print(
+        f"datastore_cni_bench: {args.mode}{f' -k {args.k}' if args.mode == 'concurrent' else ''},"
+        f" {args.pods} pods per config, each case interleaved with ptp+host-local; "
+        f"load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    head = (
+        f"{'case':17} {'verb':5} {'ptp p50':>8} {'p50':>7} {'p90':>7} {'cpu p50':>7} "
+        f"{'p50 B/A':>7} {'paired':>6} {'calls/s':>7}   load"
+    )
+    results: list[dict[str, Any]] = []
+    try:
+        for rnd in range(args.repeat):
+            print(
+                f"-- round {rnd + 1}/{args.repeat} (ms; B/A: the case over ptp)\n{head}", flush=True
+            )
+            for name in cases:
+                with case_env(name, args.tabby_node) as case:
+                    before = etcd_requests(case)
+                    report = run_case(case, args, args.keep)
+                    after = etcd_requests(case)
+                r = row(report, name)
+                pods = args.pods + args.warmup
+                per_pod = {
+                    m: (after[m] - before.get(m, 0.0)) / pods
+                    for m in sorted(after)
+                    if after[m] - before.get(m, 0.0) > 0 and m not in ("Watch", "LeaseKeepAlive")
+                }
+                r["etcd_requests_per_pod"] = per_pod
+                load = os.getloadavg()[0]
+                results.append({"round": rnd, "case": name, "load": load, **r})
+                for verb in ("ADD", "CHECK", "DEL"):
+                    v = r.get(verb)
+                    if v is None:
+                        continue
+                    rate = r["phases"].get(verb)
+                    print(
+                        f"{name:17} {verb:5} {fmt(v['ref_p50']):>8} {fmt(v['p50']):>7} "
+                        f"{fmt(v['p90']):>7} {fmt(v['cpu_p50']):>7} {fmt(v['p50_ratio'], 2):>7} "
+                        f"{fmt(v['paired'], 2):>6} {fmt(rate, 0):>7}   {load:.2f}",
+                        flush=True,
+                    )
+                if per_pod:
+                    total = sum(per_pod.values())
+                    parts = ", ".join(f"{m} {v:.1f}" for m, v in per_pod.items())
+                    print(
+                        f"{name:17} etcd requests per pod (ADD+CHECK+DEL, both plugins "
+                        f"and tabby-node): {total:.1f} ({parts})",
+                        flush=True,
+                    )
+                if r["failures"]:
+                    print(f"{name:17} {r['failures']} failure(s): see --keep/-v", flush=True)
+    except KeyboardInterrupt:
+        print("datastore_cni_bench: interrupted (everything was removed)", file=sys.stderr)
+        return 130
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if any(r["failures"] for r in results) else 0
+
+
+def record_name(argv: list[str]) -> str:
+    """``--record``'s default: the table and the cases are recorded apart."""
+    return "datastore_cni_table" if "--table" in argv else "datastore_cni_bench"
+
+
+if __name__ == "__main__":
+    sys.exit(record.run(main, record_name))

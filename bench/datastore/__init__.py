@@ -1,0 +1,1 @@
+"""The datastore: etcd clients."""

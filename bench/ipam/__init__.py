@@ -1,0 +1,1 @@
+"""IPAM: the allocator on the file store and over etcd."""

@@ -1,0 +1,1 @@
+"""tabby on a real Kubernetes."""

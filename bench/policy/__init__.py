@@ -1,0 +1,1 @@
+"""NetworkPolicy: programming, per event, across a cluster, on the data path."""
