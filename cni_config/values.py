@@ -138,6 +138,17 @@ class CommonValues(Values):
 
         return socket.gethostname().lower()
 
+    def node_name_given(self) -> bool:
+        """Whether :meth:`node_name` comes from the configuration or the node-name file
+        (not the hostname fallback): a DEL can trust it names the node that ran the ADD."""
+        if self.nodename is not None:
+            return True
+        try:
+            with open(self.nodename_file, encoding="utf-8") as f:
+                return bool(f.read().strip())
+        except (OSError, UnicodeDecodeError):
+            return False
+
     def node_name_fields(self) -> tuple[str, ...]:
         """The fields :meth:`node_name` derives the name from (``cni_config.teardown``)."""
         return ("nodename",) if self.nodename is not None else ("nodename", "nodename_file")

@@ -279,12 +279,21 @@ def cmd_del(args: skel.CmdArgs, stores: Stores) -> None:
         return None
     try:
         node = read.node_name(conf)
+        given = conf.node_name_given()
     except Unknown as e:
         logger.warning("node name unknown (%s): looking for %s in every block", e, hid)
-        node = ""
+        node, given = "", False
 
     def release() -> list[Allocation]:
-        return with_ipam(stores, conf.ipam, node, lambda ipam: ipam.release_handle(hid))
+        def fn(ipam: Ipam) -> list[Allocation]:
+            got = ipam.release_handle(hid)
+            if not got and node and not given:
+                # the name is the hostname's guess (no nodename, no node-name file): the
+                # ADD may have run under another; every block is looked at
+                got = Ipam(ipam.store, "").release_handle(hid)
+            return got
+
+        return with_ipam(stores, conf.ipam, node, fn)
 
     released = _guard(release)
     if released:

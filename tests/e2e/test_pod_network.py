@@ -106,8 +106,10 @@ class Runtime:
         return out
 
     def handles(self) -> list[str]:
-        d = self.data_dir / "handles"
-        return sorted(os.listdir(d)) if d.exists() else []
+        """The attachments holding an address (the handle of each allocation)."""
+        from tests.e2e.test_ipam_binary import store_handles
+
+        return store_handles(self.data_dir)
 
     def host_veths(self) -> list[str]:
         return [n for n in self.node.links() if n.startswith("cali")]
