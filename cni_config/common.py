@@ -189,7 +189,7 @@ class Attachment(Section, AttachmentValues):
 class DatastoreSettings(Section, DatastoreValues):
     """Where tabby keeps its state (docs/cluster.md "Datastore settings")."""
 
-    datastore_type: Literal["file", "etcdv3"] = "file"
+    datastore_type: Literal["file", "etcdv3", "kubernetes"] = "file"
     data_dir: AbsPath = DEFAULT_DATA_DIR
     etcd_endpoints: Endpoints = [DEFAULT_ETCD_ENDPOINT]
     etcd_prefix: KeyPrefix = DEFAULT_ETCD_PREFIX
@@ -198,6 +198,7 @@ class DatastoreSettings(Section, DatastoreValues):
     etcd_key_file: AbsPath | None = None
     etcd_watch_transport: Literal["grpc", "gateway"] = "grpc"
     etcd_watch_endpoints: WatchEndpoints = []
+    kubeconfig: AbsPath | None = None
     lock_timeout_seconds: float = Field(default=DEFAULT_LOCK_TIMEOUT, gt=0, le=3600)
 
     @model_validator(mode="after")

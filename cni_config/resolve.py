@@ -31,6 +31,7 @@ SOURCES: dict[str, tuple[str, str]] = {
     "etcd_watch_transport": ("--etcd-watch-transport", "TABBY_ETCD_WATCH_TRANSPORT"),
     "etcd_watch_endpoints": ("--etcd-watch-endpoints", "TABBY_ETCD_WATCH_ENDPOINTS"),
     "data_dir": ("--data-dir", "TABBY_DATA_DIR"),
+    "kubeconfig": ("--kubeconfig", "KUBECONFIG"),
 }
 
 

@@ -74,6 +74,7 @@ class DatastoreValues(Values):
     etcd_key_file: str | None
     etcd_watch_transport: str
     etcd_watch_endpoints: list[str]
+    kubeconfig: str | None
     lock_timeout_seconds: float
 
     def location_fields(self) -> tuple[str, ...]:
@@ -82,6 +83,8 @@ class DatastoreValues(Values):
         from them is unknown when one of them is invalid (``cni_config.teardown``)."""
         if self.datastore_type == "file":
             return ("datastore_type", "data_dir")
+        if self.datastore_type == "kubernetes":
+            return ("datastore_type", "kubeconfig")
         return (
             "datastore_type",
             "etcd_endpoints",
@@ -95,6 +98,8 @@ class DatastoreValues(Values):
         """One line for operators: where the store is."""
         if self.datastore_type == "file":
             return f"file store {self.data_dir}"
+        if self.datastore_type == "kubernetes":
+            return f"Kubernetes API ({self.kubeconfig or 'KUBECONFIG or the service account'})"
         return f"etcd {','.join(self.etcd_endpoints)} prefix {self.etcd_prefix}"
 
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from cni_config.teardown import Teardown
     from cni_plugin.values import PluginValues
     from dataplane.model import Dataplane, SetupResult, SetupSpec
-    from datastore import Stores
     from datastore.base import Store
+    from stores import Stores
 
 logger = logging.getLogger("tabby.plugin")
 Pending = Callable[[], "dict[str, Any] | None"]
@@ -87,7 +87,7 @@ class DatastoreEndpoints:
     datastore work (the binary: a store of the call's own; tabby-node: its served one)."""
 
     def __init__(self, stores: Stores | None = None) -> None:
-        from datastore import STANDALONE
+        from stores import STANDALONE
 
         self.stores: Stores = stores if stores is not None else STANDALONE
 

@@ -1,48 +1,36 @@
-"""Stores: the contract (``base``), ``memory`` for tests, ``file`` (the default), ``etcd/``,
-``engine`` (what they share), ``cas`` (the one compare-and-swap loop every caller uses) and
-``cached`` (a store read through what a long-lived process knows).
+"""Stores of JSON documents by kind and key: the contract (``base``), ``memory`` for tests,
+``file`` (one node), ``etcd/`` (a cluster), ``engine`` (what they share), ``cas`` (the one
+compare-and-swap loop every caller uses) and ``cached`` (a store read through what a
+long-lived process knows). Standard library only.
 
-``open_store(settings)`` is the one place a store is built. This package re-exports only the
-contract and imports the implementation the settings name when it is called, so importing
+``open_generic(settings)`` builds the file or etcd store the settings name. Which store a
+configuration names, the Kubernetes one included, and how a CNI call's datastore work runs,
+is ``stores`` (a layer up: the Kubernetes store maps tabby's documents onto Kubernetes
+objects, which takes knowing them). This package re-exports only the contract, so importing
 it stays cheap (the CNI binaries import it on every call).
-
-A CNI call's datastore work runs through a ``Stores`` it is handed: ``STANDALONE`` (the
-binaries: a store of the call's own, opened and closed around each operation) or tabby-node's
-``Served`` (its long-lived store, read through its watch, for the calls whose configuration
-names the same datastore). Nothing is found through globals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
-
 from datastore.base import KINDS, Doc, Leases, Store, StoreSettings, SyncEvent
 
-if TYPE_CHECKING:
-    from datastore.cached import Counts, Known
-
 __all__ = [
+    "GENERIC_TYPES",
     "KINDS",
-    "STANDALONE",
     "Doc",
     "Leases",
-    "Served",
     "Store",
     "StoreSettings",
-    "Stores",
     "SyncEvent",
-    "open_store",
-    "opened",
+    "open_generic",
 ]
 
-T = TypeVar("T")
-
-DATASTORE_TYPES = ("file", "etcdv3")
+GENERIC_TYPES = ("file", "etcdv3")
 
 
-def open_store(settings: StoreSettings) -> Store:
-    """Build the store ``settings.datastore_type`` names (``InvalidConfig`` otherwise).
+def open_generic(settings: StoreSettings) -> Store:
+    """Build the file or etcd store ``settings.datastore_type`` names (``InvalidConfig``
+    otherwise).
 
     An etcd store connects lazily: building it does no I/O. Its node-local lock files live
     under ``settings.run_dir`` when the object has that attribute, else ``/run/tabby``.
@@ -59,76 +47,5 @@ def open_store(settings: StoreSettings) -> Store:
     from datastore.errors import InvalidConfig
 
     raise InvalidConfig(
-        "unknown datastore_type", f"{kind!r} (expected one of {', '.join(DATASTORE_TYPES)})"
+        "unknown datastore_type", f"{kind!r} (expected one of {', '.join(GENERIC_TYPES)})"
     )
-
-
-class opened:
-    """``open_store(settings)`` for one use, closed afterwards."""
-
-    def __init__(self, settings: StoreSettings) -> None:
-        self.store = open_store(settings)
-
-    def __enter__(self) -> Store:
-        return self.store
-
-    def __exit__(self, *exc: object) -> None:
-        self.store.close()
-
-
-def identity(settings: StoreSettings) -> tuple[object, ...]:
-    """What makes two settings name the same store (the lock timeout does not)."""
-    kind = settings.datastore_type
-    if kind == "file":
-        return (kind, settings.data_dir)
-    return (
-        kind,
-        tuple(settings.etcd_endpoints),
-        settings.etcd_prefix,
-        settings.etcd_ca_cert_file,
-        settings.etcd_cert_file,
-        settings.etcd_key_file,
-    )
-
-
-class Stores(Protocol):
-    """Where a CNI call's datastore work runs."""
-
-    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
-        """``fn`` on the store ``settings`` name; ``cached``: it may read through what the
-        process knows (``datastore.cached``), when it knows anything."""
-        ...
-
-
-class Standalone:
-    """A store of the call's own for each operation, closed after it (the binaries)."""
-
-    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
-        with opened(settings) as store:
-            return fn(store)
-
-
-STANDALONE = Standalone()
-
-
-class Served:
-    """tabby-node's stores for the calls it serves: its own long-lived ``store`` (read
-    through ``known``, its watch, when given) for a call whose configuration names the same
-    datastore as ``settings``; a store of the call's own otherwise."""
-
-    def __init__(self, settings: StoreSettings, store: Store, known: Known | None = None) -> None:
-        from datastore.cached import Counts
-
-        self.identity = identity(settings)
-        self.store = store
-        self.known = known
-        self.counts: Counts = Counts()
-
-    def run(self, settings: StoreSettings, fn: Callable[[Store], T], *, cached: bool = True) -> T:
-        if identity(settings) != self.identity:
-            return STANDALONE.run(settings, fn)
-        if self.known is None or not cached:
-            return fn(self.store)
-        from datastore.cached import run
-
-        return run(self.store, self.known, fn, self.counts)

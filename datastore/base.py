@@ -263,7 +263,7 @@ class StoreSettings(Protocol):
 
     @property
     def datastore_type(self) -> str:
-        """``"file"`` or ``"etcdv3"``."""
+        """``"file"``, ``"etcdv3"`` or ``"kubernetes"``."""
         ...
 
     @property
@@ -295,6 +295,12 @@ class StoreSettings(Protocol):
     @property
     def etcd_watch_endpoints(self) -> Sequence[str]:
         """Where tabby-node watches (empty: ``etcd_endpoints``)."""
+        ...
+
+    @property
+    def kubeconfig(self) -> str | None:
+        """The Kubernetes datastore's API access (None: ``$KUBECONFIG``, else the pod's
+        service account)."""
         ...
 
 

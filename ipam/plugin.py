@@ -23,10 +23,10 @@ from cni_protocol import log, skel, types
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
-from datastore import STANDALONE, Stores
 from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
 from ipam.values import IpamPluginValues, IpamValues
+from stores import STANDALONE, Stores
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ def with_ipam(
 ) -> T:
     """``fn`` on the IPAM over the configured store, as ``stores`` runs it: a store of the
     call's own, closed after it (the binary); in tabby-node its long-lived one, read through
-    its watch when ``cached`` (``datastore.Served``)."""
+    its watch when ``cached`` (``stores.Served``)."""
     return stores.run(conf, lambda store: fn(Ipam(store, node)), cached=cached)
 
 
@@ -212,7 +212,7 @@ def _pool_specs(conf: IpamValues) -> list[PoolSpec]:
 
 class IpamVerbs:
     """tabby-ipam's verbs, their datastore work run by ``stores`` (the binary: a store of the
-    call's own; tabby-node: its served store, ``datastore.Served``)."""
+    call's own; tabby-node: its served store, ``stores.Served``)."""
 
     def __init__(self, stores: Stores = STANDALONE) -> None:
         self.stores = stores

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 from datastore.base import leases
 from datastore.errors import DatastoreError, RevisionConflict
 from kube_controllers import mirror
-from kube_controllers.kubeapi import ApiError, KubeClient, KubeConfig
 from kube_controllers.leader import Elector
 from kube_controllers.options import LEASE_NAME, ControllerOptions
 from kube_controllers.reflector import Reflector
+from stores.kube.client import ApiError, KubeClient, KubeConfig
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -80,9 +80,9 @@ class Controllers:
     # -- start-up -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from datastore import open_store
         from resources.client import ResourceClient
         from resources.mirror import KUBERNETES
+        from stores import open_store
 
         self.api = api = KubeClient(KubeConfig.load(self.options.kubeconfig))
         self.store = store = open_store(self.datastore)

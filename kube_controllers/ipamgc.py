@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 from datastore.errors import DatastoreError
 from ipam.core import Ipam
 from ipam.core.model import split_handle_id
-from kube_controllers.kubeapi import ApiError, NotFound
+from stores.kube.client import ApiError, NotFound
 
 if TYPE_CHECKING:
     from bundle.types import JSON
     from datastore.base import Store
-    from kube_controllers.kubeapi import KubeClient
     from kube_controllers.reflector import Reflector
+    from stores.kube.client import KubeClient
 
 log = logging.getLogger("tabby.controllers")
 

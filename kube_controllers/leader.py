@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from bundle.types import JSON
-from kube_controllers.kubeapi import ApiError, Conflict, KubeClient, NotFound
+from stores.kube.client import ApiError, Conflict, KubeClient, NotFound
 
 log = logging.getLogger("tabby.controllers")
 

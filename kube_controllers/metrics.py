@@ -30,9 +30,9 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from kube_controllers.ipamgc import IpamGc
-    from kube_controllers.kubeapi import KubeClient
     from kube_controllers.mirror import Mirror
     from kube_controllers.reflector import Reflector
+    from stores.kube.client import KubeClient
 
 
 class Controllers(Protocol):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 from bundle.types import JSON
-from kube_controllers.kubeapi import ApiError, Gone, KubeClient
+from stores.kube.client import ApiError, Gone, KubeClient
 
 log = logging.getLogger("tabby.controllers")
 

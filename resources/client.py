@@ -42,13 +42,13 @@ from resources import mirror, wep
 from resources.errors import Conflict, InvalidDocument, NotFound, NotOwned
 from resources.meta import Resource, effective_namespace, problems, show
 from resources.names import namespaced_key, split_namespaced_key
+from resources.poolform import pool_name
 from resources.storage import (
     BY_KIND,
     RESOURCE_KINDS,
     KindInfo,
     document,
     key_of,
-    pool_name,
     resolve_kind,
     stored_data,
     stored_raw,

@@ -34,6 +34,7 @@ from resources.errors import UnknownKind
 from resources.k8s import Namespace, NetworkPolicy, Pod
 from resources.meta import Resource, problems
 from resources.names import namespaced_key
+from resources.poolform import POOL_META, POOL_OPTIONAL, pool_raw
 from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
 
 
@@ -86,53 +87,14 @@ def key_of(info: KindInfo, name: str, namespace: str | None) -> str:
 
 # -- IPPool <-> pool document -------------------------------------------------------------
 
-_POOL_OPTIONAL = {
-    # spec field -> pool document key (left out when unset)
-    "ipipMode": "ipip_mode",
-    "vxlanMode": "vxlan_mode",
-    "natOutgoing": "nat_outgoing",
-    "nodeSelector": "node_selector",
-}
-_POOL_META = {
-    "labels": "labels",
-    "annotations": "annotations",
-    "uid": "uid",
-    "creationTimestamp": "creation_timestamp",
-}
-
-
-def pool_name(data: Mapping[str, Any], cidr: str) -> str:
-    """A pool's name: its own, else one derived from its CIDR."""
-    name = data.get("name")
-    if isinstance(name, str) and name:
-        return name
-    return "ippool-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
-
-
-def _pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
-    cidr = data.get("cidr", key)
-    meta: dict[str, Any] = {"name": pool_name(data, str(cidr))}
-    for field, stored in _POOL_META.items():
-        if stored in data:
-            meta[field] = data[stored]
-    spec: dict[str, Any] = {
-        "cidr": cidr,
-        "blockSize": data.get("block_size"),
-        "disabled": data.get("disabled", False),
-    }
-    for field, stored in _POOL_OPTIONAL.items():
-        if stored in data:
-            spec[field] = data[stored]
-    return {"metadata": meta, "spec": spec}
-
 
 def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, Any]:
     data = dict(existing or {})  # keep keys the allocator (or a newer tabby) added
     spec = pool.spec
     data.update(cidr=spec.cidr, block_size=spec.blockSize, disabled=spec.disabled, name=pool.name)
-    fields = {f: getattr(spec, f) for f in _POOL_OPTIONAL}
-    fields.update({f: getattr(pool.metadata, f) for f in _POOL_META})
-    stored_names = {**_POOL_OPTIONAL, **_POOL_META}
+    fields = {f: getattr(spec, f) for f in POOL_OPTIONAL}
+    fields.update({f: getattr(pool.metadata, f) for f in POOL_META})
+    stored_names = {**POOL_OPTIONAL, **POOL_META}
     for field, value in fields.items():
         if value is None:
             data.pop(stored_names[field], None)
@@ -148,7 +110,7 @@ def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, A
     """A stored document as an applied document (``metadata`` and ``spec``, no defaults
     added, no ``apiVersion``/``kind``/``resourceVersion``): what ``apply`` merges into."""
     if info.model is IPPool:
-        return _pool_raw(data, key)
+        return pool_raw(data, key)
     return {k: v for k, v in data.items() if k in ("metadata", "spec", "status")}
 
 

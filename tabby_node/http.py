@@ -85,8 +85,8 @@ class Health:
         with self._lock:
             if time.monotonic() - self._checked < DATASTORE_CHECK_EVERY:
                 return self._datastore_problem
-            from datastore import open_store
             from ipam.core.errors import DatastoreError
+            from stores import open_store
 
             if self._store is None:
                 quick = self.datastore.model_copy(

@@ -45,9 +45,9 @@ from tabby_node.lifecycle import Retry, Shutdown, Threads
 
 if TYPE_CHECKING:
     from cni_config.common import DatastoreSettings
-    from datastore import Served
     from datastore.base import Store
     from policy.state import PolicyDataplane
+    from stores import Served
     from tabby_node.cache import Cache
     from tabby_node.facts import Facts
     from tabby_node.metrics import Metrics
@@ -178,7 +178,7 @@ def start_up(
     the served calls' store, the first snapshot, the tunnel addresses, the MTU file, the
     routing backend, the policy dataplane and the first full pass, the policy log and the
     tracer. What it started is stopped by ``shutdown``."""
-    from datastore import open_store
+    from stores import open_store
     from tabby_node import policylog, tracer
     from tabby_node.cache import Cache
     from tabby_node.facts import discover, write_file
@@ -344,7 +344,7 @@ def serve_calls(settings: DatastoreSettings, store: Store, cache: Cache) -> Serv
     configuration names the same datastore, read through what the watch and this node's
     own writes tell it (``datastore.cached``: a stale read costs a compare-and-swap retry,
     never a wrong answer)."""
-    from datastore import Served
+    from stores import Served
     from tabby_node.knowledge import Knowledge
 
     return Served(settings, store, Knowledge(cache))

@@ -49,9 +49,9 @@ from tabby_node.ipam_usage import IpamNumbers, live_nodes
 
 if TYPE_CHECKING:
     from dataplane.overlay import Changes
-    from datastore import Served
     from policy.counters import CounterKey
     from policy.state import ApplyResult, PolicyCounters
+    from stores import Served
     from tabby_node.cache import Cache
     from tabby_node.policylog import DeniedFlows
     from tabby_node.view import BgpSpeaker, CallServer

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
     from bundle.types import IPAddress
     from cni_plugin.values import PluginValues
     from cni_protocol import skel
-    from datastore import Stores
     from datastore.base import Doc
     from policy.state import PolicyDataplane
+    from stores import Stores
     from tabby_node.cache import Cache
     from tabby_node.view import DataplaneThread, PolicyHooks
 

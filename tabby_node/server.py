@@ -29,7 +29,7 @@ from cni_protocol import skel
 from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
 
 if TYPE_CHECKING:
-    from datastore import Stores
+    from stores import Stores
     from tabby_node.view import CallHooks
 
 log = logging.getLogger("tabby.node")
@@ -61,8 +61,8 @@ class InProcessIpam:
     IPAM type is exec'd as the spec says."""
 
     def __init__(self, stores: Stores | None = None) -> None:
-        from datastore import STANDALONE
         from ipam.plugin import IpamVerbs
+        from stores import STANDALONE
 
         self.verbs = IpamVerbs(stores or STANDALONE).handlers()
 

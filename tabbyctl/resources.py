@@ -35,9 +35,9 @@ def open_resource_store(obj: Ctx) -> Store:
 
     ``obj`` is the ``tabbyctl`` group's context object; today its ``settings()`` (the
     conflist named by ``--conf`` and the datastore flags, see ``tabbyctl.views``) name
-    the datastore, opened with ``datastore.open_store``.
+    the datastore, opened with ``stores.open_store``.
     """
-    from datastore import open_store
+    from stores import open_store
 
     return open_store(obj.settings().datastore)
 
@@ -416,8 +416,8 @@ def migrate(obj: Ctx, /, to: str, to_data_dir: str | None, **etcd: str | None) -
     datastore afterwards.
     """
     from cni_config.resolve import resolve_datastore
-    from datastore import open_store
     from resources.migrate import copy_store
+    from stores import open_store
 
     if to == "file" and not to_data_dir:
         raise click.UsageError("--to file needs --to-data-dir DIR")

@@ -20,9 +20,10 @@ from cni_plugin.config import PluginConf
 from cni_protocol.errors import CniError
 from dataplane.errors import DataplaneError
 from dataplane.names import DEFAULT_VETH_PREFIX
-from datastore import Store, open_store
+from datastore import Store
 from ipam import config as ipam_config
 from ipam.core import Ipam, IpOwner, split_handle_id
+from stores import open_store
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 

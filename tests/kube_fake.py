@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from bundle.types import JSON
+from stores.kube.kinds import CRDS
 
 #: collection path -> (kind, namespaced)
 COLLECTIONS = {
@@ -31,6 +32,8 @@ COLLECTIONS = {
     "/api/v1/pods": ("Pod", True),
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
+    # tabby's CustomResourceDefinitions (cluster-scoped; no schema checked here)
+    **{crd.path: (crd.kind, False) for crd in CRDS.values()},
 }
 _NAMESPACED_PATHS = {
     "pods": "/api/v1/pods",
@@ -232,6 +235,24 @@ class FakeApi:
                         self._json(409, _status(409, "AlreadyExists", api._key(obj)))
                         return
                 self._json(201, api.put(collection, obj))
+
+            def do_DELETE(self) -> None:
+                url = urllib.parse.urlsplit(self.path)
+                api.requests.append(f"DELETE {url.path}")
+                collection, namespace, name = api.route(url.path)
+                options = self._body()
+                key = f"{namespace}/{name}" if namespace else str(name)
+                with api.lock:
+                    current = api.objects[collection].get(key)
+                    if current is None:
+                        self._json(404, _status(404, "NotFound", key))
+                        return
+                    wanted = (options.get("preconditions") or {}).get("resourceVersion")
+                    if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+                        self._json(409, _status(409, "Conflict", "precondition failed"))
+                        return
+                    api.delete(collection, key)
+                self._json(200, _status(200, "Success", key))
 
             def do_PUT(self) -> None:
                 url = urllib.parse.urlsplit(self.path)

@@ -262,7 +262,7 @@ class ApiWatch:
     def __init__(
         self, lab: KubeLab, path: str, on_event: Callable[[str, Doc, float], None]
     ) -> None:
-        from kube_controllers.kubeapi import KubeClient, KubeConfig
+        from stores.kube.client import KubeClient, KubeConfig
 
         self.api = KubeClient(KubeConfig.load(str(lab.admin_kubeconfig)))
         self.path = path
@@ -276,7 +276,7 @@ class ApiWatch:
             raise LabError(f"watch {path}: no list within 30 s ({self.error})")
 
     def _loop(self) -> None:
-        from kube_controllers.kubeapi import ApiError, Gone
+        from stores.kube.client import ApiError, Gone
 
         rv = ""
         known: dict[str, Doc] = {}  # name -> the last object seen
@@ -974,7 +974,7 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
         ns = "kb-start"
         make_namespace(lab, ns)
         watch = PodWatch(lab, ns)
-        from kube_controllers.kubeapi import KubeClient, KubeConfig
+        from stores.kube.client import KubeClient, KubeConfig
 
         api = KubeClient(KubeConfig.load(str(lab.admin_kubeconfig)))
         pool = netns_pool(f"/run/netns/{lab.nodes[0].netns}")

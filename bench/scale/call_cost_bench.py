@@ -233,9 +233,9 @@ class Node:
 
     def __init__(self, name: str, url: str, served: bool) -> None:
         from cni_plugin.plugin import DatastoreEndpoints, Plugin
-        from datastore import serve
         from datastore.etcd.store import EtcdStore
         from ipam.config import parse_plugin
+        from stores import serve
         from tabby_node.cache import WATCHED_KINDS, Cache
         from tabby_node.knowledge import Knowledge
         from tabby_node.server import InProcessIpam
@@ -301,7 +301,7 @@ class Node:
         return json.loads(out) if out.strip() else None
 
     def close(self) -> None:
-        from datastore import unserve
+        from stores import unserve
 
         if self.served:
             unserve(self.settings)

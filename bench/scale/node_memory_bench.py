@@ -77,8 +77,8 @@ def generate(nodes: int, pods_per_node: int, path: Path) -> None:
 
 def _generate(nodes: int, pods_per_node: int, path: Path) -> None:
     from cni_config.common import DatastoreSettings
-    from datastore import Served
     from datastore.memory import MemoryStore
+    from stores import Served
 
     settings = DatastoreSettings(
         datastore_type="etcdv3", etcd_endpoints=[ENDPOINT], etcd_prefix=PREFIX

@@ -630,7 +630,7 @@ class SimCache(Cache):
 
 class SimNode:
     def __init__(self, hub: Hub, name: str, argv: list[str]) -> None:
-        from datastore import open_store
+        from stores import open_store
         from tabby_node import options as node_options
         from tabby_node.facts import Facts
         from tabby_node.lifecycle import Retry, Threads

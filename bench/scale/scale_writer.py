@@ -47,7 +47,7 @@ from datastore.etcd import client as etcd_client
 from datastore.etcd import store as etcd_store
 
 if TYPE_CHECKING:
-    from datastore import Stores
+    from stores import Stores
 
 NETWORK = "k8s-pod-network"
 PROBE_NAMESPACE = "bench-probe"
@@ -349,7 +349,7 @@ class Writer:
     def register(self, node: str, index: int) -> None:
         """A simulated node's registration, as tabby-node's start-up writes it."""
         from dataplane.nodeinfo import NodeAddress
-        from datastore import open_store
+        from stores import open_store
         from tabby_node import options as node_options
         from tabby_node.cache import Cache
         from tabby_node.facts import Facts

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from datastore import Store, open_store
+from datastore import Store
+from stores import open_store
 from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
 from tabbyctl.demo.proc import run as run_child
 

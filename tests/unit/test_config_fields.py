@@ -442,7 +442,7 @@ class Node:
     one its configuration does not name."""
 
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        import datastore
+        import stores as datastore
         from tabby_node.server import InProcessIpam
 
         self.data_dir = str(tmp_path / "ipam")

@@ -15,12 +15,12 @@ import pytest
 
 from datastore.memory import MemoryStore
 from kube_controllers import mirror
-from kube_controllers.kubeapi import Gone, KubeClient, KubeConfig
 from kube_controllers.leader import Elector
 from kube_controllers.reflector import Reflector
 from resources import mirror as marks
 from resources.client import ResourceClient
 from resources.errors import NotOwned
+from stores.kube.client import Gone, KubeClient, KubeConfig
 from tests.kube_fake import FakeApi, fake_api, namespace, node, pod, policy
 
 PODS = "/api/v1/pods"

@@ -33,6 +33,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "ipam.core": (2, "IPAM core"),
     "resources": (3, "resources"),
     "cni_config": (4, "configuration and policy"),
+    "stores": (4, "configuration and policy"),
     "policy": (4, "configuration and policy"),
     "bird": (5, "BIRD"),
     "ipam": (6, "CNI plugins"),
@@ -115,6 +116,11 @@ FORBIDDEN = [
             "tabby_node.client",
         )
     ),
+    # The configured store is opened on every CNI call: no pydantic (the Kubernetes
+    # store maps documents with the plain-dict forms of resources, never the models).
+    ("stores", "pydantic"),
+    ("stores", "resources.storage"),
+    ("stores", "resources.client"),
     # The Kubernetes client is tabby-kube-controllers' (and the lab's) alone.
     *(
         (other, "kubernetes")

@@ -520,8 +520,8 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_datastore_transactions_total") == 7
     assert sample(m, "tabby_datastore_retried_writes_total", outcome="unknown") == 0
     assert sample(m, "tabby_datastore_fast_path_total", outcome="cached") == 0
-    from datastore import Served
     from datastore.memory import MemoryStore
+    from stores import Served
 
     settings = type("Settings", (), {"datastore_type": "file", "data_dir": "/x"})()
     state.served = served = Served(settings, MemoryStore())  # type: ignore[arg-type]

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from datastore import open_store
 from datastore.base import KINDS, Doc, Store, SyncEvent
 from datastore.etcd.store import EtcdStore
 from datastore.file import FileStore, escape_key, unescape_name
@@ -29,6 +28,7 @@ from ipam.core.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
+from stores import open_store
 from tests.etcd_cluster import EtcdCluster
 
 from .conftest import make_store

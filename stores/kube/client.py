@@ -199,9 +199,12 @@ class KubeClient:
     """Thread-safe: each thread keeps one keep-alive connection for plain requests; each
     watch has a connection of its own, which :meth:`close` shuts down."""
 
-    def __init__(self, config: KubeConfig, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, config: KubeConfig, *, timeout: float = 10.0, agent: str = "tabby-kube-controllers"
+    ) -> None:
         self.config = config
         self.timeout = timeout
+        self.agent = agent  #: the User-Agent: the API server counts requests by it
         url = urllib.parse.urlsplit(config.server)
         self._tls = url.scheme == "https"
         self._host = url.hostname or ""
@@ -224,7 +227,7 @@ class KubeClient:
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, body: bytes | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "tabby-kube-controllers"}
+        headers = {"Accept": "application/json", "User-Agent": self.agent}
         token = self._bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -306,6 +309,18 @@ class KubeClient:
     def update(self, path: str, obj: Mapping[str, object]) -> JSON:
         """PUT: fails with Conflict when ``metadata.resourceVersion`` is not the current."""
         return self.request("PUT", path, body=obj)
+
+    def delete(self, path: str, *, resource_version: str | None = None) -> JSON:
+        """DELETE; with ``resource_version``, only while the object is at that version
+        (a precondition: Conflict otherwise)."""
+        body: dict[str, object] | None = None
+        if resource_version is not None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "preconditions": {"resourceVersion": resource_version},
+            }
+        return self.request("DELETE", path, body=body)
 
     def list(
         self, path: str, *, params: Mapping[str, object] | None = None

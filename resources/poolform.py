@@ -1,0 +1,77 @@
+"""An IPPool as the IPAM pool document stores it, and back, in plain dicts (standard library
+only: the Kubernetes datastore reads and writes pools on a CNI call's path, which must not
+import pydantic; ``resources.storage`` validates through the model on top of this).
+
+The pool document (``ipam.core.model.Pool``) holds ``cidr``, ``block_size`` and ``disabled``
+(what the allocator reads) beside the resource's other fields under their stored names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: spec field -> pool document key (left out when unset)
+POOL_OPTIONAL = {
+    "ipipMode": "ipip_mode",
+    "vxlanMode": "vxlan_mode",
+    "natOutgoing": "nat_outgoing",
+    "nodeSelector": "node_selector",
+}
+#: metadata field -> pool document key
+POOL_META = {
+    "labels": "labels",
+    "annotations": "annotations",
+    "uid": "uid",
+    "creationTimestamp": "creation_timestamp",
+}
+
+
+def pool_name(data: Mapping[str, Any], cidr: str) -> str:
+    """A pool's name: its own, else one derived from its CIDR."""
+    name = data.get("name")
+    if isinstance(name, str) and name:
+        return name
+    return "ippool-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
+
+
+def pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The pool document ``data`` (stored under ``key``, its CIDR) as the IPPool's
+    ``metadata`` and ``spec``."""
+    cidr = data.get("cidr", key)
+    meta: dict[str, Any] = {"name": pool_name(data, str(cidr))}
+    for field, stored in POOL_META.items():
+        if stored in data:
+            meta[field] = data[stored]
+    spec: dict[str, Any] = {
+        "cidr": cidr,
+        "blockSize": data.get("block_size"),
+        "disabled": data.get("disabled", False),
+    }
+    for field, stored in POOL_OPTIONAL.items():
+        if stored in data:
+            spec[field] = data[stored]
+    return {"metadata": meta, "spec": spec}
+
+
+def pool_data(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """An IPPool's ``metadata`` and ``spec`` as the pool document (the inverse of
+    ``pool_raw``): what the Kubernetes datastore hands out for an IPPool object."""
+    meta = raw.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    spec = raw.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    data: dict[str, Any] = {
+        "cidr": spec.get("cidr"),
+        "block_size": spec.get("blockSize"),
+        "disabled": bool(spec.get("disabled", False)),
+    }
+    if isinstance(meta.get("name"), str):
+        data["name"] = meta["name"]
+    for field, stored in POOL_OPTIONAL.items():
+        if spec.get(field) is not None:
+            data[stored] = spec[field]
+    for field, stored in POOL_META.items():
+        if meta.get(field) is not None:
+            data[stored] = meta[field]
+    return data

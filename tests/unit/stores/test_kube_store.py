@@ -1,0 +1,415 @@
+"""The Kubernetes datastore (``stores.kube``) against an in-memory API server
+(``tests.kube_fake``): the store protocol on the API's per-object compare-and-swap, the
+IPAM on it (one write per ADD, none to read when served), and ``sync`` (documents made of
+Kubernetes' own objects, endpoints made of the blocks, readiness made of the v1 Nodes, a
+410 Gone read again with only the differences)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datastore.base import Doc, SyncEvent
+from datastore.cached import Cached, Counts, run
+from datastore.errors import InvalidConfig, RevisionConflict, StoreUnavailable
+from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
+from stores.kube import kinds
+from stores.kube.client import KubeClient, KubeConfig
+from stores.kube.store import KubeStore
+from tests.kube_fake import FakeApi, fake_api, namespace, node, pod, policy
+
+POOL = "10.50.0.0/24"
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[FakeApi, str]]:
+    with fake_api() as made:
+        yield made
+
+
+def store_of(url: str, tmp_path: Path, timeout: float = 5.0) -> KubeStore:
+    client = KubeClient(KubeConfig(server=url), timeout=timeout, agent="tabby-test")
+    return KubeStore(client, lock_timeout=timeout, lock_dir=str(tmp_path / "locks"))
+
+
+@pytest.fixture
+def store(api: tuple[FakeApi, str], tmp_path: Path) -> Iterator[KubeStore]:
+    made = store_of(api[1], tmp_path)
+    yield made
+    made.close()
+
+
+def ready_node(name: str, labels: dict[str, str] | None = None, ready: bool = True) -> Any:
+    obj = node(name, labels)
+    obj["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return obj
+
+
+def attrs(pod_name: str, cid: str, node_name: str = "node-a") -> dict[str, Any]:
+    return {
+        "node": node_name,
+        "network": "net",
+        "container_id": cid,
+        "ifname": "eth0",
+        "pod_namespace": "shop",
+        "pod_name": pod_name,
+        "host_interface": f"cali{cid}",
+        "time": 1700000000.0,
+    }
+
+
+def request(cid: str, **kw: Any) -> AssignRequest:
+    return AssignRequest(
+        handle_id("net", cid, "eth0"), attrs(f"pod-{cid}", cid), v4_pools=[POOL], **kw
+    )
+
+
+# -- the protocol ---------------------------------------------------------------------------------
+
+
+def test_create_replace_delete_are_the_apis_compare_and_swap(store: KubeStore) -> None:
+    data = {"node": "node-a", "format": 2, "blocks": [], "borrowed": [], "cursor": {}}
+    rev = store.put("affinity", "node-a", data, None)
+    assert store.get("affinity", "node-a") == Doc(data, rev)
+    with pytest.raises(RevisionConflict):
+        store.put("affinity", "node-a", data, None)  # exists: a create that loses
+    rev2 = store.put("affinity", "node-a", {**data, "blocks": ["x"]}, rev)
+    with pytest.raises(RevisionConflict):
+        store.put("affinity", "node-a", data, rev)  # stale
+    with pytest.raises(RevisionConflict):
+        store.delete("affinity", "node-a", rev)  # stale: the precondition fails
+    store.delete("affinity", "node-a", rev2)
+    assert store.get("affinity", "node-a") is None
+    with pytest.raises(RevisionConflict):
+        store.put("affinity", "node-a", data, rev2)  # vanished
+
+
+def test_blocks_and_pools_are_keyed_by_their_cidr(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    fake, _ = api
+    Ipam(store, "").ensure_pools([PoolSpec(POOL, 28)])
+    assert store.list_keys("pool") == [POOL]
+    pools = fake.objects[kinds.CRDS["pool"].path]
+    assert list(pools) == ["ippool-10-50-0-0-24"]
+    assert pools["ippool-10-50-0-0-24"]["spec"] == {
+        "cidr": POOL,
+        "blockSize": 28,
+        "disabled": False,
+    }
+    # a pool applied with kubectl under a name of its own is found by its CIDR
+    fake.put(
+        kinds.CRDS["pool"].path,
+        {"metadata": {"name": "blue"}, "spec": {"cidr": "10.60.0.0/24", "blockSize": 26}},
+    )
+    got = store.get("pool", "10.60.0.0/24")
+    assert got is not None
+    assert got.data["name"] == "blue"
+    assert got.data["block_size"] == 26
+    (alloc,) = Ipam(store, "node-a").assign(request("c1"))
+    blocks = fake.objects[kinds.CRDS["block"].path]
+    name = kinds.block_name(str(alloc.block_cidr))
+    assert list(blocks) == [name]
+    assert blocks[name]["metadata"]["labels"] == {kinds.NODE_LABEL: "node-a"}
+    assert blocks[name]["spec"]["cidr"] == str(alloc.block_cidr)
+
+
+def test_kubernetes_own_kinds_are_read_never_written(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    fake, _ = api
+    fake.put("/api/v1/namespaces", namespace("shop", {"team": "a"}))
+    fake.put("/api/v1/pods", pod("shop", "web-0", {"app": "web"}, node="node-a", ips=("10.0.0.5",)))
+    got = store.get("pod", "shop/web-0")
+    assert got is not None
+    assert got.data["metadata"]["labels"] == {"app": "web"}
+    assert got.data["spec"]["nodeName"] == "node-a"
+    assert [k for k, _ in store.list("namespace")] == ["shop"]
+    for kind, key in (("pod", "shop/web-0"), ("namespace", "shop"), ("heartbeat", "node-a")):
+        with pytest.raises(InvalidConfig, match="Kubernetes' own"):
+            store.put(kind, key, {}, None)
+
+
+def test_node_is_tabbys_joined_with_the_v1_nodes_labels(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    fake, _ = api
+    spec = {"metadata": {"name": "node-a"}, "spec": {"backend": "vxlan"}}
+    rev = store.put("node", "node-a", spec, None)
+    got = store.get("node", "node-a")
+    assert got is not None
+    assert "labels" not in got.data["metadata"]  # no v1 Node yet
+    fake.put("/api/v1/nodes", ready_node("node-a", {"zone": "a"}))
+    got = store.get("node", "node-a")
+    assert got is not None
+    assert got.data["metadata"]["labels"] == {"zone": "a"}
+    assert got.revision > rev
+    # a write compares tabby's Node (the labels are not written: they are the v1 Node's)
+    again = store.put("node", "node-a", {**got.data, "spec": {"backend": "bird"}}, got.revision)
+    with pytest.raises(RevisionConflict):
+        store.put("node", "node-a", got.data, got.revision)
+    written = fake.objects[kinds.CRDS["node"].path]["node-a"]
+    assert written["spec"] == {"backend": "bird"}
+    assert "labels" not in written["metadata"]
+    assert again > got.revision
+
+
+def test_the_api_unreachable_is_store_unavailable_within_the_timeout(tmp_path: Path) -> None:
+    store = store_of("http://127.0.0.1:9", tmp_path, timeout=1.5)  # nothing listens
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.get("block", "10.0.0.0/26")
+    assert time.monotonic() - t0 < 3.0
+
+
+# -- IPAM on the API ------------------------------------------------------------------------------
+
+
+class Counting:
+    """What the store sends the API server, by verb."""
+
+    def __init__(self, fake: FakeApi) -> None:
+        self.fake = fake
+        self.mark = 0
+
+    def since(self) -> list[str]:
+        out = [r for r in self.fake.requests[self.mark :] if "?watch" not in r]
+        self.mark = len(self.fake.requests)
+        return out
+
+
+def test_an_add_is_one_write_and_a_served_one_reads_nothing(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    fake, _ = api
+    Ipam(store, "").ensure_pools([PoolSpec(POOL, 28)])
+    first = Ipam(store, "node-a").assign(request("c1"))[0]  # claims the block
+    count = Counting(fake)
+    count.since()
+    # standalone: the node's index and its block read, one write
+    second = Ipam(store, "node-a").assign(request("c2"))[0]
+    sent = count.since()
+    assert [r for r in sent if not r.startswith("GET")] == [
+        f"PUT /apis/tabby.io/v1/ipamblocks/{kinds.block_name(str(first.block_cidr))}"
+    ]
+    assert "LIST" not in " ".join(sent)
+    assert second.ip != first.ip
+
+    class Known:
+        """What tabby-node's watch would hold: every document as last read or written."""
+
+        def __init__(self) -> None:
+            self.docs: dict[tuple[str, str], Doc | None] = {}
+
+        def lookup(self, kind: str, key: str) -> Any:
+            from datastore.cached import UNKNOWN
+
+            return self.docs.get((kind, key), UNKNOWN)
+
+        def learn(self, kind: str, key: str, doc: Doc | None) -> None:
+            self.docs[(kind, key)] = doc
+
+        def forget(self, kind: str, key: str) -> None:
+            self.docs.pop((kind, key), None)
+
+    known = Known()
+    counts = Counts()
+    run(store, known, lambda s: Ipam(s, "node-a").assign(request("c3")), counts)  # learns
+    count.since()
+    got = run(store, known, lambda s: Ipam(s, "node-a").assign(request("c4")), counts)
+    assert count.since() == [
+        f"PUT /apis/tabby.io/v1/ipamblocks/{kinds.block_name(str(first.block_cidr))}"
+    ]
+    assert got
+    released = run(
+        store,
+        known,
+        lambda s: Ipam(s, "node-a").release_handle(handle_id("net", "c4", "eth0")),
+        counts,
+    )
+    assert released == got
+    assert [r.split()[0] for r in count.since()] == ["PUT"]
+    assert isinstance(Cached(store, known), Cached)
+
+
+def test_two_nodes_claiming_on_the_api_never_share_an_address(
+    api: tuple[FakeApi, str], tmp_path: Path
+) -> None:
+    _fake, url = api
+    seen: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    admin = store_of(url, tmp_path / "x")
+    Ipam(admin, "").ensure_pools([PoolSpec(POOL, 28)])
+
+    def node_run(name: str) -> None:
+        store = store_of(url, tmp_path / name)
+        try:
+            ipam = Ipam(store, name)
+            for i in range(40):
+                (a,) = ipam.assign(
+                    request(f"{name}-{i}")._replace(attrs=attrs(f"p{i}", f"{name}-{i}", name))
+                )
+                with lock:
+                    seen.append(str(a.ip))
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=node_run, args=(n,)) for n in ("node-a", "node-b", "node-c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len(seen) == 120
+    assert len(set(seen)) == 120
+    from ipam.core import check_consistency
+
+    try:
+        assert [p for p in check_consistency(admin) if p.severity == "error"] == []
+    finally:
+        admin.close()
+
+
+# -- sync -----------------------------------------------------------------------------------------
+
+
+class Mirror:
+    """A consumer of ``sync`` in a thread: the documents as its events make them."""
+
+    def __init__(self, store: KubeStore, kinds_: tuple[str, ...]) -> None:
+        self.state: dict[str, dict[str, Doc]] = {}
+        self.events: list[SyncEvent] = []
+        self.stop = threading.Event()
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, args=(store, kinds_), daemon=True)
+        self.thread.start()
+
+    def _run(self, store: KubeStore, kinds_: tuple[str, ...]) -> None:
+        for event in store.sync(kinds_, self.stop):
+            with self.cond:
+                self.events.append(event)
+                if event.type == "snapshot":
+                    assert event.snapshot is not None
+                    self.state = {k: dict(v) for k, v in event.snapshot.items()}
+                elif event.doc is not None:
+                    self.state.setdefault(event.kind, {})[event.key] = event.doc
+                else:
+                    self.state.get(event.kind, {}).pop(event.key, None)
+                self.cond.notify_all()
+
+    def wait(self, cond: Any, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not cond():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"never: {self.state}")
+                self.cond.wait(left)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def mirrors() -> Iterator[list[Mirror]]:
+    made: list[Mirror] = []
+    yield made
+    for m in made:
+        m.close()
+
+
+WATCHED = (
+    "pool",
+    "block",
+    "node",
+    "heartbeat",
+    "networkpolicy",
+    "namespace",
+    "pod",
+    "workloadendpoint",
+)
+
+
+def test_sync_makes_the_documents_and_yields_only_real_changes(
+    api: tuple[FakeApi, str], store: KubeStore, mirrors: list[Mirror]
+) -> None:
+    fake, _ = api
+    fake.put("/api/v1/namespaces", namespace("shop"))
+    fake.put("/api/v1/nodes", ready_node("node-a", {"zone": "a"}))
+    fake.put("/api/v1/pods", pod("shop", "pod-c1", {"app": "web"}, node="node-a"))
+    fake.put(
+        "/apis/networking.k8s.io/v1/networkpolicies",
+        policy("shop", "deny", {"podSelector": {}}),
+    )
+    store.put("node", "node-a", {"metadata": {"name": "node-a"}, "spec": {}}, None)
+    Ipam(store, "").ensure_pools([PoolSpec(POOL, 28)])
+    (a1,) = Ipam(store, "node-a").assign(request("c1"))
+    m = Mirror(store, WATCHED)
+    mirrors.append(m)
+    m.wait(lambda: bool(m.events))
+    snap = m.state
+    assert list(snap["pod"]) == ["shop/pod-c1"]
+    assert list(snap["heartbeat"]) == ["node-a"]
+    assert snap["node"]["node-a"].data["metadata"]["labels"] == {"zone": "a"}
+    (wep,) = snap["workloadendpoint"].values()
+    assert wep.data["spec"]["ipNetworks"] == [f"{a1.ip}/32"]
+    assert wep.data["spec"]["hostInterface"] == "calic1"
+    # a pod's status changing alone is no event; its labels are
+    before = len(m.events)
+    changed = pod("shop", "pod-c1", {"app": "web"}, node="node-a", ips=())
+    changed["status"]["phase"] = "Succeeded"
+    fake.put("/api/v1/pods", changed)
+    fake.put("/api/v1/pods", pod("shop", "pod-c1", {"app": "db"}, node="node-a"))
+    m.wait(lambda: m.state["pod"]["shop/pod-c1"].data["metadata"]["labels"] == {"app": "db"})
+    assert len(m.events) == before + 1
+    # an ADD is its block and its endpoint; a DEL the same
+    (a2,) = Ipam(store, "node-a").assign(request("c2"))
+    m.wait(lambda: len(m.state["workloadendpoint"]) == 2)
+    Ipam(store, "node-a").release_handle(handle_id("net", "c1", "eth0"))
+    m.wait(lambda: len(m.state["workloadendpoint"]) == 1)
+    (left,) = m.state["workloadendpoint"].values()
+    assert left.data["spec"]["ipNetworks"] == [f"{a2.ip}/32"]
+    # readiness and labels of the v1 Node
+    fake.put("/api/v1/nodes", ready_node("node-a", {"zone": "b"}))
+    m.wait(lambda: m.state["node"]["node-a"].data["metadata"]["labels"] == {"zone": "b"})
+    fake.put("/api/v1/nodes", ready_node("node-a", {"zone": "b"}, ready=False))
+    m.wait(lambda: "node-a" not in m.state["heartbeat"])
+    # what the events made is what the store lists (a made document's revision is its
+    # latest source's as of its last change: compared by content)
+    listed = {k: {key: d.data for key, d in store.list(k)} for k in WATCHED}
+    assert {k: {key: d.data for key, d in v.items()} for k, v in m.state.items()} == listed
+
+
+def test_a_gone_history_is_read_again_and_only_the_differences_yielded(
+    api: tuple[FakeApi, str],
+    store: KubeStore,
+    mirrors: list[Mirror],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stores.kube import sync
+
+    monkeypatch.setattr(sync, "RELIST_JITTER", 0.1)
+    fake, _ = api
+    fake.put("/api/v1/pods", pod("shop", "a", {"x": "1"}))
+    fake.put("/api/v1/pods", pod("shop", "b", {"x": "1"}))
+    m = Mirror(store, ("pod",))
+    mirrors.append(m)
+    m.wait(lambda: len(m.state.get("pod", {})) == 2)
+    events = len(m.events)
+    fake.compact()
+    fake.delete("/api/v1/pods", "shop/a")
+    fake.put("/api/v1/pods", pod("shop", "c", {"x": "1"}))
+    fake.compact()
+    fake.break_watches()
+    m.wait(lambda: set(m.state["pod"]) == {"shop/b", "shop/c"})
+    assert len(m.events) == events + 2  # a delete and a put: not b again
+    assert store.sync_stats["rereads"] >= 1
