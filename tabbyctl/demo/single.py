@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from bundle.types import JSON
 from datastore import Store, open_store
 from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
 from tabbyctl.demo.proc import run as run_child
@@ -35,7 +35,7 @@ class Pod:
     name: str
     netns: str
     container_id: str
-    result: dict[str, Any] | None = None
+    result: JSON | None = None
     add_ms: float = 0.0
 
     def addresses(self) -> list[str]:
@@ -69,7 +69,7 @@ class Demo:
     def network(self) -> str:
         return f"tabby-demo-{self.demo_id}"
 
-    def conflist(self) -> dict[str, Any]:
+    def conflist(self) -> JSON:
         return {
             "cniVersion": "1.1.0",
             "name": self.network,
