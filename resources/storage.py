@@ -24,10 +24,11 @@ CIDR with ``.``, ``:`` and ``/`` as ``-`` (``ippool-10-244-0-0-16``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from bundle.types import JSON
 from datastore.base import Doc
 from datastore.errors import StoreCorrupt
 from resources.errors import UnknownKind
@@ -101,7 +102,7 @@ _POOL_META = {
 }
 
 
-def pool_name(data: Mapping[str, Any], cidr: str) -> str:
+def pool_name(data: Mapping[str, object], cidr: str) -> str:
     """A pool's name: its own, else one derived from its CIDR."""
     name = data.get("name")
     if isinstance(name, str) and name:
@@ -109,13 +110,13 @@ def pool_name(data: Mapping[str, Any], cidr: str) -> str:
     return "ippool-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
 
 
-def _pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+def _pool_raw(data: JSON, key: str) -> JSON:
     cidr = data.get("cidr", key)
-    meta: dict[str, Any] = {"name": pool_name(data, str(cidr))}
+    meta: JSON = {"name": pool_name(data, str(cidr))}
     for field, stored in _POOL_META.items():
         if stored in data:
             meta[field] = data[stored]
-    spec: dict[str, Any] = {
+    spec: JSON = {
         "cidr": cidr,
         "blockSize": data.get("block_size"),
         "disabled": data.get("disabled", False),
@@ -126,7 +127,7 @@ def _pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
     return {"metadata": meta, "spec": spec}
 
 
-def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+def _pool_data(pool: IPPool, existing: JSON | None) -> JSON:
     data = dict(existing or {})  # keep keys the allocator (or a newer tabby) added
     spec = pool.spec
     data.update(cidr=spec.cidr, block_size=spec.blockSize, disabled=spec.disabled, name=pool.name)
@@ -144,7 +145,7 @@ def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, An
 # -- the mapping -----------------------------------------------------------------------------
 
 
-def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, Any]:
+def stored_raw(info: KindInfo, key: str, data: JSON) -> JSON:
     """A stored document as an applied document (``metadata`` and ``spec``, no defaults
     added, no ``apiVersion``/``kind``/``resourceVersion``): what ``apply`` merges into."""
     if info.model is IPPool:
@@ -152,9 +153,7 @@ def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, A
     return {k: v for k, v in data.items() if k in ("metadata", "spec", "status")}
 
 
-def stored_data(
-    info: KindInfo, raw: Mapping[str, Any], resource: Resource, existing: Mapping[str, Any] | None
-) -> dict[str, Any]:
+def stored_data(info: KindInfo, raw: JSON, resource: Resource, existing: JSON | None) -> JSON:
     """What to store for ``resource``, validated from the applied document ``raw``."""
     if isinstance(resource, IPPool):
         return _pool_data(resource, existing)
@@ -166,14 +165,14 @@ def stored_data(
         value = getattr(resource.metadata, field)
         if value is not None:
             meta[field] = value
-    out: dict[str, Any] = {"metadata": meta}
+    out: JSON = {"metadata": meta}
     for part in ("spec", "status"):  # status: a mirrored Pod's addresses
         if part in raw:
             out[part] = raw[part]
     return out
 
 
-def document(info: KindInfo, raw: Mapping[str, Any], revision: int | None) -> dict[str, Any]:
+def document(info: KindInfo, raw: JSON, revision: int | None) -> JSON:
     """An applied-document form with ``apiVersion``, ``kind`` and ``resourceVersion``."""
     meta = dict(raw.get("metadata") or {})
     if revision is not None:
@@ -181,7 +180,7 @@ def document(info: KindInfo, raw: Mapping[str, Any], revision: int | None) -> di
     return {"apiVersion": info.api_version, "kind": info.kind, **raw, "metadata": meta}
 
 
-def validate(info: KindInfo, doc: Mapping[str, Any]) -> Resource:
+def validate(info: KindInfo, doc: JSON) -> Resource:
     """The model of a full document (raises pydantic's ValidationError)."""
     return info.model.model_validate(dict(doc))
 
