@@ -33,7 +33,6 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from bundle.types import JSON
 from cni_config.teardown import Teardown
 from cni_config.values import Values, rebuild
 
@@ -41,6 +40,8 @@ V = TypeVar("V", bound=Values)
 
 if TYPE_CHECKING:
     from hashlib import sha256 as _sha256
+
+    from bundle.types import JSON
 else:
     try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms, measured)
         _sha256 = importlib.import_module("_sha256").sha256

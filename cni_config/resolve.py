@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from bundle.types import JSON
 from cni_config.common import DatastoreSettings, config_error, parse
 from cni_protocol.errors import CniError, Code
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 M = TypeVar("M", bound=BaseModel)
 
