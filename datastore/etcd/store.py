@@ -73,7 +73,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datastore.base import (
     IPAM_KINDS,
@@ -123,6 +123,7 @@ from datastore.etcd.client import (
 )
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from datastore.base import StoreSettings
     from datastore.etcd.grpc import GrpcWatcher
 
@@ -308,7 +309,7 @@ class EtcdStore(Engine):
         with self._stats_lock:
             self.stats[name] += 1
 
-    def _decode(self, kind: str, key: str, value: bytes) -> dict[str, Any]:
+    def _decode(self, kind: str, key: str, value: bytes) -> JSON:
         where = self.location(kind, key)
         data = loads(where, value, empty="empty value", garbage="not JSON")
         if not isinstance(data, dict):
@@ -637,7 +638,7 @@ class EtcdStore(Engine):
         return None
 
 
-def _current(responses: builtins.list[dict[str, Any]]) -> KeyValue | None:
+def _current(responses: builtins.list[JSON]) -> KeyValue | None:
     """The key value read by a failed txn's ``op_get`` branch."""
     kvs = responses[0].get("response_range", {}).get("kvs", ()) if responses else ()
     return kv_from_json(kvs[0]) if kvs else None
