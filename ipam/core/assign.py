@@ -10,9 +10,8 @@ so a release by handle finds every address of the attachment in the blocks the n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from bundle.types import IPAddress
+from bundle.types import JSON, IPAddress
 from datastore.cas import cas
 from ipam.core import affinity, legacy
 from ipam.core.block import Block
@@ -91,7 +90,7 @@ def _assign_locked(
     op: Op,
     req: AssignRequest,
     hid: str,
-    attrs: dict[str, Any],
+    attrs: JSON,
     specific: list[IPAddress],
     families: list[int],
 ) -> list[Allocation]:
@@ -144,7 +143,7 @@ def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
     return out
 
 
-def _attrs(docs: Docs, given: Mapping[str, Any] | None) -> dict[str, Any]:
+def _attrs(docs: Docs, given: Mapping[str, object] | None) -> JSON:
     attrs = dict(given or {})
     for k, v in attrs.items():
         if not isinstance(k, str) or not isinstance(v, _ATTR_TYPES):
@@ -342,7 +341,7 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
 # -- writing an allocation ------------------------------------------------------------------
 
 
-def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> Allocation:
+def _commit(docs: Docs, op: Op, hid: str, attrs: JSON, pick: Pick) -> Allocation:
     """Write the allocation at the revision the pick was read at; a lost CAS picks again
     from fresh reads."""
     tried: list[Pick] = []
