@@ -280,7 +280,9 @@ def _undo_create(docs: Docs, blk: Block, rev: int, why: str) -> None:
         log(WARNING, "block %s stays: %s", blk.cidr, e)
 
 
-def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
+def _specific_pool(docs: Docs, op: Op, ip: IPAddress) -> Pool:
+    """The pool a requested IP is in; AddressUnavailable when there is none, or it is
+    disabled, or the IP is reserved."""
     pool = docs.pool_containing(ip)
     if pool is None:
         raise AddressUnavailable("requested IP is outside every pool", str(ip))
@@ -288,6 +290,11 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
         raise AddressUnavailable("requested IP is in a disabled pool", f"{ip} in {pool.cidr}")
     if op.reserved.contains(ip):
         raise AddressUnavailable("requested IP is reserved", str(ip))
+    return pool
+
+
+def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
+    pool = _specific_pool(docs, op, ip)
     net = pool.block_network(pool.block_index(ip))
     cidr = str(net)
 
