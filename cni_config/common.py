@@ -30,7 +30,7 @@ client, never a standalone call whose configuration was validated before:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -41,6 +41,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from cni_config.values import AttachmentValues, CommonValues, DatastoreValues
 from cni_config.values import node_name_problem as node_name_problem  # (also read from here)
@@ -241,9 +242,9 @@ class CommonConf(Section, CommonValues):
     # Reserved keys the runtime owns (cni_protocol/CONFORMANCE.md GEN-10, CFG-3, CFG-5):
     # free-form, never a reason to fail a call; the conventions tabby consumes are validated
     # where they are read.
-    runtime_config: Any = Field(default=None, alias="runtimeConfig")
-    capabilities: Any = None
-    args: Any = None
+    runtime_config: object = Field(default=None, alias="runtimeConfig")
+    capabilities: object = None
+    args: object = None
 
 
 # -- parsing at the edge ------------------------------------------------------------------------
@@ -275,12 +276,12 @@ def config_error(exc: ValidationError, prefix: str = "") -> CniError:
     return problem_error(exc.errors(include_url=False)[0], prefix)
 
 
-def problem_message(error: Mapping[str, Any]) -> str:
+def problem_message(error: ErrorDetails) -> str:
     """What is wrong, in words (one of pydantic's errors)."""
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def problem_error(error: Mapping[str, Any], prefix: str = "") -> CniError:
+def problem_error(error: ErrorDetails, prefix: str = "") -> CniError:
     """The CNI error for one of pydantic's errors: code 7 for a structural problem, else 2."""
     path = prefix + _path(error["loc"])
     msg = problem_message(error)
@@ -300,7 +301,7 @@ def problem_error(error: Mapping[str, Any], prefix: str = "") -> CniError:
     return CniError(Code.UNSUPPORTED_FIELD, f"unsupported value for field {path!r}: {shown}", msg)
 
 
-def parse(model: type[M], config: Mapping[str, Any], *, prefix: str = "") -> M:
+def parse(model: type[M], config: Mapping[str, object], *, prefix: str = "") -> M:
     """Validate ``config`` with ``model``; any problem becomes one CniError (code 2 or 7)."""
     try:
         return model.model_validate(config)

@@ -30,18 +30,23 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from cni_config.teardown import Teardown
 from cni_config.values import Values, rebuild
 
 V = TypeVar("V", bound=Values)
 
-try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms, measured)
-    _sha256: Callable[..., Any] = importlib.import_module("_sha256").sha256
-except ImportError:  # pragma: no cover - another interpreter
+if TYPE_CHECKING:
     from hashlib import sha256 as _sha256
+
+    from bundle.types import JSON
+else:
+    try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms, measured)
+        _sha256 = importlib.import_module("_sha256").sha256
+    except ImportError:  # pragma: no cover - another interpreter
+        from hashlib import sha256 as _sha256
 
 CACHE_ENV = "TABBY_CONFIG_CACHE"
 DEFAULT_DIR = "/run/tabby/config-cache"
@@ -99,7 +104,7 @@ def fingerprint() -> str:
     return _fingerprint[0]
 
 
-def key(values: type[Values], config: Mapping[str, Any]) -> str | None:
+def key(values: type[Values], config: JSON) -> str | None:
     """The hash naming ``config``'s entry for ``values``; None: never kept."""
     if any(k in config for k in UNCACHED):
         return None
@@ -114,7 +119,7 @@ def key(values: type[Values], config: Mapping[str, Any]) -> str | None:
     return str(h.hexdigest())
 
 
-def lookup(values: type[V], config: Mapping[str, Any]) -> V | None:
+def lookup(values: type[V], config: JSON) -> V | None:
     """The values of ``config`` as an earlier strict validation made them, or None."""
     where = directory()
     name = key(values, config) if where else None
@@ -134,9 +139,7 @@ def lookup(values: type[V], config: Mapping[str, Any]) -> V | None:
     return rebuild(values, data)
 
 
-def strict(
-    values: type[V], config: Mapping[str, Any], validate: Callable[[Mapping[str, Any]], V]
-) -> V:
+def strict(values: type[V], config: JSON, validate: Callable[[JSON], V]) -> V:
     """``config``'s values for ADD, CHECK and STATUS: as kept, else ``validate(config)`` (the
     models: raises the CniError of the first problem), kept when it succeeds. Where pydantic
     is loaded already (tabby-node) the models validate: microseconds, no file read."""
@@ -151,8 +154,8 @@ def strict(
 
 def tolerant(
     values: type[V],
-    config: Mapping[str, Any],
-    validate: Callable[[Mapping[str, Any]], Teardown[V]],
+    config: JSON,
+    validate: Callable[[JSON], Teardown[V]],
 ) -> Teardown[V]:
     """``config``'s reading for DEL and GC (``cni_config.teardown``): a kept configuration
     was valid, so nothing is dropped from it; else ``validate(config)``, kept when it
@@ -167,13 +170,13 @@ def tolerant(
     return read
 
 
-def _keep(values: type[Values], config: Mapping[str, Any], conf: object) -> None:
+def _keep(values: type[Values], config: JSON, conf: object) -> None:
     dump = getattr(conf, "model_dump", None)
     if callable(dump):
         remember(values, config, dump())
 
 
-def remember(values: type[Values], config: Mapping[str, Any], data: Mapping[str, Any]) -> None:
+def remember(values: type[Values], config: JSON, data: JSON) -> None:
     """Keep ``data``, a strict validation's ``model_dump()`` of ``config``, for later calls.
     Best effort: a directory that cannot be written is no error."""
     where = directory()

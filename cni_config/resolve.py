@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from cni_config.common import DatastoreSettings, config_error, parse
 from cni_protocol.errors import CniError, Code
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,7 +39,7 @@ SOURCES: dict[str, tuple[str, str]] = {
 
 
 def resolve_datastore(
-    section: Mapping[str, Any] | None,
+    section: JSON | None,
     flags: Mapping[str, str | None] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> DatastoreSettings:
@@ -47,7 +50,7 @@ def resolve_datastore(
     where it came from (``--etcd-prefix``, ``TABBY_ETCD_PREFIX`` or ``ipam.etcd_prefix``).
     The CNI binaries never call this: a CNI call uses the datastore its own conflist names.
     """
-    merged: dict[str, Any] = {
+    merged: dict[str, object] = {
         k: v for k, v in (section or {}).items() if k in DatastoreSettings.model_fields
     }
     origin = {k: f"ipam.{k}" for k in merged}
@@ -63,7 +66,7 @@ def resolve_datastore(
         raise _named(e, origin) from None
 
 
-def datastore_of(config: Mapping[str, Any]) -> DatastoreSettings:
+def datastore_of(config: JSON) -> DatastoreSettings:
     """The datastore a CNI configuration names (its ``ipam`` section), validated."""
     section = config.get("ipam")
     if section is not None and not isinstance(section, Mapping):
@@ -71,7 +74,7 @@ def datastore_of(config: Mapping[str, Any]) -> DatastoreSettings:
     return parse(DatastoreSettings, section or {}, prefix="ipam.")
 
 
-def tabby_ipam_section(path: str | None) -> dict[str, Any] | None:
+def tabby_ipam_section(path: str | None) -> JSON | None:
     """The ``ipam`` section of the tabby plugin in conflist ``path`` (``--conf`` of the
     daemons); None without a path. A file without a tabby plugin is a CniError (code 7)."""
     if path is None:
@@ -112,7 +115,7 @@ def daemon_options(
     """A daemon's options model from its flags (``ns``, one per field, None when not given),
     else the environment variable ``env_names`` names, else the model's default. A bad value
     is a CniError naming where it came from (``--node-ttl`` or ``TABBY_NODE_TTL``)."""
-    given: dict[str, Any] = {}
+    given: dict[str, object] = {}
     origin: dict[str, str] = {}
     for name in model.model_fields:
         value = getattr(ns, name, None)

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cni_config.values import CommonValues, DatastoreValues
 from cni_protocol.errors import CniError, Code
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pydantic import BaseModel
+    from pydantic_core import ErrorDetails
 
     M = TypeVar("M", bound=BaseModel)
 
@@ -126,7 +128,7 @@ class Teardown(Generic[C]):
             raise Unknown(str(e)) from None
 
 
-def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]:
+def parse_for_teardown(model: type[M], config: Mapping[str, object]) -> Teardown[M]:
     """``config`` validated with ``model``, each field that cannot be honoured dropped (see the
     module's rule). A structural problem is the CniError a strict parse raises (code 7)."""
     from pydantic import ValidationError
@@ -135,7 +137,7 @@ def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]
         return Teardown(model.model_validate(config))
     except ValidationError as e:
         problems = e.errors(include_url=False)
-    raw: dict[str, Any] = copy.deepcopy(dict(config))  # only a configuration with problems
+    raw = copy.deepcopy(dict(config))  # only a configuration with problems
     dropped: list[Dropped] = []
     for _ in range(_ROUNDS):
         plans = [_plan(model, p) for p in problems]
@@ -164,7 +166,7 @@ def parse_for_teardown(model: type[M], config: Mapping[str, Any]) -> Teardown[M]
     )
 
 
-def _plan(model: type[BaseModel], problem: Mapping[str, Any]) -> list[tuple[str, ...]] | CniError:
+def _plan(model: type[BaseModel], problem: ErrorDetails) -> list[tuple[str, ...]] | CniError:
     """The fields (paths of input keys) to drop for one of pydantic's problems, or the
     CniError when the problem cannot be dropped."""
     from pydantic import BaseModel
@@ -202,7 +204,7 @@ def _plan(model: type[BaseModel], problem: Mapping[str, Any]) -> list[tuple[str,
     return error
 
 
-def _message(problem: Mapping[str, Any]) -> str:
+def _message(problem: ErrorDetails) -> str:
     from cni_config.common import problem_message
 
     return problem_message(problem)
@@ -216,9 +218,9 @@ def _field_name(model: type[BaseModel], key: str) -> str | None:
     return None
 
 
-def _pop(raw: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, object]:
+def _pop(raw: dict[str, object], path: tuple[str, ...]) -> tuple[bool, object]:
     """Remove ``path`` from the nested input; (whether it was there, its value)."""
-    node: Any = raw
+    node: object = raw
     for key in path[:-1]:
         node = node.get(key) if isinstance(node, dict) else None
     if not isinstance(node, dict) or path[-1] not in node:

@@ -21,7 +21,7 @@ in cni_protocol/CONFORMANCE.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from cni_protocol.errors import CniError, Code
 from resources.names import dns1123_subdomain
@@ -43,7 +43,7 @@ class Values:
     NESTED: ClassVar[Mapping[str, type[Values]]] = {}
 
 
-def rebuild(cls: type[V], data: Mapping[str, Any]) -> V:
+def rebuild(cls: type[V], data: Mapping[str, object]) -> V:
     """An instance of the values class ``cls`` holding ``data``: a validated model's
     ``model_dump()`` (field names, nested sections as mappings), trusted as it is."""
     obj = object.__new__(cls)
@@ -112,9 +112,9 @@ class CommonValues(Values):
     log_file_path: str
     valid_attachments: Sequence[AttachmentValues] | None
     attachments: Sequence[AttachmentValues] | None
-    runtime_config: Any
-    capabilities: Any
-    args: Any
+    runtime_config: object
+    capabilities: object
+    args: object
 
     def node_name(self) -> str:
         """``nodename`` > contents of ``nodename_file`` > hostname (docs/configuration.md
@@ -169,7 +169,7 @@ class CommonValues(Values):
                 return {(a.container_id, a.ifname) for a in given}
         return None
 
-    def runtime_value(self, capability: str) -> Any:
+    def runtime_value(self, capability: str) -> object:
         """A capability's value from runtimeConfig, only if declared (CAP-3, ADD-10).
 
         Keys are matched case-insensitively (containerd capitalises Go-style). Runtimes at

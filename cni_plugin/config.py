@@ -13,7 +13,7 @@ plugin reads of each model (fields, ``effective_mtu()``) is its plain base in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator
 
@@ -65,10 +65,10 @@ class PluginConf(CommonConf, PluginValues):
     ipam: IpamRef
 
 
-def parse_plugin(config: Mapping[str, Any]) -> PluginConf:
+def parse_plugin(config: Mapping[str, object]) -> PluginConf:
     return parse(PluginConf, config)
 
 
-def parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[PluginConf]:
+def parse_plugin_for_teardown(config: Mapping[str, object]) -> Teardown[PluginConf]:
     """For DEL and GC: each invalid field at its default (``cni_config.teardown``)."""
     return parse_for_teardown(PluginConf, config)

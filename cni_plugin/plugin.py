@@ -14,8 +14,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from bundle.types import JSON
 from bundle.types import IPAddress as Address
 from cni_protocol import invoke, log, skel, types
 from cni_protocol.errors import CniError, Code
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from stores import Stores
 
 logger = logging.getLogger("tabby.plugin")
-Pending = Callable[[], "dict[str, Any] | None"]
+Pending = Callable[[], "JSON | None"]
 
 IPV4_GATEWAY = "169.254.1.1"
 
@@ -196,13 +197,13 @@ def configuration(args: skel.CmdArgs) -> PluginValues:
     return args.parsed
 
 
-def _parse_plugin(config: Mapping[str, Any]) -> PluginValues:
+def _parse_plugin(config: Mapping[str, object]) -> PluginValues:
     from cni_plugin.config import parse_plugin
 
     return parse_plugin(config)
 
 
-def _parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[PluginValues]:
+def _parse_plugin_for_teardown(config: Mapping[str, object]) -> Teardown[PluginValues]:
     from cni_config.teardown import Teardown
     from cni_plugin.config import parse_plugin_for_teardown
 
@@ -245,7 +246,7 @@ def configure_logging(args: skel.CmdArgs) -> None:
     apply_logging(args, conf)
 
 
-def _raw_ipam_type(config: Mapping[str, Any]) -> str | None:
+def _raw_ipam_type(config: Mapping[str, object]) -> str | None:
     """``ipam.type`` as given, before validation (exec checks it is a plain name)."""
     ipam = config.get("ipam")
     value = ipam.get("type") if isinstance(ipam, dict) else None
@@ -269,7 +270,7 @@ def _mac_capability(conf: PluginValues) -> str | None:
     return mac.lower()
 
 
-def _addresses(result: Mapping[str, Any]) -> list[Address]:
+def _addresses(result: JSON) -> list[Address]:
     return [ipaddress.ip_interface(ip["address"]).ip for ip in result.get("ips", [])]
 
 
@@ -306,12 +307,12 @@ def setup_spec(
 def build_result(
     args: skel.CmdArgs,
     conf: PluginValues,
-    prev: dict[str, Any],
-    ipam_result: dict[str, Any],
+    prev: JSON,
+    ipam_result: JSON,
     addresses: list[Address],
     done: SetupResult,
     mtu: int,
-) -> dict[str, Any]:
+) -> JSON:
     """Both interfaces, the IPs on the container side, the routes actually programmed."""
     from dataplane.model import IPV6_GATEWAY, SCOPE_LINK
 
@@ -327,13 +328,13 @@ def build_result(
         ips.append({"address": f"{a}/{a.max_prefixlen}", "gateway": gw, "interface": idx})
     routes = list(prev.get("routes", []))
     for r in done.routes:
-        route: dict[str, Any] = {"dst": str(r.dst)}
+        route: dict[str, object] = {"dst": str(r.dst)}
         if r.gw is not None:
             route["gw"] = str(r.gw)
         if r.scope == SCOPE_LINK:
             route["scope"] = SCOPE_LINK
         routes.append(route)
-    out: dict[str, Any] = {**prev, "interfaces": interfaces, "ips": ips, "routes": routes}
+    out: JSON = {**prev, "interfaces": interfaces, "ips": ips, "routes": routes}
     dns = ipam_result.get("dns") or prev.get("dns")
     if dns:
         out["dns"] = dns
@@ -422,7 +423,7 @@ class Plugin:
         except CniError as e:
             logger.error("rollback: IPAM DEL failed: %s", e)
 
-    def add(self, args: skel.CmdArgs) -> dict[str, Any]:
+    def add(self, args: skel.CmdArgs) -> JSON:
         # The IPAM call starts first; this process validates its configuration and loads
         # netlink while the IPAM process runs (2 cores: about 100 ms off a standalone ADD).
         # A configuration that turns out invalid is refused after the IPAM call is rolled

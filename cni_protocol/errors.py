@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any
 
 
 class Code(enum.IntEnum):
@@ -44,8 +43,8 @@ class CniError(Exception):
         self.msg = msg
         self.details = details
 
-    def to_dict(self, cni_version: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+    def to_dict(self, cni_version: str) -> dict[str, object]:
+        out: dict[str, object] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
         if self.details:
             out["details"] = self.details
         return out

@@ -13,11 +13,14 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import log
 from .args import with_ignore_unknown
 from .errors import CniError, Code
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 
 def find_plugin(plugin_type: str, path: Sequence[str]) -> str:
@@ -57,7 +60,7 @@ class Running:
         self.binary = binary
         self.proc = proc
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self) -> JSON | None:
         assert self.proc.stdout is not None
         with self.proc.stdout:
             out = self.proc.stdout.read()
@@ -99,17 +102,15 @@ def start_plugin(
 
 def exec_plugin(
     plugin_type: str, command: str, stdin: bytes, env: Mapping[str, str], path: Sequence[str]
-) -> dict[str, Any] | None:
+) -> JSON | None:
     """Run the delegate; return its parsed stdout (None if empty) or raise its CniError."""
     return start_plugin(plugin_type, command, stdin, env, path).result()
 
 
-def parse_output(
-    plugin_type: str, command: str, returncode: int, stdout: bytes
-) -> dict[str, Any] | None:
+def parse_output(plugin_type: str, command: str, returncode: int, stdout: bytes) -> JSON | None:
     """A delegate's answer: its result, or its own CniError passed on unchanged (IPM-4)."""
     out = stdout.strip()
-    parsed: Any = None
+    parsed: object = None
     if out:
         try:
             parsed = json.loads(out)

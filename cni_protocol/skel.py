@@ -14,10 +14,13 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import version as ver
 from .errors import CniError, Code
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 log = logging.getLogger("tabby.skel")
 
@@ -66,7 +69,7 @@ class CmdArgs:
         args: str,
         path: list[str],
         stdin: bytes,
-        config: dict[str, Any],
+        config: JSON,
         cni_version: str,
         env: Mapping[str, str],
     ) -> None:
@@ -107,7 +110,7 @@ class CmdArgs:
         )
 
 
-Handler = Callable[[CmdArgs], "dict[str, Any] | None"]
+Handler = Callable[[CmdArgs], "JSON | None"]
 
 
 class Handlers:
@@ -263,11 +266,11 @@ def sniff_version(stdin: bytes) -> str:
     return v if v in ver.SUPPORTED_VERSIONS else ver.CURRENT
 
 
-def dump(obj: dict[str, Any]) -> bytes:
+def dump(obj: Mapping[str, object]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def call(handlers: Handlers, args: CmdArgs) -> dict[str, Any] | None:
+def call(handlers: Handlers, args: CmdArgs) -> JSON | None:
     """One verb on arguments already built (a delegate run in-process: ``CmdArgs.delegated``):
     its result, or its ``CniError``; anything else it raises is the internal error ``run``
     would have printed."""

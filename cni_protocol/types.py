@@ -9,7 +9,6 @@ request's version (CONFORMANCE.md "Versions", CHN-2, ADD-3).
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
 from bundle.types import JSON, IPAddress, IPInterface
 
@@ -126,7 +125,7 @@ def render(result: JSON, version: str) -> JSON:
     return out
 
 
-def prev_result(config: dict[str, Any], version: str) -> JSON | None:
+def prev_result(config: JSON, version: str) -> JSON | None:
     """The config's prevResult in canonical shape (CHN-1), or None when absent or empty."""
     raw = config.get("prevResult")
     if not raw:

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import parse_qsl
 
 log = logging.getLogger("tabby.http")
@@ -64,7 +63,7 @@ def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             log.debug("http: " + format, *args)
 
     return Handler

@@ -48,8 +48,6 @@ import sys
 # and this package must stay free to import. mypy treats any `TYPE_CHECKING` name as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from dataplane.errors import (
         CheckMismatch,
         DataplaneError,
@@ -171,7 +169,7 @@ _LAZY = {
 
 if not TYPE_CHECKING:  # hidden from mypy, so a misspelt name is still a type error
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         module = _LAZY.get(name)
         if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,11 +16,10 @@ import importlib
 import importlib.util
 import sys
 import types
-from typing import Any
 
 
 class _LazyPackage(types.ModuleType):
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
         full = f"{self.__name__}.{name}"

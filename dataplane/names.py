@@ -4,13 +4,15 @@ of a hash of the attachment) and the nftables table."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms a CNI process)
-    _sha256: Callable[..., Any] = importlib.import_module("_sha256").sha256
-except ImportError:  # pragma: no cover - another interpreter
+if TYPE_CHECKING:
     from hashlib import sha256 as _sha256
+else:
+    try:  # CPython's own SHA-256: hashlib would load OpenSSL first (3-12 ms a CNI process)
+        _sha256 = importlib.import_module("_sha256").sha256
+    except ImportError:  # pragma: no cover - another interpreter
+        from hashlib import sha256 as _sha256
 
 #: Longest interface name the kernel accepts (IFNAMSIZ - 1). Defined here, not imported
 #: from model.py, so that computing a name does not load dataclasses.

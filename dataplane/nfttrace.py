@@ -36,7 +36,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Literal
 
 from dataplane.errors import NftError
 from dataplane.names import NFT_TABLE
@@ -205,14 +205,15 @@ def _uninterrupted() -> Iterator[None]:
         yield
         return
     held: list[int] = []
-    old: dict[int, Any] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        old[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+    old = {
+        sig: signal.signal(sig, lambda signum, _frame: held.append(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    }
     try:
         yield
     finally:
-        for num, handler in old.items():
-            signal.signal(num, handler)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         for num in dict.fromkeys(held):
             signal.raise_signal(num)  # as if it came now: its own handler runs
 

@@ -7,8 +7,9 @@ its replies up to the ACK (or NLMSG_DONE for a dump). pyroute2's own ``IPRoute``
 request through an asyncio event loop and its request filters: ~0.35 ms more per request and
 ~60 ms more to import (asyncio, its socket layer), measured; an ADD makes 14 requests.
 
-pyroute2 ships no type information; everything it returns is converted here into the
-frozen dataclasses below, so ``Any`` stops at this module's border. Every failure becomes a
+pyroute2 ships no type information: its messages are seen through :class:`Message` (what
+is read of them is untyped), and everything they hold is converted here into the frozen
+dataclasses below, so the untyped values stop at this module's border. Every failure becomes a
 :class:`~dataplane.errors.NetlinkFailure` that names the operation, the namespace it ran in
 and the errno.
 
@@ -25,7 +26,8 @@ import errno as errno_mod
 import ipaddress
 import socket
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from dataplane import lazy_pyroute2
 
@@ -57,7 +59,29 @@ RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNSID, RTM_GETNSID = 88, 90
-_DECODERS: dict[int, Any] = {
+
+
+class Message(Protocol):
+    """What tabby uses of a pyroute2 netlink message (``ifinfmsg``, ``rtmsg``, ...): its
+    fields and attributes by name, its encoding. The values are what pyroute2 decoded
+    (numbers, strings, nested messages and mappings): untyped, and read only by this module
+    and :mod:`dataplane.rtnl_routing`, which convert them."""
+
+    @property
+    def data(self) -> bytes | bytearray: ...
+    def __getitem__(self, key: str) -> Any: ...
+    def __setitem__(self, key: str, value: object) -> None: ...
+    def get(self, key: str | tuple[str, ...]) -> Any: ...
+    def get_attr(self, name: str) -> Any: ...
+    def encode(self) -> object: ...
+    def decode(self) -> object: ...
+
+
+#: A netlink attribute of a request: (its name, its value as pyroute2 encodes it).
+Attr = tuple[str, object]
+Decoder = Callable[..., Message]
+
+_DECODERS: dict[int, Decoder] = {
     RTM_NEWLINK: ifinfmsg,
     RTM_NEWADDR: ifaddrmsg,
     RTM_NEWROUTE: rtmsg,
@@ -166,7 +190,7 @@ class Rtnl:
     one thread at a time."""
 
     #: Reply decoders by message type; a subclass may extend it (e.g. with neighbours).
-    _decoders: dict[int, Any] = _DECODERS
+    _decoders: dict[int, Decoder] = _DECODERS
 
     def __init__(self, sock: socket.socket, where: str) -> None:
         self.where = where
@@ -201,7 +225,7 @@ class Rtnl:
 
     # --- transport ---------------------------------------------------------------------
 
-    def _request(self, op: str, msg: Any, msg_type: int, flags: int = 0) -> list[Any]:
+    def _request(self, op: str, msg: Message, msg_type: int, flags: int = 0) -> list[Message]:
         """Send ``msg`` and return the decoded replies. Requests that change something (and
         single gets) are ACKed: the ACK ends them, a negative one raises. A dump ends with
         NLMSG_DONE; one the kernel marks interrupted (the table changed while it was read)
@@ -227,7 +251,7 @@ class Rtnl:
     def _delete(
         self,
         op: str,
-        msg: Any,
+        msg: Message,
         msg_type: int,
         absent: tuple[int, ...] = (errno_mod.ESRCH, errno_mod.ENOENT),
     ) -> bool:
@@ -241,8 +265,8 @@ class Rtnl:
             raise
         return True
 
-    def _replies(self, op: str, seq: int) -> tuple[list[Any], bool]:
-        out: list[Any] = []
+    def _replies(self, op: str, seq: int) -> tuple[list[Message], bool]:
+        out: list[Message] = []
         interrupted = False
         while True:
             data = self._sock.recv(_RECV_BUFFER)
@@ -271,7 +295,7 @@ class Rtnl:
     # --- links -------------------------------------------------------------------------
 
     @staticmethod
-    def _link(msg: Any) -> Link:
+    def _link(msg: Message) -> Link:
         kind = msg.get(("linkinfo", "kind"))
         mac = msg.get("address")
         peer = msg.get("link")
@@ -302,7 +326,7 @@ class Rtnl:
         msg["index"] = index
         return self._get_link(f"get link #{index}", msg)
 
-    def _get_link(self, what: str, msg: Any) -> Link | None:
+    def _get_link(self, what: str, msg: Message) -> Link | None:
         """The one link the request names, or None when it does not exist (ENODEV)."""
         try:
             replies = self._request(what, msg, RTM_GETLINK)
@@ -330,7 +354,7 @@ class Rtnl:
         peer_mac: str | None,
     ) -> None:
         """Create veth ``name`` here, with its peer created directly in ``peer_netns_fd``."""
-        peer: list[tuple[str, Any]] = [
+        peer: list[Attr] = [
             ("IFLA_IFNAME", peer_name),
             ("IFLA_NET_NS_FD", peer_netns_fd),
             ("IFLA_MTU", mtu),
@@ -436,15 +460,15 @@ class Rtnl:
     @staticmethod
     def _route_msg(
         dst: IPNetwork, oif: int, gw: IPAddress | None, scope: int, *, proto: int, rtype: int
-    ) -> Any:
-        msg = rtmsg()
+    ) -> Message:
+        msg: Message = rtmsg()
         msg["family"] = _family(dst.version)
         msg["dst_len"] = dst.prefixlen
         msg["table"] = RT_TABLE_MAIN
         msg["proto"] = proto
         msg["type"] = rtype
         msg["scope"] = scope if dst.version == 4 else RT_SCOPE_UNIVERSE
-        attrs: list[tuple[str, Any]] = []
+        attrs: list[Attr] = []
         if dst.prefixlen:
             attrs.append(("RTA_DST", str(dst.network_address)))
         attrs.append(("RTA_OIF", oif))

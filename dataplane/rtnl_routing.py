@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno as errno_mod
 import ipaddress
-from typing import Any, cast
+from typing import cast
 
 from dataplane import lazy_pyroute2
 
@@ -57,6 +57,8 @@ from dataplane.rtnl import (  # noqa: E402
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWROUTE,
+    Attr,
+    Message,
     Rtnl,
 )
 
@@ -72,7 +74,7 @@ IFA_F_NODAD = 0x02
 #: ifinfmsg's IFLA_INFO_DATA that each kind's ``validate`` rejects (kernel: vxlan_validate
 #: "VXLAN ID must be lower than 16777216", ipip_tunnel_validate: unknown protocol). Used by
 #: :meth:`RoutingRtnl.link_kind_supported` so that probing a kind creates nothing.
-_INVALID_DATA: dict[str, list[tuple[str, Any]]] = {
+_INVALID_DATA: dict[str, list[Attr]] = {
     "vxlan": [("IFLA_VXLAN_ID", 1 << 24)],
     "ipip": [("IFLA_IPIP_PROTO", 253)],
 }
@@ -114,7 +116,7 @@ class RoutingRtnl(Rtnl):
         return [self._link_state(m) for m in replies]
 
     @staticmethod
-    def _link_state(msg: Any) -> LinkState:
+    def _link_state(msg: Message) -> LinkState:
         link = Rtnl._link(msg)
         vxlan = None
         if link.kind == "vxlan":
@@ -133,8 +135,8 @@ class RoutingRtnl(Rtnl):
     @staticmethod
     def _vxlan_data(
         *, vni: int | None, port: int | None, local: IPAddress | None, learning: bool
-    ) -> list[tuple[str, Any]]:
-        data: list[tuple[str, Any]] = []
+    ) -> list[Attr]:
+        data: list[Attr] = []
         if vni is not None:
             data.append(("IFLA_VXLAN_ID", vni))
         if port is not None:
@@ -215,7 +217,7 @@ class RoutingRtnl(Rtnl):
     ) -> None:
         msg = ifinfmsg()
         msg["index"] = link.index
-        attrs: list[tuple[str, Any]] = []
+        attrs: list[Attr] = []
         what = []
         if mtu is not None:
             attrs.append(("IFLA_MTU", mtu))
@@ -236,7 +238,7 @@ class RoutingRtnl(Rtnl):
         own validation rejects. An unknown kind is EOPNOTSUPP ("Unknown device type")
         before any validation. Returns (supported, the kernel's answer)."""
         msg = ifinfmsg()
-        info: list[tuple[str, Any]] = [("IFLA_INFO_KIND", kind)]
+        info: list[Attr] = [("IFLA_INFO_KIND", kind)]
         invalid = _INVALID_DATA.get(kind)
         if invalid is not None:
             info.append(("IFLA_INFO_DATA", {"attrs": invalid}))
@@ -280,8 +282,8 @@ class RoutingRtnl(Rtnl):
             )
         return out
 
-    def _address_msg(self, index: int, address: IPAddress, prefixlen: int) -> Any:
-        msg = ifaddrmsg()
+    def _address_msg(self, index: int, address: IPAddress, prefixlen: int) -> Message:
+        msg: Message = ifaddrmsg()
         msg["family"] = family(address.version)
         msg["prefixlen"] = prefixlen
         msg["index"] = index
@@ -313,7 +315,7 @@ class RoutingRtnl(Rtnl):
     # --- routes ------------------------------------------------------------------------
 
     @staticmethod
-    def _kernel_route(msg: Any, version: int) -> KernelRoute:
+    def _kernel_route(msg: Message, version: int) -> KernelRoute:
         # One pass over the attributes: pyroute2's get() scans them on every call, which
         # is most of the cost of a dump of a thousand routes.
         attrs = {slot[0]: slot[1] for slot in msg["attrs"]}
@@ -406,7 +408,7 @@ class RoutingRtnl(Rtnl):
         msg["type"] = RTN_BLACKHOLE if blackhole else RTN_UNICAST
         msg["scope"] = RT_SCOPE_UNIVERSE
         msg["flags"] = RTNH_F_ONLINK if onlink else 0
-        attrs: list[tuple[str, Any]] = []
+        attrs: list[Attr] = []
         if dst.prefixlen:
             attrs.append(("RTA_DST", str(dst.network_address)))
         if oif is not None:
@@ -429,7 +431,7 @@ class RoutingRtnl(Rtnl):
         msg["proto"] = route.proto
         msg["type"] = route.type
         msg["scope"] = RT_SCOPE_NOWHERE if route.dst.version == 4 else RT_SCOPE_UNIVERSE
-        attrs: list[tuple[str, Any]] = [("RTA_PRIORITY", route.metric)]
+        attrs: list[Attr] = [("RTA_PRIORITY", route.metric)]
         if route.dst.prefixlen:
             attrs.append(("RTA_DST", str(route.dst.network_address)))
         if route.type != RTN_BLACKHOLE and not route.multipath:
@@ -452,7 +454,7 @@ class RoutingRtnl(Rtnl):
         msg["proto"] = proto
         msg["type"] = 0  # RTN_UNSPEC: any type
         msg["scope"] = RT_SCOPE_NOWHERE if dst.version == 4 else RT_SCOPE_UNIVERSE
-        attrs: list[tuple[str, Any]] = [("RTA_PRIORITY", metric)]
+        attrs: list[Attr] = [("RTA_PRIORITY", metric)]
         if dst.prefixlen:
             attrs.append(("RTA_DST", str(dst.network_address)))
         msg["attrs"] = attrs
@@ -543,7 +545,7 @@ class RoutingRtnl(Rtnl):
         msg["family"] = AF_BRIDGE
         msg["ifindex"] = entry.ifindex
         msg["flags"] = NTF_SELF
-        attrs: list[tuple[str, Any]] = [("NDA_LLADDR", entry.mac)]
+        attrs: list[Attr] = [("NDA_LLADDR", entry.mac)]
         if entry.dst is not None:
             attrs.append(("NDA_DST", str(entry.dst)))
         if entry.port is not None:

@@ -65,12 +65,14 @@ against each of them):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import threading
     from collections.abc import Iterable, Sequence
     from contextlib import AbstractContextManager
+
+    from bundle.types import JSON
 
 #: IPAM documents, resources, node liveness ("heartbeat", written with a ttl), and the
 #: requests and results of ``tabbyctl policy trace`` across nodes ("trace", with a ttl).
@@ -91,7 +93,7 @@ _KIND_SET = frozenset(KINDS)
 class Doc(NamedTuple):
     """One document as read: its data and the revision to pass back to ``put``/``delete``."""
 
-    data: dict[str, Any]
+    data: JSON
     revision: int
 
 
@@ -141,7 +143,7 @@ class Undecoded(Mapping[str, Doc]):
     __slots__ = ("_decode", "_raw")
 
     def __init__(
-        self, decode: Callable[[str, bytes], dict[str, Any]], raw: dict[str, tuple[bytes, int]]
+        self, decode: Callable[[str, bytes], JSON], raw: dict[str, tuple[bytes, int]]
     ) -> None:
         self._decode = decode  #: (key, value) -> data
         self._raw = raw  #: key -> (value, revision)
@@ -211,7 +213,7 @@ class Store(Protocol):
         self,
         kind: str,
         key: str,
-        data: dict[str, Any],
+        data: JSON,
         expected_revision: int | None,  # None: create (the document must not exist)
     ) -> int: ...
 
@@ -240,7 +242,7 @@ class Leases(Store, Protocol):
         self,
         kind: str,
         key: str,
-        data: dict[str, Any],
+        data: JSON,
         expected_revision: int | None,
         *,
         ttl: float,  # seconds the document lives unless written again or kept alive

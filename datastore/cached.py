@@ -25,7 +25,7 @@ import builtins
 import copy
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from datastore.base import Doc
 from datastore.errors import LockTimeout, RevisionConflict, StoreUnavailable
@@ -33,6 +33,7 @@ from datastore.errors import LockTimeout, RevisionConflict, StoreUnavailable
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from bundle.types import JSON
     from datastore.base import Store, SyncEvent
 
 T = TypeVar("T")
@@ -120,7 +121,7 @@ class Cached:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+    def put(self, kind: str, key: str, data: JSON, expected_revision: int | None) -> int:
         try:
             rev = self.store.put(kind, key, data, expected_revision)
         except RevisionConflict:

@@ -19,11 +19,12 @@ writer; correctness never rests on the lock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from datastore.errors import RevisionConflict
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from datastore.base import Doc, Store
 
 S = TypeVar("S")
@@ -59,7 +60,7 @@ def update(
     store: Store,
     kind: str,
     key: str,
-    change: Callable[[Doc | None], dict[str, Any] | Delete | None],
+    change: Callable[[Doc | None], JSON | Delete | None],
 ) -> int | None:
     """CAS read-modify-write of one document.
 

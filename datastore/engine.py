@@ -41,7 +41,7 @@ import json
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datastore.base import (
     Doc,
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
     from types import TracebackType
 
+    from bundle.types import JSON
     from datastore.base import Leases
 
 #: The plural of each kind: the file store's directories, the last step of etcd's prefixes.
@@ -107,7 +108,7 @@ def refused(path: str, e: OSError) -> StoreError:
 # == documents ===========================================================================
 
 
-def encode(data: dict[str, Any]) -> bytes:
+def encode(data: JSON) -> bytes:
     """A document's data as stored: compact JSON (``TypeError``/``ValueError`` for data that
     is not a JSON object: a programming error)."""
     if not isinstance(data, dict):
@@ -376,7 +377,7 @@ class Engine:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(self, kind: str, key: str, data: dict[str, Any], expected_revision: int | None) -> int:
+    def put(self, kind: str, key: str, data: JSON, expected_revision: int | None) -> int:
         check_kind(kind)
         check_key(key)
         return self._apply(Write(kind, key, encode(data), expected_revision))
@@ -385,7 +386,7 @@ class Engine:
         self,
         kind: str,
         key: str,
-        data: dict[str, Any],
+        data: JSON,
         expected_revision: int | None,
         *,
         ttl: float,

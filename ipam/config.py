@@ -114,12 +114,12 @@ class IpamPluginConf(CommonConf, IpamPluginValues):
     ipam: IpamConf = IpamConf()
 
 
-def parse_plugin(config: Mapping[str, Any]) -> IpamPluginConf:
+def parse_plugin(config: Mapping[str, object]) -> IpamPluginConf:
     """tabby-ipam's configuration; a problem is one CniError (code 2 or 7)."""
     conf = parse(IpamPluginConf, config)
     return conf
 
 
-def parse_plugin_for_teardown(config: Mapping[str, Any]) -> Teardown[IpamPluginConf]:
+def parse_plugin_for_teardown(config: Mapping[str, object]) -> Teardown[IpamPluginConf]:
     """For DEL and GC: each invalid field at its default (``cni_config.teardown``)."""
     return parse_for_teardown(IpamPluginConf, config)

@@ -13,8 +13,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from bundle.types import JSON
 from bundle.types import IPAddress as Address
 from cni_config import known
 from cni_config.teardown import TEARDOWN_VERBS, Teardown, Unknown
@@ -60,13 +61,13 @@ def teardown_configuration(args: skel.CmdArgs) -> Teardown[IpamPluginValues]:
     return args.parsed
 
 
-def _parse(config: Mapping[str, Any]) -> IpamPluginValues:
+def _parse(config: Mapping[str, object]) -> IpamPluginValues:
     from ipam.config import parse_plugin
 
     return parse_plugin(config)
 
 
-def _parse_for_teardown(config: Mapping[str, Any]) -> Teardown[IpamPluginValues]:
+def _parse_for_teardown(config: Mapping[str, object]) -> Teardown[IpamPluginValues]:
     from ipam.config import parse_plugin_for_teardown
 
     read = parse_plugin_for_teardown(config)
@@ -130,7 +131,7 @@ def requested_ips(conf: CommonValues, cni_args: dict[str, str]) -> list[Address]
     return []
 
 
-def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
+def _annotation(annotations: JSON, which: str) -> list[str] | None:
     for key in ANNOTATION_KEYS[which]:
         if key in annotations:
             raw = annotations[key]
@@ -148,12 +149,12 @@ def _annotation(annotations: dict[str, Any], which: str) -> list[str] | None:
     return None
 
 
-def pod_annotations(conf: CommonValues) -> dict[str, Any]:
+def pod_annotations(conf: CommonValues) -> JSON:
     value = conf.runtime_value(ANNOTATIONS_CAP)
     return value if isinstance(value, dict) else {}
 
 
-def _annotation_pools(annotations: dict[str, Any], which: str, family: int) -> list[str] | None:
+def _annotation_pools(annotations: JSON, which: str, family: int) -> list[str] | None:
     pools = _annotation(annotations, which)
     for p in pools or []:
         try:
@@ -222,7 +223,7 @@ class IpamVerbs:
             add=self.add, delete=self.delete, check=self.check, gc=self.gc, status=self.status
         )
 
-    def add(self, args: skel.CmdArgs) -> dict[str, Any]:
+    def add(self, args: skel.CmdArgs) -> JSON:
         return cmd_add(args, self.stores)
 
     def delete(self, args: skel.CmdArgs) -> None:
@@ -238,7 +239,7 @@ class IpamVerbs:
         return cmd_status(args, self.stores)
 
 
-def cmd_add(args: skel.CmdArgs, stores: Stores) -> dict[str, Any]:
+def cmd_add(args: skel.CmdArgs, stores: Stores) -> JSON:
     conf = configuration(args)
     node = conf.node_name()
     req = build_request(args, conf, node)

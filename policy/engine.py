@@ -673,38 +673,8 @@ class _Builder:
         out: list[IRRule] = []
         for ri, rule in enumerate(pol.rules(direction)):
             comment = f"{pol.key} {direction}[{ri}]"
-            # peer matches: (family, set) pairs; [(None, None)] = any peer
-            peers: list[tuple[Family | None, str | None]] = []
-            if not rule.peers:
-                peers.append((None, None))
-            for peer in rule.peers:
-                if peer.ip_block is not None:
-                    peers.append((peer.ip_block.family, self.block_set(peer.ip_block)))
-                else:
-                    peers.extend(self.selector_sets(pol, peer).items())
-            # port matches: (protocol, ranges, named-port sets per family); [None] = any
-            ports: list[tuple[str | None, tuple[tuple[int, int], ...], str | None]] = []
-            if not rule.ports:
-                ports.append((None, (), None))
-            else:
-                whole = {p.protocol for p in rule.ports if p.port is None}
-                ranges: dict[str, list[tuple[int, int]]] = {}
-                named: set[tuple[str, str]] = set()
-                for p in rule.ports:
-                    if p.protocol in whole:
-                        continue
-                    if isinstance(p.port, int):
-                        hi = p.end_port if p.end_port is not None else p.port
-                        ranges.setdefault(p.protocol, []).append((p.port, hi))
-                    elif isinstance(p.port, str):
-                        named.add((p.protocol, p.port))
-                for proto in PROTOCOLS:
-                    if proto in whole:
-                        ports.append((proto.lower(), (), None))
-                    elif proto in ranges:
-                        ports.append((proto.lower(), _merge_ranges(ranges[proto]), None))
-                for nproto, pname in sorted(named):
-                    ports.append((nproto.lower(), (), pname))
+            peers = self._rule_peers(pol, rule)
+            ports = _rule_ports(rule)
             for fam, pset in peers:
                 for lproto, rng, portname in ports:
                     if portname is None:
@@ -714,6 +684,45 @@ class _Builder:
                         if fam is None or fam == nfam:
                             out.append(IRRule(nfam, pset, lproto, (), nset, comment))
         return PolicyChain(name, pol.key, direction, tuple(out))
+
+    def _rule_peers(self, pol: Policy, rule: Rule) -> list[tuple[Family | None, str | None]]:
+        """A rule's peer matches: (family, set) pairs; [(None, None)] = any peer."""
+        peers: list[tuple[Family | None, str | None]] = []
+        if not rule.peers:
+            peers.append((None, None))
+        for peer in rule.peers:
+            if peer.ip_block is not None:
+                peers.append((peer.ip_block.family, self.block_set(peer.ip_block)))
+            else:
+                peers.extend(self.selector_sets(pol, peer).items())
+        return peers
+
+
+def _rule_ports(rule: Rule) -> list[tuple[str | None, tuple[tuple[int, int], ...], str | None]]:
+    """A rule's port matches: (protocol, ranges, port name); [(None, (), None)] = any port.
+    A protocol allowed whole takes no ranges; ranges of one protocol are merged."""
+    if not rule.ports:
+        return [(None, (), None)]
+    ports: list[tuple[str | None, tuple[tuple[int, int], ...], str | None]] = []
+    whole = {p.protocol for p in rule.ports if p.port is None}
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    named: set[tuple[str, str]] = set()
+    for p in rule.ports:
+        if p.protocol in whole:
+            continue
+        if isinstance(p.port, int):
+            hi = p.end_port if p.end_port is not None else p.port
+            ranges.setdefault(p.protocol, []).append((p.port, hi))
+        elif isinstance(p.port, str):
+            named.add((p.protocol, p.port))
+    for proto in PROTOCOLS:
+        if proto in whole:
+            ports.append((proto.lower(), (), None))
+        elif proto in ranges:
+            ports.append((proto.lower(), _merge_ranges(ranges[proto]), None))
+    for nproto, pname in sorted(named):
+        ports.append((nproto.lower(), (), pname))
+    return ports
 
 
 def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6)) -> DesiredState:

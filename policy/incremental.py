@@ -568,26 +568,7 @@ class IncrementalPolicy:
             del self._endpoints[key]
         # 1. its elements in the sets that exist now
         if old is None or new is None or not old.same_for_sets(new):
-            gids = set(self._groups_nssel)
-            for m in (old, new):
-                if m is None:
-                    continue
-                gids.update(self._groups_by_scope.get(m.ns, ()))
-                for cp in m.ports:
-                    gid = self._groups_by_port.get(cp.name)
-                    if gid is not None:
-                        gids.add(gid)
-            for gid in gids:
-                g = self._groups[gid]
-                for fam, name in g.names.items():
-                    was = self._contribution(g, old, fam)
-                    now = self._contribution(g, new, fam)
-                    if was == now:
-                        continue
-                    for e in was - now:
-                        self._dec(name, e)
-                    for e in now - was:
-                        self._inc(name, e)
+            self._move_elements(old, new)
         # 2. local: which policies select it, their chains (and new sets, filled by scanning
         #    the indexes, which already hold ``new``), the programs of its interfaces
         counts: dict[_Key, int] = {}
@@ -597,14 +578,7 @@ class IncrementalPolicy:
                 counts[pk] = counts.get(pk, 0) - 1
             ifaces.add(old.ep.interface)
         if new is not None and new.local:
-            if old is not None and old.local and (old.ns, old.items) == (new.ns, new.items):
-                new.selected = set(old.policies())
-            else:
-                new.selected = {
-                    pk
-                    for pk, p in self._policies_by_ns.get(new.ns, {}).items()
-                    if p.pod_selector.matches(new.labels, new.items)
-                }
+            self._select(old, new)
             for pk in new.policies():
                 counts[pk] = counts.get(pk, 0) + 1
             ifaces.add(new.ep.interface)
@@ -613,6 +587,43 @@ class IncrementalPolicy:
                 self._count_selected(pk, n)
         for iface in sorted(ifaces):
             self._reprogram(iface)
+
+    def _move_elements(self, old: _Member | None, new: _Member | None) -> None:
+        """An endpoint's elements out of (``old``) and into (``new``) every set that exists
+        now and may hold them: those of namespace selectors, of its namespace, of its named
+        ports."""
+        gids = set(self._groups_nssel)
+        for m in (old, new):
+            if m is None:
+                continue
+            gids.update(self._groups_by_scope.get(m.ns, ()))
+            for cp in m.ports:
+                gid = self._groups_by_port.get(cp.name)
+                if gid is not None:
+                    gids.add(gid)
+        for gid in gids:
+            g = self._groups[gid]
+            for fam, name in g.names.items():
+                was = self._contribution(g, old, fam)
+                now = self._contribution(g, new, fam)
+                if was == now:
+                    continue
+                for e in was - now:
+                    self._dec(name, e)
+                for e in now - was:
+                    self._inc(name, e)
+
+    def _select(self, old: _Member | None, new: _Member) -> None:
+        """The policies that select local endpoint ``new``: ``old``'s when its namespace and
+        labels are the same, else found again."""
+        if old is not None and old.local and (old.ns, old.items) == (new.ns, new.items):
+            new.selected = set(old.policies())
+        else:
+            new.selected = {
+                pk
+                for pk, p in self._policies_by_ns.get(new.ns, {}).items()
+                if p.pod_selector.matches(new.labels, new.items)
+            }
 
     def _contribution(self, g: _Group, m: _Member | None, fam: int) -> frozenset[Element]:
         """The elements ``m`` puts into the set of family ``fam`` of group ``g``."""

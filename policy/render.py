@@ -347,24 +347,9 @@ class Renderer:
         if old.nat.enabled != new.nat.enabled:
             return None
         t = self.t
-        out: list[str] = []
-        late: list[str] = []
-        osets, nsets = old.all_sets(), new.all_sets()
-        oel, nel = old.all_elements(), new.all_elements()
-        for name, d in sorted(nsets.items()):
-            if name in osets and (osets[name].kind, osets[name].family) != (d.kind, d.family):
-                return None
-            if name not in osets:
-                out.append(self.add_set(d))
-                out.extend(self.elements("add", name, nel[name]))
-                continue
-            if oel[name] is nel[name]:
-                continue
-            gone, came = oel[name] - nel[name], nel[name] - oel[name]
-            if gone:
-                out.extend(self.elements("delete", name, gone))
-            if came:
-                out.extend(self.elements("add", name, came))
+        out = self._set_delta(old, new)
+        if out is None:
+            return None
         ochains, nchains = old.ir.chains, new.ir.chains
         oeps, neps = old.ir.endpoints, new.ir.endpoints
         ocount = counters_of(old.ir) if self.visibility else {}
@@ -382,30 +367,69 @@ class Renderer:
                 out.append(f"flush chain {t} {name}")
                 out.extend(self.policy_chain_rules(pc))
         for iface, p in sorted(neps.items()):
-            if iface not in oeps:
+            was = oeps.get(iface)
+            if was is None:
                 out.extend(self.endpoint_rules(p))
-            elif oeps[iface] is not p and oeps[iface] != p:
-                if (oeps[iface].ingress, oeps[iface].egress, oeps[iface].endpoint) == (
-                    p.ingress,
-                    p.egress,
-                    p.endpoint,
-                ):
-                    continue  # only the addresses differ: nothing in the chains
-                out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
-                out.extend(self.endpoint_rules(p))
+            elif was is not p and was != p:
+                out.extend(self._changed_endpoint(iface, was, p))
         out.extend(self.map_elements("add", neps.keys() - oeps.keys()))
-        removed = sorted(oeps.keys() - neps.keys())
-        late.extend(self.map_elements("delete", removed))
-        for iface in removed:
+        late = self._removals(
+            sorted(oeps.keys() - neps.keys()),
+            sorted(ochains.keys() - nchains.keys()),
+            sorted(old.all_sets().keys() - new.all_sets().keys()),
+        )
+        late.extend(f"delete counter {t} {name}" for name in sorted(ocount.keys() - ncount.keys()))
+        return out + late
+
+    def _set_delta(self, old: Snapshot, new: Snapshot) -> list[str] | None:
+        """The sets made and the elements changed, set by set; ``None`` when a set changed
+        its kind or family (only a full replacement can do that)."""
+        out: list[str] = []
+        osets, nsets = old.all_sets(), new.all_sets()
+        oel, nel = old.all_elements(), new.all_elements()
+        for name, d in sorted(nsets.items()):
+            if name in osets and (osets[name].kind, osets[name].family) != (d.kind, d.family):
+                return None
+            if name not in osets:
+                out.append(self.add_set(d))
+                out.extend(self.elements("add", name, nel[name]))
+                continue
+            if oel[name] is nel[name]:
+                continue
+            gone, came = oel[name] - nel[name], nel[name] - oel[name]
+            if gone:
+                out.extend(self.elements("delete", name, gone))
+            if came:
+                out.extend(self.elements("add", name, came))
+        return out
+
+    def _changed_endpoint(
+        self, iface: str, was: EndpointProgram, now: EndpointProgram
+    ) -> list[str]:
+        """An endpoint's chains written again, unless only its addresses differ (nothing
+        in the chains then)."""
+        if (was.ingress, was.egress, was.endpoint) == (now.ingress, now.egress, now.endpoint):
+            return []
+        return [
+            *(f"flush chain {self.t} {c}" for c in self.ep_chains(iface)),
+            *self.endpoint_rules(now),
+        ]
+
+    def _removals(
+        self, endpoints: Iterable[str], chains: Iterable[str], sets: Iterable[str]
+    ) -> list[str]:
+        """What goes last in a transaction: the gone endpoints out of the maps, then their
+        chains, the gone policy chains and the gone sets deleted (in this order)."""
+        t = self.t
+        endpoints = list(endpoints)
+        late = self.map_elements("delete", endpoints)
+        for iface in endpoints:
             for c in self.ep_chains(iface):
                 late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
-        for name in sorted(ochains.keys() - nchains.keys()):
+        for name in chains:
             late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
-        for name in sorted(osets.keys() - nsets.keys()):
-            late.append(f"delete set {t} {name}")
-        for name in sorted(ocount.keys() - ncount.keys()):
-            late.append(f"delete counter {t} {name}")
-        return out + late
+        late.extend(f"delete set {t} {name}" for name in sets)
+        return late
 
     def incremental(self, d: Delta) -> list[str] | None:
         """Commands for a :class:`~policy.incremental.Delta`: what :meth:`delta` sends for
@@ -413,6 +437,39 @@ class Renderer:
         (no IR is diffed). ``None`` when only a full replacement can do it (NAT switched
         on or off)."""
         t = self.t
+        by_set = self._set_commands(d)
+        if by_set is None:
+            return None
+        out = [line for name in sorted(by_set) for line in by_set[name]]
+        if self.visibility:
+            came = dict(chain_counter(c) for c in d.new_chains.values())
+            for p in d.new_endpoints.values():
+                came.update(endpoint_counters(p))
+            out.extend(self.add_counter(name, came[name]) for name in sorted(came))
+        out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
+        for iface in sorted(d.new_endpoints):
+            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
+        chains = {**d.new_chains, **d.changed_chains}
+        for name in sorted(chains):
+            if name in d.changed_chains:
+                out.append(f"flush chain {t} {name}")
+            out.extend(self.policy_chain_rules(chains[name]))
+        for iface in sorted(d.new_endpoints.keys() | d.changed_endpoints.keys()):
+            if iface in d.new_endpoints:
+                out.extend(self.endpoint_rules(d.new_endpoints[iface]))
+            else:
+                out.extend(self._changed_endpoint(iface, *d.changed_endpoints[iface]))
+        out.extend(self.map_elements("add", d.new_endpoints))
+        late = self._removals(d.gone_endpoints, d.gone_chains, d.gone_sets)
+        if self.visibility:
+            gone = [f"pkt-{name}" for name in d.gone_chains]
+            gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
+            late.extend(f"delete counter {t} {name}" for name in sorted(gone))
+        return out + late
+
+    def _set_commands(self, d: Delta) -> dict[str, list[str]] | None:
+        """The commands of each set a delta makes or changes (the NAT sets too); ``None``
+        when NAT was switched on or off."""
         by_set: dict[str, list[str]] = {}
         if d.nat is not None:
             was, now = d.nat
@@ -432,46 +489,7 @@ class Renderer:
                 *self.elements("delete", name, d.removed.get(name, ())),
                 *self.elements("add", name, d.added.get(name, ())),
             ]
-        out = [line for name in sorted(by_set) for line in by_set[name]]
-        if self.visibility:
-            came = dict(chain_counter(c) for c in d.new_chains.values())
-            for p in d.new_endpoints.values():
-                came.update(endpoint_counters(p))
-            out.extend(self.add_counter(name, came[name]) for name in sorted(came))
-        out.extend(f"add chain {t} {name}" for name in sorted(d.new_chains))
-        for iface in sorted(d.new_endpoints):
-            out.extend(f"add chain {t} {c}" for c in self.ep_chains(iface))
-        chains = {**d.new_chains, **d.changed_chains}
-        for name in sorted(chains):
-            if name in d.changed_chains:
-                out.append(f"flush chain {t} {name}")
-            out.extend(self.policy_chain_rules(chains[name]))
-        for iface in sorted(d.new_endpoints.keys() | d.changed_endpoints.keys()):
-            if iface in d.new_endpoints:
-                out.extend(self.endpoint_rules(d.new_endpoints[iface]))
-                continue
-            was_p, now_p = d.changed_endpoints[iface]
-            if (was_p.ingress, was_p.egress, was_p.endpoint) == (
-                now_p.ingress,
-                now_p.egress,
-                now_p.endpoint,
-            ):
-                continue  # only the addresses differ: nothing in the chains
-            out.extend(f"flush chain {t} {c}" for c in self.ep_chains(iface))
-            out.extend(self.endpoint_rules(now_p))
-        out.extend(self.map_elements("add", d.new_endpoints))
-        late = self.map_elements("delete", d.gone_endpoints)
-        for iface in d.gone_endpoints:
-            for c in self.ep_chains(iface):
-                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
-        for name in d.gone_chains:
-            late.extend((f"flush chain {t} {name}", f"delete chain {t} {name}"))
-        late.extend(f"delete set {t} {name}" for name in d.gone_sets)
-        if self.visibility:
-            gone = [f"pkt-{name}" for name in d.gone_chains]
-            gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
-            late.extend(f"delete counter {t} {name}" for name in sorted(gone))
-        return out + late
+        return by_set
 
 
 __all__ = [

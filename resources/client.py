@@ -30,11 +30,12 @@ import copy
 import ipaddress
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
+from bundle.types import JSON
 from datastore.base import Doc, Store
 from datastore.cas import cas
 from ipam.core.block import Block
@@ -83,7 +84,7 @@ def document_label(index: int, doc: object) -> str:
     return f"document {index}"
 
 
-def merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+def merge(base: JSON, patch: JSON) -> JSON:
     """``patch`` merged into (a copy of) ``base``: maps recursively, ``None`` removes a key,
     everything else replaces."""
     out = copy.deepcopy(base)
@@ -108,10 +109,10 @@ class _Tx:
         self.store = store
         self.dry_run = dry_run  #: plans several changes, each seeing the ones before
         self.read: dict[tuple[str, str], int | None] = {}
-        self.pending: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self.pending: dict[tuple[str, str], JSON | None] = {}
         self.after: builtins.list[Callable[[], None]] = []  # run after the write, unlocked
 
-    def get(self, kind: str, key: str) -> tuple[dict[str, Any] | None, int | None]:
+    def get(self, kind: str, key: str) -> tuple[JSON | None, int | None]:
         if (kind, key) not in self.pending:
             doc = self.store.get(kind, key)
             self.read.setdefault((kind, key), None if doc is None else doc.revision)
@@ -120,8 +121,8 @@ class _Tx:
             return doc.data, self.read[(kind, key)]
         return copy.deepcopy(self.pending[(kind, key)]), self.read[(kind, key)]
 
-    def list(self, kind: str, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-        found: dict[str, dict[str, Any] | None] = {}
+    def list(self, kind: str, prefix: str = "") -> list[tuple[str, JSON]]:
+        found: dict[str, JSON | None] = {}
         for key, doc in self.store.list(kind, prefix):
             self.read.setdefault((kind, key), doc.revision)
             found[key] = doc.data
@@ -130,13 +131,13 @@ class _Tx:
                 found[key] = copy.deepcopy(data)
         return [(key, data) for key, data in sorted(found.items()) if data is not None]
 
-    def put(self, kind: str, key: str, data: dict[str, Any]) -> None:
+    def put(self, kind: str, key: str, data: JSON) -> None:
         self._hold(kind, key, data)
 
     def delete(self, kind: str, key: str) -> None:
         self._hold(kind, key, None)
 
-    def _hold(self, kind: str, key: str, data: dict[str, Any] | None) -> None:
+    def _hold(self, kind: str, key: str, data: JSON | None) -> None:
         if self.pending and (kind, key) not in self.pending and not self.dry_run:
             raise AssertionError("one document per change")  # the store has no transaction
         if (kind, key) not in self.read:
@@ -156,7 +157,7 @@ class _Tx:
 
 class _Found(NamedTuple):
     key: str
-    data: dict[str, Any]
+    data: JSON
     revision: int | None
 
 
@@ -194,7 +195,7 @@ class ResourceClient:
         name (IPPools by CIDR)."""
         info = _info(kind)
         prefix = namespaced_key(namespace, "") if namespace and info.namespaced else ""
-        pods: dict[str, dict[str, Any]] = {}
+        pods: dict[str, JSON] = {}
         if info.store_kind == wep.KIND:
             pods = {k: d.data for k, d in self.store.list(wep.POD_KIND, prefix)}
         out = []
@@ -205,9 +206,7 @@ class ResourceClient:
             out.append(to_resource(info, key, doc._replace(data=data), self._where(info, key)))
         return out
 
-    def _resource(
-        self, info: KindInfo, key: str, data: dict[str, Any], revision: int | None
-    ) -> Resource:
+    def _resource(self, info: KindInfo, key: str, data: JSON, revision: int | None) -> Resource:
         if info.store_kind == wep.KIND:
             pod, _ = _Tx(self.store).get(wep.POD_KIND, _pod_key(key, data))
             data = _with_effective_labels(data, pod)
@@ -315,7 +314,7 @@ class ResourceClient:
         return wep.timestamp(self.clock())
 
     def _check_owner(
-        self, label: str, info: KindInfo, found: _Found | None, new: Mapping[str, Any] | None
+        self, label: str, info: KindInfo, found: _Found | None, new: JSON | None
     ) -> None:
         """``resources.mirror``'s rules for a write (``new``: the document to store, None
         for a delete) of ``found``."""
@@ -474,7 +473,7 @@ def _info(kind: str | KindInfo) -> KindInfo:
     return kind if isinstance(kind, KindInfo) else resolve_kind(kind)
 
 
-def _document_kind(label: str, doc: Mapping[str, Any]) -> KindInfo:
+def _document_kind(label: str, doc: JSON) -> KindInfo:
     kind = doc.get("kind")
     if kind is None:
         raise InvalidDocument(label, [("kind", "Required value")])
@@ -515,7 +514,7 @@ def _delete_pool_now(store: Store, label: str, cidr: str) -> None:
         raise Conflict(f"{label}: {e}") from None
 
 
-def _same(info: KindInfo, stored: dict[str, Any], resource: Resource) -> bool:
+def _same(info: KindInfo, stored: JSON, resource: Resource) -> bool:
     """Whether the stored resource reads as ``resource`` (defaults applied)."""
     try:
         return validate(info, document(info, stored, None)).wire() == resource.wire()
@@ -528,14 +527,14 @@ def _missing(info: KindInfo, name: str, namespace: str | None) -> str:
     return f"{info.kind} {name!r} not found{where}"
 
 
-def _pod_key(endpoint_key: str, data: Mapping[str, Any]) -> str:
+def _pod_key(endpoint_key: str, data: JSON) -> str:
     namespace, _ = split_namespaced_key(endpoint_key)
     spec = data.get("spec")
     pod = spec.get("pod") if isinstance(spec, dict) else None
     return namespaced_key(namespace, str(pod or ""))
 
 
-def _with_effective_labels(data: dict[str, Any], pod: Mapping[str, Any] | None) -> dict[str, Any]:
+def _with_effective_labels(data: JSON, pod: JSON | None) -> JSON:
     out = dict(data)
     meta = dict(out.get("metadata") or {})
     labels = wep.effective_labels(data, pod)

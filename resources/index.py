@@ -201,7 +201,8 @@ class Documents:
 #: holds no more); ``(doc or reduced, False)`` the typed object only.
 KeepRaw = Callable[[Doc], tuple[Doc, bool]]
 #: What to hold of a parsed document whose stored form is not kept whole (``keep_raw``):
-#: the typed object made smaller (``resources.remote``), from the validated model.
+#: the typed object made smaller (``resources.remote``), from the validated model (untyped:
+#: each kind's own model, one mapping holds them all).
 Compact = Callable[[Any], object]
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from bundle.types import JSON
 from resources import names
 
 
@@ -92,7 +93,7 @@ def problems(exc: ValidationError) -> list[tuple[str, str]]:
 class StrictModel(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=False)
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> JSON:
         """The JSON form: wire names, unset optional fields left out."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -194,7 +195,7 @@ class Resource(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_namespace(cls, data: Any) -> Any:
+    def _default_namespace(cls, data: object) -> object:
         if cls.NAMESPACED and isinstance(data, dict):
             meta = data.get("metadata")
             if isinstance(meta, dict) and meta.get("namespace") is None:
@@ -240,6 +241,6 @@ class Resource(StrictModel):
     def labels(self) -> dict[str, str]:
         return dict(self.metadata.labels or {})
 
-    def wire(self) -> dict[str, Any]:
+    def wire(self) -> JSON:
         data = super().wire()
         return {"apiVersion": data.pop("apiVersion"), "kind": data.pop("kind"), **data}

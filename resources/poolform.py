@@ -9,7 +9,10 @@ The pool document (``ipam.core.model.Pool``) holds ``cidr``, ``block_size`` and 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 #: spec field -> pool document key (left out when unset)
 POOL_OPTIONAL = {
@@ -27,7 +30,7 @@ POOL_META = {
 }
 
 
-def pool_name(data: Mapping[str, Any], cidr: str) -> str:
+def pool_name(data: JSON, cidr: str) -> str:
     """A pool's name: its own, else one derived from its CIDR."""
     name = data.get("name")
     if isinstance(name, str) and name:
@@ -35,15 +38,15 @@ def pool_name(data: Mapping[str, Any], cidr: str) -> str:
     return "ippool-" + cidr.replace(".", "-").replace(":", "-").replace("/", "-")
 
 
-def pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
+def pool_raw(data: JSON, key: str) -> JSON:
     """The pool document ``data`` (stored under ``key``, its CIDR) as the IPPool's
     ``metadata`` and ``spec``."""
     cidr = data.get("cidr", key)
-    meta: dict[str, Any] = {"name": pool_name(data, str(cidr))}
+    meta: JSON = {"name": pool_name(data, str(cidr))}
     for field, stored in POOL_META.items():
         if stored in data:
             meta[field] = data[stored]
-    spec: dict[str, Any] = {
+    spec: JSON = {
         "cidr": cidr,
         "blockSize": data.get("block_size"),
         "disabled": data.get("disabled", False),
@@ -54,14 +57,14 @@ def pool_raw(data: Mapping[str, Any], key: str) -> dict[str, Any]:
     return {"metadata": meta, "spec": spec}
 
 
-def pool_data(raw: Mapping[str, Any]) -> dict[str, Any]:
+def pool_data(raw: JSON) -> JSON:
     """An IPPool's ``metadata`` and ``spec`` as the pool document (the inverse of
     ``pool_raw``): what the Kubernetes datastore hands out for an IPPool object."""
     meta = raw.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     spec = raw.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
-    data: dict[str, Any] = {
+    data: JSON = {
         "cidr": spec.get("cidr"),
         "block_size": spec.get("blockSize"),
         "disabled": bool(spec.get("disabled", False)),

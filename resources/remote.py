@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 from sys import intern
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 if TYPE_CHECKING:
     from resources.k8s import Pod, Protocol
@@ -34,7 +34,7 @@ T = TypeVar("T", bound=tuple[object, ...])
 #: One tuple for equal labels and named ports (the pods of one workload have the same): a
 #: cache, emptied when it grows past ``_SHARED_MAX`` (values that come and go: a rollout's
 #: hash). Sharing is an economy, never a meaning.
-_shared: dict[tuple[object, ...], Any] = {}
+_shared: dict[tuple[object, ...], tuple[object, ...]] = {}
 _SHARED_MAX = 50_000
 
 
@@ -44,7 +44,7 @@ def _share(made: T) -> T:
         if len(_shared) >= _SHARED_MAX:
             _shared.clear()
         shared = _shared[made] = made
-    return cast("T", shared)
+    return cast("T", shared)  # equal to ``made``: the same strings and numbers
 
 
 def _labels(labels: dict[str, str] | None) -> Labels:

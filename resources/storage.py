@@ -23,11 +23,11 @@ CIDR with ``.``, ``:`` and ``/`` as ``-`` (``ippool-10-244-0-0-16``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from bundle.types import JSON
 from datastore.base import Doc
 from datastore.errors import StoreCorrupt
 from resources.errors import UnknownKind
@@ -88,7 +88,7 @@ def key_of(info: KindInfo, name: str, namespace: str | None) -> str:
 # -- IPPool <-> pool document -------------------------------------------------------------
 
 
-def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+def _pool_data(pool: IPPool, existing: JSON | None) -> JSON:
     data = dict(existing or {})  # keep keys the allocator (or a newer tabby) added
     spec = pool.spec
     data.update(cidr=spec.cidr, block_size=spec.blockSize, disabled=spec.disabled, name=pool.name)
@@ -106,7 +106,7 @@ def _pool_data(pool: IPPool, existing: Mapping[str, Any] | None) -> dict[str, An
 # -- the mapping -----------------------------------------------------------------------------
 
 
-def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, Any]:
+def stored_raw(info: KindInfo, key: str, data: JSON) -> JSON:
     """A stored document as an applied document (``metadata`` and ``spec``, no defaults
     added, no ``apiVersion``/``kind``/``resourceVersion``): what ``apply`` merges into."""
     if info.model is IPPool:
@@ -114,9 +114,7 @@ def stored_raw(info: KindInfo, key: str, data: Mapping[str, Any]) -> dict[str, A
     return {k: v for k, v in data.items() if k in ("metadata", "spec", "status")}
 
 
-def stored_data(
-    info: KindInfo, raw: Mapping[str, Any], resource: Resource, existing: Mapping[str, Any] | None
-) -> dict[str, Any]:
+def stored_data(info: KindInfo, raw: JSON, resource: Resource, existing: JSON | None) -> JSON:
     """What to store for ``resource``, validated from the applied document ``raw``."""
     if isinstance(resource, IPPool):
         return _pool_data(resource, existing)
@@ -128,14 +126,14 @@ def stored_data(
         value = getattr(resource.metadata, field)
         if value is not None:
             meta[field] = value
-    out: dict[str, Any] = {"metadata": meta}
+    out: JSON = {"metadata": meta}
     for part in ("spec", "status"):  # status: a mirrored Pod's addresses
         if part in raw:
             out[part] = raw[part]
     return out
 
 
-def document(info: KindInfo, raw: Mapping[str, Any], revision: int | None) -> dict[str, Any]:
+def document(info: KindInfo, raw: JSON, revision: int | None) -> JSON:
     """An applied-document form with ``apiVersion``, ``kind`` and ``resourceVersion``."""
     meta = dict(raw.get("metadata") or {})
     if revision is not None:
@@ -143,7 +141,7 @@ def document(info: KindInfo, raw: Mapping[str, Any], revision: int | None) -> di
     return {"apiVersion": info.api_version, "kind": info.kind, **raw, "metadata": meta}
 
 
-def validate(info: KindInfo, doc: Mapping[str, Any]) -> Resource:
+def validate(info: KindInfo, doc: JSON) -> Resource:
     """The model of a full document (raises pydantic's ValidationError)."""
     return info.model.model_validate(dict(doc))
 

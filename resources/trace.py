@@ -22,8 +22,8 @@ import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import Any
 
+from bundle.types import JSON
 from datastore.errors import StoreCorrupt
 
 KIND = "trace"
@@ -37,7 +37,7 @@ def answer_key(trace_id: str, node: str) -> str:
     return f"{trace_id}.{node}"
 
 
-def _int(data: Mapping[str, Any], name: str, lo: int, hi: int, where: str) -> int | None:
+def _int(data: Mapping[str, object], name: str, lo: int, hi: int, where: str) -> int | None:
     value = data.get(name)
     if value is None:
         return None
@@ -46,7 +46,7 @@ def _int(data: Mapping[str, Any], name: str, lo: int, hi: int, where: str) -> in
     return value
 
 
-def _str(data: Mapping[str, Any], name: str, where: str) -> str:
+def _str(data: Mapping[str, object], name: str, where: str) -> str:
     value = data.get(name)
     if not isinstance(value, str) or not value:
         raise StoreCorrupt(where, f"malformed trace: {name}")
@@ -69,7 +69,7 @@ class TraceRequest:
     seconds: float
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any], where: str) -> TraceRequest:
+    def from_data(cls, data: Mapping[str, object], where: str) -> TraceRequest:
         trace_id, node = _str(data, "id", where), _str(data, "node", where)
         if not _ID.fullmatch(trace_id):
             raise StoreCorrupt(where, "malformed trace: id")
@@ -103,7 +103,7 @@ class TraceRequest:
             trace_id, node, family, addrs[0], addrs[1], protocol, sport, dport, icmp_id, seconds
         )
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSON:
         return dataclasses.asdict(self)
 
 
@@ -115,13 +115,13 @@ class TraceAnswer:
     id: str
     node: str
     state: str
-    decisions: tuple[Mapping[str, Any], ...] = ()
-    foreign: tuple[Mapping[str, Any], ...] = ()
+    decisions: tuple[JSON, ...] = ()
+    foreign: tuple[JSON, ...] = ()
     events: int = 0
     error: str = ""
 
     @classmethod
-    def from_data(cls, data: Mapping[str, Any], where: str) -> TraceAnswer:
+    def from_data(cls, data: Mapping[str, object], where: str) -> TraceAnswer:
         state = _str(data, "state", where)
         if state not in STATES:
             raise StoreCorrupt(where, "malformed trace answer: state")
@@ -145,14 +145,14 @@ class TraceAnswer:
             error,
         )
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSON:
         out = dataclasses.asdict(self)
         out["decisions"] = [dict(d) for d in self.decisions]
         out["foreign"] = [dict(f) for f in self.foreign]
         return out
 
 
-def parse(key: str, data: Mapping[str, Any], where: str) -> TraceRequest | TraceAnswer:
+def parse(key: str, data: Mapping[str, object], where: str) -> TraceRequest | TraceAnswer:
     """A request (key ``<id>``) or an answer (key ``<id>.<node>``)."""
     if "." in key:
         return TraceAnswer.from_data(data, where)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
+from bundle.types import JSON
 from datastore.base import Doc, Store
 from datastore.cas import DELETE, Delete, update
 from resources.names import dns1123_subdomain, namespaced_key
@@ -63,16 +63,14 @@ def endpoint_prefixes(namespace: str, pod: str, nodes: Iterable[str]) -> list[st
     return [*out, namespaced_key(namespace, HASHED_PREFIX)]
 
 
-def pod_node(pod: Mapping[str, Any] | None) -> str | None:
+def pod_node(pod: JSON | None) -> str | None:
     """The node of a stored Pod (``spec.nodeName``), None when it names none."""
     spec = (pod or {}).get("spec")
     node = spec.get("nodeName") if isinstance(spec, dict) else None
     return node if isinstance(node, str) and node else None
 
 
-def effective_labels(
-    endpoint: Mapping[str, Any] | None, pod: Mapping[str, Any] | None
-) -> dict[str, str]:
+def effective_labels(endpoint: JSON | None, pod: JSON | None) -> dict[str, str]:
     """An endpoint's labels: its Pod's when the Pod exists, else those stored on it.
 
     Both arguments are stored document data (``None``: no such document).
@@ -93,17 +91,17 @@ def endpoint_data(
     ip_networks: Sequence[str],
     labels: Mapping[str, str],
     created: str | None = None,
-) -> dict[str, Any]:
+) -> JSON:
     """The stored document of one attachment (``ip_networks``: CIDRs such as
     ``10.244.0.5/32``)."""
-    meta: dict[str, Any] = {
+    meta: JSON = {
         "name": endpoint_name(node, pod, interface),
         "namespace": namespace,
         "labels": dict(labels),
     }
     if created is not None:
         meta["creationTimestamp"] = created
-    spec: dict[str, Any] = {
+    spec: JSON = {
         "node": node,
         "pod": pod,
         "containerID": container_id,
@@ -138,7 +136,7 @@ def write_endpoint(
     pod_doc = store.get(POD_KIND, namespaced_key(namespace, pod))
     labels = effective_labels(None, pod_doc.data if pod_doc is not None else None)
 
-    def change(current: Doc | None) -> dict[str, Any] | None:
+    def change(current: Doc | None) -> JSON | None:
         created = None
         if current is not None and _spec(current.data).get("containerID") == container_id:
             created = (current.data.get("metadata") or {}).get("creationTimestamp")
@@ -172,6 +170,6 @@ def remove_endpoint(store: Store, key: str, container_id: str) -> bool:
     return removed[0]
 
 
-def _spec(data: Mapping[str, Any]) -> Mapping[str, Any]:
+def _spec(data: JSON) -> JSON:
     spec = data.get("spec")
     return spec if isinstance(spec, dict) else {}

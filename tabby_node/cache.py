@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from bundle.types import JSON
 from datastore.base import Doc, SyncEvent
 from datastore.cached import UNKNOWN, Unknown
 from resources.heartbeat import CONTROLLERS_KEY
@@ -68,7 +69,7 @@ class Cache:
         self.resyncs = 0
         self.last_error: str | None = None
         #: node -> its allocations in other nodes' reduced blocks (None: none named)
-        self._holders: dict[str | None, dict[str, Any]] = {}
+        self._holders: dict[str | None, JSON] = {}
 
     def _mine(self, doc: Doc, field: str) -> bool:
         """The document is this node's (``spec.<field>``), or whose it is cannot be told."""
@@ -137,7 +138,7 @@ class Cache:
             reduced.append(a)
         return Doc({**data, "allocations": reduced}, doc.revision), True
 
-    def _allocation(self, node: object) -> dict[str, Any]:
+    def _allocation(self, node: object) -> JSON:
         """The reduced allocation of a holder: one dict per node, shared by all of its
         allocations in other nodes' blocks (read only), or a new one for an odd value."""
         if node is not None and not isinstance(node, str):

@@ -26,7 +26,9 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from bundle.types import JSON
 
 if TYPE_CHECKING:
     from daemon.http import Route
@@ -59,7 +61,7 @@ class DeniedFlow:
     policies: tuple[str, ...]
     verdict: str = "deny"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "seq": self.seq,
             "time": iso_time(self.time),
@@ -98,15 +100,40 @@ class DeniedFlows:
         with self._cond:
             return len(self._ring)
 
-    def add(self, **fields: Any) -> DeniedFlow:
+    def add(
+        self,
+        *,
+        time: float,
+        src: str,
+        dst: str,
+        src_pod: str | None,
+        dst_pod: str | None,
+        protocol: str,
+        dport: int | None,
+        direction: str,
+        policies: tuple[str, ...],
+    ) -> DeniedFlow:
+        """Number a denied flow (this node's) and keep it, the oldest one going."""
         with self._cond:
             self.last_seq += 1
-            flow = DeniedFlow(seq=self.last_seq, node=self.node, **fields)
+            flow = DeniedFlow(
+                self.last_seq,
+                time,
+                self.node,
+                src,
+                dst,
+                src_pod,
+                dst_pod,
+                protocol,
+                dport,
+                direction,
+                policies,
+            )
             self._ring.append(flow)
             self._cond.notify_all()
         return flow
 
-    def since(self, seq: int, wait: float = 0.0) -> dict[str, Any]:
+    def since(self, seq: int, wait: float = 0.0) -> JSON:
         """The answer to ``GET /policy/log?since=seq&wait=wait``."""
         deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT)
         with self._cond:

@@ -7,9 +7,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from bundle.types import JSON
 from cni_protocol.errors import CniError, Code
 from datastore.base import Doc, Store
 from ipam.core.errors import DatastoreError, RevisionConflict
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tabby.node")
 
 
-def node_spec(facts: Facts, backend: str, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+def node_spec(facts: Facts, backend: str, existing: JSON | None) -> JSON:
     """The Node document: the operator's fields (labels, BGP AS, route reflector id)
     kept, tabby-node's own fields set from what it found."""
-    data: dict[str, Any] = json.loads(json.dumps(existing or {}))
+    data: JSON = json.loads(json.dumps(existing or {}))
     meta = data.setdefault("metadata", {})
     meta["name"] = facts.name
     meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -40,16 +41,14 @@ def node_spec(facts: Facts, backend: str, existing: Mapping[str, Any] | None) ->
     return data
 
 
-def cas(
-    store: Store, kind: str, key: str, change: Callable[[Mapping[str, Any] | None], dict[str, Any]]
-) -> Doc:
+def cas(store: Store, kind: str, key: str, change: Callable[[JSON | None], JSON]) -> Doc:
     """The one compare-and-swap (``datastore.cas.update``) over ``change(data)``;
     returns what the document holds afterwards."""
     from datastore.cas import update
 
-    written: list[dict[str, Any]] = []
+    written: list[JSON] = []
 
-    def apply(doc: Doc | None) -> dict[str, Any] | None:
+    def apply(doc: Doc | None) -> JSON | None:
         data = change(doc.data if doc is not None else None)
         written[:] = [data]
         return None if doc is not None and doc.data == data else data
@@ -90,7 +89,7 @@ class Liveness:
         self.problems = problems
         self.metrics = metrics
 
-    def node_spec(self, existing: Mapping[str, Any] | None) -> dict[str, Any]:
+    def node_spec(self, existing: JSON | None) -> JSON:
         return node_spec(self.facts, self.backend, existing)
 
     def register(self) -> None:

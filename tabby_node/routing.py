@@ -16,8 +16,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from bundle.types import JSON
 from resources.index import (
     BGP_CONFIGURATIONS,
     BGP_PEERS,
@@ -72,9 +73,9 @@ class _Overlay:
         self.problems: list[str] = []
         self.passes = 0
         #: node status's VXLAN peers when the whole path programmed the kernel (else: the table)
-        self._peers: list[dict[str, Any]] | None = []
+        self._peers: list[JSON] | None = []
         #: the table's peers as last computed, and the table's ``peers_version`` then
-        self._table_peers: tuple[int, list[dict[str, Any]]] | None = None
+        self._table_peers: tuple[int, list[JSON]] | None = None
         self._whole = False  # a pass failed half-way: the next one reconciles whole
 
     def _table(self) -> VxlanTable:
@@ -153,7 +154,7 @@ class _Overlay:
         if self.metrics is not None:
             self.metrics.routes(self.programmed, changes)
 
-    def vxlan_peers(self) -> list[dict[str, Any]]:
+    def vxlan_peers(self) -> list[JSON]:
         """``node status``'s VXLAN peers as programmed (one per other node). From the table
         they are computed again only when a VTEP changed (``VxlanTable.peers_version``):
         the status file is written after the passes a pod started here or anywhere causes,
@@ -171,7 +172,7 @@ class _Overlay:
         return peers
 
 
-def _whole_peers(cluster: Cluster, desired: DesiredState) -> list[dict[str, Any]]:
+def _whole_peers(cluster: Cluster, desired: DesiredState) -> list[JSON]:
     """``node status``'s VXLAN peers of a whole state computed from ``cluster``."""
     by_mac = {n.vxlan_mac: n.name for n in cluster.nodes.values() if n.vxlan_mac}
     by_mac.update({n.vxlan_mac_v6: n.name for n in cluster.nodes.values() if n.vxlan_mac_v6})
@@ -183,7 +184,7 @@ def _vxlan_peers(
     fdb: Iterable[FdbEntry],
     neighbours: Iterable[NeighbourEntry],
     names: Mapping[tuple[str, str], str],
-) -> list[dict[str, Any]]:
+) -> list[JSON]:
     """``node status``'s VXLAN peers: one per FDB entry, with its node and tunnel address."""
     tunnels = {(n.device, n.mac): n.address for n in neighbours}
     out = []
@@ -313,11 +314,11 @@ class NoRouting:
         """A whole pass from ``cluster`` (what every pass was before :meth:`sync`)."""
         self.overlay.reconcile(cluster)  # empty under --backend none: removes leftovers
 
-    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+    def status(self, cluster: Cluster | None = None) -> JSON:
         return {"peers": [], "vxlan": [], **self._status_common()}
 
-    def _status_common(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"routing_problems": self.overlay.problems}
+    def _status_common(self) -> JSON:
+        out: JSON = {"routing_problems": self.overlay.problems}
         table = self.overlay.table
         out["routing_passes"] = {
             "passes": self.overlay.passes,
@@ -357,7 +358,7 @@ class VxlanRouting(NoRouting):
     ) -> None:
         super().__init__(facts, backend, metrics)
 
-    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+    def status(self, cluster: Cluster | None = None) -> JSON:
         return {"peers": [], "vxlan": self.overlay.vxlan_peers(), **self._status_common()}
 
     def readiness(self) -> list[str]:
@@ -425,7 +426,7 @@ class BirdRouting(NoRouting):
         self.overlay.reconcile(cluster)
         self._bird(cluster)
 
-    def status(self, cluster: Cluster | None = None) -> dict[str, Any]:
+    def status(self, cluster: Cluster | None = None) -> JSON:
         problems = []
         try:
             peers = [p.as_dict() for p in self.bird.peers()]

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bundle.types import JSON
 
 #: The status file is rewritten at least this often while tabby-node runs (tabbyctl calls
 #: a file older than a few of these stale).
@@ -37,7 +39,7 @@ class StatusWriter:
         self._encoded: dict[str, tuple[object, str]] = {}
         self.encodings = 0  # big fields encoded so far (tests)
 
-    def encode(self, status: Mapping[str, Any]) -> str:
+    def encode(self, status: JSON) -> str:
         small = {k: v for k, v in status.items() if k not in BIG_FIELDS}
         text = json.dumps(small, indent=1, sort_keys=True, default=str)
         big = []
@@ -57,7 +59,7 @@ class StatusWriter:
         sep = ",\n" if small else "\n"
         return head + sep + ",\n".join(big) + "\n}"
 
-    def write(self, run_dir: str, status: Mapping[str, Any]) -> None:
+    def write(self, run_dir: str, status: JSON) -> None:
         text = self.encode(status)
         path = os.path.join(run_dir, STATUS_FILE)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -66,12 +68,12 @@ class StatusWriter:
         os.replace(tmp, path)
 
 
-def write_status(run_dir: str, status: Mapping[str, Any]) -> None:
+def write_status(run_dir: str, status: JSON) -> None:
     """``status.json`` (a writer of its own: nothing kept between calls)."""
     StatusWriter().write(run_dir, status)
 
 
-def read_status(run_dir: str) -> dict[str, Any] | None:
+def read_status(run_dir: str) -> JSON | None:
     try:
         with open(os.path.join(run_dir, STATUS_FILE), encoding="utf-8") as f:
             data = json.load(f)

@@ -3,9 +3,9 @@ they leave (``<state-dir>/mtu``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from bundle.types import JSON
 from tabby_node.cluster import Cluster
 from tabby_node.facts import write_file
 from tabby_node.registration import cas, node_spec
@@ -75,7 +75,7 @@ class Tunnels:
             (alloc,) = ipam.assign(req)
             tunnels[version] = str(alloc.ip)
 
-        def change(existing: Mapping[str, Any] | None) -> dict[str, Any]:
+        def change(existing: JSON | None) -> JSON:
             data = node_spec(self.facts, self.backend, existing)
             spec = data["spec"]
             for version, (addr_key, mac_key) in {

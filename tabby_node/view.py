@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from bundle.types import JSON
 
 if TYPE_CHECKING:
     from bird.control import PeerStatus
@@ -114,7 +116,7 @@ class Ready(Protocol):
 class Reporting(Protocol):
     """The routing backend, as the status file reads it."""
 
-    def status(self, cluster: Cluster | None = None) -> dict[str, Any]: ...
+    def status(self, cluster: Cluster | None = None) -> JSON: ...
 
 
 class RoutingBackend(Ready, Reporting, Protocol):

@@ -23,7 +23,7 @@ this node holds itself).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from dataplane.overlay_model import (
     DesiredState,
@@ -45,6 +45,8 @@ from tabby_node.cluster import (
 )
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
+
     from bundle.types import IPAddress, IPNetwork
     from tabby_node.cluster_index import ClusterIndex, Touched
 
@@ -359,7 +361,9 @@ def _where(info: NodeInfo | None) -> tuple[object, object] | None:
 
 
 def _pairs(
-    before: Mapping[K, V | None], now: Mapping[K, V], order: Callable[[K], Any]
+    before: Mapping[K, V | None],
+    now: Mapping[K, V],
+    order: Callable[[K], SupportsRichComparison],
 ) -> tuple[tuple[V | None, V | None], ...]:
     """(before, now) of every key whose value changed, in ``order`` of their keys."""
     changed = [key for key, old in before.items() if now.get(key) != old]

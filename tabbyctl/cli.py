@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
 from bundle import __version__
 from cni_protocol.version import SUPPORTED_VERSIONS
-from tabbyctl.common import Ctx, emit, operator_errors, output_option
-
-F = TypeVar("F", bound=Callable[..., Any])
+from tabbyctl.common import Ctx, F, emit, operator_errors, output_option
 
 
 def datastore_options(fn: F) -> F:
@@ -255,7 +251,7 @@ def ipam_gc(
         ]
     else:
         lines = [f"no leaked allocations on node {s.node}"]
-    report: dict[str, Any] = {"dry_run": dry_run, "stale" if dry_run else "released": shown}
+    report: dict[str, object] = {"dry_run": dry_run, "stale" if dry_run else "released": shown}
     if tunnels:
         report["vxlan_tunnels"] = tunnels
     emit(output, report, lines + views.tunnel_note(tunnels))

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -17,7 +17,7 @@ from tabby_node import DEFAULT_RUN_DIR
 if TYPE_CHECKING:
     from tabbyctl.views import Settings
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def output_option(fn: F) -> F:
@@ -43,7 +43,7 @@ def run_dir_option(fn: F) -> F:
     )(fn)
 
 
-def emit(output: str, data: Any, lines: list[str]) -> None:
+def emit(output: str, data: object, lines: list[str]) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2, default=str))
     else:

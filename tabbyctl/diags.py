@@ -39,12 +39,15 @@ import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 import click
 
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
 from tabbyctl.common import Ctx, run_dir_option
+
+if TYPE_CHECKING:
+    from tabbyctl.views import Settings
 
 LOG_LINES = 2000
 COMMAND_TIMEOUT = 20.0
@@ -114,11 +117,11 @@ def redact_text(text: str) -> tuple[str, int]:
     return text, count
 
 
-def redact_json(value: Any) -> tuple[Any, int]:
+def redact_json(value: object) -> tuple[object, int]:
     """A JSON value with secret-looking fields' values replaced (and every string passed
     through :func:`redact_text`); and how many."""
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
+        out: dict[object, object] = {}
         total = 0
         for k, v in value.items():
             if isinstance(k, str) and _SECRET_FIELD.search(k) and v not in (None, "", [], {}):
@@ -179,13 +182,23 @@ def tail(path: str, lines: int) -> str:
     return "\n".join(text) + ("\n" if text else "")
 
 
+class Part(TypedDict, total=False):
+    """One part in ``manifest.json``: its size and redactions, or why it is missing."""
+
+    part: Required[str]
+    source: Required[str]
+    bytes: int
+    redacted: int
+    error: str
+
+
 @dataclass
 class Bundle:
     """Parts gathered in memory; ``manifest`` says where each came from or why it is not
     there."""
 
     parts: dict[str, bytes] = field(default_factory=dict)
-    manifest: list[dict[str, Any]] = field(default_factory=list)
+    manifest: list[Part] = field(default_factory=list)
     redactions: int = 0
 
     def text(self, name: str, text: str, source: str) -> None:
@@ -196,7 +209,7 @@ class Bundle:
             {"part": name, "source": source, "bytes": len(self.parts[name]), "redacted": n}
         )
 
-    def json(self, name: str, value: Any, source: str) -> None:
+    def json(self, name: str, value: object, source: str) -> None:
         clean, n = redact_json(value)
         self.redactions += n
         self.parts[name] = (
@@ -224,7 +237,7 @@ def collect(
     *,
     log_file: str | None = DEFAULT_LOG_FILE,
     log_lines: int = LOG_LINES,
-    settings: Callable[[], Any] | None = None,
+    settings: Callable[[], Settings] | None = None,
     run: Runner | None = None,
 ) -> Bundle:
     """Everything ``node diags`` puts in the tarball. ``settings`` gives tabbyctl's
@@ -235,7 +248,7 @@ def collect(
 
     run = run if run is not None else run_command
     b = Bundle()
-    versions: dict[str, Any] = {
+    versions: dict[str, str | None] = {
         "tabby": __version__,
         "python": sys.version.split()[0],
         "kernel": " ".join(platform.uname()[2:4]),
@@ -311,7 +324,7 @@ def _bird(b: Bundle, ctl: str) -> None:
             b.missing("bird/" + cmd.replace(" ", "-") + ".txt", f"{ctl}: {cmd}", str(e))
 
 
-def ipam_view(settings: Any, node: str | None) -> dict[str, Any]:
+def ipam_view(settings: Settings, node: str | None) -> dict[str, object]:
     """Pools (cluster-wide), this node's blocks and allocations, as ``tabbyctl ipam show``
     computes them."""
     from tabbyctl import views

@@ -70,9 +70,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import click
+
+from bundle.types import JSON
 
 INSTALL_DIR = "/opt/tabby"
 CNI_BIN_DIR = "/opt/cni/bin"
@@ -334,7 +335,7 @@ def _pools(value: str) -> list[str]:
 
 def placeholders(
     env: Mapping[str, str], tls: Mapping[str, str | None], nodename: str
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Each placeholder's JSON value (module docstring)."""
     endpoints = [e.strip() for e in env.get("TABBY_ETCD_ENDPOINTS", "").split(",") if e.strip()]
     v4 = _pools(env.get("TABBY_IPV4_POOL", ""))
@@ -358,7 +359,7 @@ def placeholders(
     }
 
 
-def render_conflist(template: str, values: Mapping[str, Any]) -> dict[str, Any]:
+def render_conflist(template: str, values: Mapping[str, object]) -> JSON:
     """The template with every placeholder replaced by its JSON value, checked: JSON, a
     conflist (``name``, ``plugins``) with a ``tabby`` plugin whose fields and ``ipam``
     section tabby's plugins accept."""
@@ -379,7 +380,7 @@ def render_conflist(template: str, values: Mapping[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def check_plugin(conflist: Mapping[str, Any], plugin: Mapping[str, Any]) -> None:
+def check_plugin(conflist: JSON, plugin: JSON) -> None:
     """Read the tabby plugin's configuration as the ``tabby`` and ``tabby-ipam`` binaries
     will: any problem they would report is reported now, naming the field."""
     from cni_plugin.config import parse_plugin

@@ -21,9 +21,11 @@ import datetime as dt
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
+
+from bundle.types import JSON
 
 if TYPE_CHECKING:
     from bird import PeerStatus
@@ -71,9 +73,9 @@ def _parse_iso(text: object) -> dt.datetime | None:
         return None
 
 
-def _peer_row(p: Mapping[str, Any]) -> dict[str, Any]:
+def _peer_row(p: Mapping[str, object]) -> JSON:
     """The contract's four keys first, then what else is known."""
-    row: dict[str, Any] = {
+    row: JSON = {
         "address": str(p.get("address", "")),
         "type": str(p.get("type", "")),
         "state": str(p.get("state", "")),
@@ -83,7 +85,7 @@ def _peer_row(p: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _stable_since(live: dict[str, Any], recorded: list[Mapping[str, Any]]) -> None:
+def _stable_since(live: JSON, recorded: list[Mapping[str, object]]) -> None:
     """Keep the string tabby-node recorded for this session when BIRD's value is the same
     event (BIRD recomputes "since" at every query; it jitters across a second boundary)."""
     now = _parse_iso(live["since"])
@@ -98,8 +100,8 @@ def _stable_since(live: dict[str, Any], recorded: list[Mapping[str, Any]]) -> No
         return
 
 
-def _vxlan_row(v: Mapping[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _vxlan_row(v: Mapping[str, object]) -> JSON:
+    row: JSON = {
         "node": str(v.get("node") or ""),
         "address": str(v.get("address") or ""),
         "tunnel_address": str(v.get("tunnel_address") or ""),
@@ -115,7 +117,7 @@ def node_status(
     read_peers: Callable[[str], list[PeerStatus]] | None = None,
     pid_alive: Callable[[int], bool] = _pid_alive,
     clock: Callable[[], float] = time.time,
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[JSON, list[str]]:
     """The status of the tabby-node that uses ``run_dir`` and the problems that make it
     incomplete (empty: complete). Raises ``CtlError`` when there is no status at all.
 
@@ -152,7 +154,7 @@ def node_status(
         problems.append(f"{path} is stale (written {written}): {why}")
     backend = str(status.get("backend") or "")
     recorded = [p for p in status.get("peers") or [] if isinstance(p, Mapping)]
-    bird: dict[str, Any] = {}
+    bird: JSON = {}
     if isinstance(status.get("bird"), Mapping):
         bird.update(status["bird"])
     if backend == "bird":
@@ -173,7 +175,7 @@ def node_status(
             bird["answered"] = True
     else:
         peers = [_peer_row(p) for p in recorded]
-    data: dict[str, Any] = {
+    data: JSON = {
         "node": status.get("node"),
         "backend": backend,
         "node_ip": status.get("node_ip"),
@@ -195,7 +197,7 @@ def node_status(
     return data, problems
 
 
-def status_lines(data: Mapping[str, Any]) -> list[str]:
+def status_lines(data: JSON) -> list[str]:
     """The table form of :func:`node_status`."""
     from tabbyctl.views import table
 

@@ -21,10 +21,11 @@ import dataclasses
 import ipaddress
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
+from bundle.types import JSON
 from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT
 from tabbyctl.common import Ctx, output_option
 
@@ -158,7 +159,7 @@ def _named_port(state: ClusterState, dst: Target, name: str, protocol: str) -> i
     raise ExplainError(f"the destination {where} declares no container port {name!r} ({protocol})")
 
 
-def _verdict(v: DirectionVerdict | None) -> dict[str, Any] | None:
+def _verdict(v: DirectionVerdict | None) -> dict[str, object] | None:
     if v is None:
         return None
     return {
@@ -183,7 +184,7 @@ def explain(
     to: str | None = None,
     from_: str | None = None,
     port: str | None = None,
-) -> dict[str, Any]:
+) -> JSON:
     """The answer to ``tabbyctl policy explain POD [--to|--from X] [--port P/PROTO]``."""
     from policy import engine
 
@@ -195,7 +196,7 @@ def explain(
     if not _pod_known(state, me):
         raise ExplainError(f"pod {label} not found: no Pod resource and no WorkloadEndpoint")
     selected = engine.selecting_policies(state, *me)
-    out: dict[str, Any] = {
+    out: JSON = {
         "pod": label,
         "policies": selected,
         "isolated": {d: bool(names) for d, names in selected.items()},
@@ -258,7 +259,7 @@ def predict(
         ) from None
 
 
-def explain_lines(answer: dict[str, Any]) -> list[str]:
+def explain_lines(answer: JSON) -> list[str]:
     lines = [f"pod {answer['pod']}"]
     for d in ("ingress", "egress"):
         names = answer["policies"][d]

@@ -25,7 +25,8 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import Any
+
+from bundle.types import JSON
 
 #: What one line of ``-o json`` holds, in this order.
 FIELDS = (
@@ -67,12 +68,12 @@ def local(health_port: int) -> Source:
     return Source("127.0.0.1", health_port, f"tabby-node on 127.0.0.1:{health_port}")
 
 
-def fetch(source: Source, since: int = 0, wait: float = 0.0) -> dict[str, Any]:
+def fetch(source: Source, since: int = 0, wait: float = 0.0) -> JSON:
     host = f"[{source.host}]" if ":" in source.host else source.host
     url = f"http://{host}:{source.port}/policy/log?since={since}&wait={wait:g}"
     try:
         with urllib.request.urlopen(url, timeout=wait + 5) as r:
-            data: dict[str, Any] = json.loads(r.read())
+            data: JSON = json.loads(r.read())
     except urllib.error.HTTPError as e:
         if e.code == 404:
             raise LogError(
@@ -88,12 +89,12 @@ def fetch(source: Source, since: int = 0, wait: float = 0.0) -> dict[str, Any]:
     return data
 
 
-def pod_filter(namespace: str | None, pod: str | None) -> Callable[[dict[str, Any]], bool]:
+def pod_filter(namespace: str | None, pod: str | None) -> Callable[[JSON], bool]:
     want_pod = None
     if pod is not None:
         want_pod = pod if "/" in pod else f"{namespace or 'default'}/{pod}"
 
-    def keep(entry: dict[str, Any]) -> bool:
+    def keep(entry: JSON) -> bool:
         ends = [p for p in (entry.get("src_pod"), entry.get("dst_pod")) if p]
         if namespace is not None and not any(p.split("/")[0] == namespace for p in ends):
             return False
@@ -102,7 +103,7 @@ def pod_filter(namespace: str | None, pod: str | None) -> Callable[[dict[str, An
     return keep
 
 
-def json_line(entry: dict[str, Any]) -> str:
+def json_line(entry: JSON) -> str:
     return json.dumps({k: entry.get(k) for k in FIELDS})
 
 
@@ -114,7 +115,7 @@ def _end(pod: str | None, address: str) -> str:
     return f"{pod} ({address})" if pod else address
 
 
-def row(entry: dict[str, Any]) -> tuple[str, ...]:
+def row(entry: JSON) -> tuple[str, ...]:
     proto = entry["protocol"] + (f"/{entry['dport']}" if entry.get("dport") else "")
     return (
         entry["time"],
@@ -137,7 +138,7 @@ def show(
     sources: list[Source],
     *,
     follow: bool,
-    keep: Callable[[dict[str, Any]], bool],
+    keep: Callable[[JSON], bool],
     output: str,
     echo: Callable[[str], None],
     until: threading.Event | None = None,
@@ -147,7 +148,7 @@ def show(
     if output == "table":
         echo(line(HEADER))
 
-    def emit(entries: Iterable[dict[str, Any]]) -> None:
+    def emit(entries: Iterable[JSON]) -> None:
         for e in entries:
             if keep(e):
                 echo(json_line(e) if output == "json" else line(row(e)))
@@ -156,7 +157,7 @@ def show(
     emit(sorted((e for a in answers for e in a["entries"]), key=lambda e: str(e["time"])))
     if not follow:
         return
-    came: queue.Queue[list[dict[str, Any]]] = queue.Queue()
+    came: queue.Queue[list[JSON]] = queue.Queue()
     stop = until if until is not None else threading.Event()
     for source, answer in zip(sources, answers, strict=True):
         args = (source, int(answer["next"]), came, stop)
@@ -172,7 +173,7 @@ def show(
 
 
 def _follow(
-    source: Source, since: int, came: queue.Queue[list[dict[str, Any]]], stop: threading.Event
+    source: Source, since: int, came: queue.Queue[list[JSON]], stop: threading.Event
 ) -> None:
     """One node's new entries into ``came``, until ``stop``."""
     while not stop.is_set():

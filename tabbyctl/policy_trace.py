@@ -27,11 +27,12 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import click
 
+from bundle.types import JSON
 from datastore.base import leases
 from tabbyctl.common import Ctx, output_option
 from tabbyctl.policy import (
@@ -47,9 +48,11 @@ from tabbyctl.policy import (
 )
 
 if TYPE_CHECKING:
-    from dataplane.nfttrace import ProbeProtocol, ProbeSocket
+    from dataplane.nfttrace import Probe, ProbeProtocol, ProbeSocket
     from datastore.base import Store
     from policy.engine import ClusterState, DirectionVerdict, Endpoint, Explanation, Target
+    from policy.trace import Decision, Foreign
+    from resources.trace import TraceAnswer
 
 #: How long the probe waits for its answer, and the remote node traces.
 ANSWER_SECONDS = 1.0
@@ -261,7 +264,9 @@ def _open_socket(p: Plan) -> ProbeSocket:
         return run_in_netns(handle.fd, make)
 
 
-def _wait_answer(store: Store, key: str, states: tuple[str, ...], seconds: float) -> Any:
+def _wait_answer(
+    store: Store, key: str, states: tuple[str, ...], seconds: float
+) -> TraceAnswer | None:
     from resources.trace import KIND, TraceAnswer
 
     deadline = time.monotonic() + seconds
@@ -276,7 +281,7 @@ def _wait_answer(store: Store, key: str, states: tuple[str, ...], seconds: float
         time.sleep(0.05)
 
 
-def run(p: Plan, store: Store | None) -> dict[str, Any]:
+def run(p: Plan, store: Store | None) -> JSON:
     """Send the probe, trace it here (and on DST's node), and compare."""
     from dataplane import nfttrace
     from policy import trace as policy_trace
@@ -285,7 +290,7 @@ def run(p: Plan, store: Store | None) -> dict[str, Any]:
     sock = _open_socket(p)
     probe = sock.probe(p.port)
     request_id = secrets.token_hex(8)
-    remote: Any = None
+    remote: TraceAnswer | None = None
     remote_state = "not asked"
     asked = False
     try:
@@ -345,11 +350,11 @@ def _forget(store: Store, request_id: str) -> None:
 # -- what it says ---------------------------------------------------------------------------------
 
 
-def _side(d: Mapping[str, Any] | None, node: str | None, state: str) -> dict[str, Any]:
+def _side(d: JSON | None, node: str | None, state: str) -> JSON:
     """One direction, as the kernel decided it: ``verdict`` is ``allowed``, ``denied``,
     ``not policed`` (tabby's table let it through without a pod's rules), ``not reached``
     (denied before), or ``unknown`` (the node that decides it did not answer)."""
-    out: dict[str, Any] = {"node": node, "verdict": state}
+    out: JSON = {"node": node, "verdict": state}
     if d is None:
         return out
     verdict = {"accept": "allowed", "drop": "denied"}.get(d["verdict"], "not policed")
@@ -358,16 +363,14 @@ def _side(d: Mapping[str, Any] | None, node: str | None, state: str) -> dict[str
     return out
 
 
-def _pick(decisions: list[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
+def _pick(decisions: Sequence[JSON], direction: str) -> JSON | None:
     chosen = [d for d in decisions if d["direction"] == direction]
     decided = [d for d in chosen if d["verdict"] in ("accept", "drop")]
     pick = decided or chosen
     return pick[0] if pick else None
 
 
-def _compare(
-    direction: str, kernel: Mapping[str, Any], v: DirectionVerdict | None
-) -> tuple[str, str | None]:
+def _compare(direction: str, kernel: JSON, v: DirectionVerdict | None) -> tuple[str, str | None]:
     """(what explain says, the disagreement or None)."""
     got = kernel["verdict"]
     if v is None:
@@ -391,20 +394,20 @@ def _compare(
     return said, None
 
 
-def _endpoint_rule(kernel: Mapping[str, Any]) -> bool:
+def _endpoint_rule(kernel: JSON) -> bool:
     """An endpoint chain's own accept: the pod is not isolated in this direction."""
     return str(kernel.get("comment") or "").endswith(("no ingress policy", "no egress policy"))
 
 
 def compose(
     p: Plan,
-    probe: Any,
+    probe: Probe,
     reply: str,
-    ds: list[Any],
-    foreign: list[Any],
-    remote: Any,
+    ds: list[Decision],
+    foreign: list[Foreign],
+    remote: TraceAnswer | None,
     remote_state: str,
-) -> dict[str, Any]:
+) -> JSON:
     here = [d.to_json() for d in ds]
     egress = _side(_pick(here, "egress"), p.src_node, "not policed")
     drops = [{"table": f.table, "chain": f.chain, "handle": f.handle} for f in foreign]
@@ -414,7 +417,7 @@ def compose(
         ingress = _side(_pick(here, "ingress"), p.dst_node, "not policed")
     elif p.dst_remote:
         if remote is not None and remote.state == "done":
-            ingress = _side(_pick(list(remote.decisions), "ingress"), p.dst_node, "not policed")
+            ingress = _side(_pick(remote.decisions, "ingress"), p.dst_node, "not policed")
             drops += [dict(f) for f in remote.foreign]
         else:
             why = remote.error if remote is not None and remote.error else remote_state
@@ -464,7 +467,7 @@ def compose(
     }
 
 
-def lines(a: dict[str, Any]) -> list[str]:
+def lines(a: JSON) -> list[str]:
     pr = a["probe"]
     what = a["protocol"] + (f"/{a['port']}" if a["port"] is not None else "")
     if pr["sport"] is not None:

@@ -13,18 +13,22 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 if TYPE_CHECKING:
+    import yaml
+
     from datastore.base import Store
     from resources.client import ResourceClient
+    from resources.k8s import LabelSelector
     from resources.meta import Resource
     from resources.storage import KindInfo
     from tabbyctl.common import Ctx
 
 OUTPUTS = ("table", "json", "yaml")
+M = TypeVar("M", bound="Resource")
 
 
 # -- the datastore seam ------------------------------------------------------------------------
@@ -75,17 +79,11 @@ class _NotResources(click.ClickException):
     pass
 
 
-def _yaml() -> Any:
-    import yaml  # type: ignore[import-untyped, unused-ignore]
-
-    return yaml
-
-
-def _loader() -> Any:
+def _loader() -> type[yaml.SafeLoader]:
     """A safe YAML loader that keeps timestamps as strings (``creationTimestamp``)."""
-    yaml = _yaml()
+    import yaml
 
-    class Loader(yaml.SafeLoader):  # type: ignore[misc, name-defined, unused-ignore]
+    class Loader(yaml.SafeLoader):
         pass
 
     Loader.yaml_implicit_resolvers = {
@@ -105,7 +103,8 @@ def load_documents(text: str, source: str) -> list[object]:
         except ValueError:
             docs = None  # may still be YAML flow style
     if docs is None:
-        yaml = _yaml()
+        import yaml
+
         try:
             docs = [d for d in yaml.load_all(text, Loader=_loader()) if d is not None]
         except yaml.YAMLError as e:
@@ -147,11 +146,13 @@ def _read_files(files: Sequence[str]) -> list[object]:
 # -- output -------------------------------------------------------------------------------------
 
 
-def _dump(output: str, data: Any) -> None:
+def _dump(output: str, data: object) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        click.echo(_yaml().safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+        import yaml
+
+        click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
 
 
 def _labels(r: Resource) -> str:
@@ -160,11 +161,34 @@ def _labels(r: Resource) -> str:
     return format_labels(r.metadata.labels)
 
 
-def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
-    """Table headers and row of each kind (``Any``: the kind's model)."""
+def _rows(model: type[M], cells: Callable[[M], list[object]]) -> Callable[[Resource], list[object]]:
+    """The cells of a resource of ``model``: a listing holds resources of one kind."""
+
+    def row(r: Resource) -> list[object]:
+        assert isinstance(r, model)
+        return cells(r)
+
+    return row
+
+
+def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[object]]]:
+    """Table headers and row of each kind."""
+    from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
+
     kind = info.kind
     if kind == "IPPool":
-        return ["NAME", "CIDR", "BLOCK SIZE", "IPIP", "VXLAN", "NAT", "DISABLED", "SELECTOR"], (
+        return [
+            "NAME",
+            "CIDR",
+            "BLOCK SIZE",
+            "IPIP",
+            "VXLAN",
+            "NAT",
+            "DISABLED",
+            "SELECTOR",
+        ], _rows(
+            IPPool,
             lambda r: [
                 r.name,
                 r.spec.cidr,
@@ -174,10 +198,11 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
                 str(r.spec.natOutgoing).lower(),
                 str(r.spec.disabled).lower(),
                 r.spec.nodeSelector,
-            ]
+            ],
         )
     if kind == "Node":
-        return ["NAME", "BACKEND", "IPV4", "IPV6", "ASN", "RR CLUSTER", "LABELS"], (
+        return ["NAME", "BACKEND", "IPV4", "IPV6", "ASN", "RR CLUSTER", "LABELS"], _rows(
+            Node,
             lambda r: [
                 r.name,
                 r.spec.backend,
@@ -186,19 +211,21 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
                 r.spec.bgp.asNumber if r.spec.bgp else None,
                 r.spec.bgp.routeReflectorClusterID if r.spec.bgp else None,
                 _labels(r),
-            ]
+            ],
         )
     if kind == "BGPConfiguration":
-        return ["NAME", "ASN", "MESH", "LOG"], (
+        return ["NAME", "ASN", "MESH", "LOG"], _rows(
+            BGPConfiguration,
             lambda r: [
                 r.name,
                 r.spec.asNumber,
                 str(r.spec.nodeToNodeMeshEnabled).lower(),
                 r.spec.logSeverityScreen,
-            ]
+            ],
         )
     if kind == "BGPPeer":
-        return ["NAME", "PEER IP", "ASN", "PEER SELECTOR", "NODE", "NODE SELECTOR"], (
+        return ["NAME", "PEER IP", "ASN", "PEER SELECTOR", "NODE", "NODE SELECTOR"], _rows(
+            BGPPeer,
             lambda r: [
                 r.name,
                 r.spec.peerIP,
@@ -206,27 +233,29 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
                 r.spec.peerSelector,
                 r.spec.node,
                 r.spec.nodeSelector or ("-" if r.spec.node else "(all nodes)"),
-            ]
+            ],
         )
     if kind == "NetworkPolicy":
-        return ["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY TYPES"], (
+        return ["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY TYPES"], _rows(
+            NetworkPolicy,
             lambda r: [
                 r.namespace,
                 r.name,
                 _selector(r.spec.podSelector),
-                ",".join(r.spec.policyTypes),
-            ]
+                ",".join(r.spec.policyTypes or ()),  # set by validation
+            ],
         )
     if kind == "Namespace":
-        return ["NAME", "LABELS"], lambda r: [r.name, _labels(r)]
+        return ["NAME", "LABELS"], _rows(Namespace, lambda r: [r.name, _labels(r)])
     if kind == "Pod":
-        return ["NAMESPACE", "NAME", "LABELS", "NAMED PORTS"], (
+        return ["NAMESPACE", "NAME", "LABELS", "NAMED PORTS"], _rows(
+            Pod,
             lambda r: [
                 r.namespace,
                 r.name,
                 _labels(r),
                 ",".join(f"{n}:{port}/{proto}" for n, proto, port in r.named_ports()) or "-",
-            ]
+            ],
         )
     return [
         "NAMESPACE",
@@ -237,7 +266,8 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
         "HOST INTERFACE",
         "NETWORKS",
         "LABELS",
-    ], (
+    ], _rows(
+        WorkloadEndpoint,
         lambda r: [
             r.namespace,
             r.name,
@@ -247,11 +277,11 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Any], list[object]]]:
             r.spec.hostInterface,
             ",".join(r.spec.ipNetworks) or "-",
             _labels(r),
-        ]
+        ],
     )
 
 
-def _selector(sel: Any) -> str:
+def _selector(sel: LabelSelector) -> str:
     parts = [f"{k}={v}" for k, v in sorted((sel.matchLabels or {}).items())]
     for e in sel.matchExpressions or ():
         values = ",".join(e.values or ())

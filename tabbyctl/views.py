@@ -12,8 +12,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from bundle.types import JSON, IPAddress, IPNetwork
 from cni_config.common import DatastoreSettings, parse
 from cni_config.resolve import resolve_datastore
 from cni_plugin.config import PluginConf
@@ -42,7 +42,7 @@ class Settings:
     ipam: ipam_config.IpamConf
     datastore: DatastoreSettings
     veth_prefix: str = DEFAULT_VETH_PREFIX
-    plugin_conf: dict[str, Any] = field(default_factory=dict)
+    plugin_conf: JSON = field(default_factory=dict)
 
     def open_store(self, *, lock_timeout: float | None = None) -> Store:
         settings = self.datastore
@@ -57,7 +57,7 @@ class Settings:
         return self.datastore.describe()
 
 
-def _tabby_entry(doc: dict[str, Any]) -> dict[str, Any] | None:
+def _tabby_entry(doc: JSON) -> JSON | None:
     plugins = doc.get("plugins") if isinstance(doc.get("plugins"), list) else [doc]
     for p in plugins or []:
         if isinstance(p, dict) and p.get("type") == "tabby":
@@ -93,7 +93,7 @@ def load_settings(
     defaults), validated by the same models the plugins use; the datastore from flags >
     environment > the conflist's ``ipam`` section > defaults."""
     source = "built-in defaults"
-    entry: dict[str, Any] = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
+    entry: JSON = {"name": "k8s-pod-network", "ipam": {"type": "tabby-ipam"}}
     path = conf_path or find_conflist(DEFAULT_CONF_DIR)
     if path:
         try:
@@ -188,7 +188,7 @@ def allocation_node(o: IpOwner) -> str | None:
     return o.attrs.get("node") or o.node
 
 
-def owner_row(o: IpOwner) -> dict[str, Any]:
+def owner_row(o: IpOwner) -> JSON:
     a = o.attrs
     pod = f"{a.get('pod_namespace')}/{a.get('pod_name')}" if a.get("pod_name") else ""
     try:
@@ -216,8 +216,12 @@ def owner_row(o: IpOwner) -> dict[str, Any]:
 
 
 def ipam_report(
-    ipam: Ipam, reserved: Sequence[Any], *, show_blocks: bool, node: str | None = None
-) -> dict[str, Any]:
+    ipam: Ipam,
+    reserved: Sequence[str | IPNetwork | IPAddress],
+    *,
+    show_blocks: bool,
+    node: str | None = None,
+) -> JSON:
     """Pools (cluster-wide), every allocation with its node, and the blocks with their
     node. ``node`` keeps that node's blocks and allocations only. Blocks are listed with
     ``show_blocks``, with ``node``, and whenever blocks belong to more than one node (a
@@ -226,7 +230,7 @@ def ipam_report(
     owners = ipam.allocations()
     if node is not None:
         owners = [o for o in owners if allocation_node(o) == node]
-    report: dict[str, Any] = {"pools": pools, "allocations": [owner_row(o) for o in owners]}
+    report: JSON = {"pools": pools, "allocations": [owner_row(o) for o in owners]}
     blocks = ipam.block_usage(reserved)
     if show_blocks or node is not None or len({b.node for b in blocks if b.node}) > 1:
         if node is not None:
@@ -237,7 +241,7 @@ def ipam_report(
     return report
 
 
-def ipam_tables(report: dict[str, Any]) -> list[str]:
+def ipam_tables(report: JSON) -> list[str]:
     lines = table(
         ["POOL", "BLOCK SIZE", "TOTAL", "IN USE", "RESERVED", "FREE", "BLOCKS", "STATE"],
         [
@@ -363,12 +367,12 @@ def node_findings(settings: Settings, ipam: Ipam) -> list[dict[str, str]]:
     return findings
 
 
-def tunnel_rows(ipam: Ipam, node: str) -> list[dict[str, Any]]:
+def tunnel_rows(ipam: Ipam, node: str) -> list[JSON]:
     """This node's VXLAN tunnel addresses (skipped by the node-local leak checks)."""
     return [owner_row(o) for o in ipam.allocations() if is_tunnel(o) and allocation_node(o) == node]
 
 
-def tunnel_note(tunnels: Sequence[Mapping[str, Any]]) -> list[str]:
+def tunnel_note(tunnels: Sequence[JSON]) -> list[str]:
     if not tunnels:
         return []
     what = ", ".join(f"{t['ip']} ({t['ifname']})" for t in tunnels)
@@ -380,7 +384,7 @@ def tunnel_note(tunnels: Sequence[Mapping[str, Any]]) -> list[str]:
 # -- a node that is gone (tabbyctl ipam gc --node N) ------------------------------------------
 
 
-def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> dict[str, Any]:
+def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> JSON:
     """Release everything of ``node`` (``Ipam.release_node``): refused while its heartbeat
     document exists (its tabby-node is alive) unless ``force``. ``dry_run`` (allowed either
     way) lists what would go: the allocations recorded for the node, its blocks (deleted
@@ -412,7 +416,7 @@ def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> d
     }
 
 
-def gone_node_lines(data: Mapping[str, Any]) -> list[str]:
+def gone_node_lines(data: JSON) -> list[str]:
     if data["dry_run"]:
         release, delete, make = "would release", "would delete", "would make"
     else:

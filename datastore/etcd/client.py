@@ -40,10 +40,12 @@ import socket
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import ssl
+
+    from bundle.types import JSON
 
 RETRY_HTTP = frozenset({408, 429, 502, 503, 504})
 RETRY_GRPC = frozenset({1, 4, 14})  # Canceled, DeadlineExceeded, Unavailable
@@ -150,7 +152,7 @@ class TxnResult:
     __slots__ = ("ambiguous", "responses", "revision", "succeeded")
 
     def __init__(
-        self, succeeded: bool, revision: int, responses: list[dict[str, Any]], ambiguous: bool
+        self, succeeded: bool, revision: int, responses: list[JSON], ambiguous: bool
     ) -> None:
         self.succeeded = succeeded
         self.revision = revision
@@ -183,7 +185,7 @@ class WatchResponse:
 
     __slots__ = ("canceled", "compact_revision", "created", "events", "index", "reason", "revision")
 
-    def __init__(self, result: dict[str, Any]) -> None:
+    def __init__(self, result: JSON) -> None:
         self.revision = _int(result.get("header", {}).get("revision"))
         self.events = [
             WatchEvent(ev.get("type") or "PUT", kv_from_json(ev.get("kv") or {}))
@@ -227,12 +229,12 @@ def unb64(text: str | None) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
-def _int(value: Any) -> int:
+def _int(value: str | int | None) -> int:
     """An int64 field: a string in the gateway's JSON, absent when 0."""
     return int(value) if value else 0
 
 
-def kv_from_json(obj: dict[str, Any]) -> KeyValue:
+def kv_from_json(obj: JSON) -> KeyValue:
     return KeyValue(
         unb64(obj.get("key")),
         unb64(obj.get("value")),
@@ -263,26 +265,26 @@ def prefix_end(prefix: bytes) -> bytes:
 # txn building blocks (the gateway's JSON names) -----------------------------------------
 
 
-def cmp_mod(key: bytes, revision: int) -> dict[str, Any]:
+def cmp_mod(key: bytes, revision: int) -> JSON:
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
 
 
-def cmp_absent(key: bytes) -> dict[str, Any]:
+def cmp_absent(key: bytes) -> JSON:
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
-def op_put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
-    req: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+def op_put(key: bytes, value: bytes, lease: int = 0) -> JSON:
+    req: JSON = {"key": b64(key), "value": b64(value)}
     if lease:
         req["lease"] = str(lease)
     return {"request_put": req}
 
 
-def op_delete(key: bytes) -> dict[str, Any]:
+def op_delete(key: bytes) -> JSON:
     return {"request_delete_range": {"key": b64(key)}}
 
 
-def op_get(key: bytes) -> dict[str, Any]:
+def op_get(key: bytes) -> JSON:
     return {"request_range": {"key": b64(key)}}
 
 
@@ -639,12 +641,12 @@ class EtcdClient:
     def call(
         self,
         path: str,
-        body: dict[str, Any],
+        body: JSON,
         *,
         deadline: float | None = None,
         idempotent: bool = True,
         cancel: threading.Event | None = None,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[JSON, bool]:
         """POST ``body`` to ``path``; the decoded answer, and whether a non-idempotent
         request had an attempt with an unknown outcome before the one that answered.
         ``cancel``: give up (``EtcdCancelled``) within ~0.25 s of it being set (connection
@@ -744,7 +746,7 @@ class EtcdClient:
         deadline: float | None = None,
         cancel: threading.Event | None = None,
     ) -> RangeResult:
-        body: dict[str, Any] = {"key": b64(key)}
+        body: JSON = {"key": b64(key)}
         if range_end is not None:
             body["range_end"] = b64(range_end)
         if revision:
@@ -775,7 +777,7 @@ class EtcdClient:
     def delete_range(
         self, key: bytes, range_end: bytes | None = None, *, deadline: float | None = None
     ) -> int:
-        body: dict[str, Any] = {"key": b64(key)}
+        body: JSON = {"key": b64(key)}
         if range_end is not None:
             body["range_end"] = b64(range_end)
         answer, _ = self.call("/v3/kv/deleterange", body, deadline=deadline)
@@ -783,13 +785,13 @@ class EtcdClient:
 
     def txn(
         self,
-        compare: list[dict[str, Any]],
-        success: list[dict[str, Any]],
-        failure: list[dict[str, Any]] | None = None,
+        compare: list[JSON],
+        success: list[JSON],
+        failure: list[JSON] | None = None,
         *,
         deadline: float | None = None,
     ) -> TxnResult:
-        body: dict[str, Any] = {"compare": compare, "success": success}
+        body: JSON = {"compare": compare, "success": success}
         if failure:
             body["failure"] = failure
         answer, ambiguous = self.call("/v3/kv/txn", body, deadline=deadline, idempotent=False)
@@ -821,7 +823,7 @@ class EtcdClient:
 
     # -- maintenance --------------------------------------------------------------------
 
-    def status(self, *, deadline: float | None = None) -> dict[str, Any]:
+    def status(self, *, deadline: float | None = None) -> JSON:
         answer, _ = self.call("/v3/maintenance/status", {}, deadline=deadline)
         return answer
 
@@ -880,7 +882,7 @@ class EtcdClient:
         streams: list[_WatchStream] = []
         try:
             for index, (key, range_end, start_revision) in enumerate(ranges):
-                create: dict[str, Any] = {
+                create: JSON = {
                     "key": b64(key),
                     "start_revision": str(start_revision),
                 }

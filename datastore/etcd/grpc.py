@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datastore.etcd.client import (
     WATCH_POLL,
@@ -388,7 +388,7 @@ class _Stream:
                 self.ping_sent = 0.0
         return self._messages()
 
-    def _head(self, headers: Sequence[tuple[Any, Any]], trailers: bool) -> None:
+    def _head(self, headers: Sequence[tuple[object, object]], trailers: bool) -> None:
         """A response's headers or trailers: a status other than 200, or a grpc-status
         (trailers, or a "trailers-only" answer), ends the call."""
         fields = {_text(k).lower(): _text(v) for k, v in headers}
@@ -427,7 +427,7 @@ class _Stream:
         return out
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 

@@ -72,8 +72,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from datastore.base import (
     IPAM_KINDS,
@@ -112,6 +112,7 @@ from datastore.etcd.client import (
     EtcdRequestError,
     EtcdUnavailable,
     KeyValue,
+    WatchResponse,
     cmp_absent,
     cmp_mod,
     kv_from_json,
@@ -123,6 +124,7 @@ from datastore.etcd.client import (
 )
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from datastore.base import StoreSettings
     from datastore.etcd.grpc import GrpcWatcher
 
@@ -151,6 +153,42 @@ REREAD_JITTER = 5.0
 def jittered(most: float) -> float:
     """A random delay in [0, most] (full jitter)."""
     return random.uniform(0, most)  # noqa: S311 - spreads nodes in time; no secret
+
+
+class _Sync:
+    """What one ``sync`` of :class:`EtcdStore` knows between its reads and its watches."""
+
+    __slots__ = (
+        "broken",
+        "failure",
+        "first",
+        "groups",
+        "jitter",
+        "lost",
+        "pause",
+        "prefixes",
+        "progress",
+        "ranges",
+        "reported",
+    )
+
+    def __init__(
+        self,
+        groups: list[tuple[str, ...]],
+        ranges: list[tuple[bytes, bytes]],
+        prefixes: list[tuple[str, bytes]],
+    ) -> None:
+        self.groups = groups  #: the kinds of each range
+        self.ranges = ranges
+        self.prefixes = prefixes  #: (kind, key prefix) of every kind
+        self.reported = Reported()
+        self.progress = [0] * len(ranges)  #: per range: the last revision it delivered
+        self.lost = list(range(len(ranges)))  #: the ranges to read: every one at first
+        self.first = True  #: nothing reported yet: the read is the snapshot
+        self.jitter = False  #: a re-read is due: wait a random while first
+        self.broken = False  #: the last stream broke: the next one resumes
+        self.pause = RETRY_PAUSE[0]
+        self.failure = ""
 
 
 def watch_groups(kinds: Iterable[str]) -> builtins.list[tuple[str, ...]]:
@@ -308,7 +346,7 @@ class EtcdStore(Engine):
         with self._stats_lock:
             self.stats[name] += 1
 
-    def _decode(self, kind: str, key: str, value: bytes) -> dict[str, Any]:
+    def _decode(self, kind: str, key: str, value: bytes) -> JSON:
         where = self.location(kind, key)
         data = loads(where, value, empty="empty value", garbage="not JSON")
         if not isinstance(data, dict):
@@ -487,121 +525,131 @@ class EtcdStore(Engine):
     def _sync(self, kinds: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
         groups = watch_groups(kinds)
         ranges = [(self._kp[g[0]], prefix_end(self._kp[g[-1]])) for g in groups]
-        prefixes = [(kind, self._kp[kind]) for kind in kinds]
-        reported = Reported()
-        progress = [0] * len(ranges)  # per range: the last revision it delivered
-        lost = list(range(len(ranges)))  # the ranges to read: every one at first
-        first = True  # nothing reported yet: the read is the snapshot
-        jitter = False  # a re-read is due: wait a random while first
-        broken = False  # the last stream broke: the next one resumes
-        pause = RETRY_PAUSE[0]
-        failure = ""
-        where = self.prefix + "/"
+        st = _Sync(groups, ranges, [(kind, self._kp[kind]) for kind in kinds])
         while not stop.is_set():
-            if lost:
-                if jitter:
-                    jitter = False
-                    if stop.wait(jittered(REREAD_JITTER)):
-                        break
-                try:
-                    kvs, rev = self._read_ranges([ranges[i] for i in lost], stop)
-                except EtcdCancelled:
+            if st.lost:
+                outcome = yield from self._sync_read(st, stop)
+                if outcome == "stop":
                     break
-                except EtcdError as e:
-                    failure = note_failure(failure, f"sync of {where}: {self._error(e)} (retrying)")
-                    stop.wait(jittered(pause))
-                    pause = min(pause * 2, RETRY_PAUSE[1])
+                if outcome == "retry":
                     continue
-                docs: dict[str, dict[str, Doc]] = {k: {} for i in lost for k in groups[i]}
-                # the first snapshot: as stored, decoded again one at a time by the consumer
-                # (all of them decoded at once were the agent's memory peak)
-                stored: dict[str, dict[str, tuple[bytes, int]]] = {k: {} for k in docs}
-                for kv in kvs:
-                    found = self._classify(prefixes, kv)  # decodes: leaves out garbage
-                    if found is not None and found[2] is not None:
-                        if first:
-                            stored[found[0]][found[1]] = (kv.value, kv.mod_revision)
-                        else:
-                            docs[found[0]][found[1]] = found[2]
-                del kvs  # the raw values: not held while the consumer parses
-                for i in lost:
-                    progress[i] = rev
-                lost = []
-                failure = ""
-                if first:
-                    first = False
-                    self.count_sync("snapshots")
-                    yield reported.snapshot(
-                        {
-                            k: Undecoded(functools.partial(self._decode, k), v)
-                            for k, v in stored.items()
-                        }
-                    )
-                    del stored
-                else:
-                    self.count_sync("rereads")
-                    for kind, now in docs.items():
-                        yield from reported.changes(kind, now)
-                # the documents are the consumer's now: this frame lives as long as the
-                # watch, and would hold every one of them
-                del docs
-            resumed = broken
-            created = 0
-            watch = self.watcher.watch_ranges(
-                [(start, end, progress[i] + 1) for i, (start, end) in enumerate(ranges)],
-                stop,
-                deadline=self._deadline(),
-                progress_notify=True,
-            )
-            try:
-                for resp in watch:
-                    i = resp.index
-                    if resp.canceled:
-                        if not resp.compact_revision:
-                            why = resp.reason or "no reason given"
-                            raise EtcdUnavailable(self.endpoints, f"watch cancelled ({why})")
-                        # etcd keeps no revision before compact_revision: every range that
-                        # has not delivered up to there must be read again
-                        compacted = resp.compact_revision
-                        lost = [j for j, p in enumerate(progress) if j == i or p + 1 < compacted]
-                        log_warning(
-                            "sync of %s: history compacted up to %d; reading %s again",
-                            where,
-                            compacted,
-                            ", ".join("+".join(groups[j]) for j in lost),
-                        )
-                        jitter = True
-                        broken = False
-                        break
-                    if resp.created:
-                        created += 1
-                        if created == len(ranges):  # every stream is running
-                            pause = RETRY_PAUSE[0]
-                            failure = ""
-                            if resumed:
-                                resumed = broken = False
-                                self.count_sync("resumes")
-                        continue
-                    if not resp.events:  # a progress notification
-                        progress[i] = max(progress[i], resp.revision)
-                        continue
-                    for ev in resp.events:
-                        progress[i] = max(progress[i], ev.kv.mod_revision)
-                        found = self._classify(prefixes, ev.kv, deleted=ev.type == "DELETE")
-                        event = None if found is None else reported.change(*found)
-                        if event is not None:
-                            yield event
-            except EtcdCancelled:
+            if not (yield from self._sync_watch(st, stop)):
                 break
-            except EtcdError as e:
-                if stop.is_set():
+
+    def _sync_read(self, st: _Sync, stop: threading.Event) -> Generator[SyncEvent, None, str]:
+        """Read the ranges ``st.lost`` at one revision: the snapshot the first time, else
+        what changed in them. ``stop``, ``retry`` (the read failed) or ``read``."""
+        if st.jitter:
+            st.jitter = False
+            if stop.wait(jittered(REREAD_JITTER)):
+                return "stop"
+        try:
+            kvs, rev = self._read_ranges([st.ranges[i] for i in st.lost], stop)
+        except EtcdCancelled:
+            return "stop"
+        except EtcdError as e:
+            where = self.prefix + "/"
+            st.failure = note_failure(st.failure, f"sync of {where}: {self._error(e)} (retrying)")
+            stop.wait(jittered(st.pause))
+            st.pause = min(st.pause * 2, RETRY_PAUSE[1])
+            return "retry"
+        docs: dict[str, dict[str, Doc]] = {k: {} for i in st.lost for k in st.groups[i]}
+        # the first snapshot: as stored, decoded again one at a time by the consumer
+        # (all of them decoded at once were the agent's memory peak)
+        stored: dict[str, dict[str, tuple[bytes, int]]] = {k: {} for k in docs}
+        for kv in kvs:
+            found = self._classify(st.prefixes, kv)  # decodes: leaves out garbage
+            if found is not None and found[2] is not None:
+                if st.first:
+                    stored[found[0]][found[1]] = (kv.value, kv.mod_revision)
+                else:
+                    docs[found[0]][found[1]] = found[2]
+        del kvs  # the raw values: not held while the consumer parses
+        for i in st.lost:
+            st.progress[i] = rev
+        st.lost = []
+        st.failure = ""
+        if st.first:
+            st.first = False
+            self.count_sync("snapshots")
+            yield st.reported.snapshot(
+                {k: Undecoded(functools.partial(self._decode, k), v) for k, v in stored.items()}
+            )
+            del stored
+        else:
+            self.count_sync("rereads")
+            for kind, now in docs.items():
+                yield from st.reported.changes(kind, now)
+        # the documents are the consumer's now: not held while the watch runs
+        del docs
+        return "read"
+
+    def _sync_watch(self, st: _Sync, stop: threading.Event) -> Generator[SyncEvent, None, bool]:
+        """Watch every range from the revision after the last it delivered, until the
+        stream breaks (resumed by the next call) or the history it needs is compacted
+        (``st.lost`` then says what to read again); False when the sync is to end."""
+        resumed = st.broken
+        created = 0
+        watch = self.watcher.watch_ranges(
+            [(start, end, st.progress[i] + 1) for i, (start, end) in enumerate(st.ranges)],
+            stop,
+            deadline=self._deadline(),
+            progress_notify=True,
+        )
+        try:
+            for resp in watch:
+                i = resp.index
+                if resp.canceled:
+                    self._compacted(st, resp)
                     break
-                broken = True
-                failure = note_failure(failure, f"sync watch: {self._error(e)} (resuming)")
-                stop.wait(jittered(pause))
-                pause = min(pause * 2, RETRY_PAUSE[1])
-            finally:
-                watch.close()
+                if resp.created:
+                    created += 1
+                    if created == len(st.ranges):  # every stream is running
+                        st.pause = RETRY_PAUSE[0]
+                        st.failure = ""
+                        if resumed:
+                            resumed = st.broken = False
+                            self.count_sync("resumes")
+                    continue
+                if not resp.events:  # a progress notification
+                    st.progress[i] = max(st.progress[i], resp.revision)
+                    continue
+                for ev in resp.events:
+                    st.progress[i] = max(st.progress[i], ev.kv.mod_revision)
+                    found = self._classify(st.prefixes, ev.kv, deleted=ev.type == "DELETE")
+                    event = None if found is None else st.reported.change(*found)
+                    if event is not None:
+                        yield event
+        except EtcdCancelled:
+            return False
+        except EtcdError as e:
+            if stop.is_set():
+                return False
+            st.broken = True
+            st.failure = note_failure(st.failure, f"sync watch: {self._error(e)} (resuming)")
+            stop.wait(jittered(st.pause))
+            st.pause = min(st.pause * 2, RETRY_PAUSE[1])
+        finally:
+            watch.close()
+        return True
+
+    def _compacted(self, st: _Sync, resp: WatchResponse) -> None:
+        """A cancelled watch: etcd keeps no revision before ``compact_revision``, so every
+        range that has not delivered up to there must be read again; with no compaction
+        named, an error."""
+        if not resp.compact_revision:
+            why = resp.reason or "no reason given"
+            raise EtcdUnavailable(self.endpoints, f"watch cancelled ({why})")
+        compacted = resp.compact_revision
+        st.lost = [j for j, p in enumerate(st.progress) if j == resp.index or p + 1 < compacted]
+        log_warning(
+            "sync of %s: history compacted up to %d; reading %s again",
+            self.prefix + "/",
+            compacted,
+            ", ".join("+".join(st.groups[j]) for j in st.lost),
+        )
+        st.jitter = True
+        st.broken = False
 
     def _read_ranges(
         self, ranges: builtins.list[tuple[bytes, bytes]], stop: threading.Event
@@ -637,7 +685,7 @@ class EtcdStore(Engine):
         return None
 
 
-def _current(responses: builtins.list[dict[str, Any]]) -> KeyValue | None:
+def _current(responses: builtins.list[JSON]) -> KeyValue | None:
     """The key value read by a failed txn's ``op_get`` branch."""
     kvs = responses[0].get("response_range", {}).get("kvs", ()) if responses else ()
     return kv_from_json(kvs[0]) if kvs else None

@@ -6,7 +6,7 @@ What a CNI call never needs (the consistency check, the operator's report types)
 on first access, to keep the plugins' start-up short.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ipam.core.allocator import Ipam
 from ipam.core.errors import (
@@ -44,7 +44,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

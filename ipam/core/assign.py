@@ -10,9 +10,8 @@ so a release by handle finds every address of the attachment in the blocks the n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from bundle.types import IPAddress
+from bundle.types import JSON, IPAddress
 from datastore.cas import cas
 from ipam.core import affinity, legacy
 from ipam.core.block import Block
@@ -91,7 +90,7 @@ def _assign_locked(
     op: Op,
     req: AssignRequest,
     hid: str,
-    attrs: dict[str, Any],
+    attrs: JSON,
     specific: list[IPAddress],
     families: list[int],
 ) -> list[Allocation]:
@@ -144,7 +143,7 @@ def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
     return out
 
 
-def _attrs(docs: Docs, given: Mapping[str, Any] | None) -> dict[str, Any]:
+def _attrs(docs: Docs, given: Mapping[str, object] | None) -> JSON:
     attrs = dict(given or {})
     for k, v in attrs.items():
         if not isinstance(k, str) or not isinstance(v, _ATTR_TYPES):
@@ -281,7 +280,9 @@ def _undo_create(docs: Docs, blk: Block, rev: int, why: str) -> None:
         log(WARNING, "block %s stays: %s", blk.cidr, e)
 
 
-def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
+def _specific_pool(docs: Docs, op: Op, ip: IPAddress) -> Pool:
+    """The pool a requested IP is in; AddressUnavailable when there is none, or it is
+    disabled, or the IP is reserved."""
     pool = docs.pool_containing(ip)
     if pool is None:
         raise AddressUnavailable("requested IP is outside every pool", str(ip))
@@ -289,6 +290,11 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
         raise AddressUnavailable("requested IP is in a disabled pool", f"{ip} in {pool.cidr}")
     if op.reserved.contains(ip):
         raise AddressUnavailable("requested IP is reserved", str(ip))
+    return pool
+
+
+def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
+    pool = _specific_pool(docs, op, ip)
     net = pool.block_network(pool.block_index(ip))
     cidr = str(net)
 
@@ -342,7 +348,7 @@ def pick_specific(docs: Docs, op: Op, ip: IPAddress) -> Pick:
 # -- writing an allocation ------------------------------------------------------------------
 
 
-def _commit(docs: Docs, op: Op, hid: str, attrs: dict[str, Any], pick: Pick) -> Allocation:
+def _commit(docs: Docs, op: Op, hid: str, attrs: JSON, pick: Pick) -> Allocation:
     """Write the allocation at the revision the pick was read at; a lost CAS picks again
     from fresh reads."""
     tried: list[Pick] = []

@@ -18,9 +18,8 @@ Ordinal ``o`` is address ``network_address + o``. The methods that change a bloc
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
-from bundle.types import IPAddress, IPNetwork
+from bundle.types import JSON, IPAddress, IPNetwork
 from ipam.core.errors import StoreCorrupt
 from ipam.core.model import AFFINITY_PREFIX, Reserved
 
@@ -34,7 +33,7 @@ class Block:
         pool: str,
         affinity: str | None,
         seq: int,
-        allocations: list[dict[str, Any] | None],
+        allocations: list[JSON | None],
         unallocated: list[int],
         full: bool = False,
     ) -> None:
@@ -55,7 +54,7 @@ class Block:
         return cls(network, pool, affinity, 0, [None] * size, list(range(size)))
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], where: str) -> Block:
+    def from_data(cls, data: JSON, where: str) -> Block:
         try:
             network = ipaddress.ip_network(data["cidr"])
         except (KeyError, ValueError, TypeError):
@@ -96,7 +95,7 @@ class Block:
             raise StoreCorrupt(where, f"malformed block: {bad}")
         return cls(network, pool, affinity, seq, allocations, unallocated, full)  # type: ignore[arg-type]
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSON:
         return {
             "cidr": str(self.network),
             "pool": self.pool,
@@ -196,7 +195,7 @@ class Block:
 
     # -- changes (on a copy) ------------------------------------------------------------
 
-    def assign(self, ordinal: int, handle: str, attrs: dict[str, Any], reserved: Reserved) -> int:
+    def assign(self, ordinal: int, handle: str, attrs: JSON, reserved: Reserved) -> int:
         """Give ``ordinal`` to ``handle``; returns the allocation's sequence number."""
         if self.allocations[ordinal] is not None:
             raise ValueError(f"ordinal {ordinal} of {self.network} is in use")
@@ -206,7 +205,7 @@ class Block:
         self.full = self.first_usable(reserved) is None
         return self.seq
 
-    def release(self, ordinal: int) -> dict[str, Any] | None:
+    def release(self, ordinal: int) -> JSON | None:
         """Free ``ordinal`` (to the back of the FIFO); returns the allocation it had."""
         alloc = self.allocations[ordinal]
         if alloc is None:

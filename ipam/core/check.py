@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from bundle.types import JSON
 from ipam.core.block import Block
 from ipam.core.errors import StoreCorrupt
 from ipam.core.model import Affinity, Handle, Pool
@@ -51,7 +52,7 @@ class _Checker:
         self.out.append(Problem(severity, kind, subject, message))
 
     def documents(
-        self, kind: str, decode: Callable[[dict[str, Any], str], T]
+        self, kind: str, decode: Callable[[JSON, str], T]
     ) -> Iterator[tuple[str, str, T]]:
         """(key, location, decoded object) of every readable document of ``kind``; an
         unreadable or undecodable one is reported as corrupt and skipped."""

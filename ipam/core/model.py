@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from bundle.types import IPAddress, IPNetwork
+from bundle.types import JSON, IPAddress, IPNetwork
 from ipam.core.errors import InvalidConfig, StoreCorrupt
 
 BLOCK_SIZE_LIMITS = {4: (20, 32), 6: (116, 128)}
@@ -51,7 +51,7 @@ class AssignRequest(NamedTuple):
     """One attachment's address request (see ``Ipam.assign``)."""
 
     handle_id: str
-    attrs: Mapping[str, Any] | None = None
+    attrs: Mapping[str, object] | None = None
     want_v4: bool = True
     want_v6: bool = False
     v4_pools: Sequence[str] = ()
@@ -205,7 +205,7 @@ class Pool:
         network: IPNetwork,
         block_size: int,
         disabled: bool = False,
-        extra: dict[str, Any] | None = None,
+        extra: JSON | None = None,
     ) -> None:
         self.network = network
         self.block_size = block_size
@@ -251,7 +251,7 @@ class Pool:
         return cls(net, size, bool(disabled))
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], where: str) -> Pool:
+    def from_data(cls, data: JSON, where: str) -> Pool:
         try:
             net = ipaddress.ip_network(data.get("cidr"))  # type: ignore[arg-type]
         except (ValueError, TypeError):
@@ -262,8 +262,8 @@ class Pool:
         extra = {k: v for k, v in data.items() if k not in _POOL_KEYS}
         return cls(net, size, bool(data.get("disabled", False)), extra)  # type: ignore[arg-type]
 
-    def to_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_data(self) -> JSON:
+        data: JSON = {
             "cidr": self.cidr,
             "block_size": self.block_size,
             "disabled": self.disabled,
@@ -283,7 +283,7 @@ class Handle:
         self.blocks = blocks
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], where: str) -> Handle:
+    def from_data(cls, data: JSON, where: str) -> Handle:
         for field in ("id", "node"):
             _need(isinstance(data.get(field), str), where, field)
         _need(_str_list(data.get("blocks")), where, "blocks")
@@ -317,7 +317,7 @@ class Affinity:
         return cls(node, [], [], {})
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], where: str) -> Affinity:
+    def from_data(cls, data: JSON, where: str) -> Affinity:
         _need(isinstance(data.get("node"), str), where, "node")
         _need(_str_list(data.get("blocks")), where, "blocks")
         borrowed = data.get("borrowed", [])
@@ -332,7 +332,7 @@ class Affinity:
         _need(type(fmt) is int, where, "format")
         return cls(data["node"], list(data["blocks"]), list(borrowed), dict(cursor), fmt)
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSON:
         return {
             "node": self.node,
             "format": self.format,

@@ -20,8 +20,9 @@ Without a cluster-wide lock, two things need care (ipam/DESIGN.md, "Cluster mode
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from bundle.types import JSON
 from datastore.cas import DELETE, Delete, cas, update
 from ipam.core import affinity
 from ipam.core.block import Block
@@ -135,7 +136,7 @@ def _set_disabled(docs: Docs, key: str, disabled: bool) -> tuple[bool, int | Non
     """Set the flag (CAS; other keys kept). Returns (the flag before, the revision after)."""
     before: list[bool] = []
 
-    def change(doc: Doc | None) -> dict[str, Any] | None:
+    def change(doc: Doc | None) -> JSON | None:
         if doc is None:
             raise InvalidConfig("no such pool", key)
         pool = Pool.from_data(doc.data, docs.store.location("pool", key))
@@ -219,7 +220,7 @@ def remove(docs: Docs, key: str) -> int:
 def _delete_if_empty(docs: Docs, cidr: str, pool: str) -> bool:
     """CAS-delete the block while it is empty; False if it holds an address."""
 
-    def change(doc: Doc | None) -> dict[str, Any] | Delete | None:
+    def change(doc: Doc | None) -> JSON | Delete | None:
         if doc is None:
             return None
         blk = Block.from_data(doc.data, docs.store.location("block", cidr))

@@ -256,34 +256,12 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
 
     if not isinstance(node, str) or not node or ":" in node:
         raise InvalidConfig("invalid node name", repr(node))
-    released: list[str] = []
-    addresses: list[str] = []
     deleted: list[str] = []
     unaffined: list[str] = []
     errors: list[str] = []
-    affine: list[str] = []
-    held: dict[str, list[str]] = {}  # the node's blocks with its allocations, by handle
-    for blk, _rev in docs.all_blocks():
-        if blk.node == node:
-            affine.append(blk.cidr)
-        for a in blk.allocations:
-            if a is not None and (a.get("attrs") or {}).get("node") == node:
-                cidrs = held.setdefault(a["handle"], [])
-                if blk.cidr not in cidrs:
-                    cidrs.append(blk.cidr)
+    affine, held = _node_blocks(docs, node)
     # 1. the node's allocations, a handle (one attachment) at a time
-    for hid, cidrs in held.items():
-        try:
-            with docs.store.lock():
-                got = release_handle_in(docs, hid, cidrs)
-        except LockTimeout as e:
-            errors.append(f"{hid}: {e}")
-            break
-        except DatastoreError as e:
-            errors.append(f"{hid}: {e}")
-            continue
-        released.append(hid)
-        addresses += [str(a.ip) for a in got]
+    released, addresses = _release_handles(docs, held, errors)
 
     # 2. its blocks, then 3. its affinity document: blocks first, so a kill in between
     # leaves an affinity document listing blocks that are no longer the node's (a rerun
@@ -326,6 +304,44 @@ def release_node(docs: Docs, node: str) -> NodeRelease:
     except DatastoreError as e:
         errors.append(f"affinity of {node}: {e}")
     return NodeRelease(node, released, addresses, deleted, unaffined, aff_deleted, errors)
+
+
+def _node_blocks(docs: Docs, node: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The blocks affine to ``node``, and by handle the blocks holding the allocations
+    recorded for it."""
+    affine: list[str] = []
+    held: dict[str, list[str]] = {}
+    for blk, _rev in docs.all_blocks():
+        if blk.node == node:
+            affine.append(blk.cidr)
+        for a in blk.allocations:
+            if a is not None and (a.get("attrs") or {}).get("node") == node:
+                cidrs = held.setdefault(a["handle"], [])
+                if blk.cidr not in cidrs:
+                    cidrs.append(blk.cidr)
+    return affine, held
+
+
+def _release_handles(
+    docs: Docs, held: dict[str, list[str]], errors: list[str]
+) -> tuple[list[str], list[str]]:
+    """Release each handle in its blocks (a lock each): the handles released and their
+    addresses. A failure is added to ``errors``; a lock timeout ends the loop."""
+    released: list[str] = []
+    addresses: list[str] = []
+    for hid, cidrs in held.items():
+        try:
+            with docs.store.lock():
+                got = release_handle_in(docs, hid, cidrs)
+        except LockTimeout as e:
+            errors.append(f"{hid}: {e}")
+            break
+        except DatastoreError as e:
+            errors.append(f"{hid}: {e}")
+            continue
+        released.append(hid)
+        addresses += [str(a.ip) for a in got]
+    return released, addresses
 
 
 def _drop_legacy_handles(docs: Docs, node: str) -> None:

@@ -5,9 +5,9 @@ define them (each ``NamedTuple`` costs ~0.1 ms of start-up); ``ipam.core`` and
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from bundle.types import IPAddress
+from bundle.types import JSON, IPAddress
 
 
 class NodeRelease(NamedTuple):
@@ -60,4 +60,4 @@ class IpOwner(NamedTuple):
     node: str | None  # the block's affinity
     handle_id: str
     seq: int
-    attrs: dict[str, Any]
+    attrs: JSON

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from resources.poolform import pool_data, pool_name, pool_raw
 
@@ -105,10 +105,10 @@ class Native(NamedTuple):
 MARK = {SOURCE_ANNOTATION: "kubernetes"}
 
 
-def _meta(obj: Mapping[str, Any], *, namespaced: bool) -> dict[str, Any]:
+def _meta(obj: JSON, *, namespaced: bool) -> JSON:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    out: dict[str, Any] = {"name": meta.get("name"), "annotations": dict(MARK)}
+    out: JSON = {"name": meta.get("name"), "annotations": dict(MARK)}
     if namespaced:
         out["namespace"] = meta.get("namespace")
     if meta.get("uid"):
@@ -135,7 +135,7 @@ def project_pod(obj: JSON) -> JSON | None:
     for c in spec.get("containers") or ():
         if not isinstance(c, Mapping):
             continue
-        entry: dict[str, Any] = {"name": c.get("name")}
+        entry: JSON = {"name": c.get("name")}
         ports = [
             {k: p[k] for k in ("name", "containerPort", "protocol") if p.get(k) is not None}
             for p in c.get("ports") or ()
@@ -144,7 +144,7 @@ def project_pod(obj: JSON) -> JSON | None:
         if ports:
             entry["ports"] = ports
         containers.append(entry)
-    pod_spec: dict[str, Any] = {"containers": containers}
+    pod_spec: JSON = {"containers": containers}
     if spec.get("nodeName"):
         pod_spec["nodeName"] = spec.get("nodeName")
     doc: JSON = {
@@ -195,7 +195,7 @@ def native_path(native: Native, key: str) -> str:
     return f"{base[0]}/namespaces/{namespace}/{base[1]}/{name}"
 
 
-def ready(node: Mapping[str, Any]) -> bool:
+def ready(node: JSON) -> bool:
     """A v1 Node's Ready condition is True."""
     status = node.get("status")
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -205,12 +205,12 @@ def ready(node: Mapping[str, Any]) -> bool:
     )
 
 
-def alive(node: str) -> dict[str, Any]:
+def alive(node: str) -> JSON:
     """The ``heartbeat`` document of a Ready node (no time, no pid: the kubelet's)."""
     return {"node": node, "time": 0.0, "pid": 0}
 
 
-def expired(obj: Mapping[str, Any]) -> bool:
+def expired(obj: JSON) -> bool:
     """A lease (``put_leased``) whose end has passed."""
     import time
 
@@ -223,7 +223,7 @@ def expired(obj: Mapping[str, Any]) -> bool:
         return False
 
 
-def node_labels(node: Mapping[str, Any]) -> dict[str, str]:
+def node_labels(node: JSON) -> dict[str, str]:
     meta = node.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     return dict(labels) if isinstance(labels, Mapping) else {}
@@ -247,7 +247,7 @@ def node_label_value(node: str) -> str:
     return "h-" + hashlib.sha256(node.encode()).hexdigest()[:40]
 
 
-def object_name(kind: str, key: str, data: Mapping[str, Any] | None) -> str:
+def object_name(kind: str, key: str, data: JSON | None) -> str:
     """The name of the object holding document ``key`` of ``kind``."""
     if kind == "pool":
         return pool_name(data or {}, key)
@@ -259,11 +259,11 @@ def object_name(kind: str, key: str, data: Mapping[str, Any] | None) -> str:
 # -- document <-> object -----------------------------------------------------------------------
 
 
-def to_object(kind: str, key: str, data: Mapping[str, Any], revision: int | None) -> JSON:
+def to_object(kind: str, key: str, data: JSON, revision: int | None) -> JSON:
     """The object that stores document ``key`` of ``kind`` (``revision``: the one a replace
     is based on, None for a create)."""
     crd = CRDS[kind]
-    meta: dict[str, Any]
+    meta: JSON
     if kind == "pool":
         raw = pool_raw(data, key)
         meta, spec = dict(raw["metadata"]), raw["spec"]
@@ -286,7 +286,7 @@ def to_object(kind: str, key: str, data: Mapping[str, Any], revision: int | None
     return {"apiVersion": API_VERSION, "kind": crd.kind, "metadata": meta, "spec": spec}
 
 
-def key_of(kind: str, obj: Mapping[str, Any]) -> str | None:
+def key_of(kind: str, obj: JSON) -> str | None:
     """The document key an object of ``kind`` stores (None: not one of ours)."""
     meta = obj.get("metadata")
     spec = obj.get("spec")
@@ -299,7 +299,7 @@ def key_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def to_data(kind: str, obj: Mapping[str, Any]) -> JSON:
+def to_data(kind: str, obj: JSON) -> JSON:
     """The document an object of one of tabby's kinds stores."""
     spec = obj.get("spec")
     spec = dict(spec) if isinstance(spec, Mapping) else {}
@@ -313,7 +313,7 @@ def to_data(kind: str, obj: Mapping[str, Any]) -> JSON:
     return spec
 
 
-def revision_of(obj: Mapping[str, Any]) -> int:
+def revision_of(obj: JSON) -> int:
     """An object's ``resourceVersion`` as the store's revision (Kubernetes' versions are
     etcd's revisions: numbers that grow with every write)."""
     meta = obj.get("metadata")
@@ -324,7 +324,7 @@ def revision_of(obj: Mapping[str, Any]) -> int:
         return 0
 
 
-def _block_node(data: Mapping[str, Any]) -> str | None:
+def _block_node(data: JSON) -> str | None:
     affinity = data.get("affinity")
     if isinstance(affinity, str) and affinity.startswith("host:"):
         return affinity[len("host:") :]
@@ -347,7 +347,7 @@ def tabby_revision(joined: int) -> int:
     return joined >> JOIN_BITS
 
 
-def joined_node(data: Mapping[str, Any], labels: Mapping[str, str] | None) -> JSON:
+def joined_node(data: JSON, labels: Mapping[str, str] | None) -> JSON:
     """A tabby Node's document with the v1 Node's labels (none while there is no v1 Node)."""
     meta = dict(data.get("metadata") or {})
     if labels:
@@ -360,7 +360,7 @@ def joined_node(data: Mapping[str, Any], labels: Mapping[str, str] | None) -> JS
 # -- endpoints, from the blocks ------------------------------------------------------------------
 
 
-def endpoints_of(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, JSON]:
+def endpoints_of(blocks: Mapping[str, JSON]) -> dict[str, JSON]:
     """Every attachment's WorkloadEndpoint document (by store key), from the allocations of
     ``blocks`` (block CIDR -> document): an allocation records its pod, node, container,
     interface and host interface; an attachment's addresses may lie in two blocks
@@ -369,7 +369,7 @@ def endpoints_of(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, JSON]:
     from dataplane.names import host_veth_name
     from resources.wep import endpoint_data, endpoint_key, timestamp
 
-    handles: dict[str, tuple[Mapping[str, Any], list[str], float]] = {}
+    handles: dict[str, tuple[JSON, list[str], float]] = {}
     for cidr, data in blocks.items():
         base = _network_base(cidr)
         if base is None:
@@ -379,7 +379,7 @@ def endpoints_of(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, JSON]:
             if not isinstance(alloc, Mapping):
                 continue
             attrs = alloc.get("attrs")
-            if not isinstance(attrs, Mapping) or not attrs.get("pod_name"):
+            if not isinstance(attrs, dict) or not attrs.get("pod_name"):
                 continue
             handle = str(alloc.get("handle", ""))
             addr = _address(version, first + ordinal)

@@ -31,8 +31,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
 from datastore.base import Doc, SyncEvent
 from datastore.engine import LOCK_FLAGS, Engine, Write, refused
@@ -44,6 +44,8 @@ from stores.kube.client import ApiError, Conflict, KubeClient, KubeConfig, NotFo
 if TYPE_CHECKING:
     from bundle.types import JSON
     from datastore.base import StoreSettings
+
+T = TypeVar("T")
 
 DEFAULT_LOCK_DIR = "/run/tabby/locks"
 #: pauses before a request that got "not now" (429, 5xx) or no answer is sent again
@@ -122,7 +124,7 @@ class KubeStore(Engine):
 
     # -- requests --------------------------------------------------------------------------
 
-    def _call(self, what: str, fn: Any, where: str) -> Any:
+    def _call(self, what: str, fn: Callable[[], T], where: str) -> T:
         """``fn()``, sent again after "not now" or no answer while the lock timeout allows."""
         deadline = time.monotonic() + self.lock_timeout
         for pause in (*RETRY_PAUSES, None):
@@ -447,7 +449,7 @@ class KubeStore(Engine):
         self.client.close()
 
 
-def endpoint_docs(blocks: dict[str, dict[str, Any]], revisions: dict[str, int]) -> dict[str, Doc]:
+def endpoint_docs(blocks: dict[str, JSON], revisions: dict[str, int]) -> dict[str, Doc]:
     """The WorkloadEndpoint documents of ``blocks`` (``kinds.endpoints_of``), each at the
     latest revision of the blocks holding its addresses."""
     out: dict[str, Doc] = {}

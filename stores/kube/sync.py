@@ -30,7 +30,7 @@ import queue
 import random
 import threading
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from datastore.base import Doc, SyncEvent
 from datastore.engine import Reported
@@ -72,7 +72,7 @@ _MADE = frozenset({"node", "heartbeat", "workloadendpoint"})
 _NATIVE_OF_PATH = {native.path: kind for kind, native in kinds.NATIVE.items()}
 
 
-def _digest(data: Any) -> bytes:
+def _digest(data: object) -> bytes:
     return hashlib.blake2b(
         json.dumps(data, sort_keys=True, separators=(",", ":")).encode(), digest_size=12
     ).digest()
@@ -83,7 +83,7 @@ class _Attachment:
 
     __slots__ = ("address", "attrs", "handle")
 
-    def __init__(self, handle: str, attrs: Mapping[str, Any], address: str) -> None:
+    def __init__(self, handle: str, attrs: JSON, address: str) -> None:
         self.handle = handle
         self.attrs = attrs
         self.address = address
@@ -95,7 +95,7 @@ class KubeSync:
         self.watched = watched
         self.stop = stop
         self.paths = tuple(dict.fromkeys(p for k in watched for p in _collections(k)))
-        self.events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+        self.events: queue.Queue[tuple[str, str, JSON | list[JSON]]] = queue.Queue()
         self.reported = Reported()
         #: per kind and key, the digest of the document reported (the kinds whose events
         #: are not all changes: Kubernetes' own, and those made of several objects)
@@ -176,8 +176,10 @@ class KubeSync:
                 what, path, payload = self.events.get(timeout=0.5)
             except queue.Empty:
                 continue
+            if isinstance(payload, list) != (what == "list"):
+                continue  # pragma: no cover - a list is a list, an event an object
             if not snapshot_sent:
-                if what == "list":
+                if isinstance(payload, list):
                     lists[path] = payload
                     self.listed.add(path)
                 if self.listed >= set(self.paths):
@@ -188,7 +190,7 @@ class KubeSync:
                     snapshot_sent = True
                     yield self.reported.snapshot(self._documents())
                 continue
-            if what == "list":
+            if isinstance(payload, list):
                 self._take_list(path, payload)
                 yield from self._relisted(path)
             else:
@@ -369,7 +371,7 @@ class KubeSync:
 
     # -- blocks: their attachments (workloadendpoint) -------------------------------------
 
-    def _hold_block(self, cidr: str, data: Mapping[str, Any] | None, rev: int) -> set[str]:
+    def _hold_block(self, cidr: str, data: JSON | None, rev: int) -> set[str]:
         """Hold a block's attachments (None: the block is gone); the endpoint keys whose
         addresses may have changed."""
         touched: set[str] = set()
@@ -388,7 +390,7 @@ class KubeSync:
                 if not isinstance(alloc, Mapping):
                     continue
                 attrs = alloc.get("attrs")
-                if not isinstance(attrs, Mapping) or not attrs.get("pod_name"):
+                if not isinstance(attrs, dict) or not attrs.get("pod_name"):
                     continue
                 handle = str(alloc.get("handle", ""))
                 address = _address(version, first + ordinal)
@@ -422,7 +424,7 @@ class KubeSync:
             self.endpoint_handles.pop(key, None)
             return None
         self.endpoint_handles[key] = live
-        blocks: dict[str, dict[str, Any]] = {}
+        blocks: dict[str, JSON] = {}
         rev = 0
         for handle in live:
             for cidr in self.handle_blocks[handle]:
@@ -450,11 +452,11 @@ _SLIM = (
 )
 
 
-def _slim(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def _slim(attrs: JSON) -> JSON:
     return {k: attrs[k] for k in _SLIM if k in attrs}
 
 
-def _endpoint_key(handle: str, attrs: Mapping[str, Any]) -> str | None:
+def _endpoint_key(handle: str, attrs: JSON) -> str | None:
     from resources.wep import endpoint_key
 
     node, pod, ifname = attrs.get("node"), attrs.get("pod_name"), attrs.get("ifname")
@@ -465,16 +467,16 @@ def _endpoint_key(handle: str, attrs: Mapping[str, Any]) -> str | None:
     return endpoint_key(str(attrs.get("pod_namespace") or "default"), node, pod, ifname)
 
 
-def _as_blocks(blocks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _as_blocks(blocks: dict[str, JSON]) -> dict[str, JSON]:
     """Held attachments as the block documents ``kinds.endpoints_of`` reads (each block's
     allocations at their ordinals)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSON] = {}
     for cidr, held in blocks.items():
         base = _base(cidr)
         if base is None:
             continue
         _version, first = base
-        allocations: list[Any] = []
+        allocations: list[object] = []
         for address, att in held["allocations"]:
             import ipaddress
 

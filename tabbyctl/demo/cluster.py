@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
+from bundle.types import JSON
 from tabbyctl.demo.lab import Lab, LabPod
 from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
 
@@ -22,12 +22,10 @@ NAMESPACE = "demo"
 TOTAL = 7  # steps, the last one the cleanup
 
 
-def _resources(lab: Lab) -> list[dict[str, Any]]:
+def _resources(lab: Lab) -> list[JSON]:
     """The demo namespace and one Pod resource per pod: the first pod of the first node
     is the "db" the policy protects, the first pod of the second node its "client"."""
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-    ]
+    docs: list[JSON] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
     for pod in lab.pods:
         labels = {"app": "web"}
         if pod is _db(lab):
@@ -63,7 +61,7 @@ def _client(lab: Lab) -> LabPod:
     return next(p for p in lab.pods if p.node != lab.pods[0].node)
 
 
-def _apply(lab: Lab, docs: list[dict[str, Any]]) -> None:
+def _apply(lab: Lab, docs: list[JSON]) -> None:
     import os
     import tempfile
 

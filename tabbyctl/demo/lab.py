@@ -32,8 +32,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from bundle.types import JSON
 from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, run, stop_process
 
 UNDERLAY_V4 = "10.{subnet}.{lab}.{host}/24"
@@ -53,7 +53,7 @@ class LabPod:
     name: str
     netns: str
     container_id: str
-    result: dict[str, Any] | None = None
+    result: JSON | None = None
 
     def addresses(self, version: int | None = None) -> list[str]:
         out = []
@@ -366,7 +366,7 @@ class Lab:
                 )
             time.sleep(0.05)
 
-    def health(self, node: LabNode, which: str = "readiness") -> tuple[int, dict[str, Any]]:
+    def health(self, node: LabNode, which: str = "readiness") -> tuple[int, JSON]:
         code, body = http_get(node.netns, f"http://127.0.0.1:9099/{which}")
         try:
             return code, json.loads(body or b"{}")
@@ -394,7 +394,7 @@ class Lab:
 
     # -- pods, as a runtime on the node makes them ----------------------------------------------
 
-    def conf(self, node: LabNode) -> dict[str, Any]:
+    def conf(self, node: LabNode) -> JSON:
         return {
             "cniVersion": "1.0.0",
             "name": NETWORK,
@@ -420,11 +420,11 @@ class Lab:
         node: LabNode,
         command: str,
         pod: LabPod,
-        prev: dict[str, Any] | None = None,
+        prev: JSON | None = None,
         *,
         socket: str | None = None,
         extra_args: str = "",
-    ) -> tuple[int, dict[str, Any] | None]:
+    ) -> tuple[int, JSON | None]:
         conf = self.conf(node)
         if prev is not None:
             conf["prevResult"] = prev

@@ -12,7 +12,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, AnyStr
 
 Echo = Callable[[str], None]
 
@@ -96,7 +96,7 @@ def ignore_signals() -> None:
 
 
 def stop_process(
-    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, grace: float = 40.0
+    proc: subprocess.Popen[AnyStr], sig: int = signal.SIGTERM, grace: float = 40.0
 ) -> None:
     """Signal a child (by its PID) and wait; SIGKILL when it is still there after ``grace``."""
     if proc.poll() is not None:

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from bundle.types import JSON
 from datastore import Store
 from stores import open_store
 from tabbyctl.demo.proc import INTERRUPTS, Echo, LabError, signals_restored
@@ -36,7 +36,7 @@ class Pod:
     name: str
     netns: str
     container_id: str
-    result: dict[str, Any] | None = None
+    result: JSON | None = None
     add_ms: float = 0.0
 
     def addresses(self) -> list[str]:
@@ -70,7 +70,7 @@ class Demo:
     def network(self) -> str:
         return f"tabby-demo-{self.demo_id}"
 
-    def conflist(self) -> dict[str, Any]:
+    def conflist(self) -> JSON:
         return {
             "cniVersion": "1.1.0",
             "name": self.network,
