@@ -424,7 +424,11 @@ class KubeStore(Engine):
     def _sync(self, kinds_: tuple[str, ...], stop: threading.Event) -> Iterator[SyncEvent]:
         from stores.kube.sync import KubeSync
 
-        return KubeSync(self, kinds_, stop).run()
+        # a client of its own: ending the sync closes its connections, not the store's
+        client = KubeClient(
+            self.client.config, timeout=self.client.timeout, agent=self.client.agent
+        )
+        return KubeSync(client, self.count_sync, kinds_, stop).run()
 
     def _open_lock_file(self) -> int:
         try:

@@ -38,8 +38,10 @@ from stores.kube import kinds
 from stores.kube.client import ApiError, Gone
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from bundle.types import JSON
-    from stores.kube.store import KubeStore
+    from stores.kube.client import KubeClient
 
 log = logging.getLogger("tabby.datastore")
 
@@ -90,8 +92,18 @@ class _Attachment:
 
 
 class KubeSync:
-    def __init__(self, store: KubeStore, watched: tuple[str, ...], stop: threading.Event) -> None:
-        self.store = store
+    """One ``sync`` iterator (``run``) of a store whose API ``client`` it reads, counting
+    in ``count`` (``Engine.count_sync``) what it read and why."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        count: Callable[[str], None],
+        watched: tuple[str, ...],
+        stop: threading.Event,
+    ) -> None:
+        self.client = client
+        self.count = count
         self.watched = watched
         self.stop = stop
         self.paths = tuple(dict.fromkeys(p for k in watched for p in _collections(k)))
@@ -117,7 +129,7 @@ class KubeSync:
     def _follow(self, path: str) -> None:
         """List, then watch from the list's version; resume after a break, list again
         after a 410 Gone (only then)."""
-        client = self.store.client
+        client = self.client
         pause = RETRY_PAUSE[0]
         version = ""
         while not self.stop.is_set():
@@ -136,12 +148,12 @@ class KubeSync:
                             self.events.put((str(event.get("type")), path, obj))
                     pause = RETRY_PAUSE[0]
                 if not self.stop.is_set():
-                    self.store.count_sync("resumes")  # the server ended it: from `version`
+                    self.count("resumes")  # the server ended it: from `version`
             except Gone:
                 log.warning("watch of %s: history gone: listing it again", path)
                 version = ""
                 self.stop.wait(random.uniform(0, RELIST_JITTER))  # noqa: S311 - spreading
-                self.store.count_sync("rereads")
+                self.count("rereads")
             except ApiError as e:
                 if self.stop.is_set():
                     return
@@ -149,7 +161,7 @@ class KubeSync:
                 self.stop.wait(random.uniform(0, pause))  # noqa: S311 - spreading
                 pause = min(pause * 2, RETRY_PAUSE[1])
                 if version:
-                    self.store.count_sync("resumes")
+                    self.count("resumes")
 
     # -- the iterator ---------------------------------------------------------------------
 
@@ -161,7 +173,7 @@ class KubeSync:
         try:
             yield from self._events()
         finally:
-            self.store.client.close()  # ends the watches (their threads see `stop` too)
+            self.client.close()  # ends the watches (their threads see `stop` too)
             for t in self.threads:
                 t.join(timeout=2)
 
@@ -169,7 +181,7 @@ class KubeSync:
         lists: dict[str, list[JSON]] = {}
         snapshot_sent = not self.paths
         if snapshot_sent:
-            self.store.count_sync("snapshots")
+            self.count("snapshots")
             yield self.reported.snapshot({k: {} for k in self.watched})
         while not self.stop.is_set():
             try:
@@ -186,7 +198,7 @@ class KubeSync:
                     for p, items in lists.items():
                         self._take_list(p, items)
                     lists.clear()
-                    self.store.count_sync("snapshots")
+                    self.count("snapshots")
                     snapshot_sent = True
                     yield self.reported.snapshot(self._documents())
                 continue

@@ -124,6 +124,7 @@ IPAM_CASES: dict[str, list[tuple[Any, int]]] = {
         (["http://etcd"], 2),
         (["grpc://proxy:23790"], 2),
     ],
+    "kubeconfig": [(5, 2), ("", 2), ("relative/kubeconfig", 2)],
 }
 
 #: The datastore settings: part of the ipam section, read by both binaries (tabby records
@@ -138,6 +139,7 @@ DATASTORE = (
     "etcd_key_file",
     "etcd_watch_transport",
     "etcd_watch_endpoints",
+    "kubeconfig",
     "lock_timeout_seconds",
 )
 PLUGIN_CASES.update({f"ipam.{k}": IPAM_CASES[k] for k in DATASTORE})

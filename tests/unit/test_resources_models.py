@@ -18,11 +18,11 @@ from datastore.base import Doc
 from resources import names
 from resources.k8s import LabelSelector, NetworkPolicy, Pod
 from resources.meta import problems
+from resources.poolform import pool_name
 from resources.selector import SelectorError, parse_selector
 from resources.storage import (
     BY_KIND,
     RESOURCE_KINDS,
-    pool_name,
     resolve_kind,
     stored_data,
     stored_raw,
