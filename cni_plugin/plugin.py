@@ -103,11 +103,15 @@ class DatastoreEndpoints:
     def record(
         self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
     ) -> str:
-        """Write the endpoint (one compare-and-swap); returns its key."""
-        from resources.wep import write_endpoint
+        """Write the endpoint (one compare-and-swap); returns its key. In the Kubernetes
+        datastore nothing is written: the endpoint is made of the attachment's
+        allocations (docs/kubernetes.md "Kubernetes datastore")."""
+        from resources.wep import endpoint_key, write_endpoint
 
         namespace, pod = pod_identity(args)
         node = conf.node_name()
+        if conf.ipam.datastore_type == "kubernetes":
+            return endpoint_key(namespace, node, pod, args.ifname)
 
         def write(store: Store) -> str:
             with store.lock():
@@ -131,6 +135,8 @@ class DatastoreEndpoints:
 
         namespace, pod = pod_identity(args)
         key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
+        if conf.ipam.datastore_type == "kubernetes":
+            return key  # made of the allocations: gone with them
 
         def remove(store: Store) -> bool:
             with store.lock():

@@ -188,6 +188,9 @@ def build_request(args: skel.CmdArgs, conf: IpamPluginValues, node: str) -> Assi
         "netns": args.netns,
         "time": time.time(),
     }
+    host = _host_interface(args)
+    if host is not None:
+        attrs["host_interface"] = host
     return AssignRequest(
         handle_id=handle_id(args.network, args.container_id, args.ifname),
         attrs=attrs,
@@ -200,6 +203,22 @@ def build_request(args: skel.CmdArgs, conf: IpamPluginValues, node: str) -> Assi
         max_blocks_per_host=ipam.max_blocks_per_host,
         reserved=ipam.reserved_networks,
     )
+
+
+def _host_interface(args: skel.CmdArgs) -> str | None:
+    """The attachment's host veth as ``tabby`` names it (its ``veth_prefix``, in the same
+    configuration): recorded with the allocation, where the Kubernetes datastore makes the
+    attachment's WorkloadEndpoint from (docs/kubernetes.md "Kubernetes datastore")."""
+    from dataplane.errors import DataplaneError
+    from dataplane.names import host_veth_name
+
+    prefix = args.config.get("veth_prefix", "cali")
+    if args.config.get("type") != "tabby" or not isinstance(prefix, str):
+        return None
+    try:
+        return host_veth_name(prefix, args.network, args.container_id, args.ifname)
+    except DataplaneError:
+        return None  # tabby itself refuses the prefix
 
 
 def _pool_specs(conf: IpamValues) -> list[PoolSpec]:

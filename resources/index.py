@@ -375,6 +375,12 @@ class Index:
         stored form not kept: ``raw_kept``)."""
         return self._raw[kind].get(key)
 
+    def whole(self, kind: str) -> list[str]:
+        """The keys of ``kind`` whose stored form is kept whole (of a kind of ``keep_raw``:
+        the few the caller chose; else every one)."""
+        kept = self._whole.get(kind)
+        return list(kept) if kept is not None else list(self._raw.get(kind, ()))
+
     def raw_kept(self, kind: str, key: str) -> bool:
         """``raw_get`` knows: the document is not held, or its stored form is kept whole."""
         if key not in self._revs[kind]:

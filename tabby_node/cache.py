@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import TypeVar
 
 from bundle.types import JSON
@@ -44,10 +45,13 @@ class Cache:
     """The watched documents, typed; ``version`` grows with every change, ``changed`` and
     ``wake`` wake the dataplane thread."""
 
-    def __init__(self, me: str | None = None) -> None:
+    def __init__(self, me: str | None = None, *, pods_from_api: bool = False) -> None:
         self.lock = threading.Lock()
         #: This node's name (None: not known yet, every stored document is kept).
         self.me = me
+        #: Pods come from the Kubernetes API itself (the Kubernetes datastore), not from
+        #: tabby-kube-controllers' mirror: a new pod is always on its way.
+        self.pods_from_api = pods_from_api
         #: Notified on every change (``wait_mirrored`` waits on it).
         self.updated = threading.Condition(self.lock)
         self.index = Index(
@@ -200,6 +204,28 @@ class Cache:
             self.changed.set()
             self.wake.set()
 
+    def endpoint_of_blocks(self, key: str, addresses: Iterable[str]) -> Doc | None:
+        """The Kubernetes datastore's endpoint ``key`` as its watch will make it of this
+        node's blocks holding ``addresses`` (``stores.kube.kinds.endpoints_of``), at the
+        latest of their revisions: what a served ADD's own block write makes, ahead of the
+        watch (None: a block is not held whole)."""
+        import ipaddress
+
+        from stores.kube.kinds import endpoints_of
+
+        ips = [ipaddress.ip_address(a) for a in addresses]
+        with self.lock:
+            found: dict[str, JSON] = {}
+            revision = 0
+            for cidr in self.index.whole("block"):  # this node's blocks: a few
+                doc = self.index.raw_get("block", cidr)
+                net = ipaddress.ip_network(cidr)
+                if doc is not None and any(ip in net for ip in ips):
+                    found[cidr] = doc.data
+                    revision = max(revision, doc.revision)
+        data = endpoints_of(found).get(key)
+        return None if data is None else Doc(data, revision)
+
     def lookup(self, kind: str, key: str) -> Doc | Unknown | None:
         """A watched document as stored (None: it does not exist), once the first snapshot
         is in; ``UNKNOWN`` for other kinds or before, and for a document whose stored form
@@ -223,11 +249,12 @@ class Cache:
         """Wait until the Pod ``namespace/name`` (of this ``uid``, when given) and its
         Namespace are in the cache, so that a new pod's rules are made from its labels.
         True at once when tabby-kube-controllers are not running (nothing mirrors them:
-        the pod starts with what the datastore has); False when ``timeout`` passed."""
+        the pod starts with what the datastore has), unless the pods come from the API
+        itself (``pods_from_api``); False when ``timeout`` passed."""
         deadline = time.monotonic() + timeout
         with self.updated:
             while True:
-                if not self.index.has(HEARTBEATS.name, CONTROLLERS_KEY):
+                if not self.pods_from_api and not self.index.has(HEARTBEATS.name, CONTROLLERS_KEY):
                     return True
                 pod = self.index.get(PODS, f"{namespace}/{name}")
                 if (

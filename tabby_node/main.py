@@ -190,7 +190,9 @@ def start_up(
     os.makedirs(options.run_dir, mode=0o755, exist_ok=True)
     os.makedirs(options.state_dir, mode=0o755, exist_ok=True)
     facts = discover(options)
-    cache = Cache(facts.name)  # before the watch: whose Pods' stored forms are kept
+    kubernetes = settings.datastore_type == "kubernetes"
+    # before the watch: whose Pods' stored forms are kept
+    cache = Cache(facts.name, pods_from_api=kubernetes)
     write_file(options.nodename_file, facts.name + "\n")
     store = open_store(settings)
     shutdown.on("store", lambda: _quietly(store.close))
@@ -214,6 +216,7 @@ def start_up(
         beats=beats,
         problems=problems,
         metrics=metrics,
+        by_kubelet=kubernetes,
     )
     retry("register", liveness.register)
     retry(

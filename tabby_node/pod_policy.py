@@ -111,8 +111,11 @@ class PodEndpoints:
         self.wait_mirrored(args)
         # the write was learnt by the served store's knowledge: the cache holds it now
         key = self.inner.record(args, conf, addresses, host_ifname)
+        made = None
+        if conf.ipam.datastore_type == "kubernetes":  # made of the blocks, by the watch
+            made = self.cache.endpoint_of_blocks(key, [str(a) for a in addresses])
         try:
-            self.policy.endpoint_added(key, None)
+            self.policy.endpoint_added(key, made)
         except Exception as e:
             raise CniError(
                 Code.DATAPLANE, "cannot program the pod's network policy", str(e)

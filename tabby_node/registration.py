@@ -62,7 +62,8 @@ class Liveness:
     """This node's Node and heartbeat in ``store``: :meth:`register` at start, then the
     ``heartbeat`` thread (:meth:`run`) keeps the heartbeat alive every ``node_ttl`` / 3 and
     registers the node again (``ensure_tunnels`` after) if an operator deleted its Node
-    while it runs."""
+    while it runs. ``by_kubelet``: the node's liveness is the kubelet's (the Kubernetes
+    datastore: the v1 Node's Ready condition), and tabby writes none."""
 
     def __init__(
         self,
@@ -77,9 +78,11 @@ class Liveness:
         beats: dict[str, float],
         problems: dict[str, str],
         metrics: DatastoreErrors | None = None,
+        by_kubelet: bool = False,
     ) -> None:
         self.facts = facts
         self.backend = backend
+        self.by_kubelet = by_kubelet
         self.store = store
         self.node_ttl = node_ttl
         self.cache = cache
@@ -112,6 +115,8 @@ class Liveness:
     def beat(self) -> None:
         """Liveness (``resources.heartbeat.beat``: the lease kept alive, which no other node
         hears of; written again only when it is gone)."""
+        if self.by_kubelet:
+            return
         from datastore.base import leases
         from resources.heartbeat import beat
 
