@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from bundle.types import JSON
 from bundle.types import IPAddress as Address
@@ -28,6 +28,9 @@ from ipam.cni_codes import cni_errors
 from ipam.core import Allocation, AssignRequest, DatastoreError, GcReport, Ipam, PoolSpec, handle_id
 from ipam.values import IpamPluginValues, IpamValues
 from stores import STANDALONE, Stores
+
+if TYPE_CHECKING:
+    from ipam.group import GroupCommit
 
 T = TypeVar("T")
 
@@ -234,8 +237,9 @@ class IpamVerbs:
     """tabby-ipam's verbs, their datastore work run by ``stores`` (the binary: a store of the
     call's own; tabby-node: its served store, ``stores.Served``)."""
 
-    def __init__(self, stores: Stores = STANDALONE) -> None:
+    def __init__(self, stores: Stores = STANDALONE, group: GroupCommit | None = None) -> None:
         self.stores = stores
+        self.group = group  #: tabby-node's: concurrent ADDs assigned together
 
     def handlers(self) -> skel.Handlers:
         return skel.Handlers(
@@ -243,7 +247,7 @@ class IpamVerbs:
         )
 
     def add(self, args: skel.CmdArgs) -> JSON:
-        return cmd_add(args, self.stores)
+        return cmd_add(args, self.stores, self.group)
 
     def delete(self, args: skel.CmdArgs) -> None:
         return cmd_del(args, self.stores)
@@ -258,7 +262,7 @@ class IpamVerbs:
         return cmd_status(args, self.stores)
 
 
-def cmd_add(args: skel.CmdArgs, stores: Stores) -> JSON:
+def cmd_add(args: skel.CmdArgs, stores: Stores, group: GroupCommit | None = None) -> JSON:
     conf = configuration(args)
     node = conf.node_name()
     req = build_request(args, conf, node)
@@ -268,6 +272,8 @@ def cmd_add(args: skel.CmdArgs, stores: Stores) -> JSON:
         return ipam.assign(req)
 
     def work() -> list[Allocation]:
+        if group is not None and not req.specific_ips:
+            return group.assign(conf.ipam, node, _pool_specs(conf.ipam), req)
         return with_ipam(stores, conf.ipam, node, assign)
 
     allocations = _guard(work)

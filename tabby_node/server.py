@@ -58,13 +58,14 @@ class InProcessIpam:
     """tabby-node's IPAM invoker: tabby-ipam's verbs run in this thread on the call's
     already parsed and validated arguments (nothing is parsed twice), their datastore work
     on ``stores`` (tabby-node's served store), so the results are the binary's; any other
-    IPAM type is exec'd as the spec says."""
+    IPAM type is exec'd as the spec says. ``verbs``: tabby-ipam's, when the caller has
+    them (tabby-node: with the group commit its ADDs share)."""
 
-    def __init__(self, stores: Stores | None = None) -> None:
+    def __init__(self, stores: Stores | None = None, verbs: skel.Handlers | None = None) -> None:
         from ipam.plugin import IpamVerbs
         from stores import STANDALONE
 
-        self.verbs = IpamVerbs(stores or STANDALONE).handlers()
+        self.verbs = verbs if verbs is not None else IpamVerbs(stores or STANDALONE).handlers()
 
     def start(self, ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
         if ipam_type != "tabby-ipam":
@@ -79,13 +80,14 @@ def node_handlers(
     stores: Stores | None = None,
     endpoints: plugin.EndpointRecorder | None = None,
     mtu_file: str | None = None,
+    ipam_verbs: skel.Handlers | None = None,
 ) -> skel.Handlers:
     """tabby's handlers as tabby-node runs them: tabby-ipam in-process, both on the node's
     ``stores``; the endpoint recorder tabby-node gives (``tabby_node.pod_policy.PodEndpoints``:
     it programs a new pod's policy before the ADD answers), and the node's own MTU file for
     pods whose conflist says ``"mtu": 0``."""
     return plugin.Plugin(
-        ipam=InProcessIpam(stores),
+        ipam=InProcessIpam(stores, ipam_verbs),
         endpoints=endpoints,
         mtu_file=mtu_file,
         validate_first=True,
@@ -183,11 +185,17 @@ class NodeServer:
         metrics: CallHooks | None = None,
         claimed: bool = False,
     ) -> None:
+        from ipam.group import GroupCommit
         from ipam.plugin import IpamVerbs
 
         self.path = path
-        self.handlers = node_handlers(stores, endpoints, mtu_file)
-        self.ipam_handlers = IpamVerbs(stores).handlers() if stores is not None else None
+        #: tabby-ipam's verbs, the in-process ones and a tabby-ipam binary's served alike:
+        #: one group commit for the ADDs of both (``ipam.group``)
+        self.group = GroupCommit(stores) if stores is not None else None
+        self.ipam_handlers = (
+            IpamVerbs(stores, self.group).handlers() if stores is not None else None
+        )
+        self.handlers = node_handlers(stores, endpoints, mtu_file, self.ipam_handlers)
         self.sock: socket.socket | None = None
         self.stopping = threading.Event()
         self.inflight: set[threading.Thread] = set()

@@ -3,6 +3,7 @@
 =================  ============================================================
 ``pooladmin``      create, list, disable, delete pools (and the overlap rule)
 ``assign``         one attachment's addresses: plan, then one CAS per allocation
+``batch``          several attachments at once, one CAS per block (group commit)
 ``candidates``     where an address can come from (assignment and STATUS)
 ``release``        release by handle, by address, GC of stale attachments (and repair of
                    this node's index), every address and block of a gone node
@@ -26,7 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ipam.core.docs import Docs
-from ipam.core.errors import InvalidConfig
+from ipam.core.errors import DatastoreError, InvalidConfig
 
 if TYPE_CHECKING:
     from bundle.types import IPAddress, IPNetwork
@@ -118,6 +119,14 @@ class Ipam:
         from ipam.core import assign
 
         return assign.assign(self._docs, req)
+
+    def assign_many(self, reqs: Sequence[AssignRequest]) -> list[list[Allocation] | DatastoreError]:
+        """Several attachments at once, each block they land in written once (group commit:
+        ``ipam.core.batch``); each request's allocations or the error it alone failed with,
+        in order. The same outcome as ``assign`` of each, one after the other."""
+        from ipam.core import batch
+
+        return batch.assign_many(self._docs, reqs)
 
     # == release ==========================================================================
 

@@ -61,13 +61,13 @@ class Pick:
         self.specific = specific
 
 
-def assign(docs: Docs, req: AssignRequest) -> list[Allocation]:
+def check(docs: Docs, req: AssignRequest) -> tuple[str, list[IPAddress], list[int]]:
+    """What a request asks for, checked before anything is read: its handle, specific IPs
+    and families (``InvalidConfig`` for a request that cannot be honoured)."""
     if not docs.node:
         raise InvalidConfig("the node name is required to assign addresses")
     hid = req.handle_id
     split_handle_id(hid)
-    attrs = _attrs(docs, req.attrs)
-    reserved = Reserved.parse(req.reserved)
     specific: list[IPAddress] = []
     for value in req.specific_ips:
         ip = parse_ip(value, "requested IP")
@@ -80,8 +80,16 @@ def assign(docs: Docs, req: AssignRequest) -> list[Allocation]:
     mb = req.max_blocks_per_host
     if isinstance(mb, bool) or not isinstance(mb, int) or mb < 0:
         raise InvalidConfig("invalid max_blocks_per_host", repr(mb))
+    Reserved.parse(req.reserved)
+    attributes(docs, req.attrs)
+    return hid, specific, families
+
+
+def assign(docs: Docs, req: AssignRequest) -> list[Allocation]:
+    hid, specific, families = check(docs, req)
+    attrs = attributes(docs, req.attrs)
     with docs.store.lock():
-        op = Op(reserved, bool(req.strict_affinity), mb)
+        op = Op(Reserved.parse(req.reserved), bool(req.strict_affinity), req.max_blocks_per_host)
         return _assign_locked(docs, op, req, hid, attrs, specific, families)
 
 
@@ -105,7 +113,7 @@ def _assign_locked(
     else:
         for fam in families:
             cidrs = req.v4_pools if fam == 4 else req.v6_pools
-            op.pools[fam] = _request_pools(docs, cidrs, fam)
+            op.pools[fam] = request_pools(docs, cidrs, fam)
         picks = [pick_auto(docs, op, fam) for fam in families]
     done: list[Allocation] = []
     try:
@@ -119,7 +127,7 @@ def _assign_locked(
     return done
 
 
-def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
+def request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
     if not cidrs:
         raise InvalidConfig(f"no IPv{fam} pool given")
     out: list[Pool] = []
@@ -143,7 +151,7 @@ def _request_pools(docs: Docs, cidrs: Sequence[str], fam: int) -> list[Pool]:
     return out
 
 
-def _attrs(docs: Docs, given: Mapping[str, object] | None) -> JSON:
+def attributes(docs: Docs, given: Mapping[str, object] | None) -> JSON:
     attrs = dict(given or {})
     for k, v in attrs.items():
         if not isinstance(k, str) or not isinstance(v, _ATTR_TYPES):

@@ -279,7 +279,7 @@ class Docs:
         blocks read are kept in ``op`` for the rest of the operation."""
         out: list[Allocation] = []
         for cidr in cidrs:
-            got = self.block(cidr)
+            got = self.seen_block(op, cidr)
             if op is not None:
                 op.blocks[cidr] = got
             if got is not None:
