@@ -212,8 +212,13 @@ def ipam_gc(
         raise click.UsageError("--force goes with --node")
     if gone:
         with operator_errors():
+            s = obj.settings()
             data = views.release_gone_node(
-                obj.settings().open(), gone, force=force, dry_run=dry_run
+                s.open(),
+                gone,
+                force=force,
+                dry_run=dry_run,
+                kubernetes=s.datastore.datastore_type == "kubernetes",
             )
         emit(output, data, views.gone_node_lines(data))
         if data["errors"]:
