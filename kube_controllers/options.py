@@ -92,6 +92,8 @@ def parser() -> argparse.ArgumentParser:
         "blocks of deleted nodes and leaked addresses",
     )
     for name in ControllerOptions.model_fields:
+        if name == "kubeconfig":
+            continue  # the datastore's --kubeconfig (add_datastore_flags): one API for both
         if name == "leader_elect":
             p.add_argument(
                 "--leader-elect",
@@ -115,6 +117,7 @@ def parse(
     """Options and datastore settings; a bad value raises CniError naming its flag."""
     env = os.environ if env is None else env
     ns = parser().parse_args(argv)
+    ns.kubeconfig = ns.ds_kubeconfig  # the API server watched: the one flag names both
     options = daemon_options(ControllerOptions, ns, env, ENV, _NUMBERS)
     datastore = daemon_datastore(ns, env, options.conf)
     if datastore.datastore_type not in ("etcdv3", "kubernetes"):

@@ -349,3 +349,22 @@ def policy(ns: str, name: str, spec: JSON) -> JSON:
 
 def node(name: str, labels: dict[str, str] | None = None) -> JSON:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
+
+
+def write_kubeconfig(path: str, url: str) -> str:
+    """A kubeconfig file whose current context reaches ``url`` (a token, no TLS)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: fake, user: {token: fake-token}}]\n"
+        )
+    return path
+
+
+def ready_node(name: str, labels: dict[str, str] | None = None, ready: bool = True) -> JSON:
+    """A v1 Node with its Ready condition (the kubelet's liveness)."""
+    obj = node(name, labels)
+    obj["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return obj
