@@ -49,6 +49,7 @@ def cli(
 ) -> None:
     """Operate a tabby pod network: IPAM inspection and repair, pools, resources, demo."""
     ctx.obj = Ctx(conf, data_dir, node, datastore)
+    ctx.call_on_close(ctx.obj.close)
 
 
 @cli.command()

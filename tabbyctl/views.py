@@ -43,12 +43,25 @@ class Settings:
     datastore: DatastoreSettings
     veth_prefix: str = DEFAULT_VETH_PREFIX
     plugin_conf: JSON = field(default_factory=dict)
+    #: the stores opened through these settings, closed by ``close`` (at the command's end)
+    opened: list[Store] = field(default_factory=list, repr=False)
 
     def open_store(self, *, lock_timeout: float | None = None) -> Store:
         settings = self.datastore
         if lock_timeout is not None:
             settings = settings.model_copy(update={"lock_timeout_seconds": lock_timeout})
-        return open_store(settings)
+        store = open_store(settings)
+        self.opened.append(store)
+        return store
+
+    def close(self) -> None:
+        """Every store opened here closed (its connections: the Kubernetes API's are kept
+        alive, etcd's watch-free ones too)."""
+        import contextlib
+
+        while self.opened:
+            with contextlib.suppress(Exception):
+                self.opened.pop().close()
 
     def open(self, *, lock_timeout: float | None = None) -> Ipam:
         return Ipam(self.open_store(lock_timeout=lock_timeout), self.node)
