@@ -497,6 +497,10 @@ def migrate(
     if to == "kubernetes":
         flags["kubeconfig"] = to_kubeconfig
     with _errors():
+        if to == "kubernetes" and on_kubernetes(obj):
+            raise click.ClickException(
+                "the datastore is the Kubernetes API already: nothing to move"
+            )
         settings = resolve_datastore(None, flags, {} if to != "kubernetes" else _kube_env())
         source = open_resource_store(obj)
         try:
@@ -530,9 +534,6 @@ def _to_kubernetes(
     """``datastore migrate --to kubernetes`` (``resources.migrate_kube``)."""
     from resources import migrate_kube
 
-    kind = obj.settings().datastore.datastore_type
-    if kind == "kubernetes":
-        raise click.ClickException("the datastore is the Kubernetes API already: nothing to move")
     target.check_usable()
     if abort:
         done = migrate_kube.abort(source, target)
