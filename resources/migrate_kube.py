@@ -6,9 +6,10 @@ The two stores are never written as one: nodes switch one at a time (a rolling r
 for a while some allocate in one store while others release in the other. What keeps every
 address unique is that at any time at most one store hands addresses out:
 
-1. **freeze** (``freeze``): every enabled pool of the source is disabled and marked
-   ``tabby.io/migrating: kubernetes`` (one compare-and-swap each), so no ADD allocates or
-   claims there any more; then ``settle`` seconds pass, so that an ADD that read a pool
+1. **freeze** (``freeze``): every pool of the source is disabled and marked
+   ``tabby.io/migrating: kubernetes`` (``kubernetes (disabled before)`` for one that was
+   disabled already; one compare-and-swap each), so no ADD allocates or claims there any
+   more; then ``settle`` seconds pass, so that an ADD that read a pool
    before its freeze has written its allocation (a CNI call's store operations end within
    the lock timeout).
 2. **copy** (``copy``): pools (into the API disabled and marked until the copy is done),
@@ -57,10 +58,12 @@ if TYPE_CHECKING:
     from bundle.types import JSON
     from datastore.base import Doc, Store
 
-#: The annotation of a pool disabled by a migration (on the source: it was enabled before;
-#: on the target: the copy is not done yet).
+#: The annotation of a pool a migration holds: on the source every pool once frozen (its
+#: value says whether it was enabled before: what the target gets, and ``abort`` restores),
+#: on the target one whose copy is not done yet.
 MIGRATING = "tabby.io/migrating"
 TO_KUBERNETES = "kubernetes"
+WAS_DISABLED = "kubernetes (disabled before)"
 #: Passes over the source's blocks before the copy gives up (each after the first re-reads
 #: only what changed: a frozen source stops adding within the first few).
 MAX_PASSES = 10
@@ -89,17 +92,28 @@ class Report:
 # -- pools -----------------------------------------------------------------------------------
 
 
-def marked(data: Mapping[str, object]) -> bool:
-    """Whether a pool document carries the migration's mark."""
+def _mark_of(data: Mapping[str, object]) -> object:
     annotations = data.get("annotations")
-    return isinstance(annotations, Mapping) and annotations.get(MIGRATING) == TO_KUBERNETES
+    return annotations.get(MIGRATING) if isinstance(annotations, Mapping) else None
 
 
-def _with_mark(data: JSON, *, on: bool, disabled: bool) -> JSON:
+def marked(data: Mapping[str, object]) -> bool:
+    """Whether a pool document carries a migration's mark."""
+    return _mark_of(data) in (TO_KUBERNETES, WAS_DISABLED)
+
+
+def was_enabled(data: Mapping[str, object]) -> bool:
+    """Whether a source pool served addresses before a migration froze it (or serves now)."""
+    if marked(data):
+        return _mark_of(data) == TO_KUBERNETES
+    return not data.get("disabled")
+
+
+def _with_mark(data: JSON, *, mark: str | None, disabled: bool) -> JSON:
     out = copy.deepcopy(data)
     annotations = dict(out.get("annotations") or {})
-    if on:
-        annotations[MIGRATING] = TO_KUBERNETES
+    if mark is not None:
+        annotations[MIGRATING] = mark
     else:
         annotations.pop(MIGRATING, None)
     if annotations:
@@ -127,25 +141,37 @@ def _write(
 
 
 def freeze(source: Store) -> list[str]:
-    """Step 1: every enabled pool of ``source`` disabled and marked; the CIDRs frozen now."""
+    """Step 1: every pool of ``source`` disabled and marked (with whether it was enabled);
+    the CIDRs that served addresses until now."""
+    frozen: list[str] = []
+    for key, doc in source.list("pool"):
+        if marked(doc.data):
+            continue
 
-    def change(doc: Doc | None) -> JSON | None:
-        if doc is None or doc.data.get("disabled") or marked(doc.data):
-            return None
-        return _with_mark(doc.data, on=True, disabled=True)
+        def change(got: Doc | None) -> JSON | None:
+            if got is None or marked(got.data):
+                return None
+            mark = TO_KUBERNETES if was_enabled(got.data) else WAS_DISABLED
+            return _with_mark(got.data, mark=mark, disabled=True)
 
-    return [key for key, _ in source.list("pool") if _write(source, "pool", key, change)]
+        if _write(source, "pool", key, change) and was_enabled(doc.data):
+            frozen.append(key)
+    return frozen
 
 
 def thaw(source: Store) -> list[str]:
-    """``abort``: the pools a migration froze enabled again; their CIDRs."""
+    """``abort``: every pool a migration froze as it was before; those enabled again."""
+    thawed: list[str] = []
+    for key, doc in source.list("pool"):
 
-    def change(doc: Doc | None) -> JSON | None:
-        if doc is None or not marked(doc.data):
-            return None
-        return _with_mark(doc.data, on=False, disabled=False)
+        def change(got: Doc | None) -> JSON | None:
+            if got is None or not marked(got.data):
+                return None
+            return _with_mark(got.data, mark=None, disabled=not was_enabled(got.data))
 
-    return [key for key, _ in source.list("pool") if _write(source, "pool", key, change)]
+        if _write(source, "pool", key, change) and was_enabled(doc.data):
+            thawed.append(key)
+    return thawed
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -164,10 +190,10 @@ def _stage_pools(source: Store, target: Store, first_run: bool, report: Report) 
 
         def change(got: Doc | None, data: JSON = doc.data) -> JSON | None:
             if got is None:
-                return _with_mark(data, on=True, disabled=True)
+                return _with_mark(data, mark=TO_KUBERNETES, disabled=True)
             if marked(got.data) or not first_run:
                 return None
-            return _with_mark(got.data, on=True, disabled=True)
+            return _with_mark(got.data, mark=TO_KUBERNETES, disabled=True)
 
         if _write(target, "pool", key, change):
             report.count("pools")
@@ -177,12 +203,12 @@ def _open_pools(source: Store, target: Store, report: Report) -> None:
     """Step 3: the target's marked pools enabled (when the source had them enabled before
     its freeze) and unmarked."""
     for key, doc in source.list("pool"):
-        disabled = bool(doc.data.get("disabled")) and not marked(doc.data)
+        disabled = not was_enabled(doc.data)
 
         def change(got: Doc | None, disabled: bool = disabled) -> JSON | None:
             if got is None or not marked(got.data):
                 return None
-            return _with_mark(got.data, on=False, disabled=disabled)
+            return _with_mark(got.data, mark=None, disabled=disabled)
 
         if _write(target, "pool", key, change) and not disabled:
             report.opened.append(key)
@@ -462,4 +488,4 @@ def _delete(doc: Doc | None) -> Delete | None:
 def _close(doc: Doc | None) -> JSON | None:
     if doc is None or marked(doc.data):
         return None
-    return _with_mark(doc.data, on=True, disabled=True)
+    return _with_mark(doc.data, mark=TO_KUBERNETES, disabled=True)

@@ -198,7 +198,7 @@ def test_a_migration_copies_what_the_api_keeps_and_opens_its_pools(
     assert pools[POOL]["disabled"]
     assert mk.marked(pools[POOL])
     assert pools["10.250.0.0/24"]["disabled"]
-    assert not mk.marked(pools["10.250.0.0/24"])
+    assert pools["10.250.0.0/24"]["annotations"] == {mk.MIGRATING: mk.WAS_DISABLED}
     assert report.frozen == [POOL]
     assert slept == [2.5]
     assert "waiting 2.5 s for the ADDs in flight" in said[0]
@@ -380,7 +380,7 @@ def test_an_interrupted_copy_leaves_both_stores_closed_then_resumes_or_aborts(
     fake, _url = api
     source = stores.etcd("admin")
     target = stores.kube()
-    Ipam(source, "").ensure_pools([PoolSpec(POOL, 28)])
+    Ipam(source, "").ensure_pools([PoolSpec(POOL, 28), PoolSpec("10.250.0.0/24", 28, True)])
     for i in range(40):  # three blocks of node-a
         Ipam(source, "node-a").assign(request("node-a", f"a{i}"))
     merged: list[str] = []
@@ -410,6 +410,9 @@ def test_an_interrupted_copy_leaves_both_stores_closed_then_resumes_or_aborts(
     # abort: the API's copy removed, its pools stay closed, the source open again
     done = mk.abort(source, target)
     assert done.thawed == [POOL]
+    restored = {k: d.data for k, d in source.list("pool")}
+    assert (restored[POOL]["disabled"], restored["10.250.0.0/24"]["disabled"]) == (False, True)
+    assert not any(mk.marked(d) for d in restored.values())
     assert held(target) == {}
     assert target.list_keys("affinity") == []
     assert target.get("pool", POOL).data["disabled"]  # type: ignore[union-attr]
