@@ -371,6 +371,51 @@ def test_an_add_in_flight_at_the_freeze_is_copied(stores: Stores) -> None:
     assert report.counts["allocations"] == 2
 
 
+def test_a_del_before_its_node_switched_is_released_on_the_api_after_the_leak_grace(
+    stores: Stores, api: tuple[FakeApi, str]
+) -> None:
+    """A pod deleted on a node not yet switched: its DEL releases in etcd only; the API's
+    copy of the allocation goes when tabby-kube-controllers (on the Kubernetes datastore)
+    find its pod gone for ``--leak-grace``; the other pod's address stays."""
+    from kube_controllers import mirror
+    from kube_controllers.ipamgc import IpamGc
+    from kube_controllers.reflector import Reflector
+    from stores.kube.client import KubeClient, KubeConfig
+    from tests.kube_fake import pod, ready_node
+
+    fake, url = api
+    source, target = stores.etcd("node-a"), stores.kube()
+    Ipam(source, "").ensure_pools([PoolSpec(POOL, 26)])
+    fake.put("/api/v1/nodes", ready_node("node-a"))
+    for name in ("stays", "goes"):
+        ip = Ipam(source, "node-a").assign(request("node-a", name))[0].ip
+        obj = pod("x", name, node="node-a", ips=(str(ip),))
+        obj["metadata"]["uid"] = f"uid-{name}"
+        fake.put("/api/v1/pods", obj)
+    mk.migrate(source, target, settle=0)
+    Ipam(source, "node-a").release_handle(handle_id(NET, "goes", "eth0"))  # its DEL, on etcd
+    fake.delete("/api/v1/pods", "x/goes")
+    assert sorted(held(target).values()) == [handle_id(NET, c, "eth0") for c in ("goes", "stays")]
+    client = KubeClient(KubeConfig(server=url))
+    try:
+        nodes = Reflector(client, "node", "/api/v1/nodes", mirror.project_node, lambda k, n: None)
+        pods = Reflector(client, "pod", "/api/v1/pods", mirror.project_pod, lambda k, n: None)
+        nodes.relist()
+        pods.relist()
+        now = [0.0]
+        gc = IpamGc(
+            target, client, nodes, pods, 300, 900, clock=lambda: now[0], kubernetes_datastore=True
+        )
+        gc.run_once()
+        assert len(held(target)) == 2  # within the grace
+        now[0] = 901
+        gc.run_once()
+    finally:
+        client.close()
+    assert list(held(target).values()) == [handle_id(NET, "stays", "eth0")]
+    no_address_twice(source, target)
+
+
 # -- interruptions ---------------------------------------------------------------------------------
 
 
