@@ -9,28 +9,30 @@ address unique is that at any time at most one store hands addresses out:
 1. **freeze** (``freeze``): every pool of the source is disabled and marked
    ``tabby.io/migrating: kubernetes`` (``kubernetes (disabled before)`` for one that was
    disabled already; one compare-and-swap each), so no ADD allocates or claims there any
-   more; then ``settle`` seconds pass, so that an ADD that read a pool
-   before its freeze has written its allocation (a CNI call's store operations end within
-   the lock timeout).
-2. **copy** (``copy``): pools (into the API disabled and marked until the copy is done),
+   more (a claim fails the pool gate, which reads the store itself); then ``settle``
+   seconds pass, so that an ADD that read its pool before the freeze (or through a serving
+   tabby-node's watch, a moment behind) has written its allocation into a block it had
+   (a CNI call's store operations end within the lock timeout).
+2. **copy**: pools (into the API disabled and marked until the copy is done),
    BGPConfigurations, BGPPeers, tabby Nodes (their spec: their labels are the Kubernetes
    Node's there), then IPAM state, in passes: every node's index (legacy handle documents
-   folded in), then every block, each merged into the API's by one compare-and-swap of it.
+   folded in), then every block (``copy_ipam``), each merged into the API's by one
+   compare-and-swap of it.
    A merge keeps every allocation present on either side (never drops one); where both hold
    one address for different attachments, the later one (its sequence number) stays: an
    allocation made on the API after the copy is newer than any of the frozen source's, and
    the address it reuses was released there because its pod had gone. A pass re-reads the
    source's blocks that changed since the pass before; the copy ends with a pass that adds
    nothing (releases change the source too, and add nothing).
-3. **open**: the API's pools are enabled (those the source had enabled) and unmarked: from
-   now on the nodes that run on the API allocate there. The nodes switch by a rolling
-   restart; until its turn a node allocates nothing (its pools are frozen) and its DELs
-   release in the source only: the API's copy of such an allocation is released by
+3. **open** (``_open_pools``): the API's pools are enabled (those the source had enabled)
+   and unmarked: from now on the nodes that run on the API allocate there. The nodes switch
+   by a rolling restart; until its turn a node allocates nothing (its pools are frozen) and
+   its DELs release in the source only: the API's copy of such an allocation is released by
    tabby-kube-controllers once its pod has been gone for ``--leak-grace``.
 
 A run is idempotent: a run after an interrupted one (any step) goes on from where the stores
-are. ``abort`` ends a migration instead: the source's pools are enabled again and the API's
-IPAM copy removed, refused when a node has allocated on the API already (an address made
+are. ``abort`` ends a migration instead: the source's pools are as before the freeze again and
+the API's IPAM copy removed, refused when a node has allocated on the API already (an address made
 there would be handed out again by the source).
 
 Pods, Namespaces and NetworkPolicies are Kubernetes' own on the API (never copied; one made
