@@ -1,6 +1,6 @@
 """A running cluster moved from etcd to the Kubernetes datastore, no address handed out twice
 (``tabbyctl datastore migrate --to kubernetes``; docs/kubernetes.md "Migrating a running
-cluster").
+cluster from etcd").
 
 The two stores are never written as one: nodes switch one at a time (a rolling restart), so
 for a while some allocate in one store while others release in the other. What keeps every

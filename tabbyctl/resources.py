@@ -555,7 +555,7 @@ def _to_kubernetes(
     click.echo(
         f"copied to {where} in {report.passes} pass(es); pools open there: "
         f"{', '.join(report.opened) or 'none new'}; now restart the nodes on the Kubernetes "
-        'datastore (docs/kubernetes.md "Migrating a running cluster")'
+        'datastore (docs/kubernetes.md "Migrating a running cluster from etcd")'
     )
 
 
