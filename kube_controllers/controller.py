@@ -18,6 +18,12 @@ Threads::
 On becoming the holder (and after each relist) every key of every kind is compared once, so
 changes made while no replica led (controllers down, restarted, a new leader) converge:
 mirrored documents whose object is gone are deleted.
+
+On the Kubernetes datastore (``datastore_type: kubernetes``) nothing is mirrored and nothing
+periodic is written (no liveness document: tabby-node reads the pods from the API itself):
+the reflectors are the ipam controller's (Nodes, Pods), the worker's writer is
+``collect.NodeCollector`` (a deleted Kubernetes Node's tabby Node), and housekeeping runs the
+ipam pass; leader election is the same.
 """
 
 from __future__ import annotations
@@ -65,7 +71,9 @@ class Controllers:
         self.reflectors: dict[str, Reflector] = {}
         self.elector: Elector | None = None
         self.leading = threading.Event()
-        self.mirror: mirror.Mirror | None = None
+        self.mirror: mirror.Writer | None = None
+        #: the store is the Kubernetes API itself: collect, never mirror
+        self.kubernetes_datastore = datastore.datastore_type == "kubernetes"
         self.ipam: IpamGc | None = None
         self.metrics: Metrics | None = None
         self.http_servers: list[ThreadingHTTPServer] = []
@@ -86,9 +94,16 @@ class Controllers:
 
         self.api = api = KubeClient(KubeConfig.load(self.options.kubeconfig))
         self.store = store = open_store(self.datastore)
-        self.mirror = mirror.Mirror(store, ResourceClient(store, owner=KUBERNETES))
         wanted = set(self.options.controllers)
-        kinds = [k for k in mirror.KINDS if k in wanted]
+        writer: mirror.Writer
+        if self.kubernetes_datastore:
+            from kube_controllers.collect import NodeCollector
+
+            writer = NodeCollector(store, api)
+        else:
+            writer = mirror.Mirror(store, ResourceClient(store, owner=KUBERNETES))
+        self.mirror = writer
+        kinds = [k for k in mirror.KINDS if k in wanted and k in writer.kinds]
         if "ipam" in wanted:  # it reads Nodes and Pods, mirrored or not
             kinds += [k for k in ("node", "pod") if k not in kinds]
         for kind in kinds:
@@ -106,6 +121,7 @@ class Controllers:
                 self.reflectors["pod"],
                 self.options.node_grace,
                 self.options.leak_grace,
+                kubernetes_datastore=self.kubernetes_datastore,
             )
         log.warning(
             "tabby-kube-controllers: %s; API server %s (%s); datastore %s",
@@ -116,7 +132,7 @@ class Controllers:
         )
         for kind, reflector in self.reflectors.items():
             self._spawn(f"reflector {kind}", reflector.run)
-        if "node" in wanted:
+        if "node" in wanted and not self.kubernetes_datastore:
             self._spawn("datastore nodes", self._watch_tabby_nodes)
         self._spawn("worker", self._work)
         self._spawn("housekeeping", self._housekeeping)
@@ -151,7 +167,11 @@ class Controllers:
         self.loop_beat[f"reflector {kind}"] = time.monotonic()
 
     def _changed(self, kind: str, key: str) -> None:
-        if kind in mirror.KINDS and kind in self.options.controllers:
+        if (
+            self.mirror is not None
+            and kind in self.mirror.kinds
+            and kind in self.options.controllers
+        ):
             self.enqueue(kind, key)
 
     def enqueue(self, kind: str, key: str, delay: float = 0.0) -> None:
@@ -165,7 +185,7 @@ class Controllers:
             self.leading.set()
             with self._cond:
                 self._cond.notify_all()  # the worker sleeps while it does not lead
-            self._beat()  # tabby-node waits for mirrored pods from now on
+            self._beat()  # tabby-node waits for mirrored pods from now on (etcd mode)
             self.full_sync()
         else:
             self.leading.clear()
@@ -180,6 +200,8 @@ class Controllers:
         for kind in mirror.KINDS:
             reflector = self.reflectors.get(kind)
             if reflector is None or kind not in self.options.controllers:
+                continue
+            if kind not in self.mirror.kinds:
                 continue
             keys = set(reflector.keys())
             try:
@@ -283,9 +305,12 @@ class Controllers:
                 self.full_sync()
 
     def _beat(self) -> None:
-        """The leader's liveness document: tabby-node waits for mirrored pods while it lives."""
+        """The leader's liveness document: tabby-node waits for mirrored pods while it lives
+        (none on the Kubernetes datastore: nothing is mirrored, the pods come from the API)."""
         from resources.heartbeat import CONTROLLERS_KEY, beat
 
+        if self.kubernetes_datastore:
+            return
         assert self.store is not None
         try:
             # Kept alive by its lease: every tabby-node watches heartbeats, and a rewrite
@@ -298,7 +323,7 @@ class Controllers:
     def _drop_beat(self) -> None:
         from resources.heartbeat import CONTROLLERS_KEY, KIND
 
-        if self.store is None:
+        if self.store is None or self.kubernetes_datastore:
             return
         with contextlib.suppress(DatastoreError):
             current = self.store.get(KIND, CONTROLLERS_KEY)

@@ -6,12 +6,18 @@ grace period (a node or pod that comes back in between resets it):
 - a gone node: blocks affine to a node that Kubernetes does not know, that has no tabby Node
   and no live heartbeat (its tabby-node is gone too), for ``--node-grace`` seconds: every
   allocation and block of it is released (``Ipam.release_node``, as ``tabbyctl ipam gc
-  --node`` does);
+  --node`` does). On the Kubernetes datastore (``kubernetes_datastore``) a node's liveness
+  is its Kubernetes Node alone: there its heartbeat is that Node's readiness, and its tabby
+  Node is what ``collect.NodeCollector`` deletes once the Kubernetes Node is gone;
 - a leaked attachment: an allocation recorded for a pod (namespace/name) that no pod of
   that namespace and name holds any more (the pod is gone, is another incarnation, or
   reports other addresses), for ``--leak-grace`` seconds. Before it is released the pod is
   read once more from the API server itself, so an address a live pod holds is never
-  released: the whole attachment (its handle) goes, and its WorkloadEndpoint with it.
+  released: the whole attachment (its handle) goes, and its WorkloadEndpoint with it (on the
+  Kubernetes datastore the endpoint is made of the allocations: it goes with them).
+
+The same pass serves both datastores: the pods and Kubernetes Nodes come from the
+reflectors either way, the allocations from the store.
 
 VXLAN tunnel addresses and allocations that name no pod are never touched.
 """
@@ -47,6 +53,8 @@ class IpamGc:
     node_grace: float
     leak_grace: float
     clock: Callable[[], float] = time.monotonic
+    #: the store is the Kubernetes datastore (liveness is the Kubernetes Node's alone)
+    kubernetes_datastore: bool = False
     #: node -> when it was first seen gone; handle -> when first seen leaked
     gone_nodes: dict[str, float] = field(default_factory=dict)
     leaks: dict[str, float] = field(default_factory=dict)
@@ -62,11 +70,9 @@ class IpamGc:
 
     def _gone_nodes(self, ipam: Ipam) -> None:
         with_blocks = {b.node for b in ipam.block_usage() if b.node}
-        tabby_nodes = set(self.store.list_keys("node"))
-        alive = set(self.store.list_keys("heartbeat"))
-        known = set(self.nodes.keys())
+        present = self._present_nodes()
         now = self.clock()
-        gone = {n for n in with_blocks if n not in known | tabby_nodes | alive}
+        gone = {n for n in with_blocks if n not in present}
         for node in list(self.gone_nodes):
             if node not in gone:
                 del self.gone_nodes[node]  # back, or already released
@@ -87,6 +93,14 @@ class IpamGc:
                 f"; errors: {report.errors}" if report.errors else "",
             )
             del self.gone_nodes[node]
+
+    def _present_nodes(self) -> set[str]:
+        """The nodes that are not gone: those Kubernetes knows; in etcd mode also those with
+        a tabby Node or a live heartbeat (a node tabby-node runs on, Kubernetes' or not)."""
+        known = set(self.nodes.keys())
+        if self.kubernetes_datastore:
+            return known
+        return known | set(self.store.list_keys("node")) | set(self.store.list_keys("heartbeat"))
 
     # -- leaked attachments -------------------------------------------------------------------
 
@@ -116,7 +130,8 @@ class IpamGc:
                 log.warning("cannot release leaked %s: %s", handle, e)
                 continue
             self.released["leak"] += len(freed)
-            self._remove_endpoint(handle, held[0][1])
+            if not self.kubernetes_datastore:  # there it is made of the allocations
+                self._remove_endpoint(handle, held[0][1])
             log.warning(
                 "released %s of %s/%s (%s): no pod holds it any more",
                 ", ".join(ip for ip, _ in held),

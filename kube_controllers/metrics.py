@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from kube_controllers.ipamgc import IpamGc
-    from kube_controllers.mirror import Mirror
+    from kube_controllers.mirror import Writer
     from kube_controllers.reflector import Reflector
     from stores.kube.client import KubeClient
 
@@ -45,7 +45,7 @@ class Controllers(Protocol):
     def events(self) -> Mapping[str, int]: ...
 
     @property
-    def mirror(self) -> Mirror | None: ...
+    def mirror(self) -> Writer | None: ...
 
     @property
     def ipam(self) -> IpamGc | None: ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from datastore.base import Doc
 from datastore.cas import update
@@ -124,8 +124,24 @@ PROJECTIONS: dict[str, Callable[[JSON], JSON | None]] = {
 }
 
 
+class Writer(Protocol):
+    """What the controllers' worker drives, one key at a time: the etcd mode's ``Mirror``,
+    or the Kubernetes datastore's ``collect.NodeCollector`` (nothing mirrored there)."""
+
+    #: the controller kinds it handles (of ``KINDS``)
+    kinds: tuple[str, ...]
+    #: (kind, action) -> writes made
+    writes: dict[tuple[str, str], int]
+
+    def mirrored_keys(self, kind: str) -> list[str]: ...
+
+    def sync(self, kind: str, key: str, desired: JSON | None) -> None: ...
+
+
 class Mirror:
     """Writes one key's difference at a time; counts what it did (``writes``)."""
+
+    kinds: tuple[str, ...] = tuple(KINDS)
 
     def __init__(self, store: Store, client: ResourceClient) -> None:
         self.store = store

@@ -1,6 +1,8 @@
 """tabby-kube-controllers' settings: one pydantic model, from flags > environment > defaults
 (PRODUCT "tabby-kube-controllers"); the datastore settings as tabby-node resolves them
-(``cni_config.resolve``), and only etcd: a cluster's controllers need the shared datastore."""
+(``cni_config.resolve``): etcd or the Kubernetes API, a cluster's controllers need the shared
+datastore (on the Kubernetes API, the one ``--kubeconfig`` reaches unless the datastore
+settings name another)."""
 
 from __future__ import annotations
 
@@ -86,9 +88,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tabby-kube-controllers",
         description="Mirror Kubernetes Namespaces, Pods, NetworkPolicies and Node labels into "
-        "tabby's datastore; release the blocks of deleted nodes and leaked addresses",
+        "tabby's etcd datastore (on the Kubernetes datastore: nothing to mirror); release the "
+        "blocks of deleted nodes and leaked addresses",
     )
     for name in ControllerOptions.model_fields:
+        if name == "kubeconfig":
+            continue  # the datastore's --kubeconfig (add_datastore_flags): one API for both
         if name == "leader_elect":
             p.add_argument(
                 "--leader-elect",
@@ -112,12 +117,17 @@ def parse(
     """Options and datastore settings; a bad value raises CniError naming its flag."""
     env = os.environ if env is None else env
     ns = parser().parse_args(argv)
+    ns.kubeconfig = ns.ds_kubeconfig  # the API server watched: the one flag names both
     options = daemon_options(ControllerOptions, ns, env, ENV, _NUMBERS)
     datastore = daemon_datastore(ns, env, options.conf)
-    if datastore.datastore_type != "etcdv3":
+    if datastore.datastore_type not in ("etcdv3", "kubernetes"):
         raise CniError(
             Code.UNSUPPORTED_FIELD,
-            "tabby-kube-controllers needs the cluster datastore: --datastore-type etcdv3",
+            "tabby-kube-controllers needs the cluster datastore: --datastore-type etcdv3 or "
+            "kubernetes",
             f"got {datastore.datastore_type}",
         )
+    if datastore.datastore_type == "kubernetes" and datastore.kubeconfig is None:
+        # the Kubernetes datastore is the API server the controllers watch
+        datastore = datastore.model_copy(update={"kubeconfig": options.kubeconfig})
     return options, datastore

@@ -9,6 +9,11 @@ document (the store protocol has no transaction: ``datastore.base``), read again
 redone when another writer got in between. A document's ``metadata.resourceVersion`` must
 equal the stored revision (else ``Conflict``); without one the last writer wins.
 
+Who may write what is ``resources.mirror``'s: on the Kubernetes datastore
+(``kubernetes_datastore``) a write of what Kubernetes owns there (Pods, Namespaces,
+NetworkPolicies, a Node's labels) or of a WorkloadEndpoint (made of the allocations there)
+is refused while the call is checked, so nothing of it is written.
+
 - A WorkloadEndpoint's labels are its Pod's whenever the Pod exists
   (``resources.wep.effective_labels``, applied when it is read): a Pod's write changes
   nothing else.
@@ -164,7 +169,9 @@ class _Found(NamedTuple):
 class ResourceClient:
     """Resources in ``store``. ``clock`` and ``new_uid`` stamp created resources; ``owner``
     is who writes (``resources.mirror``: the operator, or the controllers mirroring
-    Kubernetes), and what the other owner keeps is refused (``NotOwned``)."""
+    Kubernetes), and what the other owner keeps is refused (``NotOwned``);
+    ``kubernetes_datastore``: ``store`` is the Kubernetes datastore, where Kubernetes' own
+    kinds are refused (``NotOwned``, one line)."""
 
     def __init__(
         self,
@@ -173,11 +180,13 @@ class ResourceClient:
         clock: Callable[[], float] = time.time,
         new_uid: Callable[[], str] = lambda: str(uuid.uuid4()),
         owner: str = mirror.OPERATOR,
+        kubernetes_datastore: bool = False,
     ) -> None:
         self.store = store
         self.clock = clock
         self.new_uid = new_uid
         self.owner = owner
+        self.kubernetes_datastore = kubernetes_datastore
 
     # == read =================================================================================
 
@@ -274,6 +283,7 @@ class ResourceClient:
         if not isinstance(doc, dict):
             raise InvalidDocument(label, [("", "not an object (a mapping of fields)")])
         info = _document_kind(label, doc)
+        self._check_kubernetes_own(label, info)
         meta = doc.get("metadata")
         name = meta.get("name") if isinstance(meta, dict) else None
         namespace = effective_namespace(info.namespaced, meta)
@@ -292,6 +302,10 @@ class ResourceClient:
                 given = merged_meta.get(field) if replace else None
                 merged_meta[field] = given or old_meta.get(field) or make()
         self._check_owner(label, info, found, merged)
+        if self.kubernetes_datastore and info.kind == "Node":
+            old_labels = (base.get("metadata") or {}).get("labels") or {}
+            if ((merged.get("metadata") or {}).get("labels") or {}) != old_labels:
+                raise NotOwned(mirror.node_labels_refusal(label, str(name)))
         full = {"apiVersion": doc.get("apiVersion"), "kind": doc.get("kind"), **merged}
         try:
             resource = validate(info, full)
@@ -312,6 +326,13 @@ class ResourceClient:
 
     def _now(self) -> str:
         return wep.timestamp(self.clock())
+
+    def _check_kubernetes_own(self, label: str, info: KindInfo) -> None:
+        """On the Kubernetes datastore: a kind tabbyctl may not write there is refused."""
+        if self.kubernetes_datastore:
+            why = mirror.kubernetes_own_refusal(label, info.store_kind)
+            if why is not None:
+                raise NotOwned(why)
 
     def _check_owner(
         self, label: str, info: KindInfo, found: _Found | None, new: JSON | None
@@ -436,6 +457,7 @@ class ResourceClient:
         rv: object,
         ignore_not_found: bool,
     ) -> Deleted | None:
+        self._check_kubernetes_own(label, info)
         found = self._find(tx, info, name, namespace)
         if found is None:
             if ignore_not_found:

@@ -11,6 +11,12 @@ the annotation ``tabby.io/source: kubernetes``. The rules (one place, applied by
 - the controllers change only marked resources, and a Node's labels (tabby-node writes the
   rest of a Node): what an operator made with tabbyctl stays as it is.
 
+In the Kubernetes datastore nothing is mirrored: what Kubernetes owns is read where it lives
+(``stores.kube.kinds``), and tabbyctl may not write it at all (``kubernetes_own``): a Pod,
+Namespace or NetworkPolicy is changed with kubectl, a WorkloadEndpoint is made of its pod's
+IPAM allocations, and a Node's labels are the Kubernetes Node's (tabby's Node holds the
+rest). A refusal is one line, given before anything is written.
+
 Standard library only.
 """
 
@@ -31,6 +37,33 @@ def is_mirrored(data: Mapping[str, object] | None) -> bool:
     meta = data.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     return isinstance(annotations, Mapping) and annotations.get(SOURCE_ANNOTATION) == KUBERNETES
+
+
+#: The store kinds Kubernetes owns in the Kubernetes datastore (``stores.kube.kinds.NATIVE``),
+#: and the one made of other documents there (an attachment's allocations).
+KUBERNETES_OWN = frozenset({"pod", "namespace", "networkpolicy"})
+DERIVED = frozenset({"workloadendpoint"})
+
+
+def kubernetes_own_refusal(label: str, store_kind: str) -> str | None:
+    """One line for a write of ``store_kind`` in the Kubernetes datastore, or None when
+    tabbyctl may write it."""
+    if store_kind in KUBERNETES_OWN:
+        return f"{label} is Kubernetes' own in the Kubernetes datastore: change it with kubectl"
+    if store_kind in DERIVED:
+        return (
+            f"{label} is made of its pod's IPAM allocations in the Kubernetes datastore: "
+            "nothing to write (it goes with the pod)"
+        )
+    return None
+
+
+def node_labels_refusal(label: str, name: str) -> str:
+    """A Node's labels changed with tabbyctl in the Kubernetes datastore."""
+    return (
+        f"{label}: its labels are the Kubernetes Node's in the Kubernetes datastore: change "
+        f"them with kubectl label node {name}"
+    )
 
 
 def refusal(label: str, writer: str) -> str:

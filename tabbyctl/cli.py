@@ -49,6 +49,7 @@ def cli(
 ) -> None:
     """Operate a tabby pod network: IPAM inspection and repair, pools, resources, demo."""
     ctx.obj = Ctx(conf, data_dir, node, datastore)
+    ctx.call_on_close(ctx.obj.close)
 
 
 @cli.command()
@@ -212,8 +213,13 @@ def ipam_gc(
         raise click.UsageError("--force goes with --node")
     if gone:
         with operator_errors():
+            s = obj.settings()
             data = views.release_gone_node(
-                obj.settings().open(), gone, force=force, dry_run=dry_run
+                s.open(),
+                gone,
+                force=force,
+                dry_run=dry_run,
+                kubernetes=s.datastore.datastore_type == "kubernetes",
             )
         emit(output, data, views.gone_node_lines(data))
         if data["errors"]:

@@ -92,6 +92,12 @@ class Ctx:
         self.datastore = datastore or {}
         self._settings: Settings | None = None
 
+    def close(self) -> None:
+        """The stores the command opened through ``settings()`` closed (the group calls it
+        when the command ends)."""
+        if self._settings is not None:
+            self._settings.close()
+
     def settings(self) -> Settings:
         if self._settings is None:
             from tabbyctl.views import load_settings

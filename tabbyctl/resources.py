@@ -54,9 +54,15 @@ def _client(obj: Ctx) -> Iterator[ResourceClient]:
     with _errors():
         store = open_resource_store(obj)
         try:
-            yield ResourceClient(store)
+            yield ResourceClient(store, kubernetes_datastore=on_kubernetes(obj))
         finally:
             store.close()
+
+
+def on_kubernetes(obj: Ctx) -> bool:
+    """Whether the datastore is the Kubernetes API (docs/kubernetes.md "Kubernetes
+    datastore"): what Kubernetes owns is read there, never written by tabbyctl."""
+    return obj.settings().datastore.datastore_type == "kubernetes"
 
 
 @contextmanager
@@ -430,20 +436,52 @@ def datastore() -> None:
 
 
 @datastore.command("migrate")
-@click.option("--to", "to", type=click.Choice(["etcdv3", "file"]), required=True)
+@click.option("--to", "to", type=click.Choice(["etcdv3", "file", "kubernetes"]), required=True)
 @click.option("--etcd-endpoints", help="target etcd endpoints (comma-separated URLs)")
 @click.option("--etcd-prefix", help="target key prefix (default /tabby)")
 @click.option("--etcd-ca-cert-file", help="target etcd CA certificate")
 @click.option("--etcd-cert-file", help="target etcd client certificate")
 @click.option("--etcd-key-file", help="target etcd client key")
 @click.option("--to-data-dir", help="target file store directory (--to file)")
+@click.option(
+    "--kubeconfig",
+    "to_kubeconfig",
+    help="--to kubernetes: the target API server (default: KUBECONFIG, else the pod's "
+    "service account)",
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    help="--to kubernetes: seconds to wait after freezing the source's pools, for the ADDs in "
+    "flight (default: the source's lock_timeout_seconds)",
+)
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="--to kubernetes: end a migration instead: the source's pools enabled again, the "
+    "target's IPAM copy removed (refused once a node allocated on the target)",
+)
 @click.pass_obj
-def migrate(obj: Ctx, /, to: str, to_data_dir: str | None, **etcd: str | None) -> None:
+def migrate(
+    obj: Ctx,
+    /,
+    to: str,
+    to_data_dir: str | None,
+    to_kubeconfig: str | None,
+    settle: float | None,
+    abort: bool,
+    **etcd: str | None,
+) -> None:
     """Copy this node's datastore (pools, blocks, affinities, handles, resources, workload
     endpoints) into another one, which must hold no tabby data yet.
 
     The node's CNI calls wait while the copy runs; switch the node's conflist to the new
     datastore afterwards.
+
+    --to kubernetes moves a running cluster into the Kubernetes API: the source's pools are
+    frozen (no ADD allocates there), pools, BGP resources, Nodes, blocks and indexes merged
+    into the API, the API's pools opened; then switch the nodes by a rolling restart. Run it
+    again after an interruption; --abort ends it instead (docs/kubernetes.md).
     """
     from cni_config.resolve import resolve_datastore
     from resources.migrate import copy_store
@@ -451,15 +489,26 @@ def migrate(obj: Ctx, /, to: str, to_data_dir: str | None, **etcd: str | None) -
 
     if to == "file" and not to_data_dir:
         raise click.UsageError("--to file needs --to-data-dir DIR")
+    if to != "kubernetes" and (to_kubeconfig or settle is not None or abort):
+        raise click.UsageError("--kubeconfig, --settle and --abort go with --to kubernetes")
     flags: dict[str, str | None] = {"datastore_type": to, **etcd}
     if to == "file":
         flags["data_dir"] = to_data_dir
+    if to == "kubernetes":
+        flags["kubeconfig"] = to_kubeconfig
     with _errors():
-        settings = resolve_datastore(None, flags, {})
+        if to == "kubernetes" and on_kubernetes(obj):
+            raise click.ClickException(
+                "the datastore is the Kubernetes API already: nothing to move"
+            )
+        settings = resolve_datastore(None, flags, {} if to != "kubernetes" else _kube_env())
         source = open_resource_store(obj)
         try:
             target = open_store(settings)
             try:
+                if to == "kubernetes":
+                    _to_kubernetes(obj, source, target, settings.describe(), settle, abort)
+                    return
                 counts = copy_store(source, target)
             finally:
                 target.close()
@@ -469,6 +518,45 @@ def migrate(obj: Ctx, /, to: str, to_data_dir: str | None, **etcd: str | None) -
     for kind, n in counts.items():
         click.echo(f"{kind:<18} {n}")
     click.echo(f"copied {total} documents to {settings.describe()}")
+
+
+def _kube_env() -> dict[str, str]:
+    """What the target's settings read of the environment: the kubeconfig only (the
+    TABBY_* variables name the source)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k == "KUBECONFIG"}
+
+
+def _to_kubernetes(
+    obj: Ctx, source: Store, target: Store, where: str, settle: float | None, abort: bool
+) -> None:
+    """``datastore migrate --to kubernetes`` (``resources.migrate_kube``)."""
+    from resources import migrate_kube
+
+    target.check_usable()
+    if abort:
+        done = migrate_kube.abort(source, target)
+        click.echo(
+            f"pools enabled again in the source: {', '.join(done.thawed) or 'none'}; "
+            f"removed from {where}: {done.counts.get('blocks removed', 0)} block(s), "
+            f"{done.counts.get('indexes removed', 0)} index(es)"
+        )
+        return
+    wait = obj.settings().datastore.lock_timeout_seconds if settle is None else settle
+    report = migrate_kube.migrate(source, target, settle=wait, say=click.echo)
+    for line in report.skipped:
+        click.echo(f"not copied: {line}", err=True)
+    for line in report.conflicts:
+        click.echo(f"conflict: {line}", err=True)
+    for what in ("pools", "bgpconfigurations", "bgppeers", "nodes", "indexes", "blocks"):
+        click.echo(f"{what:<18} {report.counts.get(what, 0)}")
+    click.echo(f"{'allocations':<18} {report.counts.get('allocations', 0)}")
+    click.echo(
+        f"copied to {where} in {report.passes} pass(es); pools open there: "
+        f"{', '.join(report.opened) or 'none new'}; now restart the nodes on the Kubernetes "
+        'datastore (docs/kubernetes.md "Migrating a running cluster from etcd")'
+    )
 
 
 COMMANDS: tuple[click.Command, ...] = (apply_cmd, get_cmd, delete_cmd, datastore)

@@ -43,12 +43,25 @@ class Settings:
     datastore: DatastoreSettings
     veth_prefix: str = DEFAULT_VETH_PREFIX
     plugin_conf: JSON = field(default_factory=dict)
+    #: the stores opened through these settings, closed by ``close`` (at the command's end)
+    opened: list[Store] = field(default_factory=list, repr=False)
 
     def open_store(self, *, lock_timeout: float | None = None) -> Store:
         settings = self.datastore
         if lock_timeout is not None:
             settings = settings.model_copy(update={"lock_timeout_seconds": lock_timeout})
-        return open_store(settings)
+        store = open_store(settings)
+        self.opened.append(store)
+        return store
+
+    def close(self) -> None:
+        """Every store opened here closed (its connections: the Kubernetes API's are kept
+        alive, etcd's watch-free ones too)."""
+        import contextlib
+
+        while self.opened:
+            with contextlib.suppress(Exception):
+                self.opened.pop().close()
 
     def open(self, *, lock_timeout: float | None = None) -> Ipam:
         return Ipam(self.open_store(lock_timeout=lock_timeout), self.node)
@@ -384,19 +397,29 @@ def tunnel_note(tunnels: Sequence[JSON]) -> list[str]:
 # -- a node that is gone (tabbyctl ipam gc --node N) ------------------------------------------
 
 
-def release_gone_node(ipam: Ipam, node: str, *, force: bool, dry_run: bool) -> JSON:
+def release_gone_node(
+    ipam: Ipam, node: str, *, force: bool, dry_run: bool, kubernetes: bool = False
+) -> JSON:
     """Release everything of ``node`` (``Ipam.release_node``): refused while its heartbeat
-    document exists (its tabby-node is alive) unless ``force``. ``dry_run`` (allowed either
-    way) lists what would go: the allocations recorded for the node, its blocks (deleted
-    when only its own addresses are in them, else made affine to no node)."""
+    document exists (its tabby-node is alive; in the Kubernetes datastore, ``kubernetes``:
+    its Kubernetes Node is Ready, the kubelet's liveness) unless ``force``. ``dry_run``
+    (allowed either way) lists what would go: the allocations recorded for the node, its
+    blocks (deleted when only its own addresses are in them, else made affine to no node)."""
     beat = ipam.store.get("heartbeat", node)
     if beat is not None and not (force or dry_run):
+        if kubernetes:
+            raise CtlError(
+                f"node {node} is alive: its Kubernetes Node is Ready; drain and delete it "
+                f"(kubectl delete node {node}), or give --force"
+            )
         last = when(beat.data.get("time")) if isinstance(beat.data, dict) else "-"
         raise CtlError(
             f"node {node} is alive: its heartbeat is in the datastore (kept alive since {last}); "
             "stop its tabby-node and let the heartbeat expire (--node-ttl), or give --force"
         )
     base = {"node": node, "dry_run": dry_run, "alive": beat is not None, "forced": force}
+    if kubernetes:
+        base["kubernetes"] = True
     if not dry_run:
         done = ipam.release_node(node)
         return {**base, **done._asdict()}
@@ -423,7 +446,12 @@ def gone_node_lines(data: JSON) -> list[str]:
         release, delete, make = "released", "deleted", "made"
     lines: list[str] = []
     if data["alive"]:
-        lines.append(f"warning: node {data['node']} is alive (its heartbeat is in the datastore)")
+        why = (
+            "its Kubernetes Node is Ready"
+            if data.get("kubernetes")
+            else "its heartbeat is in the datastore"
+        )
+        lines.append(f"warning: node {data['node']} is alive ({why})")
     rows = [[h, "release attachment"] for h in data["released"]]
     rows += [[b, "delete empty block"] for b in data["deleted_blocks"]]
     rows += [[b, "make block in use affine to no node"] for b in data["unaffined_blocks"]]

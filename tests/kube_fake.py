@@ -5,7 +5,8 @@ counter; list (with ``limit``/``continue``) returns the collection's version; wa
 version sends every later event of that collection, bookmarks on request, and a ``410 Gone``
 (an ERROR event, or the status when the watch starts) for a version older than the
 compacted one; get/create/update with optimistic concurrency (409 on a stale
-resourceVersion or an existing name); a cluster-wide pod collection (``/api/v1/pods``) over
+resourceVersion or an existing name), ``uid`` and ``creationTimestamp`` set by the
+server on create and kept on update; a cluster-wide pod collection (``/api/v1/pods``) over
 the namespaced ones. What it adds for tests: :meth:`FakeApi.compact` (forget history),
 :meth:`FakeApi.break_watches` (end every open watch, as a restart of the API server does),
 :meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,8 +71,12 @@ class FakeApi:
             meta = obj["metadata"]
             meta["resourceVersion"] = str(self.rv)
             meta.setdefault("uid", f"uid-{self.rv}")
+            # the API server's own fields: set on create, kept on update
+            meta["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             if existed:
-                meta["uid"] = self.objects[collection][key]["metadata"]["uid"]
+                old = self.objects[collection][key]["metadata"]
+                meta["uid"] = old["uid"]
+                meta["creationTimestamp"] = old["creationTimestamp"]
             self.objects[collection][key] = obj
             self.history[collection].append((self.rv, "MODIFIED" if existed else "ADDED", obj))
             self.lock.notify_all()
@@ -349,3 +355,22 @@ def policy(ns: str, name: str, spec: JSON) -> JSON:
 
 def node(name: str, labels: dict[str, str] | None = None) -> JSON:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
+
+
+def write_kubeconfig(path: str, url: str) -> str:
+    """A kubeconfig file whose current context reaches ``url`` (a token, no TLS)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{url}'}}}}]\n"
+            "users: [{name: fake, user: {token: fake-token}}]\n"
+        )
+    return path
+
+
+def ready_node(name: str, labels: dict[str, str] | None = None, ready: bool = True) -> JSON:
+    """A v1 Node with its Ready condition (the kubelet's liveness)."""
+    obj = node(name, labels)
+    obj["status"] = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return obj
