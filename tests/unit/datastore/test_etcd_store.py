@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -1168,30 +1165,6 @@ def test_value_that_is_not_json_is_corrupt_naming_its_key(
             store.get("block", "10.0.0.64/26")
     finally:
         store.close()
-
-
-# -- the node lock -------------------------------------------------------------------------
-
-
-@pytest.mark.privileged
-def test_lock_file_differs_per_network_namespace(tmp_path: Path) -> None:
-    code = (
-        "from datastore.etcd.store import EtcdStore\n"
-        f"print(EtcdStore(['http://127.0.0.1:2379'], lock_dir={str(tmp_path)!r}).lock_path)\n"
-    )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3]))
-    here = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    there = subprocess.run(
-        ["unshare", "--net", sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert here.strip() == EtcdStore(["http://127.0.0.1:2379"], lock_dir=str(tmp_path)).lock_path
-    assert here != there
 
 
 # -- the allocator over etcd: three nodes --------------------------------------------------
