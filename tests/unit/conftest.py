@@ -1,5 +1,7 @@
-"""The unit tier's own fixtures: a private configuration cache for every test, one store per
-implementation, one real etcd member per module, a settable clock."""
+"""The unit tier's own fixtures: a private configuration cache for every test, the stores
+(memory and file; every kind, etcd included, for the suites every implementation must
+pass), one real etcd member per module, a settable clock. How each is made:
+tests/unit/stores.py."""
 
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ from cni_config.known import CACHE_ENV
 from datastore.base import Store
 from datastore.file import FileStore
 from datastore.memory import MemoryStore
-from tests.etcd_cluster import EtcdCluster, EtcdMissing
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STORE_KINDS = ["memory", "file"]
+from tests import REPO_ROOT
+from tests.etcd_cluster import EtcdCluster
+from tests.unit.stores import EVERY_KIND, Clock, make_store, start_etcd
 
 
 @pytest.fixture(autouse=True)
@@ -28,15 +29,18 @@ def config_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return where
 
 
-def make_store(kind: str, tmp_path: Path, lock_timeout: float = 5.0) -> Store:
-    if kind == "memory":
-        return MemoryStore(lock_timeout=lock_timeout)
-    return FileStore(str(tmp_path / "state" / "ipam"), lock_timeout=lock_timeout)
-
-
-@pytest.fixture(params=STORE_KINDS)
+@pytest.fixture(params=["memory", "file"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return make_store(request.param, tmp_path)
+
+
+@pytest.fixture(params=EVERY_KIND)
+def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Memory, file and etcd (on ``etcd1``, a prefix of its own); closed after the test."""
+    etcd = request.getfixturevalue("etcd1") if request.param == "etcd" else None
+    made = make_store(request.param, tmp_path, etcd=etcd)
+    yield made
+    made.close()
 
 
 @pytest.fixture
@@ -52,20 +56,8 @@ def file_store(tmp_path: Path) -> FileStore:
 @pytest.fixture(scope="module")
 def etcd1() -> Iterator[EtcdCluster]:
     """One real etcd member on 127.0.0.1 for the module (stopped by PID, its dir removed)."""
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
+    with start_etcd(1) as cluster:
         yield cluster
-
-
-class Clock:
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

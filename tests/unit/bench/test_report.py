@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench import record, report
+from tests import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "bench" / "results"
 

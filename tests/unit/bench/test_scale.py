@@ -17,7 +17,6 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -333,18 +332,6 @@ def test_the_hooks_the_simulator_relies_on_exist() -> None:
     assert WATCHED_KINDS
     assert callable(EtcdStore._apply)
     assert callable(EtcdStore.raw_key)
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[Any]:
-    from tests.etcd_cluster import EtcdCluster, EtcdMissing
-
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 def _wait(what: str, check: Any, timeout: float = 30.0) -> Any:

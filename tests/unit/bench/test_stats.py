@@ -15,8 +15,7 @@ import pytest
 
 from bench import stats
 from bench.cni import cni_bench_pure as cb
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
 
 PTP_LIST: dict[str, Any] = {
     "cniVersion": "0.4.0",

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from pathlib import Path
 from typing import Any
 
+from tests import REPO_ROOT as ROOT
 from tests.unit.repository.test_layers import PRODUCT
 
-ROOT = Path(__file__).resolve().parents[3]
 SPEC = ROOT / "packaging" / "tabby.spec"
 
 

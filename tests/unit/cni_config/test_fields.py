@@ -31,8 +31,7 @@ from cni_plugin.config import ContainerSettings, IpamRef, PluginConf
 from cni_protocol import skel
 from ipam import plugin as ipam_plugin
 from ipam.config import IpamConf
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
 
 #: Fields a table documents as free-form (docs/configuration.md says so): never a reason to fail.
 FREE_FORM = {"capabilities"}

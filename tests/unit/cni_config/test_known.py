@@ -30,8 +30,7 @@ from cni_protocol.errors import CniError
 from ipam import plugin as ipam_plugin
 from ipam.config import IpamConf, IpamPluginConf
 from ipam.values import IpamPluginValues, IpamValues
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
 
 PAIRS: list[tuple[type[BaseModel], type[Values]]] = [
     (Attachment, AttachmentValues),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
+
 DOC_PATH = "cni_protocol/CONFORMANCE.md"
 DOC = ROOT / DOC_PATH
 

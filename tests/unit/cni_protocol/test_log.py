@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from cni_protocol import log
+from tests import REPO_ROOT
 
 
 def test_rotation_keeps_whole_records_and_a_bounded_number_of_files(tmp_path: Path) -> None:
@@ -58,7 +59,7 @@ def test_a_resident_process_without_a_log_file_logs_to_stderr_at_its_level(
         "logging.getLogger('tabby.node').debug('a debug line')\n"
         "logging.getLogger('tabby.node').warning('a warning line')\n"
     )
-    root = Path(__file__).resolve().parents[3]
+    root = REPO_ROOT
 
     def stderr_of(path: str) -> str:
         proc = subprocess.run(

@@ -7,12 +7,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "conf-examples"
+from tests import REPO_ROOT
+
+EXAMPLES = REPO_ROOT / "conf-examples"
 FILES = ("10-tabby.conflist", "10-tabby-dualstack.conflist", "10-tabby-chained.conflist")
 
 TABBY_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")

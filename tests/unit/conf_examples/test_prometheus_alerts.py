@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
+
 ALERTS = ROOT / "conf-examples" / "prometheus-alerts.yaml"
 RULE_TESTS = Path(__file__).resolve().parent / "prometheus" / "alerts.test.yaml"
 

@@ -26,7 +26,8 @@ from datastore.etcd import grpc as etcd_grpc
 from datastore.etcd.client import EtcdClient, EtcdUnavailable, KeyValue
 from datastore.etcd.grpc import GrpcWatcher, ProtoError, decode_kv, decode_response, encode_create
 from tests.etcd_cluster import EtcdCluster, etcd_binary, free_ports
-from tests.unit.datastore.test_etcd_store import _Mirror, store_on
+from tests.unit.datastore.sync_mirror import Mirror
+from tests.unit.datastore.test_etcd_store import store_on
 
 # -- protobuf --------------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ def test_nodes_watching_through_one_proxy_cost_etcd_one_watch_per_range(
         store_on(etcd1, tmp_path, prefix=prefix, watch_endpoints=[proxy.url]) for _ in range(5)
     ]
     writer = store_on(etcd1, tmp_path, prefix=prefix)
-    mirrors = [_Mirror(s, KINDS) for s in stores]
+    mirrors = [Mirror(s, KINDS) for s in stores]
     try:
         for m in mirrors:
             m.wait(lambda m=m: m.snapshots == 1)  # type: ignore[misc]
@@ -225,7 +226,7 @@ def test_nodes_watching_through_one_proxy_cost_etcd_one_watch_per_range(
         for m in mirrors:
             m.wait(lambda m=m: m.state == want)  # type: ignore[misc]
         direct = store_on(etcd1, tmp_path, prefix=prefix)
-        mirror = _Mirror(direct, KINDS)
+        mirror = Mirror(direct, KINDS)
         try:
             mirror.wait(lambda: mirror.snapshots == 1)
             per_node = _settled_watchers(etcd1) - before - ranges
@@ -252,7 +253,7 @@ def test_sync_moves_to_the_next_proxy_when_its_proxy_dies(
     prefix = f"/t-{uuid.uuid4().hex[:10]}"
     store = store_on(etcd1, tmp_path, prefix=prefix, watch_endpoints=[p.url for p in proxies])
     writer = store_on(etcd1, tmp_path, prefix=prefix)
-    m = _Mirror(store, KINDS)
+    m = Mirror(store, KINDS)
     try:
         m.wait(lambda: m.snapshots == 1)
         writer.put("node", "before", {}, None)

@@ -40,16 +40,11 @@ from ipam.core import (
 )
 from resources.wep import endpoint_key, remove_endpoint, write_endpoint
 from tabby_node.cache import WATCHED_KINDS
-from tests.etcd_cluster import EtcdCluster, EtcdMissing, free_ports
+from tests.etcd_cluster import EtcdCluster, free_ports
+from tests.unit.datastore.sync_mirror import Mirror
+from tests.unit.stores import start_etcd
 
 pytestmark = pytest.mark.etcd
-
-
-def _cluster(size: int, **kw: Any) -> EtcdCluster:
-    try:
-        return EtcdCluster(size, **kw)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
 
 
 #: etcd 3.4's flag: progress notifications to caught-up watches every 300 ms, not 10 min
@@ -58,7 +53,7 @@ PROGRESS_NOTIFY = ("--experimental-watch-progress-notify-interval", "300ms")
 
 @pytest.fixture(scope="module")
 def etcd3_module() -> Iterator[EtcdCluster]:
-    with _cluster(3, extra_args=PROGRESS_NOTIFY) as cluster:
+    with start_etcd(3, extra_args=PROGRESS_NOTIFY) as cluster:
         yield cluster
 
 
@@ -353,7 +348,7 @@ def test_lost_answer_of_an_applied_write_is_not_a_conflict(
 
 @pytest.fixture(scope="module")
 def etcd_tls() -> Iterator[EtcdCluster]:
-    with _cluster(1, tls=True) as cluster:
+    with start_etcd(1, tls=True) as cluster:
         yield cluster
 
 
@@ -367,7 +362,7 @@ def test_tls_with_ca_and_client_certificate(etcd_tls: EtcdCluster, tmp_path: Pat
     try:
         rev = store.put("node", "n", {"v": 1}, None)
         assert store.get("node", "n") == Doc({"v": 1}, rev)
-        m = _Mirror(store, ["node"])
+        m = Mirror(store, ["node"])
         try:
             m.wait(lambda: m.snapshots == 1)
             store.put("node", "m", {}, None)
@@ -537,59 +532,6 @@ def test_leader_kill_during_concurrent_cas_increments_loses_nothing(
 # -- sync ---------------------------------------------------------------------------------------
 
 
-class _Mirror:
-    """Runs ``store.sync`` in a thread, keeps the consumer's state."""
-
-    def __init__(self, store: EtcdStore, kinds: list[str]) -> None:
-        self.store = store
-        self.stop = threading.Event()
-        self.state: dict[str, dict[str, Doc]] = {}
-        self.events: list[SyncEvent] = []
-        self.snapshots = 0
-        self.error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._iter = store.sync(kinds, self.stop)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for ev in self._iter:
-                with self._cond:
-                    self.events.append(ev)
-                    if ev.type == "snapshot":
-                        assert ev.snapshot is not None
-                        self.state = {k: dict(v) for k, v in ev.snapshot.items()}
-                        self.snapshots += 1
-                    elif ev.type == "put":
-                        assert ev.doc is not None
-                        self.state[ev.kind][ev.key] = ev.doc
-                    else:
-                        self.state[ev.kind].pop(ev.key)
-                    self._cond.notify_all()
-        except BaseException as e:
-            self.error = e
-
-    def wait(self, cond: Callable[[], bool], timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not cond():
-                if self.error is not None:
-                    raise AssertionError("sync failed") from self.error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    stats = self.store.sync_stats
-                    pytest.fail(f"sync state never got there ({stats}): {self.state}")
-                self._cond.wait(min(left, 0.1))
-
-    def close(self) -> None:
-        self.stop.set()
-        self._thread.join(10)
-        assert not self._thread.is_alive()
-        if self.error is not None:
-            raise AssertionError("sync failed") from self.error
-
-
 @pytest.mark.parametrize("where", ["silent", "dead"])
 def test_sync_ends_soon_after_stop_while_etcd_does_not_answer(
     tmp_path: Path, fakes: list[FakeEndpoint], where: str
@@ -686,7 +628,7 @@ def test_pod_add_and_del_send_a_node_no_handle_or_affinity_event(
     old_end = max(prefix_end(store._kp[k]) for k in kinds)
     old: dict[str, int] = {}
     old_stop = threading.Event()
-    m = _Mirror(store, kinds)
+    m = Mirror(store, kinds)
     old_counting = threading.Thread(
         target=_count_raw, args=(writer, old_start, old_end, old_stop, old), daemon=True
     )
@@ -790,7 +732,7 @@ def test_sync_watches_every_range_also_with_a_long_prefix(
 
 
 def _sync_sees_a_write_in_every_range(store: EtcdStore, writer: EtcdStore, n: int) -> None:
-    m = _Mirror(store, SYNC_KINDS)
+    m = Mirror(store, SYNC_KINDS)
     try:
         m.wait(lambda: m.snapshots == 1)
         writer.put_leased("heartbeat", f"n{n}", {}, None, ttl=60)
@@ -817,7 +759,7 @@ def test_sync_resumes_after_its_member_is_killed_and_restarted(
         r_a = writer.put("pod", "ns/a", {"v": 1}, None)
         writer.put("pod", "ns/gone", {}, None)
         writer.put("node", "n1", {}, None)
-        m = _Mirror(store, SYNC_KINDS)
+        m = Mirror(store, SYNC_KINDS)
         try:
             m.wait(lambda: m.snapshots == 1)
             writer.put("pod", "ns/live", {}, None)  # seen: the stream is up
@@ -874,7 +816,7 @@ def test_sync_ignores_a_compaction_while_caught_up(etcd1: EtcdCluster, tmp_path:
     nothing: no re-read, no resume, no event."""
     store = store_on(etcd1, tmp_path)
     writer = store_on(etcd1, tmp_path, prefix=store.prefix)
-    m = _Mirror(store, SYNC_KINDS)
+    m = Mirror(store, SYNC_KINDS)
     try:
         m.wait(lambda: m.snapshots == 1)
         for i in range(5):
@@ -919,7 +861,7 @@ def test_sync_rereads_once_after_a_compaction_while_away(
         r_a = writer.put("pod", "ns/a", {"v": 1}, None)
         for key in ("ns/same", "ns/gone", "ns/gone2"):
             writer.put("pod", key, {}, None)
-        m = _Mirror(store, SYNC_KINDS)
+        m = Mirror(store, SYNC_KINDS)
         try:
             m.wait(lambda: m.snapshots == 1 and len(m.state["pod"]) == 4, 30)
             before = len(m.events)
@@ -974,7 +916,7 @@ def test_sync_keeps_a_quiet_range_resumable_by_progress_notifications(
     try:
         writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
         writer.put("block", "10.0.0.0/26", {}, None)
-        m = _Mirror(store, SYNC_KINDS)
+        m = Mirror(store, SYNC_KINDS)
         try:
             m.wait(lambda: m.snapshots == 1)
             for i in range(5):
@@ -1009,7 +951,7 @@ def test_sync_rereads_only_the_ranges_whose_history_is_gone(
     before the compaction and are read again; the busy one (pods) resumes. Nothing changed,
     so nothing is reported."""
     monkeypatch.setattr(etcd_module, "jittered", lambda most: min(most, 0.2))
-    with _cluster(1) as cluster:
+    with start_etcd(1) as cluster:
         store = store_on(cluster, tmp_path, timeout=3.0)
         writer = store_on(cluster, tmp_path, prefix=store.prefix)
         reads: list[tuple[bytes, bytes]] = []
@@ -1023,7 +965,7 @@ def test_sync_rereads_only_the_ranges_whose_history_is_gone(
         try:
             writer.put_leased("heartbeat", "n1", {}, None, ttl=60)
             writer.put("block", "10.0.0.0/26", {}, None)
-            m = _Mirror(store, SYNC_KINDS)
+            m = Mirror(store, SYNC_KINDS)
             try:
                 m.wait(lambda: m.snapshots == 1)
                 for i in range(5):
@@ -1079,7 +1021,7 @@ def test_sync_compacted_before_its_watch_started_reports_the_differences(
         return real(ranges, *args, **kw)
 
     monkeypatch.setattr(store.watcher, "watch_ranges", compact_first)
-    m = _Mirror(store, ["node"])
+    m = Mirror(store, ["node"])
     try:
         m.wait(lambda: set(m.state.get("node", ())) == {"a", "b"})
         assert m.snapshots == 1
@@ -1118,7 +1060,7 @@ def test_sync_stops_during_the_reread_delay(
         return real(*args, **kw)
 
     monkeypatch.setattr(store.watcher, "watch_ranges", compact_first)
-    m = _Mirror(store, ["node"])
+    m = Mirror(store, ["node"])
     try:
         assert waiting.wait(10)
     finally:

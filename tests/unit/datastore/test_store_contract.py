@@ -10,15 +10,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from datastore import open_store
-from datastore.base import KINDS, Doc, Store, SyncEvent
+from datastore.base import KINDS, Doc, Store
 from datastore.etcd.store import EtcdStore
 from datastore.file import FileStore, escape_key, unescape_name
 from datastore.memory import MemoryStore
@@ -29,32 +28,14 @@ from ipam.core.errors import (
     StoreCorrupt,
     StoreUnavailable,
 )
-from tests.etcd_cluster import EtcdCluster
-from tests.unit.conftest import make_store
+from tests.unit.datastore.sync_mirror import Mirror
 
 # -- the stores under test: memory, file, and etcd (one member for the module) ------------
 
 
-def make_etcd_store(
-    cluster: EtcdCluster, tmp_path: Path, lock_timeout: float = 5.0, prefix: str = ""
-) -> EtcdStore:
-    """A store on its own prefix (tests share one etcd), its lock files under tmp_path."""
-    return EtcdStore(
-        cluster.endpoints,
-        prefix=prefix or f"/test-{uuid.uuid4().hex[:12]}",
-        lock_timeout=lock_timeout,
-        lock_dir=str(tmp_path / "locks"),
-    )
-
-
-@pytest.fixture(params=["memory", "file", pytest.param("etcd", marks=pytest.mark.etcd)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "etcd":
-        made: Store = make_etcd_store(request.getfixturevalue("etcd1"), tmp_path)
-    else:
-        made = make_store(request.param, tmp_path)
-    yield made
-    made.close()
+@pytest.fixture
+def store(every_store: Store) -> Store:
+    return every_store
 
 
 def corrupt(store: Store, kind: str, key: str, content: bytes = b'{"format": 1, "rev') -> str:
@@ -713,80 +694,6 @@ def test_ttl_must_be_positive(store: Store) -> None:
 
 
 # -- sync ---------------------------------------------------------------------------------
-
-
-class Mirror:
-    """Consumes ``store.sync`` in a thread and keeps the state a consumer would."""
-
-    def __init__(self, store: Store, kinds: Sequence[str]) -> None:
-        self.stop = threading.Event()
-        self.events: list[SyncEvent] = []
-        self.state: dict[str, dict[str, Doc]] = {}
-        self.snapshots = 0
-        self.error: BaseException | None = None
-        self.ended = threading.Event()
-        self._cond = threading.Condition()
-        self._iter = store.sync(kinds, self.stop)  # argument errors surface here
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            for ev in self._iter:
-                with self._cond:
-                    self.events.append(ev)
-                    if ev.type == "snapshot":
-                        assert ev.snapshot is not None
-                        assert (ev.kind, ev.key, ev.doc) == ("", "", None)
-                        assert len(self.events) == 1, "a snapshot after the first event"
-                        self.state = {k: dict(v) for k, v in ev.snapshot.items()}
-                        self.snapshots += 1
-                    elif ev.type == "put":
-                        assert ev.doc is not None
-                        assert ev.snapshot is None
-                        self.state[ev.kind][ev.key] = ev.doc
-                    else:
-                        assert ev.type == "delete"
-                        assert ev.doc is None
-                        assert ev.snapshot is None
-                        self.state[ev.kind].pop(ev.key)  # a delete of something known
-                    self._cond.notify_all()
-        except BaseException as e:
-            self.error = e
-        finally:
-            self.ended.set()
-            with self._cond:
-                self._cond.notify_all()
-
-    def wait(self, cond: Callable[[], bool], timeout: float = 8.0, what: str = "") -> None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not cond():
-                if self.error is not None:
-                    raise AssertionError("sync failed") from self.error
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    pytest.fail(f"sync never reached {what or 'the state'}: {self.state}")
-                self._cond.wait(min(left, 0.1))
-
-    def wait_matches(self, store: Store, timeout: float = 8.0) -> None:
-        """Until the mirror equals what the store lists now."""
-
-        def same() -> bool:
-            want = {k: dict(store.list(k)) for k in self.state}
-            return self.state == want
-
-        self.wait(same, timeout, "the store's state")
-
-    def close(self) -> float:
-        """Set stop; the seconds until the iterator ended."""
-        t0 = time.monotonic()
-        self.stop.set()
-        self._thread.join(10)
-        assert not self._thread.is_alive(), "sync did not end after stop"
-        if self.error is not None:
-            raise AssertionError("sync failed") from self.error
-        return time.monotonic() - t0
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ tests/kubernetes/test_manifest.py)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,8 +13,8 @@ import yaml
 from bundle import __version__
 from cni_config.resolve import SOURCES
 from tabby_node.options import ENV as NODE_ENV
+from tests import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 DOCS = [d for d in yaml.safe_load_all((ROOT / "manifests" / "tabby.yaml").read_text()) if d]
 
 

@@ -47,6 +47,7 @@ from resources.index import ENDPOINTS, POLICY, POOLS, Change, Index
 from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
+from tests.unit.policy.world import TWO_POLICIES, PolicyWorld, full_table
 
 SEEDS = int(os.environ.get("TABBY_POLICY_FUZZ_SEEDS", "20"))
 OPS = 300
@@ -57,12 +58,6 @@ def _rules(ir: DesiredState) -> int:
     for p in ir.endpoints.values():
         n += sum(1 if j is None else len(j) + 1 for j in (p.ingress, p.egress))
     return n
-
-
-def _table(snap: Snapshot) -> dict[str, object]:
-    model = NftModel()
-    model.run(Renderer().full(snap))
-    return model.canonical()
 
 
 # --- the replay -----------------------------------------------------------------------------
@@ -103,7 +98,7 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
         lines = renderer.incremental(delta)
         assert lines == renderer.delta(old, new), where
         model.run(renderer.full(new) if lines is None else "\n".join(lines) + "\n")
-        assert model.canonical() == _table(new), where
+        assert model.canonical() == full_table(new), where
         prev, prev_nat = want, world.nat
     assert model.redundant == 0
 
@@ -134,7 +129,7 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
         nat_flip = before_nat != world.nat.enabled
         assert res.full == nat_flip, f"seed {seed} op {i}: {u}"
         want = Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
-        assert model.canonical() == _table(want), f"seed {seed} op {i}: {u}"
+        assert model.canonical() == full_table(want), f"seed {seed} op {i}: {u}"
         if i % 50 == 49:
             check = dp.sync(world.state(), world.nat)
             assert (check.fixes, check.changed) == (0, False)
@@ -452,7 +447,9 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     grown = st.with_endpoint(ep)
     res = dp.sync(grown)
     assert (res.fixes, res.full, res.changed) == (1, False, True)
-    assert model.canonical() == _table(Snapshot(engine.compute(grown, "node1", (4,)), NatConfig()))
+    assert model.canonical() == full_table(
+        Snapshot(engine.compute(grown, "node1", (4,)), NatConfig())
+    )
     assert (dp.counters.checks, dp.counters.check_fixes) == (1, 1)
     assert dp.sync(grown).fixes == 0
     # a fault inside the engine (its state no longer what its inputs give): rebuilt
@@ -464,7 +461,7 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     assert res.full
     assert res.fixes >= 1
     assert dp.desired() == engine.compute(grown, "node1", (4,))
-    assert model.canonical() == _table(Snapshot(dp.desired(), NatConfig()))
+    assert model.canonical() == full_table(Snapshot(dp.desired(), NatConfig()))
 
 
 def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> None:
@@ -484,7 +481,7 @@ def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> N
     res = dp.update([Update("policy", tt.DENY_INGRESS.key, None)])
     assert res.full
     assert dp.counters.apply_errors == 1
-    assert model.canonical() == _table(Snapshot(dp.desired(), NatConfig()))
+    assert model.canonical() == full_table(Snapshot(dp.desired(), NatConfig()))
     # a full replacement refused too: raised; the next change replaces the table again
     model.fail_next = 2
     with pytest.raises(nft.NftError):
@@ -492,46 +489,18 @@ def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> N
     res = dp.update([fz.put(tt.DENY_INGRESS)])
     assert res.full
     want = dataclasses.replace(st, policies=(tt.DENY_ALL, tt.DENY_INGRESS))
-    assert model.canonical() == _table(Snapshot(engine.compute(want, "node1", (4,)), NatConfig()))
+    assert model.canonical() == full_table(
+        Snapshot(engine.compute(want, "node1", (4,)), NatConfig())
+    )
     assert dp.explain(("x", "b"), ("x", "a")).allowed is False
 
 
 # --- documents -> updates (policy.inputs) -------------------------------------------------------
 
 
-def _docs() -> dict[str, dict[str, Doc]]:
-    rev = iter(range(1, 10_000))
-    out: dict[str, dict[str, Doc]] = {k.name: {} for k in (*POLICY, POOLS)}
-    for doc in tt.setup_docs():
-        meta = doc["metadata"]
-        assert isinstance(meta, dict)
-        kind = str(doc["kind"]).lower()
-        key = f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else str(meta["name"])
-        data = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
-        out[kind][key] = Doc(data, next(rev))
-    for i, pod in enumerate(tt.PODS):
-        ns, name = pod.split("/")
-        spec = {
-            "pod": name,
-            "node": "node1",
-            "containerID": f"c{i}",
-            "interface": "eth0",
-            "hostInterface": f"cali{i:011x}",
-            "ipNetworks": [f"{tt.address(pod)}/32"],
-        }
-        meta = {"name": f"{name}-eth0", "namespace": ns, "labels": {"pod": name}}
-        out["workloadendpoint"][f"{ns}/{name}-eth0"] = Doc({"metadata": meta, "spec": spec}, 1)
-    for p in (tt.DENY_INGRESS, tt.CASES[13].steps[0].policies[0]):
-        data = {k: v for k, v in tt.network_policy(p).items() if k not in ("apiVersion", "kind")}
-        out["networkpolicy"][p.key] = Doc(data, next(rev))
-    pool = {"cidr": "10.244.0.0/16", "block_size": 26, "name": "p", "nat_outgoing": True}
-    out["pool"]["10.244.0.0/16"] = Doc(pool, next(rev))
-    return out
-
-
 def test_document_changes_become_engine_updates() -> None:
     index = Index((*POLICY, POOLS))
-    index.replace(_docs())
+    index.replace(PolicyWorld(TWO_POLICIES).docs)
     memo = inputs.PolicyInputs()
     state, nat = memo.convert(index.snapshot())
     index.drain()
@@ -547,7 +516,7 @@ def test_document_changes_become_engine_updates() -> None:
         assert sorted(map(repr, eng.state().endpoints)) == sorted(map(repr, fresh_state.endpoints))
         return ups
 
-    docs = _docs()
+    docs = PolicyWorld(TWO_POLICIES).docs
     wep = docs["workloadendpoint"]["x/a-eth0"]
     index.delete("workloadendpoint", "x/a-eth0")
     assert check() == [Update("endpoint", "x/a-eth0", None)]
@@ -586,7 +555,7 @@ def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing()
     endpoint at once (``add_endpoint``); the next pass feeds the journal (which has that
     endpoint too: nothing to send); the periodic check finds nothing to fix."""
     index = Index((*POLICY, POOLS))
-    index.replace(_docs())
+    index.replace(PolicyWorld(TWO_POLICIES).docs)
     memo = inputs.PolicyInputs()
     model = NftModel()
     dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
@@ -615,4 +584,4 @@ def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing()
     state, nat = memo.convert(index.snapshot())
     check = dp.sync(state, nat, full=True)
     assert (check.fixes, check.full) == (0, True)
-    assert model.canonical() == _table(Snapshot(engine.compute(state, "node1", (4,)), nat))
+    assert model.canonical() == full_table(Snapshot(engine.compute(state, "node1", (4,)), nat))

@@ -13,37 +13,9 @@ from policy import inputs
 from policy import inputs as adapter
 from resources.index import Documents
 from tests import policy_truth_table as tt
+from tests.unit.policy.world import PolicyWorld
 
 Docs = dict[str, dict[str, Doc]]
-
-
-class World:
-    def __init__(self) -> None:
-        self.docs: Docs = {
-            k: {} for k in ("networkpolicy", "namespace", "pod", "workloadendpoint", "pool")
-        }
-        self.rev = 0
-
-    def put(self, kind: str, key: str, doc: dict[str, Any]) -> None:
-        self.rev += 1
-        data = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
-        self.docs[kind][key] = Doc(data, self.rev)
-
-    def wep(self, pod: str, iface: str, address: str | None = None) -> None:
-        ns, name = pod.split("/")
-        self.put(
-            "workloadendpoint",
-            f"{ns}/{name}-eth0",
-            {
-                "metadata": {"name": f"{name}-eth0", "namespace": ns, "labels": {"pod": name}},
-                "spec": {
-                    "pod": name,
-                    "node": "node-1",
-                    "hostInterface": iface,
-                    "ipNetworks": [f"{address or tt.address(pod)}/32"],
-                },
-            },
-        )
 
 
 def _fresh(docs: Docs) -> tuple[Any, Any]:
@@ -75,26 +47,13 @@ def _typed(docs: Docs) -> Documents:
 
 
 @pytest.fixture
-def world() -> World:
-    w = World()
-    for doc in tt.setup_docs():
-        meta = doc["metadata"]
-        assert isinstance(meta, dict)
-        key = f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else meta["name"]
-        w.put(str(doc["kind"]).lower(), key, doc)
-    for i, pod in enumerate(tt.PODS):
-        w.wep(pod, f"cali{i:011x}")
-    for case in tt.CASES[:12]:
-        for p in case.steps[0].policies:
-            w.put("networkpolicy", f"{p.namespace}/{p.name}", tt.network_policy(p))
-    w.rev += 1  # the IPAM pool document, keyed by its CIDR
-    pool = {"cidr": "10.244.0.0/16", "block_size": 26, "name": "p", "nat_outgoing": True}
-    w.docs["pool"]["10.244.0.0/16"] = Doc(pool, w.rev)
-    return w
+def world() -> PolicyWorld:
+    """The truth table's documents with the policies of its first 12 cases."""
+    return PolicyWorld(p for case in tt.CASES[:12] for p in case.steps[0].policies)
 
 
 def test_memoised_inputs_equal_a_fresh_conversion(
-    world: World, monkeypatch: pytest.MonkeyPatch
+    world: PolicyWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     memo = adapter.PolicyInputs()
     assert memo.convert(_typed(world.docs)) == _fresh(world.docs)

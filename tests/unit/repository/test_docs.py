@@ -13,8 +13,8 @@ import click
 import pytest
 
 from tabbyctl.cli import cli
+from tests import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted(DOCS.glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")

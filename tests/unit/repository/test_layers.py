@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
 
 #: Layer of a module: the longest matching prefix wins; an arrow may only point to the same
 #: layer or a lower one. docs/architecture.md's table is this table.

@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
+
 SKIP = {".venv", "build", "dist", ".git"}
 
 #: The shared aliases: the home of each and the members of its union.

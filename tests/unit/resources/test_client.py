@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +22,7 @@ from resources.client import ResourceClient, document_label, merge
 from resources.errors import Conflict, InvalidDocument, NotFound, UnknownKind
 from resources.migrate import MIGRATED_KINDS, TargetNotEmpty, copy_store
 from resources.tabby import IPPool, WorkloadEndpoint
+from tests.unit.stores import EVERY_KIND, make_store
 
 from .test_models import VALID
 
@@ -54,42 +53,9 @@ class Recording:
         self.inner.delete(kind, key, rev)
 
 
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[Any]:
-    from tests.etcd_cluster import EtcdCluster, EtcdMissing
-
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
-
-
-def make_store(kind: str, tmp_path: Path, etcd: Any = None) -> Store:
-    if kind == "memory":
-        return MemoryStore(lock_timeout=5)
-    if kind == "etcd":
-        from datastore.etcd.store import EtcdStore
-
-        return EtcdStore(
-            etcd.endpoints,
-            prefix=f"/test-{uuid.uuid4().hex[:12]}",  # tests share one etcd
-            lock_timeout=5,
-            lock_dir=str(tmp_path / "locks"),
-        )
-    return FileStore(str(tmp_path / "store"), lock_timeout=5)
-
-
-STORES = ["memory", "file", pytest.param("etcd", marks=pytest.mark.etcd)]
-
-
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Recording]:
-    etcd = request.getfixturevalue("etcd1") if request.param == "etcd" else None
-    made = make_store(request.param, tmp_path, etcd)
-    yield Recording(made)
-    made.close()
+@pytest.fixture
+def store(every_store: Store) -> Recording:
+    return Recording(every_store)
 
 
 @pytest.fixture
@@ -708,13 +674,13 @@ def populate(store: Store) -> dict[tuple[str, str], Any]:
     return {(k, key): d.data for k in MIGRATED_KINDS for key, d in store.list(k)}
 
 
-@pytest.mark.parametrize("target_kind", STORES)
+@pytest.mark.parametrize("target_kind", EVERY_KIND)
 def test_copy_store(request: pytest.FixtureRequest, tmp_path: Path, target_kind: str) -> None:
     source = FileStore(str(tmp_path / "source"), lock_timeout=5)
     want = populate(source)
     assert {k for k, _ in want} == set(MIGRATED_KINDS)  # every kind has a document
     etcd = request.getfixturevalue("etcd1") if target_kind == "etcd" else None
-    target = make_store(target_kind, tmp_path / "target", etcd)
+    target = make_store(target_kind, tmp_path / "target", etcd=etcd)
     try:
         counts = copy_store(source, target)
         assert sum(counts.values()) == len(want)

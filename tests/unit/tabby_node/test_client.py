@@ -23,8 +23,8 @@ import pytest
 
 from tabby_node import ACCEPT, DEFAULT_LOCK_TIMEOUT, MAGIC, REJECT, client, decode_header
 from tabby_node.client import lock_timeout, try_node
+from tests import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 ENV = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0"}
 
 

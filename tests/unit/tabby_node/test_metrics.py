@@ -46,8 +46,8 @@ from tabby_node.metrics import CATALOGUE, Metrics, NodeCollector, metric_names
 from tabby_node.options import conf_reserved
 from tabby_node.server import NodeServer
 from tabbyctl import views
+from tests import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "conf-examples"
 DASHBOARD = EXAMPLES / "grafana-dashboard.json"
 ALERTS = EXAMPLES / "prometheus-alerts.yaml"

@@ -26,7 +26,7 @@ from tabby_node.pod_policy import PodPolicy
 from tabby_node.view import RoutingCheck, RoutingPass
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
-from tests.unit.policy.test_incremental import _docs
+from tests.unit.policy.world import TWO_POLICIES, PolicyWorld, full_table
 
 
 class Routing:
@@ -86,7 +86,7 @@ def _loop(tmp_path: Any, routing: Routing) -> tuple[DataplaneLoop, NftModel]:
         beats={},
         problems=problems,
     )
-    cache.apply(SyncEvent("snapshot", "", "", None, _docs()))
+    cache.apply(SyncEvent("snapshot", "", "", None, PolicyWorld(TWO_POLICIES).docs))
     return loop, model
 
 
@@ -132,9 +132,7 @@ def test_a_pass_takes_only_what_changed_and_the_check_finds_nothing(tmp_path: An
 def _table_of(policy: PolicyDataplane) -> object:
     state = policy.state
     assert state is not None
-    from tests.unit.policy.test_incremental import _table
-
-    return _table(Snapshot(engine.compute(state, "node1", (4,)), policy._engine.nat))
+    return full_table(Snapshot(engine.compute(state, "node1", (4,)), policy._engine.nat))
 
 
 def test_a_failed_pass_brings_the_check_forward(

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tabby_node import DEFAULT_SOCKET, decode_header, encode_header
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests import REPO_ROOT as ROOT
 
 
 def test_header_round_trip_keeps_env_exactly() -> None:

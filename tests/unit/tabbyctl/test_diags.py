@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import tarfile
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from tabbyctl import diags
 from tabbyctl.cli import cli
 from tabbyctl.views import load_settings
+from tests.unit.bird.fake_bird import FakeBird
 
 NODE = "node-a"
 POOL = "10.244.0.0/16"
@@ -44,32 +43,6 @@ SHOW = {
     ),
     "show route count": "0014 3 of 3 routes for 3 networks in table master4\n",
 }
-
-
-class FakeBird:
-    """Greets like BIRD on a unix socket and answers from SHOW."""
-
-    def __init__(self, path: str) -> None:
-        self.received: list[str] = []
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen()
-        threading.Thread(target=self.serve, daemon=True).start()
-
-    def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn, conn.makefile("rwb") as f:
-                f.write(b"0001 BIRD 2.0.12 ready.\n")
-                f.flush()
-                for raw in f:
-                    cmd = raw.decode().rstrip("\n")
-                    self.received.append(cmd)
-                    f.write(SHOW.get(cmd, "9001 syntax error\n").encode())
-                    f.flush()
 
 
 class Commands:
@@ -149,11 +122,11 @@ def node_dir(tmp_path: Path) -> Iterator[dict[str, Any]]:
             }
         )
     )
-    bird = FakeBird(str(run / "bird.ctl"))
+    bird = FakeBird(str(run / "bird.ctl"), SHOW)
     try:
         yield {"run": str(run), "log": str(log), "conf": str(conf), "bird": bird}
     finally:
-        bird.sock.close()
+        bird.close()
 
 
 def members(path: str) -> dict[str, bytes]:

@@ -19,8 +19,9 @@ from click.testing import CliRunner
 
 from tabbyctl import install
 from tabbyctl.cli import cli
+from tests import REPO_ROOT
 
-MANIFEST = Path(__file__).resolve().parents[3] / "manifests" / "tabby.yaml"
+MANIFEST = REPO_ROOT / "manifests" / "tabby.yaml"
 
 FAKE_EXE = """#!/bin/sh
 # stands in for the bundle's executable: `tabbyctl version -o json`

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from tabby_node.status import write_status
 from tabbyctl.cli import cli
-from tests.unit.bird.test_control import SHOW_PROTOCOLS_ALL, FakeBird
+from tests.unit.bird.fake_bird import SHOW_PROTOCOLS_ALL, FakeBird
 
 UPDATED = 1_795_000_000.0  # 2026-11-18T11:06:40Z
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -409,18 +408,6 @@ def test_an_invalid_document_is_skipped_as_tabby_node_skips_it(
 
 
 # == etcd ======================================================================================
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[Any]:
-    from tests.etcd_cluster import EtcdCluster, EtcdMissing
-
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 @pytest.mark.etcd

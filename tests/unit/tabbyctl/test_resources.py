@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -422,18 +421,6 @@ def test_migrate_to_a_file_store(ctl: Ctl) -> None:
     )
     assert ctl.run("datastore", "migrate", "--to", "file").exit_code == 2
     assert ctl.run("datastore", "migrate", "--to", "consul").exit_code == 2
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[Any]:
-    from tests.etcd_cluster import EtcdCluster, EtcdMissing
-
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 @pytest.mark.etcd

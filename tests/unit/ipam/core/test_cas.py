@@ -25,7 +25,7 @@ from ipam.core.candidates import (
 from ipam.core.docs import Docs
 from ipam.core.model import Affinity, Pool, Reserved
 from ipam.core.pools import start_index
-from tests.unit.conftest import REPO_ROOT
+from tests import REPO_ROOT
 
 from .helpers import CountingStore, hid, small, sreq
 
