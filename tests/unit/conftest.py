@@ -5,6 +5,7 @@ tests/unit/stores.py."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +21,25 @@ from tests.etcd_cluster import EtcdCluster
 from tests.unit.stores import EVERY_KIND, Clock, make_store, start_etcd
 
 
+@pytest.fixture(scope="session")
+def config_caches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the tests' configuration caches go: one directory per test below this one,
+    made by ``cni_config.known`` when it first keeps a configuration."""
+    return tmp_path_factory.mktemp("config-caches")
+
+
+_CACHE_NUMBERS = itertools.count()
+
+
 @pytest.fixture(autouse=True)
-def config_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def config_cache(
+    config_caches: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """Each test keeps validated configurations in a directory of its own
-    (``cni_config.known``), never in the machine's /run/tabby."""
-    where = tmp_path / "config-cache"
+    (``cni_config.known``), never in the machine's /run/tabby. Not under ``tmp_path``: most
+    tests never keep one, and a tmp_path for each of the tier's thousands of tests costs
+    seconds of a developer's run."""
+    where = config_caches / f"{next(_CACHE_NUMBERS)}"
     monkeypatch.setenv(CACHE_ENV, str(where))
     return where
 

@@ -346,6 +346,7 @@ def _wait(what: str, check: Any, timeout: float = 30.0) -> Any:
 
 @pytest.mark.etcd
 @pytest.mark.parametrize("engine", ["gateway", "grpc"])
+@pytest.mark.slow
 def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -> None:
     """Three simulated nodes: every watched write reaches each of them (counted by kind,
     with its arrival), liveness costs no event, an etcd restart or a compaction is
@@ -435,6 +436,7 @@ def test_simulated_nodes_against_etcd(etcd1: Any, tmp_path: Path, engine: str) -
 
 
 @pytest.mark.etcd
+@pytest.mark.slow
 def test_writer_fills_and_churns_the_datastore(
     etcd1: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -201,6 +201,7 @@ KINDS = ["node", "block", "workloadendpoint"]
 
 
 @pytest.mark.etcd
+@pytest.mark.slow
 def test_nodes_watching_through_one_proxy_cost_etcd_one_watch_per_range(
     etcd1: EtcdCluster, proxies: list[Proxy], tmp_path: Path
 ) -> None:
@@ -244,6 +245,7 @@ def test_nodes_watching_through_one_proxy_cost_etcd_one_watch_per_range(
 
 
 @pytest.mark.etcd
+@pytest.mark.slow
 def test_sync_moves_to_the_next_proxy_when_its_proxy_dies(
     etcd1: EtcdCluster, proxies: list[Proxy], tmp_path: Path
 ) -> None:
@@ -277,6 +279,7 @@ def test_sync_moves_to_the_next_proxy_when_its_proxy_dies(
 
 
 @pytest.mark.etcd
+@pytest.mark.slow
 def test_a_member_that_stops_answering_breaks_the_watch_by_ping(
     etcd1: EtcdCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

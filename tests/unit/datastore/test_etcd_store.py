@@ -44,7 +44,9 @@ from tests.etcd_cluster import EtcdCluster, free_ports
 from tests.unit.datastore.sync_mirror import Mirror
 from tests.unit.stores import start_etcd
 
-pytestmark = pytest.mark.etcd
+# Real 3-member clusters, members killed and restarted, quorum lost, deadlines waited out:
+# the full run's (tests/selection.py); the contract suite runs on etcd in every run.
+pytestmark = [pytest.mark.etcd, pytest.mark.slow]
 
 
 #: etcd 3.4's flag: progress notifications to caught-up watches every 300 ms, not 10 min

@@ -632,6 +632,7 @@ def _wait_until(cond: Callable[[], bool], timeout: float, what: str) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_ttl_document_expires_and_reads_as_absent_everywhere(store: Store) -> None:
     rev = store.put_leased("heartbeat", "node-a", {"at": 1}, None, ttl=1)
     store.put("heartbeat", "node-b", {"at": 1}, None)
@@ -649,6 +650,7 @@ def test_ttl_document_expires_and_reads_as_absent_everywhere(store: Store) -> No
     assert store.get("heartbeat", "node-a") == Doc({"at": 3}, rev2)
 
 
+@pytest.mark.slow
 def test_ttl_is_renewed_by_a_write_and_dropped_by_a_write_without_ttl(store: Store) -> None:
     r1 = store.put_leased("heartbeat", "a", {"n": 1}, None, ttl=1)
     r2 = store.put_leased("heartbeat", "b", {"n": 1}, None, ttl=1)
@@ -664,6 +666,7 @@ def test_ttl_is_renewed_by_a_write_and_dropped_by_a_write_without_ttl(store: Sto
     assert b.data == {"n": 2}
 
 
+@pytest.mark.slow
 def test_keepalive_keeps_a_document_without_a_revision_or_an_event(
     store: Store, mirrors: list[Mirror]
 ) -> None:
@@ -744,6 +747,7 @@ def test_sync_snapshot_then_changes_in_order(store: Store, mirrors: list[Mirror]
     assert m.close() < 2.0
 
 
+@pytest.mark.slow
 def test_sync_reports_ttl_expiry_as_delete(store: Store, mirrors: list[Mirror]) -> None:
     store.put_leased("heartbeat", "node-a", {}, None, ttl=1)
     m = Mirror(store, ["heartbeat"])

@@ -184,6 +184,7 @@ def _elector(client: KubeClient, name: str, changes: list[tuple[str, bool]]) -> 
     )
 
 
+@pytest.mark.slow
 def test_one_leader_a_release_and_a_takeover_after_the_lease(
     api: tuple[FakeApi, KubeClient],
 ) -> None:

@@ -11,7 +11,8 @@ endpoints whose pod is missing; the NAT pools) and after EVERY change compares:
 * a model of the nft table that received only the deltas with one freshly replaced from
   the computed state (``tests/nft_model.py``, strict where the kernel is).
 
-``TABBY_POLICY_FUZZ_SEEDS`` (default 20) sets how many seeds the replay runs.
+``TABBY_POLICY_FUZZ_SEEDS`` (default 20) sets how many seeds the replay runs; a developer's
+run replays the first two (the rest are marked slow: tests/selection.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from resources.index import ENDPOINTS, POLICY, POOLS, Change, Index
 from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
+from tests.selection import quick_first
 from tests.unit.policy.world import TWO_POLICIES, PolicyWorld, full_table
 
 SEEDS = int(os.environ.get("TABBY_POLICY_FUZZ_SEEDS", "20"))
@@ -63,7 +65,7 @@ def _rules(ir: DesiredState) -> int:
 # --- the replay -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize("seed", quick_first(SEEDS, 2))
 def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> None:
     r = random.Random(seed)
     fams = r.choice(((4,), (6,), (4, 6)))
@@ -103,7 +105,7 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
     assert model.redundant == 0
 
 
-@pytest.mark.parametrize("seed", range(max(1, SEEDS // 3)))
+@pytest.mark.parametrize("seed", quick_first(max(1, SEEDS // 3), 1))
 def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -> None:
     """Through PolicyDataplane: ``update`` batches, the CNI path (``add_endpoint`` /
     ``remove_endpoint``) and the periodic check (``sync``, which must find nothing)."""

@@ -12,6 +12,7 @@ configuration model.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -157,7 +158,14 @@ def _is_module(dotted: str) -> bool:
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
     """(line, imported module) for every import statement in the file."""
-    tree = ast.parse(path.read_text(), str(path))
+    return _imports_in(path, path.read_text())
+
+
+@functools.cache
+def _imports_in(path: Path, text: str) -> list[tuple[int, str]]:
+    """imports_of for ``text``, the file's content: each file parsed once for the ~70
+    tests that walk the product (by its content, so a file written anew is parsed anew)."""
+    tree = ast.parse(text, str(path))
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out = []

@@ -237,6 +237,7 @@ def test_fast_path_imports_no_json_and_no_config_models(fake: Callable[..., Fake
 # -- a node that does not accept ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_silent_node_is_treated_as_absent_after_2_s(fake: Callable[..., FakeNode]) -> None:
     """Accepts the connection, reads the call, never answers: in-process after ~2 s. A node
     that gets to the call later cannot accept it any more (no call runs twice)."""
@@ -303,6 +304,7 @@ def test_nothing_queued_when_the_client_gives_up_runs_in_process() -> None:
 # -- a node that accepted -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_accepted_then_stalled_is_code_11_after_lock_timeout_plus_5_s(
     fake: Callable[..., FakeNode],
 ) -> None:

@@ -42,6 +42,7 @@ def _traced(path: Path) -> tuple[int, int]:
     return size, len(agent.cache.of(ENDPOINTS))
 
 
+@pytest.mark.slow
 def test_the_state_per_endpoint_stays_small(tmp_path: Path) -> None:
     small, big = tmp_path / "small.jsonl", tmp_path / "big.jsonl"
     bench.generate(3, 20, small)

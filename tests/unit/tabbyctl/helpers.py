@@ -1,5 +1,5 @@
-"""Shared set-up of the tabbyctl unit tests (test_ctl_*.py): a private file store named by a
-conflist given with ``--conf``, fake host veths, a CliRunner, and output helpers.
+"""Shared set-up of the tabbyctl unit tests (tests/unit/tabbyctl/): a private file store
+named by a conflist given with ``--conf``, fake host veths, a CliRunner, and output helpers.
 
 The store is populated through the IPAM core (``Ipam.assign`` with the attributes the plugin
 records) or through the ``tabby-ipam`` handlers via ``skel.run``. The node side of ``ipam

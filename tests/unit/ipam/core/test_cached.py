@@ -141,6 +141,7 @@ def _store() -> MemoryStore:
 
 
 @pytest.mark.parametrize("wrong", [0.0, 0.2])
+@pytest.mark.slow
 def test_nodes_on_the_fast_path_never_hand_out_an_address_twice(
     knowns: list[WatchKnown], wrong: float
 ) -> None:

@@ -140,6 +140,7 @@ def check_holdings(inner: MemoryStore, held: Held) -> None:
             assert owner.handle_id == h
 
 
+@pytest.mark.slow
 def test_nodes_without_a_shared_lock_never_hand_out_an_address_twice(
     fine_switching: None,
 ) -> None:
@@ -171,6 +172,7 @@ def test_nodes_without_a_shared_lock_never_hand_out_an_address_twice(
     assert len(inner.list_keys("block")) >= 8
 
 
+@pytest.mark.slow
 def test_pool_deleted_and_recreated_with_another_layout_while_nodes_churn(
     fine_switching: None,
 ) -> None:
@@ -225,6 +227,7 @@ def test_pool_deleted_and_recreated_with_another_layout_while_nodes_churn(
     assert cycles, "the pool never went"
 
 
+@pytest.mark.slow
 def test_release_node_while_the_node_is_still_active(fine_switching: None) -> None:
     """An operator releases node-c again and again while node-c is in fact still running
     (and node-a borrows from its blocks): node-c only loses what it has, no invariant

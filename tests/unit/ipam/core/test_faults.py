@@ -175,6 +175,7 @@ def full_pool() -> tuple[MemoryStore, Ipam]:
     return store, Ipam(store, "node-a")
 
 
+@pytest.mark.slow
 def test_cost_is_flat_at_high_occupancy(full_pool: tuple[MemoryStore, Ipam]) -> None:
     """An ADD and a DEL read the node's index and its own blocks (each once; the ADD its
     pool too), never the other nodes' blocks, and write one block each."""
@@ -191,6 +192,7 @@ def test_cost_is_flat_at_high_occupancy(full_pool: tuple[MemoryStore, Ipam]) -> 
     assert counting.writes / 40 == 2  # one block write each
 
 
+@pytest.mark.slow
 def test_a_scan_is_one_ranged_read_and_survives_a_corrupt_document(
     full_pool: tuple[MemoryStore, Ipam],
 ) -> None:
