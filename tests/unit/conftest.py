@@ -1,7 +1,7 @@
 """The unit tier's own fixtures: a private configuration cache for every test, the stores
 (memory and file; every kind, etcd included, for the suites every implementation must
 pass), one real etcd member per module, a settable clock. How each is made:
-tests/unit/stores.py."""
+tests/unit/store_makers.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from datastore.file import FileStore
 from datastore.memory import MemoryStore
 from tests import REPO_ROOT
 from tests.etcd_cluster import EtcdCluster
-from tests.unit.stores import EVERY_KIND, Clock, make_store, start_etcd
+from tests.unit.store_makers import EVERY_KIND, Clock, make_store, start_etcd
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ from resources.wep import endpoint_key, remove_endpoint, write_endpoint
 from tabby_node.cache import WATCHED_KINDS
 from tests.etcd_cluster import EtcdCluster, free_ports
 from tests.unit.datastore.sync_mirror import Mirror
-from tests.unit.stores import start_etcd
+from tests.unit.store_makers import start_etcd
 
 # Real 3-member clusters, members killed and restarted, quorum lost, deadlines waited out:
 # the full run's (tests/selection.py); the contract suite runs on etcd in every run.

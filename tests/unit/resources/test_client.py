@@ -22,7 +22,7 @@ from resources.client import ResourceClient, document_label, merge
 from resources.errors import Conflict, InvalidDocument, NotFound, UnknownKind
 from resources.migrate import MIGRATED_KINDS, TargetNotEmpty, copy_store
 from resources.tabby import IPPool, WorkloadEndpoint
-from tests.unit.stores import EVERY_KIND, make_store
+from tests.unit.store_makers import EVERY_KIND, make_store
 
 from .test_models import VALID
 

@@ -17,7 +17,7 @@ from ipam.core import (
     StoreUnavailable,
     check_consistency,
 )
-from tests.unit.stores import make_store
+from tests.unit.store_makers import make_store
 
 from .helpers import (
     V4,

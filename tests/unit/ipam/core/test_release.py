@@ -9,7 +9,7 @@ import pytest
 from datastore.base import Store
 from datastore.memory import MemoryStore
 from ipam.core import InvalidConfig, Ipam, NodeRelease, check_consistency
-from tests.unit.stores import Clock
+from tests.unit.store_makers import Clock
 
 from .helpers import handles, hid, in_use, req, setup, small, sreq
 
