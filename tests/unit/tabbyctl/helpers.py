@@ -34,6 +34,24 @@ V6 = "fd00:10:244::/48"
 RESERVED = "10.244.0.0/30"
 
 
+def invoke(argv: list[str], input: str | None = None) -> Result:
+    """tabbyctl in-process (click's CliRunner): whatever it does, never a traceback, and
+    a failure only as a clean exit."""
+    result = CliRunner().invoke(cli, argv, input=input, prog_name="tabbyctl")
+    assert "Traceback" not in result.output, result.output
+    if result.exception is not None:
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def without_datastore_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The datastore settings tabbyctl reads from the environment, unset for the test."""
+    from cni_config.resolve import SOURCES
+
+    for _flag, var in SOURCES.values():
+        monkeypatch.delenv(var, raising=False)
+
+
 class Ctl:
     """One private store + conflist, fake host veths, and a runner for tabbyctl."""
 
@@ -171,11 +189,7 @@ class Ctl:
 
     def run(self, *args: str, conf: bool = True) -> Result:
         argv = (["--conf", str(self.conf)] if conf else []) + list(args)
-        result = CliRunner().invoke(cli, argv, prog_name="tabbyctl")
-        assert "Traceback" not in result.output, result.output
-        if result.exception is not None:
-            assert isinstance(result.exception, SystemExit), repr(result.exception)
-        return result
+        return invoke(argv)
 
     def json(self, *args: str) -> Any:
         result = self.run(*args, "-o", "json")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from datastore.base import Store
 from datastore.file import FileStore
@@ -23,7 +23,7 @@ from datastore.memory import MemoryStore
 from resources import wep
 from resources.client import ResourceClient
 from tabbyctl import policy
-from tabbyctl.cli import cli
+from tests.unit.tabbyctl.helpers import invoke, without_datastore_environment
 
 A, B, C = "10.244.0.10", "10.244.0.11", "10.244.1.10"
 NODE_A, NODE_B = "192.168.7.1", "192.168.7.2"
@@ -121,10 +121,7 @@ def populate(store: Store, *policies: dict[str, Any]) -> None:
 
 class Ctl:
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from cni_config.resolve import SOURCES
-
-        for _flag, var in SOURCES.values():
-            monkeypatch.delenv(var, raising=False)
+        without_datastore_environment(monkeypatch)
         self.tmp = tmp_path
         self.data_dir = tmp_path / "store"
         self.flags = ["--datastore-type", "file", "--data-dir", str(self.data_dir)]
@@ -143,11 +140,7 @@ class Ctl:
         (self.tmp / "none.conflist").write_text(
             json.dumps({"name": "n", "plugins": [{"type": "tabby", "nodename": "node-a"}]})
         )
-        result = CliRunner().invoke(cli, argv, prog_name="tabbyctl")
-        assert "Traceback" not in result.output, result.output
-        if result.exception is not None:
-            assert isinstance(result.exception, SystemExit), repr(result.exception)
-        return result
+        return invoke(argv)
 
     def explain(self, *args: str) -> list[str]:
         result = self.run("policy", "explain", *args)

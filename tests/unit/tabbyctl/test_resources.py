@@ -15,25 +15,22 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped, unused-ignore]
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from datastore.base import KINDS
 from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, handle_id
 from resources import wep
 from resources.storage import BY_KIND, validate
-from tabbyctl.cli import cli
 from tests.unit.resources.test_models import VALID
+from tests.unit.tabbyctl.helpers import invoke, without_datastore_environment
 
 ORDER = ["IPPool", "BGPConfiguration", "BGPPeer", "Node", "Namespace", "Pod", "NetworkPolicy"]
 
 
 class Ctl:
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        from cni_config.resolve import SOURCES
-
-        for _flag, var in SOURCES.values():
-            monkeypatch.delenv(var, raising=False)
+        without_datastore_environment(monkeypatch)
         self.tmp = tmp_path
         self.data_dir = tmp_path / "ipam"
         self.conf = tmp_path / "10-tabby.conflist"
@@ -56,10 +53,9 @@ class Ctl:
                 }
             )
         )
-        self.runner = CliRunner()
 
     def run(self, *args: str, input: str | None = None) -> Result:
-        return self.runner.invoke(cli, ["--conf", str(self.conf), *args], input=input)
+        return invoke(["--conf", str(self.conf), *args], input=input)
 
     def ok(self, *args: str, input: str | None = None) -> str:
         result = self.run(*args, input=input)
