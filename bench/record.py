@@ -6,7 +6,7 @@ line, when it ran (UTC) and for how long, the machine's 1-minute load average at
 at the end and its range over the run (sampled every few seconds: the machine is shared),
 the machine (CPUs, kernel, Python) and the commit it ran. ``docs/performance.md`` is rendered
 from these files by ``python -m bench.report``; a unit test fails when the page differs
-from them (tests/unit/test_bench_report.py).
+from them (tests/unit/bench/test_report.py).
 
 A bench takes part with two lines: ``add_argument(parser, NAME)`` for its ``--help``, and
 ``sys.exit(run(main, NAME))`` instead of ``sys.exit(main())``. Only a run that exits 0 is

@@ -13,7 +13,7 @@ Everything between a pair is replaced by what the results file says: where the n
 from (the command, date, load, machine, commit; or the document they were transcribed
 from), its tables, its notes and the bench's own output. A number is never typed into the
 page: a bench run with ``--record`` (bench/record.py) writes its file, this renders it.
-tests/unit/test_bench_report.py fails when the page and the files disagree, when a marker
+tests/unit/bench/test_report.py fails when the page and the files disagree, when a marker
 names no file, and when a file is on no page.
 
 Standard library only.

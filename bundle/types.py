@@ -2,7 +2,7 @@
 
 Layer 0 with the version: the foundations (the CNI protocol, the stores), the IPAM core,
 the resources, policy, the kernel side, the plugins and the programs all import them from
-here, and nothing else defines them (tests/unit/test_shared_types.py).
+here, and nothing else defines them (tests/unit/repository/test_shared_types.py).
 
 ``IPAddress``, ``IPNetwork``, ``IPInterface``
     an IPv4 or IPv6 address, network or interface (address with its prefix), as the

@@ -14,7 +14,7 @@ leader election are Kubernetes' own there).
 argument checks, encoding, the compare-and-swap rule, listing order, the lock session, sync
 bookkeeping), and ``datastore.open_store(settings)`` builds the configured one.
 
-Rules every implementation keeps (checked by ``tests/unit/ipam/test_ipam_store_contract.py``
+Rules every implementation keeps (checked by ``tests/unit/datastore/test_store_contract.py``
 against each of them):
 
 - ``get`` returns a fresh copy of the data (the caller may mutate it) and its revision, or

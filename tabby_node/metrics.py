@@ -17,7 +17,7 @@ one). Two kinds of numbers:
   resumed streams), the etcd store's transaction counters.
 
 Only tabby-node imports this module: the per-call binaries never load prometheus_client
-(tests/unit/test_layers.py). A call a binary runs itself (no tabby-node, or
+(tests/unit/repository/test_layers.py). A call a binary runs itself (no tabby-node, or
 ``TABBY_NODE_SOCKET=off``) is not counted anywhere.
 
 Every name and its meaning: :data:`CATALOGUE` (docs/cluster.md's metrics table is made from it).

@@ -1,5 +1,6 @@
 """Test tiers: unit (default), privileged (--run-privileged), e2e (--run-e2e), Kubernetes
-(--run-kubernetes).
+(--run-kubernetes); slow tests only in a full run (--run-slow, or any tier's option).
+What each option selects: tests/selection.py.
 
 In CI the flags are given explicitly, so a missing capability fails instead of skipping.
 """
@@ -11,6 +12,8 @@ import shutil
 import sys
 
 import pytest
+
+from tests.selection import DESELECT, SLOW_OPTION, Run, verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -39,26 +42,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the Kubernetes tier (root, the installed binaries, Kubernetes built by "
         "python -m lab.kubernetes.build): a real cluster per backend",
     )
+    parser.addoption(
+        SLOW_OPTION,
+        action="store_true",
+        default=False,
+        help="run the slow tests too (any tier option does): without, they are deselected",
+    )
+
+
+def _run(config: pytest.Config) -> Run:
+    return Run(
+        privileged=config.getoption("--run-privileged"),
+        e2e=config.getoption("--run-e2e"),
+        kubernetes=config.getoption("--run-kubernetes"),
+        slow=config.getoption(SLOW_OPTION) or "slow" in (config.option.markexpr or ""),
+        have_etcd=shutil.which("etcd") is not None,
+    )
+
+
+def _named(config: pytest.Config) -> tuple[str, ...]:
+    """The node ids given on the command line (``path::name``), relative to the root dir."""
+    root = config.rootpath
+    out = []
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if sep:
+            rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+            out.append(f"{rel}::{rest}")
+    return tuple(out)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    run_priv = config.getoption("--run-privileged")
-    run_e2e = config.getoption("--run-e2e")
-    run_kubernetes = config.getoption("--run-kubernetes")
-    skip_priv = pytest.mark.skip(reason="needs --run-privileged (root, netns)")
-    skip_e2e = pytest.mark.skip(reason="needs --run-e2e (installed binaries, root)")
-    skip_kubernetes = pytest.mark.skip(reason="needs --run-kubernetes (a real Kubernetes, root)")
-    # etcd tests run wherever the etcd binary is; without it they skip, except under
-    # --run-privileged (CI), where the fixture fails and says what is missing.
-    skip_etcd = pytest.mark.skip(reason="needs the etcd binary (apt-get install etcd-server)")
-    have_etcd = shutil.which("etcd") is not None
+    run = _run(config)
+    named = _named(config)
+    keep: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
-        if item.get_closest_marker("kubernetes") is not None:
-            if not run_kubernetes:
-                item.add_marker(skip_kubernetes)
-        elif "e2e" in item.keywords and not run_e2e:
-            item.add_marker(skip_e2e)
-        elif "privileged" in item.keywords and not run_priv:
-            item.add_marker(skip_priv)
-        elif "etcd" in item.keywords and not have_etcd and not run_priv:
-            item.add_marker(skip_etcd)
+        markers = {m.name for m in item.iter_markers()}
+        why = verdict(markers, item.keywords, run)
+        if why == DESELECT and not any(item.nodeid.startswith(n) for n in named):
+            deselected.append(item)
+            continue
+        if why is not None and why != DESELECT:
+            item.add_marker(pytest.mark.skip(reason=why))
+        keep.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if _run(config).full:
+        return None
+    return f"slow tests deselected ({SLOW_OPTION} or any tier option runs them)"

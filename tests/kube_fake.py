@@ -279,7 +279,9 @@ class FakeApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # polled every 50 ms (not socketserver's 0.5 s): stop() returns as soon as it is asked
+        serve = self.server.serve_forever
+        threading.Thread(target=serve, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:

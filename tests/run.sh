@@ -6,24 +6,36 @@
 #   bash tests/run.sh --no-build    reuse the installed binaries
 #   bash tests/run.sh --no-kubernetes   skip the Kubernetes tier (and building Kubernetes,
 #                                    ~7 min the first time on a machine)
-#   bash tests/run.sh --unit        unit tier only (no root needed, no build)
+#   bash tests/run.sh --unit        the whole unit tier, slow tests included (no root, no build)
+#   bash tests/run.sh --quick       what to run while working (under a minute on 2 cores): the
+#                                    unit tier without its slow tests (tests/selection.py), on
+#                                    up to 4 processes (pytest-xdist)
 #   any other arguments go to pytest (e.g. -k dataplane, -x)
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 
-BUILD=1 UNIT_ONLY=0 KUBERNETES=1 args=()
+BUILD=1 UNIT_ONLY=0 QUICK=0 KUBERNETES=1 args=()
 for a in "$@"; do
   case "$a" in
     --no-build) BUILD=0 ;;
     --no-kubernetes) KUBERNETES=0 ;;
     --unit) UNIT_ONLY=1; BUILD=0 ;;
+    --quick) UNIT_ONLY=1; QUICK=1; BUILD=0 ;;
     *) args+=("$a") ;;
   esac
 done
 
 if [ "$UNIT_ONLY" = 1 ]; then
-  [ -x .venv/bin/python ] || { python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'; }
-  exec .venv/bin/python -m pytest tests/unit "${args[@]}"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -c 'import pytest, xdist' 2>/dev/null || .venv/bin/pip install -q -e '.[dev]'
+  # Compiled test modules are kept (__pycache__, ignored by git): pytest rewrites and
+  # compiles every test module again in each process otherwise (~4 s of a quick run's 45).
+  unset PYTHONDONTWRITEBYTECODE
+  if [ "$QUICK" = 1 ]; then
+    workers=$(nproc); [ "$workers" -le 4 ] || workers=4
+    exec .venv/bin/python -m pytest tests/unit -n "$workers" "${args[@]}"
+  fi
+  exec .venv/bin/python -m pytest tests/unit --run-slow "${args[@]}"
 fi
 
 if [ "$(id -u)" != 0 ]; then

@@ -1,4 +1,4 @@
-"""The pure parts of cni_bench: no I/O, no root (tests/unit/test_bench_stats.py).
+"""The pure parts of cni_bench: no I/O, no root (tests/unit/bench/test_stats.py).
 
 Constants shared by the whole benchmark, CNI version selection, the plugin chain and the stdin
 libcni would build for each plugin, CNI_ARGS and the environment, ratios, result parsing, and

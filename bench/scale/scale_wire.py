@@ -1,5 +1,5 @@
 """Pure parts of the scale benchmark (bench/scale/scale_bench.py): no I/O, no root, unit-tested
-(tests/unit/test_bench_scale.py).
+(tests/unit/bench/test_scale.py).
 
 - The watch streams' bytes read *minimally*: the simulated nodes must read every byte etcd
   sends them (etcd's cost depends on delivery) but must not pay tabby's full parse for each

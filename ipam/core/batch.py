@@ -9,8 +9,8 @@ write, not a hundred. An attachment whose block's write lost (another node, or a
 wrote it meanwhile) is planned and written again on its own (``assign``: a CAS retry loop
 as always); nothing of it was written, so that is a clean retry.
 
-What is the same as ``assign`` (one by one, for each attachment): ADD-7 (an attachment that
-holds addresses gets them back), the candidates and their order, claims (a claim writes
+What is the same as ``assign`` (one by one, for each attachment): ADD-7 of
+cni_protocol/CONFORMANCE.md (an attachment that holds addresses gets them back), the candidates and their order, claims (a claim writes
 its block and the node's index at once, as ever, so the attachments after it see it),
 borrows (listed in the index before the write), dual-stack all or nothing (a family that
 cannot be had undoes the other in the plan). Specific IPs are assigned one by one.

@@ -23,7 +23,7 @@ every op (or a random batch of them) each node's view is compared:
   the whole recompute indeed did not change.
 
 The kernel is pluggable (:class:`Kernel`): an in-memory one here
-(tests/unit/test_routing_replay.py), a real one in a network namespace in the privileged
+(tests/unit/tabby_node/test_routing_replay.py), a real one in a network namespace in the privileged
 tier (tests/privileged/test_routing_replay.py).
 """
 

@@ -14,19 +14,8 @@ from datastore.base import Store
 from datastore.etcd.store import EtcdStore
 from stores.kube.client import KubeClient, KubeConfig
 from stores.kube.store import KubeStore
-from tests.etcd_cluster import EtcdCluster, EtcdMissing
+from tests.etcd_cluster import EtcdCluster
 from tests.kube_fake import FakeApi, fake_api
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[EtcdCluster]:
-    """One real etcd member on 127.0.0.1 for the module (stopped by PID, its dir removed)."""
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster
 
 
 class Stores:

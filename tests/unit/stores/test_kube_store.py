@@ -237,6 +237,7 @@ def test_an_add_is_one_write_and_a_served_one_reads_nothing(
     assert isinstance(Cached(store, known), Cached)
 
 
+@pytest.mark.slow  # ~10 s: many threads on the fake API server
 def test_two_nodes_claiming_on_the_api_never_share_an_address(
     api: tuple[FakeApi, str], tmp_path: Path
 ) -> None:

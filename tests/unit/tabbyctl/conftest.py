@@ -24,7 +24,6 @@ from stores.kube import kinds
 from stores.kube.client import KubeClient, KubeConfig
 from stores.kube.store import KubeStore
 from tabbyctl.cli import cli
-from tests.etcd_cluster import EtcdCluster, EtcdMissing
 from tests.kube_fake import FakeApi, fake_api, namespace, pod, policy, ready_node, write_kubeconfig
 
 NET = "k8s-pod-network"
@@ -186,14 +185,3 @@ def kdd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kdd]:
         made = Kdd(fake, url, tmp_path, monkeypatch)
         yield made
         made.close()
-
-
-@pytest.fixture(scope="module")
-def etcd1() -> Iterator[EtcdCluster]:
-    """One real etcd member on 127.0.0.1 for the module (the source of a migration)."""
-    try:
-        cluster = EtcdCluster(1)
-    except EtcdMissing as e:
-        pytest.fail(str(e))
-    with cluster:
-        yield cluster

@@ -1,0 +1,183 @@
+"""manifests/tabby.yaml read as data: what PRODUCT "Installing on Kubernetes" asks of it and
+what the programs it runs expect of it, so that a change on either side that breaks the other
+fails here (the manifest is applied to a real API server, and run, by
+tests/kubernetes/test_manifest.py)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from bundle import __version__
+from cni_config.resolve import SOURCES
+from tabby_node.options import ENV as NODE_ENV
+from tests import REPO_ROOT as ROOT
+
+DOCS = [d for d in yaml.safe_load_all((ROOT / "manifests" / "tabby.yaml").read_text()) if d]
+
+
+def one(kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = [d for d in DOCS if d["kind"] == kind and name in (None, d["metadata"]["name"])]
+    return doc
+
+
+def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_one_file_in_one_namespace() -> None:
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in DOCS]
+    assert kinds[0] == ("Namespace", "tabby-system")
+    for doc in DOCS:
+        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert doc["metadata"]["namespace"] == "tabby-system", doc["metadata"]
+    for kind in ("ConfigMap", "DaemonSet", "Deployment"):
+        assert kind in {k for k, _ in kinds}
+
+
+def test_every_image_is_this_version() -> None:
+    """A new version needs the manifest's image tag changed with it."""
+    for doc in (one("DaemonSet"), one("Deployment")):
+        for c in containers(doc):
+            assert c["image"] == f"localhost/tabby:{__version__}", c["name"]
+            assert c["imagePullPolicy"] == "IfNotPresent"  # an imported image, or a pull
+
+
+def test_the_daemonset_is_a_node_agent() -> None:
+    ds = one("DaemonSet", "tabby-node")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert {"operator": "Exists"} in spec["tolerations"]  # every taint
+    assert spec["serviceAccountName"] == "tabby-node"
+    assert spec["automountServiceAccountToken"] is False
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    (init,) = spec["initContainers"]
+    assert init["command"][1:3] == ["node", "install"]
+    assert env_of(init)["TABBY_NODENAME"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }
+    (node,) = spec["containers"]
+    assert node["securityContext"] == {"privileged": True}
+    assert node["command"] == ["/opt/tabby/current/tabby-node"]
+    for probe, path in (("livenessProbe", "/liveness"), ("readinessProbe", "/readiness")):
+        assert node[probe]["httpGet"] == {"host": "127.0.0.1", "port": 9099, "path": path}
+    # the host paths it needs, and no others
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "/opt/tabby",
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
+        "/var/lib/tabby",
+        "/run/tabby",
+    }
+    mounts = {m["mountPath"]: m for m in node["volumeMounts"]}
+    assert mounts["/opt/tabby"].get("readOnly") is True  # it runs the installed copy
+    assert "/etc/cni/net.d" not in mounts  # the init container's only
+    assert "/opt/cni/bin" not in mounts
+
+
+def test_the_deployment_elects_a_leader_with_its_own_account() -> None:
+    dep = one("Deployment", "tabby-kube-controllers")
+    assert dep["spec"]["replicas"] == 2
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "tabby-kube-controllers"
+    (c,) = spec["containers"]
+    args = c["args"]
+    lease_ns = args[args.index("--lease-namespace") + 1]
+    role = one("Role", "tabby-kube-controllers-lease")
+    assert role["metadata"]["namespace"] == lease_ns
+    # the ports keep two replicas off one node (host network)
+    assert {p["containerPort"] for p in c["ports"]} == {9094, 9098}
+
+
+def test_the_variables_set_are_the_ones_the_programs_read() -> None:
+    known = set(NODE_ENV.values()) | {var for _, var in SOURCES.values()}
+    installer = {
+        "TABBY_CNI_NETWORK_CONFIG",
+        "TABBY_CNI_MTU",
+        "TABBY_NODENAME",
+        "TABBY_ETCD_ENDPOINTS",
+        "TABBY_ETCD_PREFIX",
+        "TABBY_ETCD_CA_CERT_FILE",
+        "TABBY_ETCD_CERT_FILE",
+        "TABBY_ETCD_KEY_FILE",
+        "TABBY_IPV4_POOL",
+        "TABBY_IPV6_POOL",
+        "TABBY_LOG_LEVEL",
+    }
+    ds = one("DaemonSet")
+    init, node = containers(ds)
+    assert set(env_of(init)) == installer
+    assert {n for n in env_of(node) if n.startswith("TABBY_")} <= known
+    (ctl,) = containers(one("Deployment"))
+    assert {n for n in env_of(ctl) if n.startswith("TABBY_")} <= known | {"TABBY_LOG_LEVEL"}
+
+
+def _doc_table(heading: str) -> dict[str, str]:
+    """The table under the heading line ``heading`` of docs/kubernetes.md's "Installing on
+    Kubernetes" (up to the next heading): its first column (a `key`) -> its second
+    (backquotes off)."""
+    doc = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = doc[doc.index("\n## Installing on Kubernetes\n") :]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    part = section[section.index(f"\n{heading}\n") + 1 :]
+    part = part[: part.index("\n#", 1)] if "\n#" in part[1:] else part
+    rows = re.findall(r"^\| `([A-Za-z0-9_-]+)` \| ([^|]*) \|", part, re.M)
+    return {key: default.strip().strip("`") for key, default in rows}
+
+
+def test_every_configmap_key_is_used_and_documented() -> None:
+    """docs/kubernetes.md's table of ConfigMap keys is the ConfigMap's: every key, none more,
+    each with the manifest's default."""
+    data = one("ConfigMap", "tabby-config")["data"]
+    used = {
+        e["valueFrom"]["configMapKeyRef"]["key"]
+        for doc in (one("DaemonSet"), one("Deployment"))
+        for c in containers(doc)
+        for e in c.get("env", [])
+        if "configMapKeyRef" in e.get("valueFrom", {})
+    }
+    assert used == set(data)
+    table = _doc_table("### 2. The settings (ConfigMap `tabby-config`)")
+    assert list(table) == list(data), "the documented keys, in the manifest's order"
+    for key, value in data.items():
+        if key == "cni_network_config":
+            assert table[key] == "the conflist below"
+        else:
+            assert table[key] == (value if value else '""'), key
+
+
+def test_the_optional_objects_are_documented() -> None:
+    """What the pods take from objects the manifest does not create: the Secret's keys
+    (mounted, named by the ConfigMap's etcd_* defaults in docs/kubernetes.md) and the
+    optional ConfigMap tabby-kubernetes-api's keys, each in docs/kubernetes.md's table of
+    them."""
+    ds = one("DaemonSet")
+    (ctl,) = containers(one("Deployment"))
+    secrets = {
+        v["secret"]["secretName"]
+        for doc in (ds, one("Deployment"))
+        for v in doc["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert secrets == {"tabby-etcd-secrets"}
+    table = _doc_table("#### etcd over TLS: the Secret `tabby-etcd-secrets`")
+    assert set(table) == {"etcd-ca", "etcd-cert", "etcd-key"}
+    for key, path in table.items():
+        assert path == f"/etc/tabby/etcd-secrets/{key}"
+    (ref,) = ctl["envFrom"]
+    assert ref["configMapRef"] == {"name": "tabby-kubernetes-api", "optional": True}
+    api = _doc_table("#### Without kube-proxy: the ConfigMap `tabby-kubernetes-api`")
+    assert set(api) == {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
