@@ -10,10 +10,11 @@ wrote it meanwhile) is planned and written again on its own (``assign``: a CAS r
 as always); nothing of it was written, so that is a clean retry.
 
 What is the same as ``assign`` (one by one, for each attachment): ADD-7 of
-cni_protocol/CONFORMANCE.md (an attachment that holds addresses gets them back), the candidates and their order, claims (a claim writes
-its block and the node's index at once, as ever, so the attachments after it see it),
-borrows (listed in the index before the write), dual-stack all or nothing (a family that
-cannot be had undoes the other in the plan). Specific IPs are assigned one by one.
+cni_protocol/CONFORMANCE.md (an attachment that holds addresses gets them back), the
+candidates and their order, claims (a claim writes its block and the node's index at once,
+as ever, so the attachments after it see it), borrows (listed in the index before the
+write), dual-stack all or nothing (a family that cannot be had undoes the other in the
+plan). Specific IPs are assigned one by one.
 """
 
 from __future__ import annotations
