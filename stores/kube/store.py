@@ -428,7 +428,27 @@ class KubeStore(Engine):
         client = KubeClient(
             self.client.config, timeout=self.client.timeout, agent=self.client.agent
         )
-        return KubeSync(client, self.count_sync, kinds_, stop).run()
+        events = KubeSync(client, self.count_sync, kinds_, stop).run()
+        return self._noting_pool_names(events) if "pool" in kinds_ else events
+
+    def _noting_pool_names(self, events: Iterator[SyncEvent]) -> Iterator[SyncEvent]:
+        """``events``, passed on, keeping the on-disk CIDR -> IPPool name file current: a
+        node whose tabby-node watches the pools answers a standalone CNI call (tabby-node
+        down) with GETs only, whatever the pools are named."""
+        names: dict[str, str] = {}
+        for ev in events:
+            before = dict(names)
+            if ev.type == "snapshot" and ev.snapshot is not None:
+                pools = ev.snapshot.get("pool")
+                if isinstance(pools, dict):
+                    names = {k: str(d.data.get("name")) for k, d in pools.items()}
+            elif ev.kind == "pool" and ev.type == "put" and ev.doc is not None:
+                names[ev.key] = str(ev.doc.data.get("name"))
+            elif ev.kind == "pool" and ev.type == "delete":
+                names.pop(ev.key, None)
+            if names != before:
+                self._remember_pool_names(dict(names))
+            yield ev
 
     def _open_lock_file(self) -> int:
         try:

@@ -6,6 +6,7 @@ Kubernetes' own objects, endpoints made of the blocks, readiness made of the v1 
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections.abc import Iterator
@@ -414,3 +415,38 @@ def test_a_gone_history_is_read_again_and_only_the_differences_yielded(
     m.wait(lambda: set(m.state["pod"]) == {"shop/b", "shop/c"})
     assert len(m.events) == events + 2  # a delete and a put: not b again
     assert store.sync_stats["rereads"] >= 1
+
+
+def test_a_watching_node_keeps_the_pool_names_so_a_standalone_call_lists_nothing(
+    api: tuple[FakeApi, str], store: KubeStore, mirrors: list[Mirror], tmp_path: Path
+) -> None:
+    """tabby-node's watch of the pools writes their CIDR -> name file beside the lock: a CNI
+    call made without tabby-node on that node finds a pool kubectl named with one GET (a
+    block's claim lists the pools, once per block: the pool gate's overlap check)."""
+    fake, _ = api
+    pools = kinds.CRDS["pool"].path
+    fake.put(pools, {"metadata": {"name": "blue"}, "spec": {"cidr": POOL, "blockSize": 28}})
+    m = Mirror(store, ("pool",))
+    mirrors.append(m)
+    m.wait(lambda: POOL in m.state.get("pool", {}))
+    fake.put(pools, {"metadata": {"name": "green"}, "spec": {"cidr": "10.61.0.0/24"}})
+    m.wait(lambda: "10.61.0.0/24" in m.state.get("pool", {}))
+    elsewhere = store_of(api[1], tmp_path / "elsewhere")  # the claim lists the pools (gate)
+    try:
+        Ipam(elsewhere, "node-a").assign(request("c0"))
+    finally:
+        elsewhere.close()
+    count = Counting(fake)
+    count.since()
+    standalone = store_of(api[1], tmp_path)  # another process: the same lock directory
+    try:
+        (alloc,) = Ipam(standalone, "node-a").assign(request("c1"))
+        got = standalone.get("pool", "10.61.0.0/24")
+    finally:
+        standalone.close()
+    assert alloc.ip in ipaddress.ip_network(POOL)
+    assert got is not None
+    assert got.data["name"] == "green"
+    sent = count.since()
+    assert f"GET {pools}" not in sent  # no list of the pools
+    assert f"GET {pools}/blue" in sent
