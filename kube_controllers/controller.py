@@ -11,13 +11,18 @@ Threads::
                        (datastore unreachable) is tried again with back-off
     datastore nodes    watches tabby's Nodes, so a node that registers gets its labels at once
     housekeeping       the holder's liveness document (``_kube-controllers``, read by
-                       tabby-node), the ``ipam`` controller's pass (``ipamgc``) every 30 s, and
-                       a full comparison every 5 min (nothing should be found: it is counted)
+                       tabby-node; etcd mode only), the ``ipam`` controller's pass (``ipamgc``)
+                       every 30 s, and a full comparison every 5 min (nothing should be
+                       found: it is counted)
     http               /liveness, /readiness, /metrics
 
 On becoming the holder (and after each relist) every key of every kind is compared once, so
 changes made while no replica led (controllers down, restarted, a new leader) converge:
 mirrored documents whose object is gone are deleted.
+
+In the Kubernetes datastore only ``node`` and ``ipam`` run (``options``): nothing is
+mirrored, and no liveness document is written (tabby-node reads pods from the API itself and
+waits for no mirror; WorkloadEndpoints are made of the allocations, none to remove).
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class Controllers:
     def __init__(self, options: ControllerOptions, datastore: DatastoreSettings) -> None:
         self.options = options
         self.datastore = datastore
+        #: the Kubernetes datastore: nothing mirrored, no liveness document (module docstring)
+        self.kubernetes = datastore.datastore_type == "kubernetes"
         self.stopping = threading.Event()
         self.store: Store | None = None
         self.api: KubeClient | None = None
@@ -106,6 +113,7 @@ class Controllers:
                 self.reflectors["pod"],
                 self.options.node_grace,
                 self.options.leak_grace,
+                endpoints=not self.kubernetes,
             )
         log.warning(
             "tabby-kube-controllers: %s; API server %s (%s); datastore %s",
@@ -283,9 +291,12 @@ class Controllers:
                 self.full_sync()
 
     def _beat(self) -> None:
-        """The leader's liveness document: tabby-node waits for mirrored pods while it lives."""
+        """The leader's liveness document: tabby-node waits for mirrored pods while it lives
+        (etcd mode; none in the Kubernetes datastore, where nothing is mirrored)."""
         from resources.heartbeat import CONTROLLERS_KEY, beat
 
+        if self.kubernetes:
+            return
         assert self.store is not None
         try:
             # Kept alive by its lease: every tabby-node watches heartbeats, and a rewrite
@@ -298,7 +309,7 @@ class Controllers:
     def _drop_beat(self) -> None:
         from resources.heartbeat import CONTROLLERS_KEY, KIND
 
-        if self.store is None:
+        if self.store is None or self.kubernetes:
             return
         with contextlib.suppress(DatastoreError):
             current = self.store.get(KIND, CONTROLLERS_KEY)
@@ -332,6 +343,11 @@ class Controllers:
         self.stopping.set()
         with self._cond:
             self._cond.notify_all()
+        # The elector first: it gives the Lease up on its way out, over the API client that
+        # closing (which ends the watches) would take from under it.
+        for t in self.threads:
+            if t.name == "elector":
+                t.join(timeout=5)
         if self.api is not None:
             self.api.close()
         for t in self.threads:

@@ -11,7 +11,9 @@ grace period (a node or pod that comes back in between resets it):
   that namespace and name holds any more (the pod is gone, is another incarnation, or
   reports other addresses), for ``--leak-grace`` seconds. Before it is released the pod is
   read once more from the API server itself, so an address a live pod holds is never
-  released: the whole attachment (its handle) goes, and its WorkloadEndpoint with it.
+  released: the whole attachment (its handle) goes, and its WorkloadEndpoint with it (in
+  etcd mode; in the Kubernetes datastore the endpoint is made of the allocation, and goes
+  with it).
 
 VXLAN tunnel addresses and allocations that name no pod are never touched.
 """
@@ -47,6 +49,8 @@ class IpamGc:
     node_grace: float
     leak_grace: float
     clock: Callable[[], float] = time.monotonic
+    #: WorkloadEndpoint documents to remove with a leak (not in the Kubernetes datastore)
+    endpoints: bool = True
     #: node -> when it was first seen gone; handle -> when first seen leaked
     gone_nodes: dict[str, float] = field(default_factory=dict)
     leaks: dict[str, float] = field(default_factory=dict)
@@ -116,7 +120,8 @@ class IpamGc:
                 log.warning("cannot release leaked %s: %s", handle, e)
                 continue
             self.released["leak"] += len(freed)
-            self._remove_endpoint(handle, held[0][1])
+            if self.endpoints:
+                self._remove_endpoint(handle, held[0][1])
             log.warning(
                 "released %s of %s/%s (%s): no pod holds it any more",
                 ", ".join(ip for ip, _ in held),

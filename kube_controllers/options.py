@@ -1,6 +1,8 @@
 """tabby-kube-controllers' settings: one pydantic model, from flags > environment > defaults
 (PRODUCT "tabby-kube-controllers"); the datastore settings as tabby-node resolves them
-(``cni_config.resolve``), and only etcd: a cluster's controllers need the shared datastore."""
+(``cni_config.resolve``): a cluster's datastore, etcd or the Kubernetes API (not the file
+store). In the Kubernetes datastore nothing is mirrored (Kubernetes' objects are read where
+they live): the controllers there are ``node`` and ``ipam``."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_opt
 from cni_protocol.errors import CniError, Code
 
 CONTROLLERS = ("namespace", "pod", "policy", "node", "ipam")
+#: The controllers of the Kubernetes datastore (the default there): a deleted node's tabby
+#: Node removed, the IPAM kept clean. The others mirror, which it needs none of.
+KUBERNETES_CONTROLLERS = ("node", "ipam")
 LEASE_NAME = "tabby-kube-controllers"
 
 
@@ -67,7 +72,8 @@ _NUMBERS = {"node_grace": float, "leak_grace": float, "health_port": int, "metri
 HELP = {
     "kubeconfig": "kubeconfig to reach the API server (default: the pod's service account "
     "when KUBERNETES_SERVICE_HOST is set)",
-    "controllers": f"which to run, comma-separated (default {','.join(CONTROLLERS)})",
+    "controllers": f"which to run, comma-separated (default {','.join(CONTROLLERS)}; "
+    f"the Kubernetes datastore: {','.join(KUBERNETES_CONTROLLERS)})",
     "lease_namespace": "namespace of the Lease tabby-kube-controllers (default kube-system)",
     "identity": "this replica's name in the Lease (default <hostname>_<pid>)",
     "node_grace": "seconds after a Kubernetes Node is deleted before its blocks and "
@@ -89,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
         "tabby's datastore; release the blocks of deleted nodes and leaked addresses",
     )
     for name in ControllerOptions.model_fields:
+        if name == "kubeconfig":
+            continue  # the datastore flags' --kubeconfig (one API server for both)
         if name == "leader_elect":
             p.add_argument(
                 "--leader-elect",
@@ -114,10 +122,31 @@ def parse(
     ns = parser().parse_args(argv)
     options = daemon_options(ControllerOptions, ns, env, ENV, _NUMBERS)
     datastore = daemon_datastore(ns, env, options.conf)
-    if datastore.datastore_type != "etcdv3":
+    if datastore.kubeconfig:  # --kubeconfig, else KUBECONFIG, else the --conf's
+        options = options.model_copy(update={"kubeconfig": datastore.kubeconfig})
+    if datastore.datastore_type == "file":
         raise CniError(
             Code.UNSUPPORTED_FIELD,
-            "tabby-kube-controllers needs the cluster datastore: --datastore-type etcdv3",
+            "tabby-kube-controllers needs the cluster's datastore: --datastore-type etcdv3 or "
+            "kubernetes",
             f"got {datastore.datastore_type}",
         )
+    if datastore.datastore_type == "kubernetes":
+        options = _kubernetes_controllers(options, ns.controllers or env.get(ENV["controllers"]))
     return options, datastore
+
+
+def _kubernetes_controllers(options: ControllerOptions, given: str | None) -> ControllerOptions:
+    """The Kubernetes datastore's controllers: ``node`` and ``ipam`` unless others are
+    asked for; a mirroring one asked for is refused (there is nothing to mirror)."""
+    if not given:
+        return options.model_copy(update={"controllers": list(KUBERNETES_CONTROLLERS)})
+    mirroring = [c for c in options.controllers if c not in KUBERNETES_CONTROLLERS]
+    if mirroring:
+        raise CniError(
+            Code.UNSUPPORTED_FIELD,
+            f"--controllers {','.join(mirroring)}: nothing to mirror in the Kubernetes "
+            "datastore (Kubernetes' objects are read where they live)",
+            f"the controllers there: {','.join(KUBERNETES_CONTROLLERS)}",
+        )
+    return options
