@@ -239,3 +239,31 @@ def test_the_plugins_have_an_account_of_their_own() -> None:
     for doc in DOCS:
         if doc["kind"] in ("DaemonSet", "Deployment"):
             assert doc["spec"]["template"]["spec"]["serviceAccountName"] != "tabby-cni"
+
+
+def test_the_labs_install_is_the_documented_one() -> None:
+    """lab.kubernetes.manifest (the Kubernetes tier's install): as shipped, the ConfigMap
+    untouched but the backend; etcd mode, the documented change (datastore_type) and the
+    lab's etcd."""
+    from lab.kubernetes.manifest import render
+
+    text = (ROOT / "manifests" / "tabby.yaml").read_text()
+    lab = {"endpoints": ["http://10.1.0.1:2379"], "prefix": "/lab", "backend": "vxlan"}
+
+    def config(rendered: str) -> dict[str, str]:
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        (cm,) = [
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "tabby-config"
+        ]
+        return dict(cm["data"])
+
+    shipped, data = config(render(text, **lab)), config(text)
+    assert shipped == {**data, "backend": "vxlan"}
+    etcd = config(render(text, **lab, datastore="etcdv3"))
+    assert etcd == {
+        **data,
+        "backend": "vxlan",
+        "datastore_type": "etcdv3",
+        "etcd_endpoints": "http://10.1.0.1:2379",
+        "etcd_prefix": "/lab",
+    }
