@@ -8,9 +8,9 @@ compacted one; get/create/update with optimistic concurrency (409 on a stale
 resourceVersion or an existing name); a cluster-wide pod collection (``/api/v1/pods``) over
 the namespaced ones; tabby's kinds held to their CRDs' schemas (``stores.kube.crds``, applied
 as the API server applies them: tests/structural.py): what a write does not declare is
-dropped, what the schema refuses is a 422. What it adds for tests: :meth:`FakeApi.compact` (forget history),
-:meth:`FakeApi.break_watches` (end every open watch, as a restart of the API server does),
-:meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
+dropped, what the schema refuses is a 422. What it adds for tests: :meth:`FakeApi.compact`
+(forget history), :meth:`FakeApi.break_watches` (end every open watch, as a restart of the
+API server does), :meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
 """
 
 from __future__ import annotations
