@@ -323,3 +323,15 @@ def test_every_pattern_is_re2_and_survives_json() -> None:
     dumped = json.dumps(crds.definitions())
     for pattern in re.findall(r'"pattern": "((?:[^"\\]|\\.)*)"', dumped):
         go_regexp(json.loads(f'"{pattern}"'))
+
+
+@pytest.mark.parametrize(("cidr", "size"), [("10.244.0.0/16", 26), ("fd00:10:244::/48", 122)])
+def test_a_pool_applied_without_a_block_size_gets_the_familys_default(cidr: str, size: int) -> None:
+    """The schema takes a pool without ``blockSize`` (the model defaults it, and a schema
+    cannot default by family): the store reads it as tabbyctl apply would have written it."""
+    doc = Case("IPPool", {"cidr": cidr}, name="no-size").document()
+    kept, errors = admit(doc, schema_of("IPPool"))
+    assert errors == []
+    model = validate(BY_KIND["IPPool"], doc)
+    assert model.wire()["spec"]["blockSize"] == size
+    assert kinds.to_data("pool", kept)["block_size"] == size
