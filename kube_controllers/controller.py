@@ -357,6 +357,11 @@ class Controllers:
         self.stopping.set()
         with self._cond:
             self._cond.notify_all()
+        # The elector first: it gives the Lease up on its way out, over the API client that
+        # closing (which ends the watches) would take from under it.
+        for t in self.threads:
+            if t.name == "elector":
+                t.join(timeout=5)
         if self.api is not None:
             self.api.close()
         for t in self.threads:

@@ -1,6 +1,6 @@
-"""An IPPool as the IPAM pool document stores it, and back, in plain dicts (standard library
-only: the Kubernetes datastore reads and writes pools on a CNI call's path, which must not
-import pydantic; ``resources.storage`` validates through the model on top of this).
+"""An IPPool as the IPAM pool document stores it, and back, in plain dicts (no pydantic: the
+Kubernetes datastore reads and writes pools on a CNI call's path, which must not import it;
+``resources.storage`` validates through the model on top of this).
 
 The pool document (``ipam.core.model.Pool``) holds ``cidr``, ``block_size`` and ``disabled``
 (what the allocator reads) beside the resource's other fields under their stored names.
@@ -64,9 +64,12 @@ def pool_data(raw: JSON) -> JSON:
     meta = meta if isinstance(meta, Mapping) else {}
     spec = raw.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
+    size = spec.get("blockSize")
+    if size is None:  # left out (kubectl apply): the family's default, as tabbyctl apply's
+        size = _default_block_size(spec.get("cidr"))
     data: JSON = {
         "cidr": spec.get("cidr"),
-        "block_size": spec.get("blockSize"),
+        "block_size": size,
         "disabled": bool(spec.get("disabled", False)),
     }
     if isinstance(meta.get("name"), str):
@@ -78,3 +81,15 @@ def pool_data(raw: JSON) -> JSON:
         if meta.get(field) is not None:
             data[stored] = meta[field]
     return data
+
+
+def _default_block_size(cidr: object) -> int | None:
+    """The default block size of ``cidr``'s family (None: not a CIDR; the IPAM says so)."""
+    import ipaddress
+
+    from ipam.core.model import DEFAULT_BLOCK_SIZE
+
+    try:
+        return DEFAULT_BLOCK_SIZE[ipaddress.ip_network(str(cidr), strict=False).version]
+    except ValueError:
+        return None

@@ -17,6 +17,12 @@ filesystem is mounted, ``/host`` in the init container)::
                                    runtime never reads half a file); written last: its
                                    appearance is what makes the node's network ready
     /etc/cni/net.d/tabby-tls/      the etcd TLS files, when configured (0600, dir 0700)
+    /etc/cni/net.d/tabby-kubeconfig    the plugins' own API access in the Kubernetes datastore
+                                   (0600, JSON): the API server at KUBERNETES_SERVICE_HOST
+                                   and _PORT, its CA and the token of the service account
+                                   tabby-cni, read from --cni-credentials (where the
+                                   DaemonSet mounts the Secret tabby-cni-token); removed
+                                   in another datastore
     /var/lib/tabby/nodename        the node's name (the pod's ``spec.nodeName``)
 
 Why versioned directories and not one ``/opt/tabby`` swapped in place: the bundle is a
@@ -37,6 +43,9 @@ Placeholders of the template (``cni_network_config``), each replaced by a JSON v
 the environment the DaemonSet sets from the ConfigMap (the variables tabby-node reads)::
 
     __NODENAME__           "<TABBY_NODENAME>"
+    __DATASTORE_TYPE__     "<TABBY_DATASTORE_TYPE>" (default "kubernetes")
+    __KUBECONFIG__         "/etc/cni/net.d/tabby-kubeconfig" with datastore_type kubernetes,
+                           else null
     __ETCD_ENDPOINTS__     ["<each of TABBY_ETCD_ENDPOINTS, comma-separated>"]
     __ETCD_PREFIX__        "<TABBY_ETCD_PREFIX>" (default "/tabby")
     __ETCD_CA_CERT_FILE__  "/etc/cni/net.d/tabby-tls/etcd-ca" when TABBY_ETCD_CA_CERT_FILE
@@ -50,8 +59,14 @@ the environment the DaemonSet sets from the ConfigMap (the variables tabby-node 
     __CNI_MTU__            TABBY_CNI_MTU as a number (default 0: tabby-node's MTU)
     __LOG_LEVEL__          "<TABBY_LOG_LEVEL>" (default "info")
 
+The conflist written keeps the datastore settings of its own datastore only: with
+``datastore_type`` ``kubernetes`` its ``ipam`` section has no ``etcd_*`` field, with another
+no ``kubeconfig`` that is null (one template serves both, the ConfigMap's
+``datastore_type`` chooses).
+
 A placeholder the installer does not know, or a result that is not a conflist tabby's plugins
-accept, fails the install with one line (the init container's log) and nothing written.
+accept, or (in the Kubernetes datastore) no token or API server address for the plugins'
+kubeconfig, fails the install with one line (the init container's log) and nothing written.
 """
 
 from __future__ import annotations
@@ -95,6 +110,22 @@ TLS = {
     "__ETCD_KEY_FILE__": ("TABBY_ETCD_KEY_FILE", "etcd-key"),
 }
 TEMPLATE_ENV = "TABBY_CNI_NETWORK_CONFIG"
+DATASTORE_ENV = "TABBY_DATASTORE_TYPE"
+DEFAULT_DATASTORE = "kubernetes"
+KUBECONFIG_NAME = "tabby-kubeconfig"
+#: Where the DaemonSet mounts the Secret tabby-cni-token (a service account token Secret:
+#: ``token``, ``ca.crt``): the plugins' credentials.
+CNI_CREDENTIALS = "/var/run/secrets/tabby-cni"
+#: The ipam settings only the etcd datastore reads (left out of a Kubernetes conflist).
+ETCD_SETTINGS = (
+    "etcd_endpoints",
+    "etcd_prefix",
+    "etcd_ca_cert_file",
+    "etcd_cert_file",
+    "etcd_key_file",
+    "etcd_watch_transport",
+    "etcd_watch_endpoints",
+)
 _PLACEHOLDER = re.compile(r"__[A-Z0-9_]+__")
 _CHUNK = 1 << 20
 
@@ -131,6 +162,11 @@ class Layout:
     def tls_file(self, name: str) -> str:
         """The host path of one etcd TLS file."""
         return f"{self.cni_conf_dir.rstrip('/')}/{TLS_DIR}/{name}"
+
+    @property
+    def kubeconfig(self) -> str:
+        """The host path of the plugins' kubeconfig."""
+        return f"{self.cni_conf_dir.rstrip('/')}/{KUBECONFIG_NAME}"
 
 
 @dataclass
@@ -329,14 +365,69 @@ def _tls_files(layout: Layout, env: Mapping[str, str]) -> dict[str, str | None]:
     return out
 
 
+def datastore_type(env: Mapping[str, str]) -> str:
+    return env.get(DATASTORE_ENV, "") or DEFAULT_DATASTORE
+
+
+def cni_kubeconfig(credentials: Path, env: Mapping[str, str]) -> bytes:
+    """The plugins' kubeconfig (JSON, which is YAML): the API server the pod reaches
+    (``KUBERNETES_SERVICE_HOST``/``_PORT``: the kubelet's service address, or the ConfigMap
+    tabby-kubernetes-api's), the CA and the token of the Secret mounted at ``credentials``."""
+    import base64
+
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    port = env.get("KUBERNETES_SERVICE_PORT", "") or "443"
+    if not host:
+        raise InstallError(
+            "KUBERNETES_SERVICE_HOST is not set: no API server address for the plugins' "
+            "kubeconfig (the ConfigMap tabby-kubernetes-api gives one)"
+        )
+    found: dict[str, bytes] = {}
+    for name in ("token", "ca.crt"):
+        try:
+            found[name] = (credentials / name).read_bytes()
+        except OSError as e:
+            raise InstallError(
+                f"{credentials / name}: {e.strerror} (the Secret tabby-cni-token, mounted "
+                "there, has no token yet?)"
+            ) from None
+    token = found["token"].decode(errors="replace").strip()
+    if not token:
+        raise InstallError(f"{credentials / 'token'} is empty: the Secret has no token yet")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kubernetes",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(found["ca.crt"]).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "tabby-cni", "user": {"token": token}}],
+        "contexts": [
+            {"name": "tabby-cni", "context": {"cluster": "kubernetes", "user": "tabby-cni"}}
+        ],
+        "current-context": "tabby-cni",
+    }
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
 def _pools(value: str) -> list[str]:
     return [value] if value.strip() else []
 
 
 def placeholders(
-    env: Mapping[str, str], tls: Mapping[str, str | None], nodename: str
+    env: Mapping[str, str],
+    tls: Mapping[str, str | None],
+    nodename: str,
+    kubeconfig: str | None = None,
 ) -> dict[str, object]:
-    """Each placeholder's JSON value (module docstring)."""
+    """Each placeholder's JSON value (module docstring); ``kubeconfig``: the host path of
+    the plugins' kubeconfig (the Kubernetes datastore)."""
     endpoints = [e.strip() for e in env.get("TABBY_ETCD_ENDPOINTS", "").split(",") if e.strip()]
     v4 = _pools(env.get("TABBY_IPV4_POOL", ""))
     v6 = _pools(env.get("TABBY_IPV6_POOL", ""))
@@ -347,6 +438,8 @@ def placeholders(
         raise InstallError(f"TABBY_CNI_MTU={mtu_text!r} is not a number") from None
     return {
         "__NODENAME__": nodename,
+        "__DATASTORE_TYPE__": datastore_type(env),
+        "__KUBECONFIG__": kubeconfig,
         "__ETCD_ENDPOINTS__": endpoints,
         "__ETCD_PREFIX__": env.get("TABBY_ETCD_PREFIX", "") or "/tabby",
         **tls,
@@ -376,8 +469,21 @@ def render_conflist(template: str, values: Mapping[str, object]) -> JSON:
     tabby = [p for p in doc["plugins"] if isinstance(p, dict) and p.get("type") == "tabby"]
     if len(tabby) != 1:
         raise InstallError("the conflist template must have exactly one plugin of type tabby")
+    _own_datastore_only(tabby[0])
     check_plugin(doc, tabby[0])
     return doc
+
+
+def _own_datastore_only(plugin: JSON) -> None:
+    """The ipam section without the settings of the datastore it does not name."""
+    ipam = plugin.get("ipam")
+    if not isinstance(ipam, dict):
+        return
+    if ipam.get("datastore_type") == "kubernetes":
+        for name in ETCD_SETTINGS:
+            ipam.pop(name, None)
+    elif ipam.get("kubeconfig", "") is None:
+        del ipam["kubeconfig"]
 
 
 def check_plugin(conflist: JSON, plugin: JSON) -> None:
@@ -398,17 +504,41 @@ def check_plugin(conflist: JSON, plugin: JSON) -> None:
         raise InstallError(f"the conflist would not work: {e}") from None
 
 
+def _kubeconfig_file(
+    layout: Layout, credentials: Path, env: Mapping[str, str], log: Log
+) -> str | None:
+    """The plugins' kubeconfig written (the Kubernetes datastore: its host path), or a
+    stale one removed (another datastore: None)."""
+    target = layout.here(layout.cni_conf_dir) / KUBECONFIG_NAME
+    if datastore_type(env) != "kubernetes":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)  # no longer the datastore
+        return None
+    data = cni_kubeconfig(credentials, env)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _write_file(target, data, 0o600)
+    log(f"{layout.kubeconfig}: the plugins' API access (service account tabby-cni)")
+    return layout.kubeconfig
+
+
 def install_files(
-    layout: Layout, template: str, nodename: str, env: Mapping[str, str], log: Log, report: Report
+    layout: Layout,
+    template: str,
+    nodename: str,
+    env: Mapping[str, str],
+    log: Log,
+    report: Report,
+    credentials: Path = Path(CNI_CREDENTIALS),
 ) -> None:
-    """The node name, the TLS files and, last, the conflist."""
+    """The node name, the TLS files, the plugins' kubeconfig and, last, the conflist."""
     from cni_config.common import node_name_problem
 
     problem = node_name_problem(nodename)
     if problem is not None:
         raise InstallError(f"node name {nodename!r}: {problem}")
     tls = _tls_files(layout, env)
-    doc = render_conflist(template, placeholders(env, tls, nodename))
+    kubeconfig = _kubeconfig_file(layout, credentials, env, log)
+    doc = render_conflist(template, placeholders(env, tls, nodename, kubeconfig))
     state = layout.here(layout.state_dir)
     state.mkdir(mode=0o755, parents=True, exist_ok=True)
     _write_file(state / "nodename", f"{nodename}\n".encode(), 0o644)
@@ -445,16 +575,22 @@ def install(
     log: Log,
     *,
     bundle_too: bool = True,
+    credentials: Path = Path(CNI_CREDENTIALS),
 ) -> Report:
     """Everything, in the order that never exposes a half-done node (module docstring)."""
     report = Report()
     if not template.strip():
         raise InstallError(f"no conflist template: give --conflist-template or {TEMPLATE_ENV}")
-    # The template is checked before anything is changed on the host.
-    render_conflist(template, placeholders(env, dict.fromkeys(TLS, None), nodename))
+    # The template and the plugins' credentials are checked before anything is changed on
+    # the host.
+    kubeconfig = None
+    if datastore_type(env) == "kubernetes":
+        cni_kubeconfig(credentials, env)
+        kubeconfig = layout.kubeconfig
+    render_conflist(template, placeholders(env, dict.fromkeys(TLS, None), nodename, kubeconfig))
     if bundle_too:
         install_bundle(bundle, layout, log, report)
-    install_files(layout, template, nodename, env, log, report)
+    install_files(layout, template, nodename, env, log, report, credentials)
     return report
 
 
@@ -492,7 +628,19 @@ def register(node_group: click.Group) -> None:
     @click.option("--cni-conf-dir", default=CNI_CONF_DIR, show_default=True)
     @click.option("--conflist-name", default=CONFLIST_NAME, show_default=True)
     @click.option("--state-dir", default=STATE_DIR, show_default=True)
-    @click.option("--no-bundle", is_flag=True, help="only the conflist, TLS files and node name")
+    @click.option(
+        "--cni-credentials",
+        default=CNI_CREDENTIALS,
+        show_default=True,
+        type=click.Path(file_okay=False),
+        help="the plugins' service account token and CA (token, ca.crt): the Kubernetes "
+        "datastore's kubeconfig is made of them",
+    )
+    @click.option(
+        "--no-bundle",
+        is_flag=True,
+        help="only the conflist, TLS files, kubeconfig and node name",
+    )
     def install_cmd(
         host_root: str,
         bundle: str | None,
@@ -503,12 +651,13 @@ def register(node_group: click.Group) -> None:
         cni_conf_dir: str,
         conflist_name: str,
         state_dir: str,
+        cni_credentials: str,
         no_bundle: bool,
     ) -> None:
         """Install tabby on this node: the bundle, the CNI binaries, the conflist (from a
-        template whose placeholders come from TABBY_* variables), the etcd TLS files and
-        the node name, each replaced atomically (what the DaemonSet's init container runs;
-        docs/kubernetes.md "Installing on Kubernetes")."""
+        template whose placeholders come from TABBY_* variables), the etcd TLS files or the
+        plugins' kubeconfig, and the node name, each replaced atomically (what the
+        DaemonSet's init container runs; docs/kubernetes.md "Installing on Kubernetes")."""
         try:
             if not nodename:
                 raise InstallError("no node name: give --nodename or TABBY_NODENAME")
@@ -539,6 +688,7 @@ def register(node_group: click.Group) -> None:
                 os.environ,
                 click.echo,
                 bundle_too=not no_bundle,
+                credentials=Path(cni_credentials),
             )
             click.echo(f"tabby installed on {nodename} in {time.monotonic() - started:.1f} s")
         except InstallError as e:

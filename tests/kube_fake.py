@@ -7,9 +7,11 @@ version sends every later event of that collection, bookmarks on request, and a 
 compacted one; get/create/update with optimistic concurrency (409 on a stale
 resourceVersion or an existing name), ``uid`` and ``creationTimestamp`` set by the
 server on create and kept on update; a cluster-wide pod collection (``/api/v1/pods``) over
-the namespaced ones. What it adds for tests: :meth:`FakeApi.compact` (forget history),
-:meth:`FakeApi.break_watches` (end every open watch, as a restart of the API server does),
-:meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
+the namespaced ones; tabby's kinds held to their CRDs' schemas (``stores.kube.crds``, applied
+as the API server applies them: tests/structural.py): what a write does not declare is
+dropped, what the schema refuses is a 422. What it adds for tests: :meth:`FakeApi.compact`
+(forget history), :meth:`FakeApi.break_watches` (end every open watch, as a restart of the
+API server does), :meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from bundle.types import JSON
+from stores.kube.crds import schema
 from stores.kube.kinds import CRDS
+from tests.structural import admit
 
 #: collection path -> (kind, namespaced)
 COLLECTIONS = {
@@ -34,9 +38,11 @@ COLLECTIONS = {
     "/api/v1/pods": ("Pod", True),
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
-    # tabby's CustomResourceDefinitions (cluster-scoped; no schema checked here)
+    # tabby's CustomResourceDefinitions (cluster-scoped)
     **{crd.path: (crd.kind, False) for crd in CRDS.values()},
 }
+#: collection path -> its CRD's schema
+SCHEMAS = {crd.path: schema(kind) for kind, crd in CRDS.items()}
 _NAMESPACED_PATHS = {
     "pods": "/api/v1/pods",
     "networkpolicies": "/apis/networking.k8s.io/v1/networkpolicies",
@@ -134,6 +140,7 @@ class FakeApi:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # a response is not held back for an ACK
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
@@ -151,6 +158,19 @@ class FakeApi:
                 data = json.loads(self.rfile.read(n) or b"{}")
                 assert isinstance(data, dict)
                 return data
+
+            def _admitted(self, collection: str, obj: JSON) -> JSON | None:
+                """``obj`` as its CRD's schema keeps it; None (and a 422 sent) when the
+                schema refuses it."""
+                found = SCHEMAS.get(collection)
+                if found is None:
+                    return obj
+                kept, errors = admit(obj, found)
+                if errors:
+                    text = "; ".join(f"{path}: {why}" for path, why in errors)
+                    self._json(422, _status(422, "Invalid", text))
+                    return None
+                return kept
 
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
@@ -234,7 +254,10 @@ class FakeApi:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"POST {url.path}")
                 collection, namespace, _ = api.route(url.path)
-                obj = self._body()
+                admitted = self._admitted(collection, self._body())
+                if admitted is None:
+                    return
+                obj = admitted
                 obj["metadata"]["namespace"] = namespace or obj["metadata"].get("namespace")
                 with api.lock:
                     if api._key(obj) in api.objects[collection]:
@@ -264,7 +287,10 @@ class FakeApi:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"PUT {url.path}")
                 collection, namespace, name = api.route(url.path)
-                obj = self._body()
+                admitted = self._admitted(collection, self._body())
+                if admitted is None:
+                    return
+                obj = admitted
                 key = f"{namespace}/{name}" if namespace else str(name)
                 with api.lock:
                     current = api.objects[collection].get(key)

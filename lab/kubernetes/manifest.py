@@ -1,21 +1,24 @@
 """tabby installed on a Kubernetes lab the Kubernetes way, as docs/kubernetes.md "Installing on
 Kubernetes" tells an operator to: the image imported into every node's containerd
-(``ctr -n k8s.io images import``), ``manifests/tabby.yaml`` applied with its ConfigMap set to
-the lab (the documented defaults replaced in the text, as docs/kubernetes.md's ``sed`` does), the
-DaemonSet rolled to another image, and everything removed with ``kubectl delete -f``.
+(``ctr -n k8s.io images import``), ``manifests/tabby.yaml`` applied as shipped (the
+Kubernetes datastore: no etcd of tabby's own) or in etcd mode (its ConfigMap's one change,
+``datastore_type`` and the lab's etcd, replaced in the text as docs/kubernetes.md's ``sed``
+does), the DaemonSet rolled to another image, and everything removed with ``kubectl delete
+-f``.
 
 The lab is a :class:`~lab.kubernetes.cluster.KubeLab` built with ``install_cni=False``: its
 nodes have no network until the DaemonSet's init container installs one (into each node's
 private /opt, /etc/cni/net.d and /var/lib). The lab's API server is not reachable at the
-in-cluster service address (there is no kube-proxy), so tabby-kube-controllers get its real
-address from the optional ConfigMap ``tabby-kubernetes-api``, as docs/kubernetes.md says for such
-clusters.
+in-cluster service address (there is no kube-proxy), so tabby-node, its installer and
+tabby-kube-controllers get its real address from the optional ConfigMap
+``tabby-kubernetes-api``, as docs/kubernetes.md says for such clusters.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tarfile
 import time
 from collections.abc import Callable
@@ -39,6 +42,7 @@ CONTROLLERS_LABEL = "app.kubernetes.io/name=tabby-kube-controllers"
 DEFAULT_ENDPOINTS = "http://127.0.0.1:2379"
 DEFAULT_PREFIX = "/tabby"
 DEFAULT_BACKEND = "bird"
+DEFAULT_DATASTORE = "kubernetes"
 
 
 def archive_reference(archive: Path) -> str:
@@ -67,18 +71,29 @@ def render(
     endpoints: list[str],
     prefix: str,
     backend: str,
+    datastore: str = DEFAULT_DATASTORE,
     image: str | None = None,
     api_server: tuple[str, int] | None = None,
 ) -> str:
-    """The manifest with the lab's settings: the ConfigMap's etcd endpoints, prefix and
-    backend, the image of every container (``image``), and the ConfigMap
-    ``tabby-kubernetes-api`` (``api_server``: host, port) appended."""
-    text = _replace_once(
-        text,
-        f'  etcd_endpoints: "{DEFAULT_ENDPOINTS}"',
-        f'  etcd_endpoints: "{",".join(endpoints)}"',
-    )
-    text = _replace_once(text, f'  etcd_prefix: "{DEFAULT_PREFIX}"', f'  etcd_prefix: "{prefix}"')
+    """The manifest with the lab's settings: the backend; in etcd mode (``datastore``
+    ``etcdv3``) the ConfigMap's datastore_type and the lab's etcd endpoints and prefix (as
+    shipped, the Kubernetes datastore, they stay the manifest's defaults: unused); the image
+    of every container (``image``), and the ConfigMap ``tabby-kubernetes-api``
+    (``api_server``: host, port) appended."""
+    if datastore != DEFAULT_DATASTORE:
+        text = _replace_once(
+            text,
+            f'  datastore_type: "{DEFAULT_DATASTORE}"',
+            f'  datastore_type: "{datastore}"',
+        )
+        text = _replace_once(
+            text,
+            f'  etcd_endpoints: "{DEFAULT_ENDPOINTS}"',
+            f'  etcd_endpoints: "{",".join(endpoints)}"',
+        )
+        text = _replace_once(
+            text, f'  etcd_prefix: "{DEFAULT_PREFIX}"', f'  etcd_prefix: "{prefix}"'
+        )
     text = _replace_once(text, f'  backend: "{DEFAULT_BACKEND}"', f'  backend: "{backend}"')
     if image is not None:
         images = {
@@ -106,6 +121,7 @@ class ManifestInstall:
 
     kube: KubeLab
     backend: str = "bird"
+    datastore: str = DEFAULT_DATASTORE
     manifest: Path = MANIFEST
     timings: dict[str, float] = field(default_factory=dict)
     applied: str = ""  # the text last applied
@@ -144,6 +160,7 @@ class ManifestInstall:
             endpoints=self.kube.endpoints(),
             prefix=self.kube.etcd_prefix,
             backend=self.backend,
+            datastore=self.datastore,
             image=image,
             api_server=(str(self.kube.nodes[0].ipv4.ip), API_PORT),
         )
@@ -199,6 +216,14 @@ class ManifestInstall:
             if node is not None:
                 found.append(f"{node}: {argv[:120]}")
         return found
+
+    def tabbyctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """tabbyctl on node-1 on the datastore the manifest was applied with (the Kubernetes
+        API with the lab's admin kubeconfig, or the lab's etcd)."""
+        if self.datastore != "kubernetes":
+            return self.kube.tabbyctl(*args)
+        flags = ["--datastore-type", "kubernetes", "--kubeconfig", str(self.kube.admin_kubeconfig)]
+        return self.kube.in_ns(self.kube.nodes[0].netns, *self.kube.tabbyctl_bin, *flags, *args)
 
     # -- what runs ----------------------------------------------------------------------------
 

@@ -121,13 +121,22 @@ class KubeConfig:
 
     @classmethod
     def from_kubeconfig(cls, path: str) -> KubeConfig:
-        import yaml
-
+        """A kubeconfig file: JSON (what ``tabbyctl node install`` writes for the plugins,
+        read without importing a YAML parser on a CNI call), else YAML."""
         try:
             with open(path, encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError) as e:
+                text = f.read()
+        except OSError as e:
             raise ApiError(0, "unreadable kubeconfig", f"{path}: {e}") from None
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            import yaml
+
+            try:
+                doc = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ApiError(0, "unreadable kubeconfig", f"{path}: {e}") from None
         base = os.path.dirname(os.path.abspath(path))
 
         def named(section: str, name: object) -> JSON:

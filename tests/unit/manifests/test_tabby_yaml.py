@@ -36,7 +36,12 @@ def test_one_file_in_one_namespace() -> None:
     kinds = [(d["kind"], d["metadata"]["name"]) for d in DOCS]
     assert kinds[0] == ("Namespace", "tabby-system")
     for doc in DOCS:
-        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if doc["kind"] not in (
+            "Namespace",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+        ):
             assert doc["metadata"]["namespace"] == "tabby-system", doc["metadata"]
     for kind in ("ConfigMap", "DaemonSet", "Deployment"):
         assert kind in {k for k, _ in kinds}
@@ -57,7 +62,7 @@ def test_the_daemonset_is_a_node_agent() -> None:
     assert spec["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in spec["tolerations"]  # every taint
     assert spec["serviceAccountName"] == "tabby-node"
-    assert spec["automountServiceAccountToken"] is False
+    assert spec.get("automountServiceAccountToken", True) is True  # the Kubernetes datastore
     assert ds["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxUnavailable": 1},
@@ -105,6 +110,7 @@ def test_the_variables_set_are_the_ones_the_programs_read() -> None:
     known = set(NODE_ENV.values()) | {var for _, var in SOURCES.values()}
     installer = {
         "TABBY_CNI_NETWORK_CONFIG",
+        "TABBY_DATASTORE_TYPE",
         "TABBY_CNI_MTU",
         "TABBY_NODENAME",
         "TABBY_ETCD_ENDPOINTS",
@@ -170,14 +176,93 @@ def test_the_optional_objects_are_documented() -> None:
         v["secret"]["secretName"]
         for doc in (ds, one("Deployment"))
         for v in doc["spec"]["template"]["spec"]["volumes"]
-        if "secret" in v
+        if "secret" in v and v["secret"].get("optional")
     }
     assert secrets == {"tabby-etcd-secrets"}
     table = _doc_table("#### etcd over TLS: the Secret `tabby-etcd-secrets`")
     assert set(table) == {"etcd-ca", "etcd-cert", "etcd-key"}
     for key, path in table.items():
         assert path == f"/etc/tabby/etcd-secrets/{key}"
-    (ref,) = ctl["envFrom"]
-    assert ref["configMapRef"] == {"name": "tabby-kubernetes-api", "optional": True}
+    for container in (*containers(ds), ctl):  # the installer, tabby-node, the controllers
+        (ref,) = container["envFrom"]
+        assert ref["configMapRef"] == {"name": "tabby-kubernetes-api", "optional": True}
     api = _doc_table("#### Without kube-proxy: the ConfigMap `tabby-kubernetes-api`")
     assert set(api) == {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}
+
+
+# -- the Kubernetes datastore, as shipped ------------------------------------------------------
+
+
+def test_the_kubernetes_datastore_is_the_default_and_etcd_one_configmap_change() -> None:
+    """Every program takes its datastore from the ConfigMap's datastore_type ("kubernetes"
+    as shipped), the conflist template too: etcd mode is that key (and the endpoints)."""
+    data = one("ConfigMap", "tabby-config")["data"]
+    assert data["datastore_type"] == "kubernetes"
+    for doc in (one("DaemonSet"), one("Deployment")):
+        for c in containers(doc):
+            ref = env_of(c)["TABBY_DATASTORE_TYPE"]["valueFrom"]["configMapKeyRef"]
+            assert ref == {"name": "tabby-config", "key": "datastore_type"}, c["name"]
+    ipam = data["cni_network_config"]
+    assert '"datastore_type": __DATASTORE_TYPE__' in ipam
+    assert '"kubeconfig": __KUBECONFIG__' in ipam
+    # the manifest's own comment says the change, and it is one line of the ConfigMap
+    text = (ROOT / "manifests" / "tabby.yaml").read_text()
+    assert 's#datastore_type: "kubernetes"#datastore_type: "etcdv3"#' in text
+    assert text.count('datastore_type: "kubernetes"') == 2  # the key, and the comment's sed
+
+
+def test_the_plugins_have_an_account_of_their_own() -> None:
+    """tabby-cni: no pod runs as it; its token Secret (filled in by the token controller)
+    is mounted into the installer only, where ``tabbyctl node install`` reads it."""
+    from tabbyctl.install import CNI_CREDENTIALS
+
+    sa = one("ServiceAccount", "tabby-cni")
+    assert sa["automountServiceAccountToken"] is False
+    secret = one("Secret", "tabby-cni-token")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "tabby-cni"}
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in DOCS]
+    # the token controller deletes a token Secret whose account does not exist (yet)
+    assert kinds.index(("ServiceAccount", "tabby-cni")) < kinds.index(("Secret", "tabby-cni-token"))
+    spec = one("DaemonSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "cni-token"]
+    assert volume["secret"]["secretName"] == "tabby-cni-token"
+    assert {i["key"] for i in volume["secret"]["items"]} == {"token", "ca.crt"}
+    assert "optional" not in volume["secret"]  # a node waits for its token
+    (init,) = spec["initContainers"]
+    mounts = {m["name"]: m for m in init["volumeMounts"]}
+    assert mounts["cni-token"]["mountPath"] == CNI_CREDENTIALS
+    assert mounts["cni-token"]["readOnly"] is True
+    for c in spec["containers"]:
+        assert "cni-token" not in {m["name"] for m in c["volumeMounts"]}
+    for doc in DOCS:
+        if doc["kind"] in ("DaemonSet", "Deployment"):
+            assert doc["spec"]["template"]["spec"]["serviceAccountName"] != "tabby-cni"
+
+
+def test_the_labs_install_is_the_documented_one() -> None:
+    """lab.kubernetes.manifest (the Kubernetes tier's install): as shipped, the ConfigMap
+    untouched but the backend; etcd mode, the documented change (datastore_type) and the
+    lab's etcd."""
+    from lab.kubernetes.manifest import render
+
+    text = (ROOT / "manifests" / "tabby.yaml").read_text()
+    lab = {"endpoints": ["http://10.1.0.1:2379"], "prefix": "/lab", "backend": "vxlan"}
+
+    def config(rendered: str) -> dict[str, str]:
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        (cm,) = [
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "tabby-config"
+        ]
+        return dict(cm["data"])
+
+    shipped, data = config(render(text, **lab)), config(text)
+    assert shipped == {**data, "backend": "vxlan"}
+    etcd = config(render(text, **lab, datastore="etcdv3"))
+    assert etcd == {
+        **data,
+        "backend": "vxlan",
+        "datastore_type": "etcdv3",
+        "etcd_endpoints": "http://10.1.0.1:2379",
+        "etcd_prefix": "/lab",
+    }

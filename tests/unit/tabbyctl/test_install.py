@@ -1,15 +1,20 @@
 """``tabbyctl node install`` (tabbyctl/install.py) on a host tree in tmp_path, with a small
 fake bundle: versioned bundle directories that are never changed once named, ``current`` and
 the CNI links replaced by rename, the previous bundle kept and older ones removed, the
-conflist filled in from the manifest's own template and checked as the plugins read it, the
-TLS files, the node name, and nothing written when the template is wrong. The DaemonSet runs
-it for real in tests/kubernetes/test_manifest.py."""
+conflist filled in from the manifest's own template and checked as the plugins read it (the
+Kubernetes datastore as shipped, etcd mode by the ConfigMap's one change), the plugins'
+kubeconfig or the TLS files, the node name, and nothing written when the template or the
+plugins' credentials are wrong. The DaemonSet runs it for real in
+tests/kubernetes/test_manifest.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +55,18 @@ def config_map() -> dict[str, str]:
     return dict(cm["data"])
 
 
+#: what the kubelet gives every container: the API server's service address
+SERVICE_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+ETCD_MODE = {"datastore_type": "etcdv3"}  # the ConfigMap's one change
+
+
 def init_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the DaemonSet gives its init container, from the manifest's
     ConfigMap (with ``overrides`` of its keys)."""
     data = {**config_map(), **(overrides or {})}
     (ds,) = [d for d in manifest_docs() if d["kind"] == "DaemonSet"]
     (init,) = ds["spec"]["template"]["spec"]["initContainers"]
-    env = {}
+    env = dict(SERVICE_ENV)
     for var in init["env"]:
         ref = var.get("valueFrom", {}).get("configMapKeyRef")
         if ref is not None:
@@ -64,11 +74,20 @@ def init_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def credentials(where: Path, token: str = "the-token\n") -> Path:
+    """The Secret tabby-cni-token as the DaemonSet mounts it."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "token").write_text(token)
+    (where / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n")
+    return where
+
+
 class Host:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, secret: Path) -> None:
         self.root = root
         self.layout = install.Layout(root)
         self.lines: list[str] = []
+        self.secret = secret
 
     def path(self, host_path: str) -> Path:
         return self.layout.here(host_path)
@@ -78,7 +97,13 @@ class Host:
     ) -> install.Report:
         env = env if env is not None else init_env()
         return install.install(
-            self.layout, bundle, env["TABBY_CNI_NETWORK_CONFIG"], nodename, env, self.lines.append
+            self.layout,
+            bundle,
+            env["TABBY_CNI_NETWORK_CONFIG"],
+            nodename,
+            env,
+            self.lines.append,
+            credentials=self.secret,
         )
 
     def conflist(self) -> dict[str, Any]:
@@ -92,14 +117,12 @@ class Host:
 def host(tmp_path: Path) -> Host:
     root = tmp_path / "host"
     root.mkdir()
-    return Host(root)
+    return Host(root, credentials(tmp_path / "secret"))
 
 
 def test_a_fresh_node_gets_the_bundle_links_conflist_and_name(host: Host, tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path)
-    report = host.run(
-        bundle, init_env({"etcd_endpoints": "http://10.0.0.1:2379,http://10.0.0.2:2379"})
-    )
+    report = host.run(bundle)
     ident = report.bundle_id
     assert ident == f"0.1.0-{install.content_hash(bundle)[:12]}"
     installed = host.path(f"/opt/tabby/bundles/{ident}")
@@ -118,14 +141,63 @@ def test_a_fresh_node_gets_the_bundle_links_conflist_and_name(host: Host, tmp_pa
     assert plugin["mtu"] == 0
     assert plugin["log_level"] == "info"
     ipam = plugin["ipam"]
-    assert ipam["etcd_endpoints"] == ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
-    assert ipam["etcd_prefix"] == "/tabby"
+    # the Kubernetes datastore, as shipped: the plugins' kubeconfig, no etcd setting
+    assert ipam["datastore_type"] == "kubernetes"
+    assert ipam["kubeconfig"] == "/etc/cni/net.d/tabby-kubeconfig"
+    assert not [k for k in ipam if k.startswith("etcd_")]
     assert ipam["ipv4_pools"] == ["10.244.0.0/16"]
     assert ipam["ipv6_pools"] == []
     assert (ipam["assign_ipv4"], ipam["assign_ipv6"]) == (True, False)
-    assert ipam["etcd_ca_cert_file"] is None
     assert not [f for f in host.files() if ".tmp" in f]
     assert stat.S_IMODE(host.path("/etc/cni/net.d/10-tabby.conflist").stat().st_mode) == 0o644
+    assert not host.path("/etc/cni/net.d/tabby-tls").exists()
+
+
+def test_the_kubernetes_datastore_gets_the_plugins_kubeconfig(host: Host, tmp_path: Path) -> None:
+    """/etc/cni/net.d/tabby-kubeconfig: root's only, JSON (read without a YAML parser on a
+    CNI call), the service address the pod was given, the CA and the tabby-cni token."""
+    bundle = make_bundle(tmp_path)
+    host.run(bundle)
+    path = host.path("/etc/cni/net.d/tabby-kubeconfig")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    doc = json.loads(path.read_text())
+    ((cluster,), (user,)) = (doc["clusters"], doc["users"])
+    assert cluster["cluster"]["server"] == "https://10.96.0.1:443"
+    assert user["user"] == {"token": "the-token"}
+    code = (
+        "import sys; from stores.kube.client import KubeConfig; "
+        f"c = KubeConfig.from_kubeconfig({str(path)!r}); "
+        "print(c.server, c.token, 'BEGIN CERTIFICATE' in (c.ca_data or ''), 'yaml' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    ).stdout.split()
+    assert out == ["https://10.96.0.1:443", "the-token", "True", "False"]
+    # the API server's real address where the service address does not work (the
+    # ConfigMap tabby-kubernetes-api in the init container's environment), IPv6 too
+    host.run(bundle, {**init_env(), "KUBERNETES_SERVICE_HOST": "fd00::1"})
+    doc = json.loads(path.read_text())
+    assert doc["clusters"][0]["cluster"]["server"] == "https://[fd00::1]:443"
+
+
+def test_etcd_mode_is_one_configmap_change(host: Host, tmp_path: Path) -> None:
+    """datastore_type etcdv3 and the endpoints: the etcd settings in the conflist, no
+    kubeconfig (one left by a Kubernetes install is removed)."""
+    bundle = make_bundle(tmp_path)
+    host.run(bundle)
+    assert host.path("/etc/cni/net.d/tabby-kubeconfig").exists()
+    etcd = {**ETCD_MODE, "etcd_endpoints": "http://10.0.0.1:2379,http://10.0.0.2:2379"}
+    host.run(bundle, init_env(etcd))
+    ipam = host.conflist()["plugins"][0]["ipam"]
+    assert ipam["datastore_type"] == "etcdv3"
+    assert ipam["etcd_endpoints"] == ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    assert ipam["etcd_prefix"] == "/tabby"
+    assert ipam["etcd_ca_cert_file"] is None
+    assert "kubeconfig" not in ipam
+    assert not host.path("/etc/cni/net.d/tabby-kubeconfig").exists()
+    # and no credentials needed: an etcd install works without the Secret
+    bare = Host(host.root, tmp_path / "no-secret")
+    bare.run(bundle, init_env(etcd))
 
 
 def _without_roles(installed: Path) -> Path:
@@ -190,6 +262,7 @@ def test_tls_files_are_copied_private_and_named_in_the_conflist(host: Host, tmp_
         (secrets / name).write_text(f"PEM {name}\n")
     env = init_env(
         {
+            **ETCD_MODE,
             "etcd_ca": str(secrets / "etcd-ca"),
             "etcd_cert": str(secrets / "etcd-cert"),
             "etcd_key": str(secrets / "etcd-key"),
@@ -206,7 +279,7 @@ def test_tls_files_are_copied_private_and_named_in_the_conflist(host: Host, tmp_
     assert ipam["etcd_cert_file"] == "/etc/cni/net.d/tabby-tls/etcd-cert"
     assert ipam["etcd_key_file"] == "/etc/cni/net.d/tabby-tls/etcd-key"
     # TLS turned off again: the copies go
-    host.run(make_bundle(tmp_path, extra="-2"), init_env())
+    host.run(make_bundle(tmp_path, extra="-2"), init_env(ETCD_MODE))
     assert list(tls.iterdir()) == []
     assert host.conflist()["plugins"][0]["ipam"]["etcd_key_file"] is None
 
@@ -214,6 +287,7 @@ def test_tls_files_are_copied_private_and_named_in_the_conflist(host: Host, tmp_
 @pytest.mark.parametrize(
     ("overrides", "template_edit", "message"),
     [
+        ({"datastore_type": "etcd"}, None, "ipam.datastore_type"),
         ({}, ("__CNI_MTU__", "__MTU__"), "unknown placeholders: __MTU__"),
         ({}, ('"plugins": [', '"plugins": [[,'), "not JSON once filled in"),
         ({"ipv4_pool": "10.244.0.0/33"}, None, "ipam.ipv4_pools"),
@@ -221,7 +295,7 @@ def test_tls_files_are_copied_private_and_named_in_the_conflist(host: Host, tmp_
         ({"veth_mtu": "big"}, None, "TABBY_CNI_MTU='big' is not a number"),
         ({}, ('"type": "tabby-ipam"', '"type": "host-local"'), "ipam type tabby-ipam"),
     ],
-    ids=["placeholder", "json", "pool", "log-level", "mtu", "ipam-type"],
+    ids=["datastore", "placeholder", "json", "pool", "log-level", "mtu", "ipam-type"],
 )
 def test_a_bad_configuration_fails_with_one_line_and_writes_nothing(
     host: Host,
@@ -240,6 +314,29 @@ def test_a_bad_configuration_fails_with_one_line_and_writes_nothing(
     assert host.files() == set()
 
 
+@pytest.mark.parametrize(
+    ("token", "env", "message"),
+    [
+        (None, {}, "has no token yet?"),
+        ("  \n", {}, "token is empty"),
+        ("t", {"KUBERNETES_SERVICE_HOST": ""}, "KUBERNETES_SERVICE_HOST is not set"),
+    ],
+    ids=["no-secret", "empty-token", "no-address"],
+)
+def test_no_credentials_for_the_plugins_fails_and_writes_nothing(
+    tmp_path: Path, token: str | None, env: dict[str, str], message: str
+) -> None:
+    root = tmp_path / "host"
+    root.mkdir()
+    secret = tmp_path / "secret"
+    if token is not None:
+        credentials(secret, token)
+    host = Host(root, secret)
+    with pytest.raises(install.InstallError, match=re.escape(message)):
+        host.run(make_bundle(tmp_path), {**init_env(), **env})
+    assert host.files() == set()
+
+
 def test_a_conflist_that_sorts_first_is_warned_about(host: Host, tmp_path: Path) -> None:
     conf_dir = host.path("/etc/cni/net.d")
     conf_dir.mkdir(parents=True)
@@ -254,7 +351,9 @@ def test_the_command_line(tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path)
     env = init_env()
     runner = CliRunner()
+    secret = credentials(tmp_path / "secret")
     args = ["node", "install", "--host-root", str(host), "--bundle", str(bundle)]
+    args += ["--cni-credentials", str(secret)]
     result = runner.invoke(cli, args, env={**env, "TABBY_NODENAME": "node-7"})
     assert result.exit_code == 0, result.output
     assert "tabby installed on node-7" in result.output
