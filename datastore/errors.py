@@ -8,6 +8,7 @@ protocol layer.
 
     DatastoreError                 base; never raised itself (``msg``, ``details``)
      +-- InvalidConfig             a setting, key or request that cannot be honoured
+     |    +-- AccessDenied         the datastore refused the credentials (401, 403)
      +-- RevisionConflict          a compare-and-swap lost; callers re-read and retry
      +-- StoreError                the datastore itself failed (``path`` names where)
           +-- StoreCorrupt         unreadable, truncated or malformed document, symlink
@@ -37,6 +38,12 @@ class DatastoreError(Exception):
 class InvalidConfig(DatastoreError):
     """A pool, block size, reserved range, handle id, store key or setting that cannot be
     honoured."""
+
+
+class AccessDenied(InvalidConfig):
+    """The datastore refused who is asking (the Kubernetes API's 401 or 403: a token
+    revoked, a role removed). Retrying does not help; a DEL lets its pod go on it (what it
+    held is the controllers' to collect)."""
 
 
 class RevisionConflict(DatastoreError):

@@ -65,8 +65,8 @@ def identity(settings: StoreSettings) -> tuple[object, ...]:
     kind = settings.datastore_type
     if kind == "file":
         return (kind, settings.data_dir)
-    if kind == "kubernetes":
-        return (kind, settings.kubeconfig)
+    if kind == "kubernetes":  # one API server, whoever's credentials name it
+        return (kind, _api_server(settings.kubeconfig))
     return (
         kind,
         tuple(settings.etcd_endpoints),
@@ -75,6 +75,33 @@ def identity(settings: StoreSettings) -> tuple[object, ...]:
         settings.etcd_cert_file,
         settings.etcd_key_file,
     )
+
+
+#: kubeconfig path -> (its mtime, the API server it names)
+_SERVERS: dict[str | None, tuple[int, str]] = {}
+
+
+def _api_server(kubeconfig: str | None) -> str:
+    """The API server a kubeconfig (None: ``$KUBECONFIG`` or the pod's service account)
+    names: the plugins' kubeconfig and tabby-node's in-cluster account name the same one,
+    and so the same store. Read again when the file changes."""
+    import os
+
+    from stores.kube.client import ApiError, KubeConfig
+
+    try:
+        mtime = os.stat(kubeconfig).st_mtime_ns if kubeconfig else 0
+    except OSError:
+        mtime = -1
+    known = _SERVERS.get(kubeconfig)
+    if known is not None and known[0] == mtime:
+        return known[1]
+    try:
+        server = KubeConfig.load(kubeconfig).server
+    except ApiError:
+        return f"kubeconfig {kubeconfig}"  # opening it fails with the reason
+    _SERVERS[kubeconfig] = (mtime, server)
+    return server
 
 
 class Stores(Protocol):

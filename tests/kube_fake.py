@@ -60,6 +60,8 @@ class FakeApi:
         self.generation = 0  # break_watches() ends the watches of older generations
         self.requests: list[str] = []
         self.server: ThreadingHTTPServer | None = None
+        #: answer every request 401 (the caller's token revoked, as an uninstall does)
+        self.unauthorized = False
 
     # -- state, for the tests -----------------------------------------------------------------
 
@@ -153,6 +155,12 @@ class FakeApi:
                 self.end_headers()
                 self.wfile.write(raw)
 
+            def _refused(self) -> bool:
+                if api.unauthorized:
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    self._json(401, {"kind": "Status", "reason": "Unauthorized", "code": 401})
+                return api.unauthorized
+
             def _body(self) -> JSON:
                 n = int(self.headers.get("Content-Length") or 0)
                 data = json.loads(self.rfile.read(n) or b"{}")
@@ -176,6 +184,8 @@ class FakeApi:
                 url = urllib.parse.urlsplit(self.path)
                 query = dict(urllib.parse.parse_qsl(url.query))
                 api.requests.append(f"GET {url.path}{'?watch' if 'watch' in query else ''}")
+                if self._refused():
+                    return
                 try:
                     collection, namespace, name = api.route(url.path)
                 except KeyError:
@@ -253,6 +263,8 @@ class FakeApi:
             def do_POST(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"POST {url.path}")
+                if self._refused():
+                    return
                 collection, namespace, _ = api.route(url.path)
                 admitted = self._admitted(collection, self._body())
                 if admitted is None:
@@ -268,6 +280,8 @@ class FakeApi:
             def do_DELETE(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"DELETE {url.path}")
+                if self._refused():
+                    return
                 collection, namespace, name = api.route(url.path)
                 options = self._body()
                 key = f"{namespace}/{name}" if namespace else str(name)
@@ -286,6 +300,8 @@ class FakeApi:
             def do_PUT(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"PUT {url.path}")
+                if self._refused():
+                    return
                 collection, namespace, name = api.route(url.path)
                 admitted = self._admitted(collection, self._body())
                 if admitted is None:

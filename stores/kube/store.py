@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from datastore.base import Doc, SyncEvent
 from datastore.engine import LOCK_FLAGS, Engine, Write, refused
-from datastore.errors import InvalidConfig, RevisionConflict, StoreCorrupt, StoreUnavailable
+from datastore.errors import (
+    AccessDenied,
+    InvalidConfig,
+    RevisionConflict,
+    StoreCorrupt,
+    StoreUnavailable,
+)
 from resources.poolform import pool_name
 from stores.kube import kinds
 from stores.kube.client import ApiError, Conflict, KubeClient, KubeConfig, NotFound
@@ -58,7 +64,12 @@ def kube_error(e: ApiError, where: str) -> Exception:
     """The store's error for an API answer."""
     if isinstance(e, Conflict):
         return RevisionConflict("document changed", f"{where}: {e.message or e.reason}")
-    if e.status in (400, 401, 403, 422):
+    if e.status in (401, 403):
+        return AccessDenied(
+            f"the API server refused tabby's credentials ({e.status} {e.reason})",
+            f"{where}: {e.message}",
+        )
+    if e.status in (400, 422):
         return InvalidConfig(
             f"the API server refused it ({e.status} {e.reason})", f"{where}: {e.message}"
         )

@@ -266,3 +266,29 @@ def test_corrupt_index_is_101_naming_the_file(call: Call) -> None:
     rc, out = call("DEL")
     assert (rc, out["code"]) == (1, 101)
     assert str(index) in out["details"]
+
+
+def test_del_lets_the_pod_go_when_the_api_refuses_the_credentials(
+    call: Call, tmp_path: Path
+) -> None:
+    """After an uninstall (the plugins' token revoked) a DEL answers 0 and says what it left
+    for the controllers' GC; an ADD is refused with code 7, naming the refusal."""
+    from tests.kube_fake import fake_api, write_kubeconfig
+
+    with fake_api() as (fake, url):
+        kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), url)
+        conf = call.conf(
+            ipam={"datastore_type": "kubernetes", "kubeconfig": kubeconfig, "ipv6_pools": []}
+        )
+        rc, out = call("ADD", conf)
+        assert rc == 0, out
+        fake.unauthorized = True
+        log_before = (tmp_path / "cni.log").read_text()
+        assert call("DEL", conf) == (0, None)
+        logged = (tmp_path / "cni.log").read_text()[len(log_before) :]
+        assert "refused tabby's credentials (401" in logged
+        assert "leak" in logged
+        rc, out = call("ADD", conf, cid="c2")
+        assert rc == 1
+        assert out["code"] == 7
+        assert "refused tabby's credentials (401" in out["details"]

@@ -7,6 +7,7 @@ Kubernetes' own objects, endpoints made of the blocks, readiness made of the v1 
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -450,3 +451,29 @@ def test_a_watching_node_keeps_the_pool_names_so_a_standalone_call_lists_nothing
     sent = count.since()
     assert f"GET {pools}" not in sent  # no list of the pools
     assert f"GET {pools}/blue" in sent
+
+
+def test_the_plugins_kubeconfig_and_the_pods_account_name_one_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tabby-node (the pod's service account) serves the calls whose conflist names the
+    plugins' kubeconfig: the same API server is the same store, whoever's the token."""
+    from types import SimpleNamespace
+
+    from stores import identity
+    from tests.kube_fake import write_kubeconfig
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    plugins = write_kubeconfig(str(tmp_path / "tabby-kubeconfig"), "https://10.96.0.1:443")
+    other = write_kubeconfig(str(tmp_path / "other"), "https://10.0.0.9:6443")
+
+    def settings(kubeconfig: str | None) -> Any:
+        return SimpleNamespace(datastore_type="kubernetes", kubeconfig=kubeconfig)
+
+    assert identity(settings(None)) == identity(settings(plugins))
+    assert identity(settings(None)) != identity(settings(other))
+    write_kubeconfig(plugins, "https://10.0.0.9:6443")  # the file changed: read again
+    os.utime(plugins, ns=(0, 10**18))
+    assert identity(settings(plugins)) == identity(settings(other))
