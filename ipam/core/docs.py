@@ -246,8 +246,12 @@ class Docs:
             return None, f"pool {cidr} no longer exists"
         if pool.disabled:
             return None, f"pool {cidr} is disabled"
+        copies = 0
         for key in self.store.list_keys("pool"):
             if key == pool.cidr:
+                copies += 1  # the Kubernetes datastore: two IPPool objects of one CIDR
+                if copies > 1:
+                    return None, f"pool {cidr} is defined more than once"
                 continue
             try:
                 other = ipaddress.ip_network(key)

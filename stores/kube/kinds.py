@@ -39,6 +39,7 @@ The Kubernetes objects of tabby's own kinds are CustomResourceDefinitions of gro
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -293,10 +294,22 @@ def key_of(kind: str, obj: JSON) -> str | None:
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         return None
     if kind in ("pool", "block"):
-        cidr = spec.get("cidr")
-        return cidr if isinstance(cidr, str) and cidr else None
+        return canonical_cidr(spec.get("cidr"))
     name = meta.get("name")
     return name if isinstance(name, str) and name else None
+
+
+def canonical_cidr(cidr: object) -> str | None:
+    """``cidr`` as tabby keys it (``fd00::/48`` for ``FD00:0::/48``); None for what is no
+    network address (host bits set: the schema cannot refuse them for IPv6), which is then
+    not one of tabby's documents: a pool kubectl applied so is ignored, never read as a
+    corrupt store that stops every call."""
+    if not isinstance(cidr, str) or not cidr:
+        return None
+    try:
+        return str(ipaddress.ip_network(cidr))
+    except ValueError:
+        return None
 
 
 def to_data(kind: str, obj: JSON) -> JSON:
@@ -306,7 +319,11 @@ def to_data(kind: str, obj: JSON) -> JSON:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     if kind == "pool":
-        return pool_data({"metadata": meta, "spec": spec})
+        data = pool_data({"metadata": meta, "spec": spec})
+        cidr = canonical_cidr(data.get("cidr"))
+        if cidr is not None:
+            data["cidr"] = cidr
+        return data
     if kind in RESOURCE_KINDS:
         keep = ("name", "labels", "annotations", "uid", "creationTimestamp")
         return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec}

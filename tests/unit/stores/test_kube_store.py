@@ -19,7 +19,7 @@ import pytest
 from datastore.base import Doc, SyncEvent
 from datastore.cached import Cached, Counts, run
 from datastore.errors import InvalidConfig, RevisionConflict, StoreUnavailable
-from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
+from ipam.core import AssignRequest, Ipam, NoAddressAvailable, PoolSpec, handle_id
 from stores.kube import kinds
 from stores.kube.client import KubeClient, KubeConfig
 from stores.kube.store import KubeStore
@@ -477,3 +477,40 @@ def test_the_plugins_kubeconfig_and_the_pods_account_name_one_store(
     write_kubeconfig(plugins, "https://10.0.0.9:6443")  # the file changed: read again
     os.utime(plugins, ns=(0, 10**18))
     assert identity(settings(plugins)) == identity(settings(other))
+
+
+def test_pools_kubectl_wrote_loosely_are_keyed_canonically_or_ignored(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    """What the schema cannot refuse on 1.20: an IPv6 CIDR not in canonical form is the
+    canonical key; one with host bits is no pool (and stops no call)."""
+    fake, _ = api
+    path = kinds.CRDS["pool"].path
+    fake.put(path, {"metadata": {"name": "upper"}, "spec": {"cidr": "FD00:0::/120"}})
+    fake.put(path, {"metadata": {"name": "hostbits"}, "spec": {"cidr": "fd01::1/120"}})
+    assert store.list_keys("pool") == ["fd00::/120"]
+    got = store.get("pool", "fd00::/120")
+    assert got is not None
+    assert got.data["cidr"] == "fd00::/120"
+    (alloc,) = Ipam(store, "node-a").assign(
+        AssignRequest(handle_id("net", "c6", "eth0"), attrs("p", "c6"), want_v4=False,
+                      want_v6=True, v6_pools=["fd00::/120"])  # fmt: skip
+    )
+    assert alloc.ip in ipaddress.ip_network("fd00::/120")
+
+
+def test_a_cidr_given_two_ippools_claims_no_block_until_one_goes(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    """IPPool names are not keys: kubectl can make two pools of one CIDR. No block of it is
+    claimed while both exist (which one rules would be a guess); one deleted, claims go on."""
+    fake, _ = api
+    path = kinds.CRDS["pool"].path
+    spec = {"cidr": POOL, "blockSize": 28}
+    fake.put(path, {"metadata": {"name": "blue"}, "spec": spec})
+    fake.put(path, {"metadata": {"name": "green"}, "spec": {**spec, "disabled": True}})
+    with pytest.raises(NoAddressAvailable):
+        Ipam(store, "node-a").assign(request("c1"))
+    fake.delete(path, "green")
+    (alloc,) = Ipam(store, "node-a").assign(request("c1"))
+    assert alloc.ip in ipaddress.ip_network(POOL)
