@@ -493,8 +493,13 @@ def test_pools_kubectl_wrote_loosely_are_keyed_canonically_or_ignored(
     assert got is not None
     assert got.data["cidr"] == "fd00::/120"
     (alloc,) = Ipam(store, "node-a").assign(
-        AssignRequest(handle_id("net", "c6", "eth0"), attrs("p", "c6"), want_v4=False,
-                      want_v6=True, v6_pools=["fd00::/120"])  # fmt: skip
+        AssignRequest(
+            handle_id("net", "c6", "eth0"),
+            attrs("p", "c6"),
+            want_v4=False,
+            want_v6=True,
+            v6_pools=["fd00::/120"],
+        )
     )
     assert alloc.ip in ipaddress.ip_network("fd00::/120")
 
