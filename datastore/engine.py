@@ -322,6 +322,20 @@ class Engine:
     def __init__(self) -> None:
         self._sync_guard = threading.Lock()
         self._sync_counts = dict.fromkeys(SYNC_STATS, 0)
+        self._requests_guard = threading.Lock()
+        #: (op, kind) -> the calls made of this store: op ``get``, ``list`` (``list`` and
+        #: ``list_keys``), ``put`` or ``delete`` (tabby-node's tabby_datastore_requests_total)
+        self._requests: dict[tuple[str, str], int] = {}
+
+    @property
+    def requests(self) -> dict[tuple[str, str], int]:
+        """A copy of the request counts (see ``_requests``)."""
+        with self._requests_guard:
+            return dict(self._requests)
+
+    def _count_request(self, op: str, kind: str) -> None:
+        with self._requests_guard:
+            self._requests[(op, kind)] = self._requests.get((op, kind), 0) + 1
 
     # -- what a store supplies ------------------------------------------------------------
 
@@ -361,16 +375,19 @@ class Engine:
     def get(self, kind: str, key: str) -> Doc | None:
         check_kind(kind)
         check_key(key)
+        self._count_request("get", kind)
         return self._get(kind, key)
 
     def list_keys(self, kind: str) -> builtins.list[str]:
         check_kind(kind)
+        self._count_request("list", kind)
         keys = self._keys(kind)
         keys.sort()
         return keys
 
     def list(self, kind: str, prefix: str = "") -> builtins.list[tuple[str, Doc]]:
         check_kind(kind)
+        self._count_request("list", kind)
         items = self._items(kind, prefix)
         items.sort(key=_by_key)
         return items
@@ -380,6 +397,7 @@ class Engine:
     def put(self, kind: str, key: str, data: JSON, expected_revision: int | None) -> int:
         check_kind(kind)
         check_key(key)
+        self._count_request("put", kind)
         return self._apply(Write(kind, key, encode(data), expected_revision))
 
     def put_leased(
@@ -394,6 +412,7 @@ class Engine:
         check_kind(kind)
         check_key(key)
         check_ttl(ttl)
+        self._count_request("put", kind)
         return self._apply(Write(kind, key, encode(data), expected_revision, ttl))
 
     def delete(self, kind: str, key: str, expected_revision: int) -> None:
@@ -401,6 +420,7 @@ class Engine:
         check_key(key)
         if type(expected_revision) is not int:
             raise TypeError(f"delete needs the document's revision, not {expected_revision!r}")
+        self._count_request("delete", kind)
         self._apply(Write(kind, key, None, expected_revision))
 
     def keepalive(self, kind: str, key: str) -> bool:

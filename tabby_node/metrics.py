@@ -219,6 +219,13 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "nothing read again",
     ),
     "tabby_datastore_synced": ("gauge", "", "1 when the watch has a snapshot and no error"),
+    "tabby_datastore_requests_total": (
+        "counter",
+        "op, kind",
+        "calls the agent made of its datastore (op: get, list, put, delete; kind: pool, "
+        "block, affinity, node, ...); what its watch answered is not among them. On the "
+        "Kubernetes datastore one call is one API request (a node's get: two)",
+    ),
     "tabby_datastore_transactions_total": ("counter", "", "etcd transactions the agent sent"),
     "tabby_datastore_conflicts_total": (
         "counter",
@@ -627,6 +634,15 @@ class NodeCollector(Collector):
             value=watch.get("resumes", 0),
         )
         yield _gauge("tabby_datastore_synced", 1 if synced else 0)
+        requests = CounterMetricFamily(
+            "tabby_datastore_requests",
+            _help("tabby_datastore_requests_total"),
+            labels=["op", "kind"],
+        )
+        counted = getattr(store, "requests", None)
+        for (op, kind), n in sorted(counted.items() if isinstance(counted, Mapping) else ()):
+            requests.add_metric([op, kind], n)
+        yield requests
         store_stats = getattr(store, "stats", None)
         stats: dict[str, int] = dict(store_stats) if isinstance(store_stats, dict) else {}
         yield CounterMetricFamily(

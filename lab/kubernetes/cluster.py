@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lab.kubernetes import build, images, pki
+from lab.kubernetes import build, images, kdd, pki
 from lab.kubernetes import node as knode
 from lab.kubernetes.node import KubeNode
 from tabbyctl.demo.lab import Lab, LabNode, http_get
@@ -131,6 +131,12 @@ class KubeLab(Lab):
     #: as manifests/tabby.yaml does (lab.kubernetes.manifest). build() returns when every
     #: node has registered.
     install_cni: bool = True
+    #: tabby's datastore: "etcdv3" (the lab's etcd, beside Kubernetes' own) or "kubernetes"
+    #: (the API server, set up from manifests/tabby.yaml: lab.kubernetes.kdd; nothing of
+    #: tabby in etcd)
+    datastore: str = "etcdv3"
+    #: the kubeconfig tabby-node runs with on the Kubernetes datastore (its account's token)
+    node_kubeconfig: Path | None = None
     kube_bin: Path | None = None  # the Kubernetes binaries (default: lab.kubernetes.build's)
     image_cache: str = build.DEFAULT_ROOT
     progress: Echo | None = None  # bring-up and teardown steps, with their times
@@ -501,7 +507,7 @@ class KubeLab(Lab):
         self._make_pki()
         if self.install_cni:
             binaries = knode.cni_binaries(self.cni_bin)
-            conflist: dict[str, Any] | None = knode.conflist(self.endpoints(), self.etcd_prefix)
+            conflist: dict[str, Any] | None = knode.conflist(self.ipam_settings())
         else:
             binaries, conflist = knode.loopback_binary(), None
         self._log("node holders: a private mount namespace in every node")
@@ -518,9 +524,11 @@ class KubeLab(Lab):
         self._timed("holders", t0)
         self._log(f"control plane on {self.nodes[0].name}: kube-apiserver at {self.api_server}")
         self._start_apiserver()
-        if self.install_cni:
+        if self.install_cni and self.datastore != "kubernetes":
             self._log(f"tabby-node ({self.backend}) and containerd on every node")
             self.start_agents()
+        elif self.install_cni:
+            self._log("containerd on every node (tabby-node once its datastore, the API, is up)")
         else:
             self._log("containerd on every node (no network: nothing installs one yet)")
         for kn in self.kube.values():
@@ -534,6 +542,11 @@ class KubeLab(Lab):
         self._wait_apiserver()
         self._timed("apiserver ready", t0)
         self._start_controllers()
+        if self.install_cni and self.datastore == "kubernetes":
+            self._log("tabby's CRDs and accounts from the manifest; tabby-node on every node")
+            self._install_kdd()
+            self.start_agents()
+            self._timed("tabby on the API", t0)
         self._log("kubelet on every node")
         for kn in self.kube.values():
             self._start_kubelet(kn)
@@ -551,6 +564,47 @@ class KubeLab(Lab):
         )
         self._timed("ready", t0)
         self._log(f"cluster ready in {time.monotonic() - t0:.1f} s")
+
+    def ipam_settings(self) -> dict[str, Any]:
+        """The conflist's datastore settings (``datastore``)."""
+        if self.datastore == "kubernetes":
+            return dict(kdd.IPAM_SETTINGS)
+        return {
+            "datastore_type": "etcdv3",
+            "etcd_endpoints": self.endpoints(),
+            "etcd_prefix": self.etcd_prefix,
+        }
+
+    def datastore_flags(self) -> list[str]:
+        """tabbyctl's datastore flags, as an operator's: on the Kubernetes datastore, the
+        admin's kubeconfig."""
+        if self.datastore != "kubernetes":
+            return super().datastore_flags()
+        return ["--datastore-type", "kubernetes", "--kubeconfig", str(self.admin_kubeconfig)]
+
+    def _install_kdd(self) -> None:
+        """The manifest's CRDs, accounts, roles and the plugins' token Secret applied; the
+        plugins' kubeconfig (the ``tabby-cni`` token) written into every node as the
+        manifest's installer writes it; tabby-node's (its account's) kept for agent_argv."""
+        self.apply(kdd.manifest_documents(kdd.SETUP_KINDS))
+        for crd in kdd.manifest_documents({"CustomResourceDefinition"}):
+            name = crd["metadata"]["name"]
+            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+        def cni_token() -> str | None:
+            import base64
+
+            secret = self.kubectl_json("get", "secret", "-n", kdd.NAMESPACE, kdd.CNI_SECRET)
+            token = (secret.get("data") or {}).get("token")
+            return base64.b64decode(token).decode() if token else None
+
+        token = self.wait_for("the plugins' token (Secret tabby-cni-token)", cni_token, 60)
+        plugins = kdd.cni_kubeconfig(self.api_server, self.ca_file.read_bytes(), token)
+        for kn in self.kube.values():
+            fd = os.open(kn.path(kdd.CNI_KUBECONFIG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(plugins, f)
+        self.node_kubeconfig = self.kubeconfig_for_service_account(kdd.NAMESPACE, kdd.NODE_ACCOUNT)
 
     def _make_pki(self) -> None:
         self.kube_dir.mkdir(mode=0o700)
@@ -653,12 +707,35 @@ class KubeLab(Lab):
     def restart_apiserver(self) -> None:
         """Stop kube-apiserver (every watch on it breaks) and start it again; ready when
         this returns."""
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (by its PID): nothing answers on its port until
+        :meth:`start_apiserver`."""
         old = self.apiserver
         if old is not None:
             stop_all([old], STOP_GRACE)
             self.control_plane.remove(old)
+            self.apiserver = None
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again; ready when this returns."""
         self._start_apiserver()
         self._wait_apiserver()
+
+    def etcd_keys(self) -> list[str]:
+        """Every key in the lab's etcd (Kubernetes' ``/registry/...`` and, on etcd, tabby's
+        prefix)."""
+        import base64
+
+        netns, url = self.nodes[0].netns, self.endpoints()[0]
+        request = {"key": base64.b64encode(b"\0").decode(), "range_end": "AA==", "keys_only": True}
+        code, body = http_get(netns, f"{url}/v3/kv/range", body=json.dumps(request).encode())
+        if code != 200:
+            raise LabError(f"etcd range: {code} {body[:200]!r}")
+        kvs = json.loads(body).get("kvs") or []
+        return [base64.b64decode(kv["key"]).decode(errors="replace") for kv in kvs]
 
     def stop_kubelet(self, which: LabNode | str) -> None:
         """Stop a node's kubelet (its pods keep running, nobody tears them down)."""
@@ -853,10 +930,12 @@ class KubeLab(Lab):
         /run/tabby/node.sock, state /var/lib/tabby, the node name from
         /var/lib/tabby/nodename), the datastore from the conflist."""
         kn = self.kube_node(n)
+        kubeconfig = self.node_kubeconfig
         return [
             *kn.enter(),
             *self.tabby_node,
             *("--backend", self.backend, "--conf", knode.CONFLIST),
+            *(("--kubeconfig", str(kubeconfig)) if kubeconfig is not None else ()),
             *self.node_args,
         ]
 

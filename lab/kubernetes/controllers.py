@@ -1,8 +1,8 @@
 """tabby-kube-controllers in a Kubernetes lab, as an operator runs them: with the service
 account and RBAC of manifests/tabby.yaml (so the demo, the tier and the benches all prove
 that least privilege is enough), replicas on the nodes electing a leader on their Lease, the
-lab's etcd datastore. Started with the installed binary, stopped by PID (the lab records
-them: its teardown stops them too)."""
+lab's datastore (etcd, or the Kubernetes API itself). Started with the installed binary,
+stopped by PID (the lab records them: its teardown stops them too)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from daemon.http import parse_exposition
+from lab.kubernetes import kdd
 from lab.kubernetes.cluster import KubeLab
 from tabbyctl.demo.lab import http_get
 from tabbyctl.demo.proc import stop_process
 
-#: In the repository, or beside the modules in the frozen bundle (packaging/tabby.spec).
-MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"
 NAMESPACE = "tabby-system"
 ACCOUNT = "tabby-kube-controllers"
 BINARY = "/usr/local/bin/tabby-kube-controllers"
@@ -39,8 +36,7 @@ METRICS_PORT = 9094
 
 def rbac_documents() -> list[dict[str, Any]]:
     """The manifest's namespace, service accounts and RBAC (what the controllers run as)."""
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if isinstance(d, dict)]
-    return [d for d in docs if d.get("kind") in RBAC_KINDS]
+    return kdd.manifest_documents(RBAC_KINDS)
 
 
 @dataclasses.dataclass
@@ -73,7 +69,12 @@ class Controllers:
             *("--node-grace", str(self.node_grace), "--leak-grace", str(self.leak_grace)),
             *("--health-port", str(HEALTH_PORT), "--metrics-port", str(METRICS_PORT)),
             *("--log-level", self.log_level),
-            *self.kube.datastore_flags(),
+            # the Kubernetes datastore: the API the --kubeconfig above names (their account)
+            *(
+                ("--datastore-type", "kubernetes")
+                if self.kube.datastore == "kubernetes"
+                else self.kube.datastore_flags()
+            ),
         ]
 
     def start(self, identity: str, node: str) -> Replica:

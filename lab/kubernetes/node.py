@@ -261,9 +261,9 @@ def cni_binaries(cni_bin: str) -> dict[str, str]:
 # -- configuration -------------------------------------------------------------------------------
 
 
-def conflist(endpoints: list[str], prefix: str) -> dict[str, Any]:
+def conflist(ipam: dict[str, Any]) -> dict[str, Any]:
     """conf-examples/10-tabby.conflist as docs/cluster.md's operator adapts it for a cluster:
-    the etcd datastore (the lab's endpoints and prefix) instead of the file store, and
+    the cluster's datastore (``ipam``: its settings) instead of the file store, and
     ``"mtu": 0`` (each pod gets the MTU of the tabby-node serving its ADD: 1450 under VXLAN
     on the lab's 1500-byte underlay, where the example's fixed 1500 would not fit)."""
     try:
@@ -272,9 +272,8 @@ def conflist(endpoints: list[str], prefix: str) -> dict[str, Any]:
         raise LabError(f"cannot read the example conflist {EXAMPLE_CONFLIST}: {e}") from None
     plugin = next(p for p in doc["plugins"] if p.get("type") == "tabby")
     plugin["mtu"] = 0
-    ipam = plugin["ipam"]
-    ipam.pop("data_dir", None)
-    ipam.update({"datastore_type": "etcdv3", "etcd_endpoints": endpoints, "etcd_prefix": prefix})
+    plugin["ipam"].pop("data_dir", None)
+    plugin["ipam"].update(ipam)
     return doc
 
 

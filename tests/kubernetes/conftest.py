@@ -2,8 +2,10 @@
 on node-1, containerd + kubelet + tabby-node on 3 nodes, a 3-member etcd) with tabby as its
 pod network, driven with kubectl.
 
-``kube_lab`` is one cluster per backend (bird, vxlan) for the whole session, built when the
-first test needs it; pytest runs every test of one backend before it builds the next, and
+``kube_lab`` is one cluster per backend for the whole session, built when the first test
+needs it, each on its own datastore (``DATASTORES``): bird on the Kubernetes datastore, as
+manifests/tabby.yaml ships (nothing of tabby in etcd), vxlan on etcd (the manifest's one
+ConfigMap change); pytest runs every test of one backend before it builds the next, and
 tears each cluster down (then checks the machine: nothing may be left) before the next one
 comes up. A test that needs one backend only says so with
 ``@pytest.mark.parametrize("kube_lab", ["bird"], indirect=True)``.
@@ -31,6 +33,8 @@ from lab.kubernetes.controllers import Controllers
 from tabbyctl.demo.proc import LabError
 
 BACKENDS = ("bird", "vxlan")
+#: The datastore of each backend's cluster (test_manifest.py pairs them the same way).
+DATASTORES = {"bird": "kubernetes", "vxlan": "etcdv3"}
 
 
 def _prerequisites() -> None:
@@ -44,7 +48,11 @@ def _prerequisites() -> None:
 def kube_lab(request: pytest.FixtureRequest) -> Iterator[KubeLab]:
     _prerequisites()
     # --node-ttl 15: a node that stops is withdrawn (and, deleted, released) within seconds
-    lab = KubeLab(backend=request.param, node_args=["--node-ttl", "15"])
+    lab = KubeLab(
+        backend=request.param,
+        datastore=DATASTORES[request.param],
+        node_args=["--node-ttl", "15"],
+    )
     try:
         try:
             lab.build()

@@ -103,11 +103,9 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     return Images(first, upgrade, time.monotonic() - started)
 
 
-_DATASTORE: dict[str, str] = {}  # cluster prefix -> the datastore it is installed with
-
-
 def datastore_of(kube: KubeLab) -> str:
-    return _DATASTORE[kube.prefix]
+    """The datastore the cluster is installed with (and tabbyctl's flags point at)."""
+    return kube.datastore
 
 
 @pytest.fixture(scope="module", params=CLUSTERS, ids=[f"{b}-{d}" for b, d in CLUSTERS])
@@ -115,13 +113,12 @@ def bare(request: pytest.FixtureRequest, images: Images) -> Iterator[KubeLab]:
     """A 3-node Kubernetes with no network (nothing installed in /opt/cni/bin but loopback,
     no conflist)."""
     backend, datastore = request.param
-    lab = KubeLab(install_cni=False, backend=backend)
+    lab = KubeLab(install_cni=False, backend=backend, datastore=datastore)
     try:
         try:
             lab.build()
         except LabError as e:
             pytest.fail(f"the cluster without a network did not come up: {e}")
-        _DATASTORE[lab.prefix] = datastore
         print(f"\n[{backend} {datastore}] cluster without a network up: {lab.timings}")
         yield lab
     finally:
@@ -458,7 +455,7 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
 
     def target(atom: rbac.Atom) -> list[tuple[str, str | None]]:
         resource = atom.resource if not atom.group else f"{atom.resource}.{atom.group}"
-        names = sorted(atom.names) or [None]
+        names: list[str | None] = [*sorted(atom.names)] or [None]
         return [(resource if n is None else f"{resource}/{n}", atom.namespace) for n in names]
 
     grants = {account: rbac.granted(account) for account in rbac.ACCOUNTS}
