@@ -76,7 +76,7 @@ from tabbyctl.demo.lab import http_get
 from tabbyctl.demo.proc import INTERRUPTS, LabError, run
 
 T = TypeVar("T")
-CASES = ("policy", "pod-start", "controllers")
+CASES = ("policy", "pod-start", "controllers", "burst")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TABBY_POOL = ipaddress.ip_network("10.244.0.0/16")
 #: busybox's sh as PID 1 exits on SIGTERM (sleep as PID 1 would wait out the grace period).
@@ -520,11 +520,15 @@ def kube_lab_with_controllers(
     info: dict[str, Any] = {"load_before": load()}
     lab = KubeLab(
         backend="bird",
+        datastore=args.datastore,
         node_args=["--node-ttl", "15"],
         progress=lambda m: echo(f"    {m}"),
         containerd_log_level="info",  # every CRI call with its time: where a pod start goes
     )
-    echo(f"== {case}: a 3-node Kubernetes lab ({lab.prefix}), load {load()} ==")
+    echo(
+        f"== {case}: a 3-node Kubernetes lab ({lab.prefix}), tabby on {args.datastore}, "
+        f"load {load()} =="
+    )
     try:
         with INTERRUPTS.installed():
             lab.build()
@@ -600,7 +604,8 @@ def case_policy(args: argparse.Namespace) -> dict[str, Any]:
                 stack.callback(pingers[node].stop)
             path = f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
             stack.callback(ApiWatch(lab, path, on_api).close)
-            stack.callback(StoreWatch(lab, ["networkpolicy"], on_store).close)
+            if lab.datastore != "kubernetes":  # nothing is mirrored on the Kubernetes API
+                stack.callback(StoreWatch(lab, ["networkpolicy"], on_store).close)
             before = {n: node_metrics(lab, n) for n in nodes}
             wait_replies(pingers, time.monotonic(), 60, "every client reaching its target")
             for r in range(-1, args.n):  # round 0: warm-up (kubectl's discovery cache)
@@ -616,12 +621,112 @@ def case_policy(args: argparse.Namespace) -> dict[str, Any]:
                     + (f"  SUSPECT: {row['suspect']}" if row["suspect"] else "")
                     + f"  load {load()}"
                 )
+            labels = label_rounds(lab, pingers, ns, nodes, args.label_rounds)
             after = {n: node_metrics(lab, n) for n in nodes}
         result = policy_report(rows, nodes, before, after, args.n)
+        result["labels"] = labels
         result["pinger_errors"] = [f"{n}: {p.error!r}" for n, p in pingers.items() if p.error]
         result["echo_requests"] = {n: p.sent for n, p in pingers.items()}
     result.update(info)
     return result
+
+
+def allow_from_labelled_namespaces(ns: str, name: str) -> Doc:
+    """role=target pods open to every pod of a namespace labelled allow=yes."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "podSelector": {"matchLabels": {"role": "target"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"allow": "yes"}}}]}],
+        },
+    }
+
+
+def stopped_everywhere(
+    pingers: dict[str, Pinger], t0: float, quiet: float = 1.0, timeout: float = 30.0
+) -> float | None:
+    """Seconds from ``t0`` to the last reply of the slowest pinger, once every pinger has
+    been quiet for ``quiet`` s (None: one still answers after ``timeout``)."""
+    deadline = t0 + timeout
+    while True:
+        now = time.monotonic()
+        if all(now - p.last() >= quiet for p in pingers.values()):
+            return max(p.last() for p in pingers.values()) - t0
+        if now > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def label_rounds(
+    lab: KubeLab, pingers: dict[str, Pinger], ns: str, nodes: list[str], rounds: int
+) -> dict[str, Any]:
+    """A pod label and a namespace label changed with kubectl -> in force on every node.
+    With the targets isolated: the targets relabelled out of the policy (role=free: replies
+    again everywhere) and back (role=target: no reply); then, with a second policy opening
+    the targets to namespaces labelled allow=yes, the clients' namespace labelled so
+    (replies again) and unlabelled (none). Seconds from kubectl's start to the first reply,
+    or to the last one, on the slowest node."""
+    targets = [f"t-{n}" for n in nodes]
+    lab.apply(isolate_targets(ns, "label-isolate"))
+    stopped_everywhere(pingers, time.monotonic())
+    out: dict[str, list[float]] = {k: [] for k in ("pod_out", "pod_in", "ns_allow", "ns_deny")}
+
+    def resumed(action: Callable[[], object]) -> float | None:
+        t0 = time.monotonic()
+        action()
+        try:
+            return max(wait_replies(pingers, t0, 30, "replies after a label").values()) - t0
+        except LabError as e:
+            echo(f"  {e}")
+            return None
+
+    def stopped(action: Callable[[], object]) -> float | None:
+        t0 = time.monotonic()
+        action()
+        return stopped_everywhere(pingers, t0)
+
+    def label_pods(value: str) -> object:
+        return lab.kubectl("label", "pod", "-n", ns, *targets, f"role={value}", "--overwrite")
+
+    for r in range(-1, rounds):  # round 0: warm-up
+        got = {
+            "pod_out": resumed(lambda: label_pods("free")),
+            "pod_in": stopped(lambda: label_pods("target")),
+        }
+        if r >= 0:
+            for k, v in got.items():
+                if v is not None:
+                    out[k].append(v)
+    lab.apply(allow_from_labelled_namespaces(ns, "label-allow"))
+    for r in range(-1, rounds):
+        got = {
+            "ns_allow": resumed(lambda: lab.kubectl("label", "namespace", ns, "allow=yes")),
+            "ns_deny": stopped(lambda: lab.kubectl("label", "namespace", ns, "allow-")),
+        }
+        if r >= 0:
+            for k, v in got.items():
+                if v is not None:
+                    out[k].append(v)
+    lab.kubectl("delete", "networkpolicy", "-n", ns, "label-isolate", "label-allow")
+    labels = {
+        "pod_out": "pod relabelled out of an isolating policy -> replies everywhere",
+        "pod_in": "pod relabelled into it -> no reply anywhere",
+        "ns_allow": "namespace labelled into an allow rule -> replies everywhere",
+        "ns_deny": "namespace unlabelled -> no reply anywhere",
+    }
+    echo(f"  labels, kubectl label -> in force on every node ({rounds} rounds each)")
+    echo(f"  {'':62s}      p50         p90      p99")
+    for k, label in labels.items():
+        values = out[k]
+        p99 = f"{pct(values, 99) * 1000:5.0f} ms" if values else "-"
+        echo(f"  {label:62s} {ms(values)}  {p99}")
+    every = [x for xs in out.values() for x in xs]
+    return {
+        **{k: {**summary(v), "p99": pct(v, 99) if v else None} for k, v in out.items()},
+        "all": {**summary(every), "p99": pct(every, 99) if every else None},
+    }
 
 
 def _ms(value: float | None) -> str:
@@ -1517,6 +1622,9 @@ def _mirror_ip(data: Doc) -> str:
 
 
 def case_controllers(args: argparse.Namespace) -> dict[str, Any]:
+    if args.datastore == "kubernetes":
+        echo("controllers: their work is the mirror into etcd (--datastore etcdv3); skipped")
+        return {"skipped": "the Kubernetes datastore mirrors nothing"}
     with kube_lab_with_controllers("controllers", args) as (lab, controllers, info):
         ns, count = "kb-load", args.pods
         leader = controllers.wait_leader()
@@ -1716,6 +1824,18 @@ def print_summary(results: dict[str, Any]) -> None:
         )
         k = policy["kubectl"]
         rows.append(("  of which kubectl apply itself", f"p50 {k['p50'] * 1000:.0f} ms", "", ""))
+        every_change = [r["every_node_s"] for r in policy["rounds"] if r.get("every_node_s")]
+        labels_all = ((policy.get("labels") or {}).get("all")) or {}
+        if labels_all.get("n"):
+            rows.append(
+                (
+                    "policy, pod or namespace label -> in force on every node",
+                    f"p99 {labels_all['p99'] * 1000:.0f} ms (policy apply p99 "
+                    f"{pct(every_change, 99) * 1000:.0f} ms)",
+                    "p99 <= 1 s",
+                    "",
+                )
+            )
         if api and tabby and api["n"] and tabby["n"]:
             rows.append(
                 (
@@ -1774,6 +1894,34 @@ def print_summary(results: dict[str, Any]) -> None:
                 )
             )
             rows.append(("  standby", _ctl(window, "standby"), "", ""))
+    burst = results.get("burst") or {}
+    if "pods" in burst:
+        last = burst.get("last_add_after_first_s")
+        rows.append(
+            (
+                f"burst: {burst['pods']} pods on one node, last ADD answered",
+                "-" if last is None else f"{last:.2f} s after the first sandbox asked",
+                "<= 5 s",
+                str(burst.get("load_after", "-")),
+            )
+        )
+        rows.append(
+            (
+                f"  tabby's datastore writes ({burst['datastore']}), reads per ADD",
+                f"{burst['tabby_node_store_writes']:.0f} writes, "
+                f"{burst['reads_per_add']:.2f} reads/ADD",
+                "< pods, 0",
+                "",
+            )
+        )
+        rows.append(
+            (
+                "  API server requests of group tabby.io",
+                f"{burst['api_tabby_writes']:.0f} writes, {burst['api_tabby_reads']:.0f} reads",
+                "",
+                "",
+            )
+        )
     if not rows:
         return
     echo("\nkube_bench summary (load: the 1-minute load average while measured; 2 cores)")
@@ -1782,6 +1930,202 @@ def print_summary(results: dict[str, Any]) -> None:
     widths = [max(w, len(h)) for w, h in zip(widths, head, strict=True)]
     for row in (head, *rows):
         echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+# == burst =========================================================================================
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+READ_VERBS = ("GET", "LIST")
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+CNI_ADDED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*\[tabby ADD .*\] added ")
+
+
+def labelled(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every sample of counter ``name`` in a Prometheus text: its labels -> value."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[tuple(sorted(LABEL.findall(labels)))] = float(value)
+    return out
+
+
+def api_requests(lab: KubeLab) -> dict[tuple[str, str, str], float]:
+    """The API server's apiserver_request_total by (verb, group, resource)."""
+    text = str(lab.kubectl("get", "--raw", "/metrics").stdout)
+    out: dict[tuple[str, str, str], float] = {}
+    for labels, value in labelled(text, "apiserver_request_total").items():
+        d = dict(labels)
+        key = (d.get("verb", ""), d.get("group", ""), d.get("resource", ""))
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def store_requests(lab: KubeLab, node: str) -> dict[tuple[str, str], float]:
+    """tabby-node's tabby_datastore_requests_total by (op, kind) on ``node``."""
+    code, body = http_get(lab.node(node).netns, f"http://127.0.0.1:{NODE_METRICS}/metrics", 5)
+    if code != 200:
+        return {}
+    out: dict[tuple[str, str], float] = {}
+    for labels, value in labelled(
+        body.decode(errors="replace"), "tabby_datastore_requests_total"
+    ).items():
+        d = dict(labels)
+        out[(d.get("op", ""), d.get("kind", ""))] = value
+    return out
+
+
+def delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+def cni_added_times(lab: KubeLab, node: str, since_wall: float) -> list[float]:
+    """When each ADD on ``node`` since ``since_wall`` answered (wall clock): the plugin's
+    "added" line in the node's CNI log (local time, milliseconds)."""
+    text = lab.kube_node(node).read("/var/log/tabby/cni.log", limit=20_000_000)
+    out = []
+    for line in text.splitlines():
+        m = CNI_ADDED.match(line)
+        if m is None:
+            continue
+        at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+        if at >= since_wall - 0.001:
+            out.append(at)
+    return sorted(out)
+
+
+def sleepers(lab: KubeLab, ns: str, name: str, replicas: int, node: str) -> Doc:
+    """A Deployment of ``replicas`` busybox sleepers bound to ``node`` (no scheduler)."""
+    assert lab.busybox is not None
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": lab.busybox.ref,
+                            "imagePullPolicy": "Never",
+                            "command": SLEEPER,
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def by_verb(requests: dict[tuple[str, str, str], float], group: str | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (verb, g, _resource), n in requests.items():
+        if group is None or g == group:
+            out[verb] = out.get(verb, 0.0) + n
+    return out
+
+
+def case_burst(args: argparse.Namespace) -> dict[str, Any]:
+    """``--burst`` pods created at once on ``--node`` (a Deployment bound to it), tabby-node
+    warm (one pod started and deleted first): when every CNI ADD answered, counted from the
+    first sandbox kubelet asked containerd for; the API server's requests during the burst
+    by verb, group and resource (apiserver_request_total), tabby's among them (group
+    tabby.io); tabby-node's calls of its datastore by op and kind; the same for the
+    deletion."""
+    with kube_lab_with_controllers("burst", args) as (lab, _controllers, info):
+        ns, node, count = "kb-burst", args.node, args.burst
+        make_namespace(lab, ns)
+        lab.apply(sleepers(lab, ns, "warm", 1, node))
+        lab.wait_pods(ns, "app=warm", 1, timeout=180)
+        lab.kubectl("delete", "deployment", "-n", ns, "warm", "--wait=true", timeout=120)
+        lab.wait_for("the warm-up pod gone", lambda: not lab.get_pods(ns, "app=warm"), 120)
+        time.sleep(2)
+        api0, store0 = api_requests(lab), store_requests(lab, node)
+        wall0, t0 = time.time(), time.monotonic()
+        lab.apply(sleepers(lab, ns, "burst", count, node))
+        pods = lab.wait_pods(ns, "app=burst", count, timeout=args.timeout)
+        running_s = time.monotonic() - t0
+        time.sleep(2)  # the last status updates
+        api1, store1 = api_requests(lab), store_requests(lab, node)
+        log = Path(lab.node(node).workdir, "containerd.log").read_text(errors="replace")
+        cri = cri_times(log, ns)
+        asked = [t["sandbox_start"] for t in cri.values() if "sandbox_start" in t]
+        added = cni_added_times(lab, node, wall0)
+        first_asked = min(asked) if asked else wall0
+        answered = [a - first_asked for a in added]
+        ips = [ip for p in pods for ip in p.ips]
+        burst_api, burst_store = delta(api1, api0), delta(store1, store0)
+        t1 = time.monotonic()
+        lab.kubectl("delete", "deployment", "-n", ns, "burst", "--wait=false")
+        lab.wait_for("every burst pod gone", lambda: not lab.get_pods(ns, "app=burst"), 600)
+        deleted_s = time.monotonic() - t1
+        time.sleep(2)
+        api2, store2 = api_requests(lab), store_requests(lab, node)
+        del_api, del_store = delta(api2, api1), delta(store2, store1)
+    tabby_api = {f"{v} {r}": n for (v, g, r), n in burst_api.items() if g == "tabby.io"}
+    writes = sum(n for (op, _k), n in burst_store.items() if op in ("put", "delete"))
+    reads = sum(n for (op, _k), n in burst_store.items() if op in ("get", "list"))
+    api_writes = sum(
+        n for (v, g, _r), n in burst_api.items() if g == "tabby.io" and v in WRITE_VERBS
+    )
+    api_reads = sum(n for (v, g, _r), n in burst_api.items() if g == "tabby.io" and v in READ_VERBS)
+    result: dict[str, Any] = {
+        "datastore": args.datastore,
+        "pods": count,
+        "distinct_ips": len(set(ips)),
+        "running_s": running_s,
+        "adds_logged": len(added),
+        "add_answered_after_first_s": summary(answered),
+        "last_add_after_first_s": max(answered) if answered else None,
+        "tabby_node_store_requests": {f"{op} {k}": n for (op, k), n in sorted(burst_store.items())},
+        "tabby_node_store_writes": writes,
+        "tabby_node_store_reads": reads,
+        "reads_per_add": reads / count,
+        "api_tabby_requests": tabby_api,
+        "api_tabby_writes": api_writes,
+        "api_tabby_reads": api_reads,
+        "api_by_verb": by_verb(burst_api, None),
+        "api_requests": {f"{v} {g or 'core'}/{r}": n for (v, g, r), n in sorted(burst_api.items())},
+        "delete_s": deleted_s,
+        "delete_store_requests": {f"{op} {k}": n for (op, k), n in sorted(del_store.items())},
+        "delete_api_tabby": {f"{v} {r}": n for (v, g, r), n in del_api.items() if g == "tabby.io"},
+    }
+    echo(f"\nburst: {count} pods at once on {node}, tabby on {args.datastore}")
+    echo(f"  every pod Running with an address    {running_s:6.1f} s ({len(set(ips))} addresses)")
+    if answered:
+        echo(
+            f"  CNI ADD answered, from the first sandbox asked: first {min(answered):.2f} s, "
+            f"p50 {pct(answered, 50):.2f} s, last {max(answered):.2f} s "
+            f"({len(added)} ADDs logged; target: last <= 5 s)"
+        )
+    echo(
+        f"  tabby-node's datastore calls: {writes:.0f} writes, {reads:.0f} reads "
+        f"({reads / count:.2f} per ADD): "
+        + ", ".join(f"{k} {n:.0f}" for k, n in result["tabby_node_store_requests"].items())
+    )
+    echo(
+        f"  API server, group tabby.io: {api_writes:.0f} writes, {api_reads:.0f} reads: "
+        + (", ".join(f"{k} {n:.0f}" for k, n in sorted(tabby_api.items())) or "none")
+    )
+    echo(
+        "  API server, every request by verb: "
+        + ", ".join(f"{v} {n:.0f}" for v, n in sorted(result["api_by_verb"].items()))
+    )
+    echo(
+        f"  deleted: every pod gone in {deleted_s:.1f} s; tabby-node's datastore calls: "
+        + (", ".join(f"{k} {n:.0f}" for k, n in result["delete_store_requests"].items()) or "none")
+    )
+    result.update(info)
+    return result
 
 
 # == main ==========================================================================================
@@ -1794,6 +2138,9 @@ def main() -> int:
     )
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated: {', '.join(CASES)}")
     ap.add_argument("-n", type=int, default=20, help="policy: rounds (20)")
+    ap.add_argument(
+        "--label-rounds", type=int, default=10, help="policy: rounds of each label change (10)"
+    )
     ap.add_argument(
         "--pairs", type=int, default=12, help="pod-start: measured pairs, ~17 s each (12)"
     )
@@ -1823,6 +2170,15 @@ def main() -> int:
         metavar="PATH",
         help=f"the tabby-kube-controllers to run, e.g. a private build's ({CONTROLLERS_BIN})",
     )
+    ap.add_argument(
+        "--datastore",
+        choices=("kubernetes", "etcdv3"),
+        default="kubernetes",
+        help="tabby's datastore: the Kubernetes API, as the manifest ships (default), or etcd",
+    )
+    ap.add_argument(
+        "--burst", type=int, default=100, help="burst: pods created at once on --node (100)"
+    )
     ap.add_argument("--pods", type=int, default=100, help="controllers: Deployment replicas (100)")
     ap.add_argument("--rest", type=float, default=30, help="controllers: seconds at rest (30)")
     ap.add_argument(
@@ -1837,7 +2193,12 @@ def main() -> int:
     if os.geteuid() != 0:
         print("kube_bench: must run as root (namespaces, mounts, cgroups)", file=sys.stderr)
         return 2
-    run_case = {"policy": case_policy, "pod-start": case_pod_start, "controllers": case_controllers}
+    run_case = {
+        "policy": case_policy,
+        "pod-start": case_pod_start,
+        "controllers": case_controllers,
+        "burst": case_burst,
+    }
     echo(f"kube_bench: {platform.node()}, {os.cpu_count()} CPUs, load {load()} (1/5/15 min)")
     results: dict[str, Any] = {
         "host": platform.node(),
