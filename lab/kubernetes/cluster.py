@@ -544,7 +544,7 @@ class KubeLab(Lab):
         self._start_controllers()
         if self.install_cni and self.datastore == "kubernetes":
             self._log("tabby's CRDs and accounts from the manifest; tabby-node on every node")
-            self._install_kdd()
+            self.install_kdd()
             self.start_agents()
             self._timed("tabby on the API", t0)
         self._log("kubelet on every node")
@@ -582,10 +582,11 @@ class KubeLab(Lab):
             return super().datastore_flags()
         return ["--datastore-type", "kubernetes", "--kubeconfig", str(self.admin_kubeconfig)]
 
-    def _install_kdd(self) -> None:
+    def install_kdd(self) -> None:
         """The manifest's CRDs, accounts, roles and the plugins' token Secret applied; the
         plugins' kubeconfig (the ``tabby-cni`` token) written into every node as the
-        manifest's installer writes it; tabby-node's (its account's) kept for agent_argv."""
+        manifest's installer writes it; tabby-node's (its account's) kept for agent_argv.
+        (On a lab still on etcd: what a migration to the Kubernetes datastore needs first.)"""
         self.apply(kdd.manifest_documents(kdd.SETUP_KINDS))
         for crd in kdd.manifest_documents({"CustomResourceDefinition"}):
             name = crd["metadata"]["name"]
@@ -605,6 +606,25 @@ class KubeLab(Lab):
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(plugins, f)
         self.node_kubeconfig = self.kubeconfig_for_service_account(kdd.NAMESPACE, kdd.NODE_ACCOUNT)
+
+    def switch_to_kdd(self, n: LabNode) -> None:
+        """One node of a lab on etcd moved to the Kubernetes datastore, as a rolling restart
+        of the DaemonSet does it (after ``install_kdd`` and ``tabbyctl datastore migrate``):
+        the conflist replaced atomically (the installer's), tabby-node stopped (SIGTERM) and
+        started again with its account's kubeconfig; returns when it is ready."""
+        kn = self.kube_node(n)
+        final = kn.path(knode.CONFLIST)
+        tmp = final.with_name(final.name + ".new")
+        tmp.write_text(json.dumps(knode.conflist(dict(kdd.IPAM_SETTINGS)), indent=2) + "\n")
+        os.replace(tmp, final)
+        self.stop_agent(n)
+        self.start_agent(n)
+        self.wait_agent(n)
+        deadline = time.monotonic() + 90
+        while self.health(n)[0] != 200:
+            if time.monotonic() > deadline:
+                raise LabError(f"tabby-node on {n.name} not ready on the Kubernetes datastore")
+            time.sleep(0.2)
 
     def _make_pki(self) -> None:
         self.kube_dir.mkdir(mode=0o700)

@@ -294,8 +294,11 @@ class KubeClient:
                 self._local.conn = None
                 with self._lock:
                     self._conns.discard(conn)
-                if attempt == 0 and not fresh:
-                    continue  # a keep-alive connection the server had closed
+                if attempt == 0 and not fresh and not isinstance(e, TimeoutError):
+                    # a keep-alive connection the server had closed; not a timeout: a server
+                    # that does not answer within it is unreachable (the call's bound is the
+                    # timeout, not twice it)
+                    continue
                 raise ApiError(0, "API server unreachable", f"{self.config.server}: {e}") from None
             self.requests += 1
             try:

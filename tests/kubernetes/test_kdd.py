@@ -285,12 +285,12 @@ def ipam_add(kube: KubeLab, node: str, cid: str, *, served: bool) -> tuple[int, 
     kn = kube.kube_node(node)
     doc = json.loads(kn.path(knode.CONFLIST).read_text())
     plugin = next(p for p in doc["plugins"] if p.get("type") == "tabby")
-    conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin["ipam"]}
+    conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin}  # as delegated
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "CNI_COMMAND": "ADD",
         "CNI_CONTAINERID": cid,
-        "CNI_NETNS": "/proc/self/ns/net",
+        "CNI_NETNS": "/proc/1/ns/net",  # not the node's own (IPAM does not enter it)
         "CNI_IFNAME": "eth0",
         "CNI_PATH": knode.CNI_BIN,
         "TABBY_NODE_SOCKET": "/run/tabby/node.sock" if served else "/run/tabby/none.sock",
@@ -313,12 +313,12 @@ def ipam_del(kube: KubeLab, node: str, cid: str) -> None:
     kn = kube.kube_node(node)
     doc = json.loads(kn.path(knode.CONFLIST).read_text())
     plugin = next(p for p in doc["plugins"] if p.get("type") == "tabby")
-    conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin["ipam"]}
+    conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin}  # as delegated
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         "CNI_COMMAND": "DEL",
         "CNI_CONTAINERID": cid,
-        "CNI_NETNS": "/proc/self/ns/net",
+        "CNI_NETNS": "/proc/1/ns/net",  # not the node's own (IPAM does not enter it)
         "CNI_IFNAME": "eth0",
         "CNI_PATH": knode.CNI_BIN,
     }

@@ -21,7 +21,7 @@ from datastore.cached import Cached, Counts, run
 from datastore.errors import InvalidConfig, RevisionConflict, StoreUnavailable
 from ipam.core import AssignRequest, Ipam, NoAddressAvailable, PoolSpec, handle_id
 from stores.kube import kinds
-from stores.kube.client import KubeClient, KubeConfig
+from stores.kube.client import ApiError, KubeClient, KubeConfig
 from stores.kube.store import KubeStore
 from tests.kube_fake import FakeApi, fake_api, namespace, node, pod, policy
 
@@ -519,3 +519,51 @@ def test_a_cidr_given_two_ippools_claims_no_block_until_one_goes(
     fake.delete(path, "green")
     (alloc,) = Ipam(store, "node-a").assign(request("c1"))
     assert alloc.ip in ipaddress.ip_network(POOL)
+
+
+def test_a_server_gone_silent_on_a_kept_connection_costs_one_timeout_not_two() -> None:
+    """A blackholed API server: the request on the kept-alive connection times out, and is
+    not sent again on a new one (which would double the bound of the call)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        answered = False
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.recv(65536)
+            if not answered:  # the first request answered, kept alive; then silence
+                body = b"{}"
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                answered = True
+                conn.recv(65536)  # the second request: never answered
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    client = KubeClient(KubeConfig(server=f"http://127.0.0.1:{port}"), timeout=1.0)
+    try:
+        client.get("/api/v1/namespaces/x")
+        t0 = time.monotonic()
+        with pytest.raises(ApiError):
+            client.get("/api/v1/namespaces/x")
+        took = time.monotonic() - t0
+    finally:
+        client.close()
+        listener.close()
+        for c in held:
+            c.close()
+    assert took < 1.8, f"{took:.1f} s"
