@@ -19,7 +19,14 @@ import pytest
 from datastore.base import Doc, SyncEvent
 from datastore.cached import Cached, Counts, run
 from datastore.errors import InvalidConfig, RevisionConflict, StoreUnavailable
-from ipam.core import AssignRequest, Ipam, NoAddressAvailable, PoolSpec, handle_id
+from ipam.core import (
+    AssignRequest,
+    Ipam,
+    NoAddressAvailable,
+    PoolSpec,
+    check_consistency,
+    handle_id,
+)
 from stores.kube import kinds
 from stores.kube.client import ApiError, KubeClient, KubeConfig
 from stores.kube.store import KubeStore
@@ -567,3 +574,37 @@ def test_a_server_gone_silent_on_a_kept_connection_costs_one_timeout_not_two() -
         for c in held:
             c.close()
     assert took < 1.8, f"{took:.1f} s"
+
+
+# -- every crash point, on the API (ipam/DESIGN.md "Crash points") -----------------------------
+
+
+def _kube_scenario_writes() -> int:
+    from tests.unit.ipam.core.test_faults import _count_writes
+
+    return _count_writes()
+
+
+@pytest.mark.parametrize("die_at", range(1, _kube_scenario_writes() + 1))
+def test_a_writer_killed_at_every_request_on_the_api_leaves_it_consistent(
+    api: tuple[FakeApi, str], store: KubeStore, die_at: int
+) -> None:
+    """The IPAM's writer dies at each of its writes in turn (an ADD that claims blocks, a
+    second ADD, a DEL, a release), on the Kubernetes API: what is left breaks no invariant,
+    and the runtime's retries (DEL, ADD, DEL) and GC leave nothing behind."""
+    from tests.unit.ipam.core.helpers import V4, Crash, DyingStore, errors, hid, in_use, req, setup
+    from tests.unit.ipam.core.test_faults import _scenario
+
+    setup(store)
+    with pytest.raises(Crash):
+        _scenario(DyingStore(store, die_at))
+    assert errors(store) == []
+    ipam = Ipam(store, "node-a")
+    ipam.release_handle(hid(1))
+    ipam.release_handle(hid(2))
+    assert in_use(ipam) == 0
+    ipam.assign(req(hid(1), want_v6=True))
+    assert len([u for u in ipam.block_usage() if u.pool == V4]) == 1
+    ipam.gc("net", set(), grace_seconds=0)
+    assert in_use(ipam) == 0
+    assert check_consistency(store) == []
