@@ -135,6 +135,9 @@ class GroupCommit:
                 w.result = got
                 self.assigned += 1
                 continue
+            if isinstance(got, (StoreUnavailable, LockTimeout)):
+                w.result = got  # the store itself: asking again would only double the wait
+                continue
             # refused in the batch: asked again on its own, of the store itself if need be
             try:
                 w.result = self.stores.run(settings, _Single(node, pools, w.req))

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from datastore.memory import MemoryStore
-from ipam.core import Ipam, PoolSpec, check_consistency
+from ipam.core import Ipam, PoolSpec, StoreUnavailable, check_consistency
 from ipam.group import GroupCommit
 
 from .core.helpers import CountingStore, hid, req
@@ -102,3 +102,21 @@ def test_an_add_its_batch_refused_is_asked_again_on_its_own() -> None:
     with pytest.raises(Exception, match="no free IPv4 address"):
         group.assign(Settings(), "node-a", [PoolSpec(tiny, 30)], req(hid(9), v4_pools=[tiny]))  # type: ignore[arg-type]
     assert stores.runs == runs + 2  # the batch, then the ADD alone
+
+
+def test_a_batch_the_store_failed_is_not_asked_again() -> None:
+    """A block write that found the store unreachable fails its ADDs at once: asking again
+    alone would spend the call's whole timeout a second time (a blackholed API server)."""
+    inner = MemoryStore(lock_timeout=10)
+    Ipam(inner, "node-a").ensure_pools([PoolSpec(POOL, 26)])
+    Ipam(inner, "node-a").assign(req(hid("first"), v4_pools=[POOL]))  # the block exists
+
+    class Unreachable(CountingStore):
+        def put(self, kind: str, key: str, data: dict[str, Any], rev: int | None) -> int:
+            raise StoreUnavailable("https://api", "timed out")
+
+    stores = Stores(Unreachable(inner))
+    group = GroupCommit(stores)  # type: ignore[arg-type]
+    with pytest.raises(StoreUnavailable):
+        group.assign(Settings(), "node-a", [PoolSpec(POOL, 26)], req(hid(1), v4_pools=[POOL]))  # type: ignore[arg-type]
+    assert stores.runs == 1
