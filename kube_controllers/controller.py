@@ -365,9 +365,9 @@ class Controllers:
             self.leading.clear()
         self._drop_beat()
         if self.api is not None:
-            # What the threads asked after the first close (the elector gives the Lease up
-            # as its thread ends): their connections closed too, not left to the garbage
-            # collector, whose ResourceWarning would land in whatever runs then.
+            # A connection a thread opened after the first close (a Lease given up late)
+            # is closed too, not left to the garbage collector, whose ResourceWarning
+            # would land in whatever runs then.
             self.api.close()
         from daemon.http import stop as stop_servers
 
