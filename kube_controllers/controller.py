@@ -369,6 +369,11 @@ class Controllers:
         if self.leading.is_set() and self.elector is None:
             self.leading.clear()
         self._drop_beat()
+        if self.api is not None:
+            # A connection a thread opened after the first close (a Lease given up late)
+            # is closed too, not left to the garbage collector, whose ResourceWarning
+            # would land in whatever runs then.
+            self.api.close()
         from daemon.http import stop as stop_servers
 
         stop_servers(self.http_servers)

@@ -206,7 +206,9 @@ def _host_port(host: str, port: str) -> str:
 
 class KubeClient:
     """Thread-safe: each thread keeps one keep-alive connection for plain requests; each
-    watch has a connection of its own, which :meth:`close` shuts down."""
+    watch has a connection of its own, which :meth:`close` shuts down. A thread's request
+    after :meth:`close` still works: on the connection close() closed, which it closes
+    again when done (one made after close() is kept until the next close())."""
 
     def __init__(
         self, config: KubeConfig, *, timeout: float = 10.0, agent: str = "tabby-kube-controllers"
@@ -300,6 +302,14 @@ class KubeClient:
                     # timeout, not twice it)
                     continue
                 raise ApiError(0, "API server unreachable", f"{self.config.server}: {e}") from None
+            with self._lock:
+                dropped = conn not in self._conns
+            if dropped:
+                # close() ran since this thread's connection was made, and http.client opened
+                # it again for this request: closed now, as close() meant, not left open for
+                # the garbage collector to find unclosed at some later moment
+                conn.close()
+                self._local.conn = None
             self.requests += 1
             try:
                 decoded = json.loads(raw) if raw else {}

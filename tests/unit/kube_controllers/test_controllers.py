@@ -7,6 +7,7 @@ mirrored pod. The Kubernetes tier runs the same program against a real API serve
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -82,6 +83,40 @@ def test_watch_sends_changes_bookmarks_and_410(api: tuple[FakeApi, KubeClient]) 
     fake.compact()
     with pytest.raises(Gone):
         list(client.watch(PODS, version, threading.Event(), timeout_seconds=5))
+
+
+def test_a_request_after_close_leaves_no_connection_open(
+    api: tuple[FakeApi, KubeClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that asks again after close() (the elector gives its Lease up so, as its
+    thread ends) is answered, and its connection is closed again: left open, it would be
+    found unclosed by the garbage collector, whose ResourceWarning fails whatever test runs
+    at that moment (pytest turns warnings into errors here)."""
+    fake, client = api
+    fake.put(NAMESPACES, namespace("x"))
+    made: list[http.client.HTTPConnection] = []
+    connect = client._connect
+    monkeypatch.setattr(
+        client, "_connect", lambda timeout: made.append(connect(timeout)) or made[-1]
+    )
+    asked, closed = threading.Event(), threading.Event()
+    answers: list[str] = []
+
+    def ask_twice() -> None:
+        answers.append(client.get(f"{NAMESPACES}/x")["metadata"]["name"])
+        asked.set()
+        closed.wait(5)
+        answers.append(client.get(f"{NAMESPACES}/x")["metadata"]["name"])
+
+    t = threading.Thread(target=ask_twice, daemon=True)
+    t.start()
+    assert asked.wait(5)
+    client.close()
+    closed.set()
+    t.join(5)
+    assert answers == ["x", "x"]
+    (conn,) = made  # the thread's keep-alive connection, opened again for the second request
+    assert conn.sock is None
 
 
 def test_a_kubeconfig_is_read(tmp_path: object) -> None:
