@@ -13,7 +13,8 @@ protocol layer.
      +-- StoreError                the datastore itself failed (``path`` names where)
           +-- StoreCorrupt         unreadable, truncated or malformed document, symlink
           +-- StoreUnavailable     cannot write or reach it (read-only fs, disk full,
-          |                        EACCES, etcd without quorum)
+          |    |                   EACCES, etcd without quorum)
+          |    +-- StoreRemoved    its kinds are being deleted (an uninstall)
           +-- LockTimeout          the store lock was not had within the timeout
 
 The IPAM core adds ``IpamError`` (``ipam.core.errors``) below ``DatastoreError``. ``str(e)``
@@ -75,6 +76,14 @@ class StoreUnavailable(StoreError):
     """Writing to the datastore failed (read-only, full, permission denied): code 11."""
 
     summary = "IPAM datastore not writable"
+
+
+class StoreRemoved(StoreUnavailable):
+    """The datastore's kinds are being deleted (the Kubernetes datastore's definitions, as
+    ``kubectl delete -f manifests/tabby.yaml`` deletes them): a watcher keeps what it read
+    rather than follow the deletions of every object (code 11)."""
+
+    summary = "datastore being removed"
 
 
 class LockTimeout(StoreError):

@@ -11,7 +11,9 @@ the namespaced ones; tabby's kinds held to their CRDs' schemas (``stores.kube.cr
 as the API server applies them: tests/structural.py): what a write does not declare is
 dropped, what the schema refuses is a 422. What it adds for tests: :meth:`FakeApi.compact`
 (forget history), :meth:`FakeApi.break_watches` (end every open watch, as a restart of the
-API server does), :meth:`FakeApi.bookmark` and a request log. Serves HTTP on 127.0.0.1 only.
+API server does), :meth:`FakeApi.bookmark`, :meth:`FakeApi.delete_definition` (a
+CustomResourceDefinition deleted as the API server deletes one: marked, its objects deleted,
+then it) and a request log. Serves HTTP on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from bundle.types import JSON
-from stores.kube.crds import schema
+from stores.kube.crds import definitions, schema
 from stores.kube.kinds import CRDS
 from tests.structural import admit
 
+CRD_COLLECTION = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 #: collection path -> (kind, namespaced)
 COLLECTIONS = {
     "/api/v1/namespaces": ("Namespace", False),
@@ -38,6 +41,7 @@ COLLECTIONS = {
     "/api/v1/pods": ("Pod", True),
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
+    CRD_COLLECTION: ("CustomResourceDefinition", False),
     # tabby's CustomResourceDefinitions (cluster-scoped)
     **{crd.path: (crd.kind, False) for crd in CRDS.values()},
 }
@@ -62,6 +66,8 @@ class FakeApi:
         self.server: ThreadingHTTPServer | None = None
         #: answer every request 401 (the caller's token revoked, as an uninstall does)
         self.unauthorized = False
+        for definition in definitions():  # tabby installed
+            self.put(CRD_COLLECTION, definition)
 
     # -- state, for the tests -----------------------------------------------------------------
 
@@ -98,6 +104,19 @@ class FakeApi:
             obj["metadata"]["resourceVersion"] = str(self.rv)
             self.history[collection].append((self.rv, "DELETED", obj))
             self.lock.notify_all()
+
+    def delete_definition(self, kind: str, *, then: bool = True) -> None:
+        """Delete tabby's CRD of store kind ``kind`` as the API server does: the definition
+        marked (``deletionTimestamp``), every object of its kind deleted, then (``then``)
+        the definition itself."""
+        crd = CRDS[kind]
+        marked = copy.deepcopy(self.objects[CRD_COLLECTION][crd.name])
+        marked["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        self.put(CRD_COLLECTION, marked)
+        for key in sorted(self.objects[crd.path]):
+            self.delete(crd.path, key)
+        if then:
+            self.delete(CRD_COLLECTION, crd.name)
 
     def compact(self) -> None:
         """Forget every event so far: a watch from an older version gets 410 Gone."""

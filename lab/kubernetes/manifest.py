@@ -176,12 +176,16 @@ class ManifestInstall:
         return self.kube.apply(self.applied)
 
     def delete(self, timeout: float = 180) -> None:
-        """``kubectl delete -f`` of what was applied; returns when the DaemonSet and the
-        Deployment are gone and no tabby process (tabby-node, BIRD, the controllers) runs on
-        any node. (The namespace itself goes when the kubelets have reported every pod
-        gone: kubelet 1.20 may take a minute more.)"""
+        """``kubectl delete -f --ignore-not-found`` of what was applied (as docs/kubernetes.md
+        "Uninstall" says: the plugins' token Secret may go with its ServiceAccount first);
+        returns when the DaemonSet and the Deployment are gone and no tabby process
+        (tabby-node, BIRD, the controllers) runs on any node. (The namespace itself goes
+        when the kubelets have reported every pod gone: kubelet 1.20 may take a minute
+        more.)"""
         started = time.monotonic()
-        self.kube.kubectl("delete", "-f", "-", "--wait=false", input=self.applied)
+        self.kube.kubectl(
+            "delete", "-f", "-", "--wait=false", "--ignore-not-found", input=self.applied
+        )
 
         def gone() -> bool:
             for kind, name in (("daemonset", DAEMONSET), ("deployment", DEPLOYMENT)):

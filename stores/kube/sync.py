@@ -19,6 +19,14 @@ turns the collections' events into the store's documents (``stores.kube.kinds``)
 
 The first event is one snapshot of every watched kind, once every collection has been
 listed once.
+
+Deleting a CustomResourceDefinition deletes every object of its kind (``kubectl delete -f
+manifests/tabby.yaml`` does): what tabby holds must not follow, or an uninstall would withdraw
+every route and endpoint of the pods still running. So before a deletion of one of tabby's
+objects is reported (and before a snapshot or a re-list, which may lack some), the kind's
+definition is read (``GET``, one per such event: deletions of pools, blocks and Nodes are
+rare); when it is gone or being deleted the iterator raises ``StoreRemoved`` instead, and
+the reader keeps what it had (tabby-node: its dataplane as it is).
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from typing import TYPE_CHECKING
 
 from datastore.base import Doc, SyncEvent
 from datastore.engine import Reported
+from datastore.errors import StoreRemoved
 from stores.kube import kinds
-from stores.kube.client import ApiError, Gone
+from stores.kube.client import ApiError, Gone, NotFound
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,6 +60,8 @@ RELIST_JITTER = 5.0
 RETRY_PAUSE = (0.2, 5.0)
 #: seconds the server keeps a watch open before ending it (it is then opened again)
 WATCH_SECONDS = 300
+#: where a CustomResourceDefinition is read (tabby-node may ``get`` its own kinds' only)
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 
 
 def _collections(kind: str) -> tuple[str, ...]:
@@ -123,6 +134,7 @@ class KubeSync:
         self.listed: set[str] = set()
         #: the collections listed since the documents were last made from them
         self._listed_items: dict[str, list[JSON]] = {}
+        self._unchecked = False  # a definition could not be read (warned once)
 
     # -- the collections' threads ---------------------------------------------------------
 
@@ -195,6 +207,7 @@ class KubeSync:
                     lists[path] = payload
                     self.listed.add(path)
                 if self.listed >= set(self.paths):
+                    self._check_installed(*self.paths)
                     for p, items in lists.items():
                         self._take_list(p, items)
                     lists.clear()
@@ -203,10 +216,39 @@ class KubeSync:
                     yield self.reported.snapshot(self._documents())
                 continue
             if isinstance(payload, list):
+                self._check_installed(path)
                 self._take_list(path, payload)
                 yield from self._relisted(path)
             else:
+                if what == "DELETED":
+                    self._check_installed(path)
                 yield from self._event(what, path, payload)
+
+    def _check_installed(self, *paths: str) -> None:
+        """Raise ``StoreRemoved`` if the definition of one of tabby's kinds read from
+        ``paths`` is gone or being deleted: its objects' deletions are an uninstall's, not
+        a change to follow. Refused or failing reads decide nothing (the event is taken)."""
+        for path in paths:
+            kind = _KIND_OF_PATH.get(path)
+            if kind is None:
+                continue
+            crd = kinds.CRDS[kind]
+            try:
+                obj = self.client.get(CRD_PATH + crd.name)
+            except NotFound:
+                gone = True
+            except ApiError as e:
+                if not self._unchecked:
+                    log.warning("cannot read the definition %s: %s", crd.name, e)
+                self._unchecked = True
+                continue
+            else:
+                gone = bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+            if gone:
+                raise StoreRemoved(
+                    f"{self.client.config.server} {crd.name}",
+                    "being deleted (tabby uninstalled?): what was read is kept",
+                )
 
     # -- a whole collection (the first list, a re-list) -----------------------------------
 

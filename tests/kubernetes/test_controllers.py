@@ -427,13 +427,16 @@ def test_a_leak_is_released_never_a_live_pod_s_address(
 
 @BOTH
 def test_a_deleted_node_is_withdrawn_everywhere_and_its_blocks_released(
-    kube_lab: KubeLab, controllers: Controllers
+    kube_lab: KubeLab, controllers: Controllers, scratch: str
 ) -> None:
-    """node-3 goes away (kubelet and tabby-node stopped) and is deleted from Kubernetes: its
-    tabby Node goes (the other nodes withdraw its routes), and after --node-grace its blocks
-    and addresses are released. Then node-3 comes back and registers again."""
+    """node-3 (a pod of its own running: it holds a block) goes away (kubelet and
+    tabby-node stopped) and is deleted from Kubernetes: its tabby Node goes (the other nodes
+    withdraw its routes), and after --node-grace its blocks and addresses are released. Then
+    node-3 comes back and registers again."""
     kube = kube_lab
     gone = kube.node("node-3")
+    kube.apply(pod(kube, "on-3", scratch, {}, nodeName=gone.name))
+    kube.wait_pods(scratch, "", 1)
     report = json.loads(kube.tabbyctl("ipam", "show", "--show-blocks", "-o", "json").stdout)
     blocks = [b["cidr"] for b in report.get("blocks", []) if b.get("node") == "node-3"]
     assert blocks, "node-3 holds no block"

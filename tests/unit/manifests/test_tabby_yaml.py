@@ -266,3 +266,23 @@ def test_the_labs_install_is_the_documented_one() -> None:
         "etcd_endpoints": "http://10.1.0.1:2379",
         "etcd_prefix": "/lab",
     }
+
+
+def test_tabby_node_may_read_its_kinds_definitions_and_nothing_else_of_them() -> None:
+    """tabby-node reads a definition before it follows a deletion of its objects (an uninstall
+    deletes them all: stores.kube.sync): ``get`` of exactly tabby's definitions."""
+    from stores.kube.kinds import CRDS
+
+    rules = [
+        r
+        for r in one("ClusterRole", "tabby-node")["rules"]
+        if "apiextensions.k8s.io" in r["apiGroups"]
+    ]
+    assert rules == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": [crd.name for crd in CRDS.values()],
+            "verbs": ["get"],
+        }
+    ]

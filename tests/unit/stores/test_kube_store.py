@@ -18,7 +18,7 @@ import pytest
 
 from datastore.base import Doc, SyncEvent
 from datastore.cached import Cached, Counts, run
-from datastore.errors import InvalidConfig, RevisionConflict, StoreUnavailable
+from datastore.errors import InvalidConfig, RevisionConflict, StoreRemoved, StoreUnavailable
 from ipam.core import (
     AssignRequest,
     Ipam,
@@ -423,6 +423,71 @@ def test_a_gone_history_is_read_again_and_only_the_differences_yielded(
     m.wait(lambda: set(m.state["pod"]) == {"shop/b", "shop/c"})
     assert len(m.events) == events + 2  # a delete and a put: not b again
     assert store.sync_stats["rereads"] >= 1
+
+
+def _sync_until_error(
+    store: KubeStore, kinds_: tuple[str, ...], act: Any, timeout: float = 10
+) -> tuple[list[SyncEvent], Exception | None]:
+    """The events of one ``sync`` while ``act()`` runs after its snapshot, until it raises
+    (or ``timeout``): what was yielded, and what it raised."""
+    stop = threading.Event()
+    events: list[SyncEvent] = []
+    raised: list[Exception] = []
+
+    def run() -> None:
+        try:
+            for event in store.sync(kinds_, stop):
+                events.append(event)
+                if event.type == "snapshot":
+                    act()
+        except Exception as e:  # what the test looks at
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    stop.set()
+    t.join(5)
+    return events, (raised[0] if raised else None)
+
+
+def test_an_uninstall_deleting_the_definitions_withdraws_nothing(
+    api: tuple[FakeApi, str], store: KubeStore
+) -> None:
+    """``kubectl delete -f manifests/tabby.yaml`` deletes the CRDs, and the API server every
+    object of their kinds: a watcher must keep what it read (the running pods' endpoints,
+    the other nodes' routes), not report the deletions, and start no new sync from what is
+    left while a definition is being deleted."""
+    fake, _ = api
+    store.put("node", "node-a", {"metadata": {"name": "node-a"}, "spec": {}}, None)
+    Ipam(store, "").ensure_pools([PoolSpec(POOL, 28)])
+    Ipam(store, "node-a").assign(request("c1"))
+    kinds_ = ("pool", "node", "workloadendpoint")
+    # a block released the ordinary way is reported (its definition stays)
+    (block,) = [key for key, _ in store.list("block")]
+
+    def release() -> None:
+        Ipam(store, "node-a").release_handle(handle_id("net", "c1", "eth0"))
+        store.delete("block", block, store.get("block", block).revision)  # type: ignore[union-attr]
+
+    events, raised = _sync_until_error(store, kinds_, release, timeout=2)
+    assert raised is None
+    assert [(e.type, e.kind) for e in events[1:]] == [("delete", "workloadendpoint")]
+    # the definitions deleted: an error, and no deletion reported
+    Ipam(store, "node-a").assign(request("c2"))
+    events, raised = _sync_until_error(
+        store, kinds_, lambda: [fake.delete_definition(k) for k in ("block", "node", "pool")]
+    )
+    assert isinstance(raised, StoreRemoved), raised
+    assert ".tabby.io: being deleted" in str(raised)
+    assert [e.type for e in events] == ["snapshot"]
+    (snap,) = events
+    assert snap.snapshot is not None
+    assert len(snap.snapshot["workloadendpoint"]) == 1
+    # a new sync meanwhile: no snapshot of what is left
+    events, raised = _sync_until_error(store, kinds_, lambda: None, timeout=5)
+    assert isinstance(raised, StoreRemoved)
+    assert events == []
 
 
 def test_a_watching_node_keeps_the_pool_names_so_a_standalone_call_lists_nothing(
