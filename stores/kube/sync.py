@@ -178,11 +178,16 @@ class KubeSync:
     # -- the iterator ---------------------------------------------------------------------
 
     def run(self) -> Iterator[SyncEvent]:
-        for path in self.paths:
-            t = threading.Thread(target=self._follow, args=(path,), name="kube-watch", daemon=True)
-            self.threads.append(t)
-            t.start()
         try:
+            # checked first too: a reader that starts again while tabby's kinds are being
+            # deleted costs the API one GET, not a list of every collection
+            self._check_installed(*self.paths)
+            for path in self.paths:
+                t = threading.Thread(
+                    target=self._follow, args=(path,), name="kube-watch", daemon=True
+                )
+                self.threads.append(t)
+                t.start()
             yield from self._events()
         finally:
             self.client.close()  # ends the watches (their threads see `stop` too)
