@@ -49,7 +49,7 @@ class IpamGc:
     store: Store
     api: KubeClient
     nodes: Reflector  # Kubernetes Nodes
-    pods: Reflector  # Kubernetes Pods (projected: mirror.project_pod)
+    pods: Reflector  # Kubernetes Pods (projected: stores.kube.kinds.project_pod)
     node_grace: float
     leak_grace: float
     clock: Callable[[], float] = time.monotonic
@@ -162,7 +162,7 @@ class IpamGc:
 
     def _live_pod(self, key: str) -> JSON | None:
         """The pod as the API server has it now (a last look before releasing)."""
-        from kube_controllers.mirror import project_pod
+        from stores.kube.kinds import project_pod
 
         namespace, _, name = key.partition("/")
         try:

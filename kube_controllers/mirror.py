@@ -1,7 +1,9 @@
 """What of a Kubernetes object the datastore holds, and the writer that keeps it so.
 
 Projections (``project_*``): a Kubernetes object -> the tabby resource document mirroring it
-(``resources``' models; PRODUCT "What is mirrored"), marked ``tabby.io/source: kubernetes``:
+(``resources``' models; PRODUCT "What is mirrored"), marked ``tabby.io/source: kubernetes``;
+the first three are the Kubernetes datastore's own (``stores.kube.kinds``: what tabby reads
+there is what the controllers mirror into etcd):
 
     v1 Namespace                 v1 Namespace: name, uid, labels
     v1 Pod (not hostNetwork)     v1 Pod: name, namespace, uid, labels, named container ports,
@@ -28,6 +30,7 @@ from datastore.errors import DatastoreError, RevisionConflict
 from resources import mirror
 from resources.errors import NotFound, NotOwned, ResourceError
 from resources.storage import BY_KIND, to_resource
+from stores.kube.kinds import project_namespace, project_pod, project_policy
 
 if TYPE_CHECKING:
     from bundle.types import JSON
@@ -44,70 +47,6 @@ KINDS = {
     "policy": ("/apis/networking.k8s.io/v1/networkpolicies", "NetworkPolicy", "networkpolicy"),
     "node": ("/api/v1/nodes", "Node", "node"),
 }
-
-
-def _meta(obj: Mapping[str, object], *, namespaced: bool) -> dict[str, object]:
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    out: dict[str, object] = {"name": meta.get("name"), "annotations": dict(MARK)}
-    if namespaced:
-        out["namespace"] = meta.get("namespace")
-    if meta.get("uid"):
-        out["uid"] = meta.get("uid")
-    labels = meta.get("labels")
-    if isinstance(labels, Mapping) and labels:
-        out["labels"] = dict(labels)
-    return out
-
-
-def project_namespace(obj: JSON) -> JSON | None:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(obj, namespaced=False)}
-
-
-def project_pod(obj: JSON) -> JSON | None:
-    """None for a hostNetwork pod (it has no WorkloadEndpoint: nothing to mirror)."""
-    spec = obj.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    if spec.get("hostNetwork"):
-        return None
-    containers = []
-    for c in spec.get("containers") or ():
-        if not isinstance(c, Mapping):
-            continue
-        entry: dict[str, object] = {"name": c.get("name")}
-        ports = [
-            {k: p[k] for k in ("name", "containerPort", "protocol") if p.get(k) is not None}
-            for p in c.get("ports") or ()
-            if isinstance(p, Mapping)
-        ]
-        if ports:
-            entry["ports"] = ports
-        containers.append(entry)
-    pod_spec: dict[str, object] = {"containers": containers}
-    if spec.get("nodeName"):
-        pod_spec["nodeName"] = spec.get("nodeName")
-    doc: JSON = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": _meta(obj, namespaced=True),
-        "spec": pod_spec,
-    }
-    status = obj.get("status")
-    ips = status.get("podIPs") if isinstance(status, Mapping) else None
-    addresses = [{"ip": p["ip"]} for p in ips or () if isinstance(p, Mapping) and p.get("ip")]
-    if addresses:
-        doc["status"] = {"podIPs": addresses}
-    return doc
-
-
-def project_policy(obj: JSON) -> JSON | None:
-    spec = obj.get("spec")
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(obj, namespaced=True),
-        "spec": dict(spec) if isinstance(spec, Mapping) else {},
-    }
 
 
 def project_node(obj: JSON) -> JSON | None:

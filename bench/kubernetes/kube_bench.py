@@ -80,7 +80,6 @@ CASES = ("policy", "pod-start", "controllers", "burst")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TABBY_POOL = ipaddress.ip_network("10.244.0.0/16")
 #: busybox's sh as PID 1 exits on SIGTERM (sleep as PID 1 would wait out the grace period).
-SLEEPER = ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait"]
 #: --controllers-bin: the tabby-kube-controllers every case runs (the installed one by default)
 CONTROLLERS_BIN = "/usr/local/bin/tabby-kube-controllers"
 NODE_METRICS = 9091  # tabby-node's /metrics (its default port) in each node's namespace
@@ -469,28 +468,6 @@ def namespace(name: str) -> Doc:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def pod_doc(lab: KubeLab, ns: str, name: str, labels: dict[str, str], node: str) -> Doc:
-    """A tiny busybox pod pinned to ``node`` (no scheduler), exiting at once on SIGTERM."""
-    assert lab.busybox is not None
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": lab.busybox.ref,
-                    "imagePullPolicy": "Never",
-                    "command": SLEEPER,
-                }
-            ],
-        },
-    }
-
-
 def isolate_targets(ns: str, name: str) -> Doc:
     """Every pod labelled role=target isolated for ingress, nothing allowed in."""
     return {
@@ -575,8 +552,10 @@ def case_policy(args: argparse.Namespace) -> dict[str, Any]:
         for i, node in enumerate(nodes):
             other = nodes[(i + 1) % len(nodes)]  # the client of node-i's target runs there
             labels = {"app": f"target-{node}", "role": "target"}
-            pods.append(pod_doc(lab, ns, f"t-{node}", labels, node))
-            pods.append(pod_doc(lab, ns, f"c-{node}", {"app": f"client-of-{node}"}, other))
+            pods.append(lab.sleeper_pod(f"t-{node}", ns, labels, nodeName=node))
+            pods.append(
+                lab.sleeper_pod(f"c-{node}", ns, {"app": f"client-of-{node}"}, nodeName=other)
+            )
         lab.apply(pods)
         ready = {p.name: p for p in lab.wait_pods(ns, "", len(pods), timeout=180)}
         echo(
@@ -1105,7 +1084,7 @@ def case_pod_start(args: argparse.Namespace) -> dict[str, Any]:
 
             def one(label: str, name: str) -> dict[str, Any]:
                 switch(label)
-                doc = pod_doc(lab, ns, name, {"bench": "pod-start", "cni": label}, node)
+                doc = lab.sleeper_pod(name, ns, {"bench": "pod-start", "cni": label}, nodeName=node)
                 # kubelet learns that a container runs from its PLEG relist, once a second:
                 # create -> Running is quantized by it. A random phase (0-1 s) before each
                 # create makes every pod's offset to that tick independent of the last one.
@@ -1996,36 +1975,6 @@ def cni_added_times(lab: KubeLab, node: str, since_wall: float) -> list[float]:
     return sorted(out)
 
 
-def sleepers(lab: KubeLab, ns: str, name: str, replicas: int, node: str) -> Doc:
-    """A Deployment of ``replicas`` busybox sleepers bound to ``node`` (no scheduler)."""
-    assert lab.busybox is not None
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": node,
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": lab.busybox.ref,
-                            "imagePullPolicy": "Never",
-                            "command": SLEEPER,
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def by_verb(requests: dict[tuple[str, str, str], float], group: str | None) -> dict[str, float]:
     out: dict[str, float] = {}
     for (verb, g, _resource), n in requests.items():
@@ -2044,14 +1993,14 @@ def case_burst(args: argparse.Namespace) -> dict[str, Any]:
     with kube_lab_with_controllers("burst", args) as (lab, _controllers, info):
         ns, node, count = "kb-burst", args.node, args.burst
         make_namespace(lab, ns)
-        lab.apply(sleepers(lab, ns, "warm", 1, node))
+        lab.apply(lab.sleeper_deployment("warm", ns, 1, node))
         lab.wait_pods(ns, "app=warm", 1, timeout=180)
         lab.kubectl("delete", "deployment", "-n", ns, "warm", "--wait=true", timeout=120)
         lab.wait_for("the warm-up pod gone", lambda: not lab.get_pods(ns, "app=warm"), 120)
         time.sleep(2)
         api0, store0 = api_requests(lab), store_requests(lab, node)
         wall0, t0 = time.time(), time.monotonic()
-        lab.apply(sleepers(lab, ns, "burst", count, node))
+        lab.apply(lab.sleeper_deployment("burst", ns, count, node))
         pods = lab.wait_pods(ns, "app=burst", count, timeout=args.timeout)
         running_s = time.monotonic() - t0
         time.sleep(2)  # the last status updates

@@ -64,7 +64,9 @@ TOOLS = {
     "nft": "nftables",
     "gcc": "gcc",
 }
-#: The busybox image's web server: sh as PID 1 exits on SIGTERM (httpd there would ignore it).
+#: The busybox image's sleeper and web server: sh as PID 1 exits on SIGTERM (sleep or httpd
+#: there would ignore it).
+SLEEPER = ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait"]
 HTTPD = ["/bin/sh", "-c", "trap 'exit 0' TERM; httpd -f -p 80 -h /www & wait"]
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL for Kubernetes' daemons
 
@@ -358,6 +360,49 @@ class KubeLab(Lab):
         )
 
     # -- workloads -----------------------------------------------------------------------------
+
+    def sleeper_pod(
+        self, name: str, namespace: str, labels: dict[str, str], **spec: Any
+    ) -> dict[str, Any]:
+        """A busybox pod that sleeps and stops at once on SIGTERM (container ``c``, a named
+        port ``web`` 8080 for policies to name); ``spec`` adds to its spec, except
+        ``annotations``, which go to its metadata."""
+        if self.busybox is None:
+            raise LabError("the lab has no images yet (build() makes them)")
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+        if "annotations" in spec:
+            meta["annotations"] = spec.pop("annotations")
+        container = {
+            "name": "c",
+            "image": self.busybox.ref,
+            "imagePullPolicy": "Never",
+            "command": SLEEPER,
+            "ports": [{"name": "web", "containerPort": 8080}],
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [container], **spec},
+        }
+
+    def sleeper_deployment(
+        self, name: str, namespace: str, replicas: int, node: str
+    ) -> dict[str, Any]:
+        """A Deployment of ``replicas`` sleeper pods (:meth:`sleeper_pod`, label
+        app=<name>) bound to ``node`` (no scheduler between)."""
+        labels = {"app": name}
+        template = self.sleeper_pod(name, namespace, labels, nodeName=node)
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": template["spec"]},
+            },
+        }
 
     def web_deployment(
         self, name: str = "web", namespace: str = "default", replicas: int = 6

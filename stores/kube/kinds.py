@@ -43,6 +43,7 @@ import ipaddress
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from resources import mirror
 from resources.poolform import pool_data, pool_name, pool_raw
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ EXPIRES_ANNOTATION = "tabby.io/expires"
 TTL_ANNOTATION = "tabby.io/ttl"
 #: marks an object as Kubernetes' own (what the controllers mark mirrored ones with in etcd
 #: mode: tabbyctl refuses to change it)
-SOURCE_ANNOTATION = "tabby.io/source"
+SOURCE_ANNOTATION = mirror.SOURCE_ANNOTATION
 
 
 class Crd(NamedTuple):
@@ -103,7 +104,7 @@ class Native(NamedTuple):
 
 # -- documents of Kubernetes' own objects (also what the controllers mirror in etcd mode) --------
 
-MARK = {SOURCE_ANNOTATION: "kubernetes"}
+MARK = {SOURCE_ANNOTATION: mirror.KUBERNETES}
 
 
 def _meta(obj: JSON, *, namespaced: bool) -> JSON:

@@ -34,31 +34,6 @@ BOTH = pytest.mark.parametrize("kube_lab", ["bird", "vxlan"], indirect=True)
 MARK = {"tabby.io/source": "kubernetes"}
 
 
-def pod(kube: KubeLab, name: str, ns: str, labels: dict[str, str], **extra: Any) -> dict[str, Any]:
-    assert kube.busybox is not None
-    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels}
-    if "annotations" in extra:
-        meta["annotations"] = extra.pop("annotations")
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": kube.busybox.ref,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "100000"],
-                    "ports": [{"name": "web", "containerPort": 8080}],
-                }
-            ],
-            **extra,
-        },
-    }
-
-
 def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     meta = {"name": name, "labels": labels or {}}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
@@ -149,7 +124,7 @@ def test_what_kubectl_does_reaches_tabby(
 ) -> None:
     kube, ns = kube_lab, scratch
     kube.kubectl("label", "namespace", ns, "team=red")
-    kube.apply(pod(kube, "p", ns, {"app": "one"}))
+    kube.apply(kube.sleeper_pod("p", ns, {"app": "one"}))
     (p,) = kube.wait_pods(ns, "", 1)
 
     def mirrored() -> bool:
@@ -253,8 +228,8 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
             },
         }
     )
-    kube.apply(pod(kube, "client", ns, {"role": "client"}, nodeName="node-2"))
-    kube.apply(pod(kube, "stranger", ns, {"role": "stranger"}, nodeName="node-3"))
+    kube.apply(kube.sleeper_pod("client", ns, {"role": "client"}, nodeName="node-2"))
+    kube.apply(kube.sleeper_pod("stranger", ns, {"role": "stranger"}, nodeName="node-3"))
     kube.wait_pods(ns, "", 2)
     eventually(
         "the policy on every node",
@@ -267,8 +242,7 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
     controllers.signal(leader, signal.SIGSTOP)
     try:
         kube.apply(
-            pod(
-                kube,
+            kube.sleeper_pod(
                 "secret",
                 ns,
                 {"app": "secret"},
@@ -320,13 +294,15 @@ def test_changes_made_while_the_controllers_are_down_converge(
     kube_lab: KubeLab, controllers: Controllers, scratch: str
 ) -> None:
     kube, ns = kube_lab, scratch
-    kube.apply(pod(kube, "old", ns, {"v": "1"}))
+    kube.apply(kube.sleeper_pod("old", ns, {"v": "1"}))
     kube.wait_pods(ns, "", 1)
     eventually("mirrored", lambda: tabby_get(kube, "pod", "old", ns) is not None)
     for identity in list(controllers.replicas):
         controllers.stop(identity)  # clean stop: the Lease and the liveness document go
     started = time.monotonic()
-    kube.apply(pod(kube, "new", ns, {"v": "2"}))  # no controllers: starts at once, unlabelled
+    kube.apply(
+        kube.sleeper_pod("new", ns, {"v": "2"})
+    )  # no controllers: starts at once, unlabelled
     kube.wait_pods(ns, "", 2, timeout=60)
     assert time.monotonic() - started < 30
     kube.kubectl("label", "namespace", ns, "while=down")
@@ -354,7 +330,7 @@ def test_an_api_server_restart_with_a_compacted_history_loses_nothing(
     is deleted and a label changed, and etcd's history compacted: the watches come back
     with a resourceVersion that is gone (410), list again, and find the deletion."""
     kube, ns = kube_lab, scratch
-    kube.apply(pod(kube, "gone", ns, {}))
+    kube.apply(kube.sleeper_pod("gone", ns, {}))
     kube.wait_pods(ns, "", 1)
     eventually("mirrored", lambda: tabby_get(kube, "pod", "gone", ns) is not None)
     before = {i: controllers.metrics(i) for i in controllers.replicas}
@@ -395,8 +371,8 @@ def test_a_leak_is_released_never_a_live_pod_s_address(
     nobody calls DEL, so its address leaks. After --leak-grace it is released; the address
     of a live pod on the same node never is."""
     kube, ns = kube_lab, scratch
-    kube.apply(pod(kube, "live", ns, {}, nodeName="node-2"))
-    kube.apply(pod(kube, "leaky", ns, {}, nodeName="node-2"))
+    kube.apply(kube.sleeper_pod("live", ns, {}, nodeName="node-2"))
+    kube.apply(kube.sleeper_pod("leaky", ns, {}, nodeName="node-2"))
     kube.wait_pods(ns, "", 2)
 
     def held(name: str) -> bool:
@@ -435,7 +411,7 @@ def test_a_deleted_node_is_withdrawn_everywhere_and_its_blocks_released(
     node-3 comes back and registers again."""
     kube = kube_lab
     gone = kube.node("node-3")
-    kube.apply(pod(kube, "on-3", scratch, {}, nodeName=gone.name))
+    kube.apply(kube.sleeper_pod("on-3", scratch, {}, nodeName=gone.name))
     kube.wait_pods(scratch, "", 1)
     report = json.loads(kube.tabbyctl("ipam", "show", "--show-blocks", "-o", "json").stdout)
     blocks = [b["cidr"] for b in report.get("blocks", []) if b.get("node") == "node-3"]

@@ -32,30 +32,6 @@ pytestmark = [
 ]
 
 
-def pod(kube: KubeLab, name: str, ns: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
-    assert kube.busybox is not None
-    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": labels}
-    if "annotations" in spec:
-        meta["annotations"] = spec.pop("annotations")
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": meta,
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": kube.busybox.ref,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "100000"],
-                }
-            ],
-            **spec,
-        },
-    }
-
-
 @pytest.fixture
 def scratch(kube_lab: KubeLab, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the test's own, deleted afterwards."""
@@ -90,7 +66,7 @@ def test_nothing_of_tabby_is_in_etcd(kube_lab: KubeLab, scratch: str) -> None:
     """With pods running and a pool in use, etcd holds Kubernetes' objects only: tabby's are
     objects of its CRDs (kept by the API server under /registry/tabby.io/)."""
     kube = kube_lab
-    kube.apply(pod(kube, "p", scratch, {"app": "x"}))
+    kube.apply(kube.sleeper_pod("p", scratch, {"app": "x"}))
     kube.wait_pods(scratch, "", 1)
     keys = kube.etcd_keys()
     assert keys, "etcd answered no key at all"
@@ -114,7 +90,7 @@ def test_kubectl_is_what_tabby_reads_with_no_controller(
     kube, ns = kube_lab, scratch
     for identity in list(controllers.replicas):
         controllers.stop(identity)  # the fixture starts them again for the next test
-    kube.apply(pod(kube, "p", ns, {"app": "one"}))
+    kube.apply(kube.sleeper_pod("p", ns, {"app": "one"}))
     (p,) = kube.wait_pods(ns, "", 1)
     got = tabby_get(kube, "pod", "p", ns)
     assert got["metadata"]["labels"] == {"app": "one"}
@@ -141,7 +117,7 @@ def test_kubectl_is_what_tabby_reads_with_no_controller(
     assert sorted(p["spec"]["cidr"] for p in pools) == sorted(p["spec"]["cidr"] for p in listed)
     # Kubernetes' own: refused in one line, nothing written
     path = Path(kube.workdir) / "kdd-pod.json"
-    path.write_text(json.dumps({**pod(kube, "p", ns, {"app": "x"}), "spec": {}}))
+    path.write_text(json.dumps({**kube.sleeper_pod("p", ns, {"app": "x"}), "spec": {}}))
     proc = kube.tabbyctl("apply", "-f", str(path))
     assert proc.returncode == 1
     assert "change it with kubectl" in proc.stderr
@@ -181,16 +157,15 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
             },
         }
     )
-    kube.apply(pod(kube, "client", ns, {"role": "client"}, nodeName="node-2"))
-    kube.apply(pod(kube, "stranger", ns, {"role": "stranger"}, nodeName="node-3"))
+    kube.apply(kube.sleeper_pod("client", ns, {"role": "client"}, nodeName="node-2"))
+    kube.apply(kube.sleeper_pod("stranger", ns, {"role": "stranger"}, nodeName="node-3"))
     kube.wait_pods(ns, "", 2)
     target = "10.244.250.20"
     stranger = Pinger(kube.pod_netns(ns, "stranger"), target).start()
     client = Pinger(kube.pod_netns(ns, "client"), target).start()
     try:
         kube.apply(
-            pod(
-                kube,
+            kube.sleeper_pod(
                 "secret",
                 ns,
                 {"app": "secret"},
@@ -210,35 +185,6 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
 # == chaos ========================================================================================
 
 
-def burst(kube: KubeLab, name: str, ns: str, replicas: int, node: str) -> dict[str, Any]:
-    assert kube.busybox is not None
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeName": node,
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": kube.busybox.ref,
-                            "imagePullPolicy": "Never",
-                            "command": ["sleep", "100000"],
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def started(kube: KubeLab, ns: str) -> int:
     return sum(1 for p in kube.get_pods(ns) if p.ips)
 
@@ -252,7 +198,7 @@ def test_a_64_pod_burst_survives_tabby_node_killed_and_the_api_server_restarted(
     every pod goes and, after the grace periods, nothing is left allocated."""
     kube, ns = kube_lab, scratch
     node2 = kube.node("node-2")
-    kube.apply(burst(kube, "burst", ns, 64, "node-2"))
+    kube.apply(kube.sleeper_deployment("burst", ns, 64, "node-2"))
     kube.wait_for("8 pods with an address", lambda: started(kube, ns) >= 8, 300, interval=0.2)
     assert node2.agent is not None
     os.kill(node2.agent.pid, signal.SIGKILL)

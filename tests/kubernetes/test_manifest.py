@@ -610,9 +610,13 @@ def _httpd_pod(kube: KubeLab, name: str, node: str) -> dict[str, Any]:
 # == uninstall ====================================================================================
 
 
-def _pod_routes(kube: KubeLab, node: str) -> list[str]:
+def _pod_routes(kube: KubeLab, node: str, pods: list[KubePod]) -> list[str]:
+    """The host routes of ``pods`` on ``node`` (the other tests' pods may still be going)."""
     out = in_node(kube, node, "ip", "-4", "route", "show")
-    return sorted(line for line in out.splitlines() if " dev cali" in line)
+    ips = {p.ip for p in pods}
+    return sorted(
+        line for line in out.splitlines() if " dev cali" in line and line.split()[0] in ips
+    )
 
 
 def test_kubectl_delete_leaves_running_pods_reachable(
@@ -621,8 +625,8 @@ def test_kubectl_delete_leaves_running_pods_reachable(
     """Everything of tabby goes from the API; on the nodes the pods' interfaces and routes
     stay as they were, pods still reach each other, on their node and across nodes, and a
     pod deleted afterwards is still torn down (the plugins stay: the runtime needs them)."""
-    routes = {n: _pod_routes(bare, n) for n in bare.kube}
-    links = {n: in_node(bare, n, "ip", "-o", "link", "show").count(" cali") for n in bare.kube}
+    routes = {n: _pod_routes(bare, n, web) for n in bare.kube}
+    assert sum(len(r) for r in routes.values()) == len(web)
     tabby.delete()
     print(f"\n[{bare.backend}] uninstalled in {tabby.timings['uninstall']:.1f} s")
     assert bare.kubectl("get", "clusterrole", "tabby-kube-controllers", check=False).returncode
@@ -631,8 +635,10 @@ def test_kubectl_delete_leaves_running_pods_reachable(
     assert sorted(p.name for p in pods) == sorted(p.name for p in web)
     assert all(p.phase == "Running" for p in pods)
     for node in bare.kube:
-        assert _pod_routes(bare, node) == routes[node], node
-        assert in_node(bare, node, "ip", "-o", "link", "show").count(" cali") == links[node]
+        assert _pod_routes(bare, node, web) == routes[node], node
+        links = in_node(bare, node, "ip", "-o", "link", "show")
+        for route in routes[node]:
+            assert f" {route.split()[2]}@" in links, route  # the route's interface
         assert node_files(bare, node)["/opt/cni/bin/tabby"] == "/opt/tabby/current/tabby"
     # on their node (and from it), and across nodes
     for node, pod in one_per_node(web).items():

@@ -21,6 +21,7 @@ from kube_controllers.reflector import Reflector
 from resources import mirror as marks
 from resources.client import ResourceClient
 from resources.errors import NotOwned
+from stores.kube import kinds
 from stores.kube.client import Gone, KubeClient, KubeConfig
 from tests.kube_fake import FakeApi, fake_api, namespace, node, pod, policy
 
@@ -153,7 +154,7 @@ def test_a_relist_after_410_reports_the_deletions_of_the_gap(
     fake.put(PODS, pod("x", "keep"))
     fake.put(PODS, pod("x", "gone"))
     changes: list[str] = []
-    r = Reflector(client, "pod", PODS, mirror.project_pod, lambda kind, key: changes.append(key))
+    r = Reflector(client, "pod", PODS, kinds.project_pod, lambda kind, key: changes.append(key))
     stop = threading.Event()
     t = threading.Thread(target=r.run, args=(stop,), daemon=True)
     t.start()
@@ -179,7 +180,7 @@ def test_bookmarks_move_the_version_so_a_reconnect_needs_no_list(
     api: tuple[FakeApi, KubeClient],
 ) -> None:
     fake, client = api
-    r = Reflector(client, "pod", PODS, mirror.project_pod, lambda kind, key: None)
+    r = Reflector(client, "pod", PODS, kinds.project_pod, lambda kind, key: None)
     stop = threading.Event()
     t = threading.Thread(target=r.run, args=(stop,), daemon=True)
     t.start()
@@ -200,7 +201,7 @@ def test_bookmarks_move_the_version_so_a_reconnect_needs_no_list(
 def test_host_network_pods_are_not_mirrored() -> None:
     p = pod("x", "h")
     p["spec"]["hostNetwork"] = True
-    assert mirror.project_pod(p) is None
+    assert kinds.project_pod(p) is None
 
 
 # == leader election ===============================================================================
@@ -271,9 +272,7 @@ def _mirror() -> tuple[MemoryStore, mirror.Mirror]:
 
 def test_objects_are_mirrored_marked_and_deleted() -> None:
     store, m = _mirror()
-    p = mirror.project_pod(
-        pod("x", "a", {"app": "web"}, ips=("10.244.0.5",), ports=(("http", 80),))
-    )
+    p = kinds.project_pod(pod("x", "a", {"app": "web"}, ips=("10.244.0.5",), ports=(("http", 80),)))
     m.sync("pod", "x/a", p)
     data = store.get("pod", "x/a")
     assert data is not None
@@ -283,9 +282,9 @@ def test_objects_are_mirrored_marked_and_deleted() -> None:
     assert data.data["status"]["podIPs"] == [{"ip": "10.244.0.5"}]
     m.sync("pod", "x/a", p)  # the same again: nothing written
     assert m.writes == {("pod", "created"): 1}
-    m.sync("namespace", "x", mirror.project_namespace(namespace("x", {"team": "a"})))
+    m.sync("namespace", "x", kinds.project_namespace(namespace("x", {"team": "a"})))
     np = policy("x", "deny", {"podSelector": {"matchLabels": {"app": "web"}}})
-    m.sync("policy", "x/deny", mirror.project_policy(np))
+    m.sync("policy", "x/deny", kinds.project_policy(np))
     assert store.get("networkpolicy", "x/deny") is not None
     m.sync("pod", "x/a", None)
     m.sync("policy", "x/deny", None)
@@ -300,12 +299,12 @@ def test_what_an_operator_made_is_never_touched_and_tabbyctl_cannot_change_mirro
     operator.apply(
         [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "own", "namespace": "x"}}]
     )
-    m.sync("pod", "x/own", mirror.project_pod(pod("x", "own", {"k8s": "says"})))
+    m.sync("pod", "x/own", kinds.project_pod(pod("x", "own", {"k8s": "says"})))
     m.sync("pod", "x/own", None)
     kept = store.get("pod", "x/own")
     assert kept is not None
     assert "labels" not in kept.data["metadata"]
-    m.sync("pod", "x/m", mirror.project_pod(pod("x", "m")))
+    m.sync("pod", "x/m", kinds.project_pod(pod("x", "m")))
     change = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -393,7 +392,7 @@ def test_a_leak_is_released_after_its_grace_and_a_live_pod_never(
     fake.put(PODS, pod("x", "live", ips=(live_ip,)))
     now = [0.0]
     nodes = Reflector(client, "node", NODES, mirror.project_node, lambda k, key: None)
-    pods = Reflector(client, "pod", PODS, mirror.project_pod, lambda k, key: None)
+    pods = Reflector(client, "pod", PODS, kinds.project_pod, lambda k, key: None)
     nodes.relist()
     pods.relist()
     fake.put(NODES, node("node-1"))
@@ -435,7 +434,7 @@ def test_a_gone_node_s_blocks_are_released_after_the_node_grace(
     ipam.assign(req)
     now = [0.0]
     nodes = Reflector(client, "node", NODES, mirror.project_node, lambda k, key: None)
-    pods = Reflector(client, "pod", PODS, mirror.project_pod, lambda k, key: None)
+    pods = Reflector(client, "pod", PODS, kinds.project_pod, lambda k, key: None)
     fake.put(NODES, node("node-2"))
     nodes.relist()
     pods.relist()
@@ -467,9 +466,7 @@ def test_tabby_node_waits_for_the_pod_while_the_controllers_run() -> None:
     beat = Heartbeat(CONTROLLERS_KEY, 1.0, 1).to_data()
     cache.apply(SyncEvent("put", "heartbeat", CONTROLLERS_KEY, Doc(beat, 1), None))
     assert not cache.wait_mirrored("x", "a", "u1", 0.05)
-    p = mirror.project_pod(
-        {**pod("x", "a"), "metadata": {**pod("x", "a")["metadata"], "uid": "u1"}}
-    )
+    p = kinds.project_pod({**pod("x", "a"), "metadata": {**pod("x", "a")["metadata"], "uid": "u1"}})
     assert p is not None
     results: list[bool] = []
     t = threading.Thread(target=lambda: results.append(cache.wait_mirrored("x", "a", "u1", 5)))
@@ -486,7 +483,7 @@ def test_tabby_node_waits_for_the_pod_while_the_controllers_run() -> None:
     )
     time.sleep(0.1)
     assert not results  # the pod, but not its namespace yet
-    ns = mirror.project_namespace(namespace("x"))
+    ns = kinds.project_namespace(namespace("x"))
     assert ns is not None
     cache.apply(SyncEvent("put", "namespace", "x", Doc({"metadata": ns["metadata"]}, 3), None))
     t.join(2)
