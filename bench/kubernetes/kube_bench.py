@@ -69,6 +69,7 @@ from typing import Any, TypeVar
 from bench import record
 from bench.stats import pct
 from bundle.types import JSON as Doc
+from kube_controllers.options import ControllerOptions
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import Controllers
@@ -510,8 +511,16 @@ def kube_lab_with_controllers(
         with INTERRUPTS.installed():
             lab.build()
             info["bring_up_s"] = lab.timings.get("ready")
-            # at the log level an operator runs them (the tests' debug lines cost CPU)
-            controllers = Controllers(lab, log_level="info", binary=args.controllers_bin)
+            # at the log level and with the graces an operator runs them (the tests' debug
+            # lines cost CPU; their short graces make the IPAM pass list blocks every second)
+            shipped = ControllerOptions.model_fields
+            controllers = Controllers(
+                lab,
+                log_level="info",
+                binary=args.controllers_bin,
+                node_grace=shipped["node_grace"].default,
+                leak_grace=shipped["leak_grace"].default,
+            )
             controllers.install()
             controllers.start("replica-1", "node-1")
             controllers.start("replica-2", "node-2")
@@ -1916,7 +1925,8 @@ def print_summary(results: dict[str, Any]) -> None:
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
 READ_VERBS = ("GET", "LIST")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
-CNI_ADDED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*\[tabby ADD .*\] added ")
+#: the plugin's "added" line (cni_protocol.log's format: time, pid, level, logger, [the call])
+CNI_ADDED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*\[ADD [^\]]*\] added ")
 
 
 def labelled(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -1963,7 +1973,13 @@ def delta(after: dict[Any, float], before: dict[Any, float]) -> dict[Any, float]
 def cni_added_times(lab: KubeLab, node: str, since_wall: float) -> list[float]:
     """When each ADD on ``node`` since ``since_wall`` answered (wall clock): the plugin's
     "added" line in the node's CNI log (local time, milliseconds)."""
-    text = lab.kube_node(node).read("/var/log/tabby/cni.log", limit=20_000_000)
+    return added_times(
+        lab.kube_node(node).read("/var/log/tabby/cni.log", limit=20_000_000), since_wall
+    )
+
+
+def added_times(text: str, since_wall: float) -> list[float]:
+    """The times of the "added" lines of a CNI log ``text`` at or after ``since_wall``."""
     out = []
     for line in text.splitlines():
         m = CNI_ADDED.match(line)
