@@ -1964,6 +1964,18 @@ def api_requests(lab: KubeLab) -> dict[tuple[str, str, str], float]:
     return out
 
 
+def api_seconds(lab: KubeLab) -> dict[tuple[str, str, str], float]:
+    """The API server's time spent answering (apiserver_request_duration_seconds_sum) by
+    (verb, group, resource); with :func:`api_requests`, the mean time per request."""
+    text = str(lab.kubectl("get", "--raw", "/metrics").stdout)
+    out: dict[tuple[str, str, str], float] = {}
+    for labels, value in labelled(text, "apiserver_request_duration_seconds_sum").items():
+        d = dict(labels)
+        key = (d.get("verb", ""), d.get("group", ""), d.get("resource", ""))
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
 def store_requests(lab: KubeLab, node: str) -> dict[tuple[str, str], float]:
     """tabby-node's tabby_datastore_requests_total by (op, kind) on ``node``."""
     code, body = http_get(lab.node(node).netns, f"http://127.0.0.1:{NODE_METRICS}/metrics", 5)
@@ -2027,13 +2039,14 @@ def case_burst(args: argparse.Namespace) -> dict[str, Any]:
         lab.wait_for("the warm-up pod gone", lambda: not lab.get_pods(ns, "app=warm"), 120)
         time.sleep(2)
         api0, store0 = api_requests(lab), store_requests(lab, node)
-        served0 = node_metrics(lab, node)
+        served0, seconds0 = node_metrics(lab, node), api_seconds(lab)
         wall0, t0 = time.time(), time.monotonic()
         lab.apply(lab.sleeper_deployment("burst", ns, count, node))
         pods = lab.wait_pods(ns, "app=burst", count, timeout=args.timeout)
         running_s = time.monotonic() - t0
         time.sleep(2)  # the last status updates
         api1, store1 = api_requests(lab), store_requests(lab, node)
+        seconds = delta(api_seconds(lab), seconds0)
         served, served_mean = hist_delta(
             served0, node_metrics(lab, node), "tabby_cni_request_duration_seconds", '{verb="ADD"}'
         )
@@ -2078,6 +2091,11 @@ def case_burst(args: argparse.Namespace) -> dict[str, Any]:
         "api_tabby_writes": api_writes,
         "api_tabby_reads": api_reads,
         "api_by_verb": by_verb(burst_api, None),
+        "api_tabby_mean_ms": {
+            f"{v} {r}": 1000 * seconds.get((v, g, r), 0.0) / n
+            for (v, g, r), n in sorted(burst_api.items())
+            if g == "tabby.io" and n and v != "WATCH"  # a watch's time is its whole life
+        },
         "api_requests": {f"{v} {g or 'core'}/{r}": n for (v, g, r), n in sorted(burst_api.items())},
         "delete_s": deleted_s,
         "delete_store_requests": {f"{op} {k}": n for (op, k), n in sorted(del_store.items())},
@@ -2105,6 +2123,10 @@ def case_burst(args: argparse.Namespace) -> dict[str, Any]:
     echo(
         f"  API server, group tabby.io: {api_writes:.0f} writes, {api_reads:.0f} reads: "
         + (", ".join(f"{k} {n:.0f}" for k, n in sorted(tabby_api.items())) or "none")
+    )
+    echo(
+        "  API server, its mean time per tabby.io request: "
+        + (", ".join(f"{k} {ms:.0f} ms" for k, ms in result["api_tabby_mean_ms"].items()) or "none")
     )
     echo(
         "  API server, every request by verb: "
