@@ -39,3 +39,36 @@ def eventually(what: str, check: Callable[[], object], timeout: float = 10.0) ->
         if time.monotonic() - start > timeout:
             raise AssertionError(f"{what}: not within {timeout} s (last: {last})")
         time.sleep(0.1)
+
+
+# -- a new pod against an isolating policy (the same scene on both datastores) ------------------
+
+
+def isolate_secret_pods(kube: KubeLab, ns: str) -> None:
+    """A NetworkPolicy letting only ``role=client`` pods into ``app=secret`` ones, then a
+    client pod on node-2 and a stranger on node-3, running."""
+    kube.apply(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "secret", "namespace": ns},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "secret"}},
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}],
+            },
+        }
+    )
+    kube.apply(kube.sleeper_pod("client", ns, {"role": "client"}, nodeName="node-2"))
+    kube.apply(kube.sleeper_pod("stranger", ns, {"role": "stranger"}, nodeName="node-3"))
+    kube.wait_pods(ns, "", 2)
+
+
+def secret_pod(kube: KubeLab, ns: str, address: str) -> dict[str, Any]:
+    """The ``app=secret`` pod on node-1, with ``address`` asked for (tabby.io/ipAddrs)."""
+    return kube.sleeper_pod(
+        "secret",
+        ns,
+        {"app": "secret"},
+        nodeName="node-1",
+        annotations={"tabby.io/ipAddrs": json.dumps([address])},
+    )

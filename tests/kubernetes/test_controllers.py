@@ -22,7 +22,7 @@ import pytest
 
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import ACCOUNT, NAMESPACE, Controllers
-from tests.kubernetes.helpers import eventually, tabby_get
+from tests.kubernetes.helpers import eventually, isolate_secret_pods, secret_pod, tabby_get
 from tests.kubernetes.icmp import Pinger
 
 pytestmark = [pytest.mark.kubernetes]
@@ -217,20 +217,7 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
     the kernel never answers a ping from a pod the policy does not allow (the kernel answers
     as soon as the interface has its address: the earliest possible moment)."""
     kube, ns = kube_lab, scratch
-    kube.apply(
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": "secret", "namespace": ns},
-            "spec": {
-                "podSelector": {"matchLabels": {"app": "secret"}},
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}],
-            },
-        }
-    )
-    kube.apply(kube.sleeper_pod("client", ns, {"role": "client"}, nodeName="node-2"))
-    kube.apply(kube.sleeper_pod("stranger", ns, {"role": "stranger"}, nodeName="node-3"))
-    kube.wait_pods(ns, "", 2)
+    isolate_secret_pods(kube, ns)
     eventually(
         "the policy on every node",
         lambda: tabby_get(kube, "networkpolicy", "secret", ns) is not None,
@@ -241,15 +228,7 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
     leader = controllers.wait_leader()
     controllers.signal(leader, signal.SIGSTOP)
     try:
-        kube.apply(
-            kube.sleeper_pod(
-                "secret",
-                ns,
-                {"app": "secret"},
-                nodeName="node-1",
-                annotations={"tabby.io/ipAddrs": json.dumps([target])},
-            )
-        )
+        kube.apply(secret_pod(kube, ns, target))
         time.sleep(3)  # the ADD waits for the labels now
     finally:
         controllers.signal(leader, signal.SIGCONT)

@@ -23,7 +23,7 @@ import pytest
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import KubeLab
 from lab.kubernetes.controllers import Controllers
-from tests.kubernetes.helpers import eventually, tabby_get
+from tests.kubernetes.helpers import eventually, isolate_secret_pods, secret_pod, tabby_get
 from tests.kubernetes.icmp import Pinger
 
 pytestmark = [
@@ -146,33 +146,12 @@ def test_a_new_pod_is_never_reachable_against_an_isolating_policy(
     API (its labels), so the kernel never answers a ping from a pod the policy does not
     allow, from the first moment its interface has an address."""
     kube, ns = kube_lab, scratch
-    kube.apply(
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": "secret", "namespace": ns},
-            "spec": {
-                "podSelector": {"matchLabels": {"app": "secret"}},
-                "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}]}],
-            },
-        }
-    )
-    kube.apply(kube.sleeper_pod("client", ns, {"role": "client"}, nodeName="node-2"))
-    kube.apply(kube.sleeper_pod("stranger", ns, {"role": "stranger"}, nodeName="node-3"))
-    kube.wait_pods(ns, "", 2)
+    isolate_secret_pods(kube, ns)
     target = "10.244.250.20"
     stranger = Pinger(kube.pod_netns(ns, "stranger"), target).start()
     client = Pinger(kube.pod_netns(ns, "client"), target).start()
     try:
-        kube.apply(
-            kube.sleeper_pod(
-                "secret",
-                ns,
-                {"app": "secret"},
-                nodeName="node-1",
-                annotations={"tabby.io/ipAddrs": json.dumps([target])},
-            )
-        )
+        kube.apply(secret_pod(kube, ns, target))
         eventually("the allowed client reaches the new pod", lambda: len(client.replies) > 5, 60)
         time.sleep(1)
     finally:
@@ -225,16 +204,19 @@ def test_a_64_pod_burst_survives_tabby_node_killed_and_the_api_server_restarted(
     assert ipam_problems(kube) == []
 
 
-def ipam_add(kube: KubeLab, node: str, cid: str, *, served: bool) -> tuple[int, Any, float]:
-    """tabby-ipam ADD on ``node`` as a runtime runs it (in the node, the node's conflist):
-    through tabby-node's socket (``served``) or on its own; (exit code, answer, seconds)."""
+def ipam_call(
+    kube: KubeLab, node: str, command: str, cid: str, *, served: bool = True
+) -> tuple[int, Any, float]:
+    """tabby-ipam ``command`` on ``node`` as a runtime runs it (in the node, the node's
+    conflist): through tabby-node's socket (``served``) or on its own; (exit code, answer,
+    seconds)."""
     kn = kube.kube_node(node)
     doc = json.loads(kn.path(knode.CONFLIST).read_text())
     plugin = next(p for p in doc["plugins"] if p.get("type") == "tabby")
     conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin}  # as delegated
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-        "CNI_COMMAND": "ADD",
+        "CNI_COMMAND": command,
         "CNI_CONTAINERID": cid,
         "CNI_NETNS": "/proc/1/ns/net",  # not the node's own (IPAM does not enter it)
         "CNI_IFNAME": "eth0",
@@ -256,27 +238,8 @@ def ipam_add(kube: KubeLab, node: str, cid: str, *, served: bool) -> tuple[int, 
 
 
 def ipam_del(kube: KubeLab, node: str, cid: str) -> None:
-    kn = kube.kube_node(node)
-    doc = json.loads(kn.path(knode.CONFLIST).read_text())
-    plugin = next(p for p in doc["plugins"] if p.get("type") == "tabby")
-    conf = {"cniVersion": doc["cniVersion"], "name": doc["name"], **plugin}  # as delegated
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-        "CNI_COMMAND": "DEL",
-        "CNI_CONTAINERID": cid,
-        "CNI_NETNS": "/proc/1/ns/net",  # not the node's own (IPAM does not enter it)
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": knode.CNI_BIN,
-    }
-    proc = subprocess.run(
-        [*kn.enter(), f"{knode.CNI_BIN}/tabby-ipam"],
-        input=json.dumps(conf).encode(),
-        capture_output=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout
+    rc, out, _ = ipam_call(kube, node, "DEL", cid)
+    assert rc == 0, out
 
 
 def lock_timeout(kube: KubeLab, node: str) -> float:
@@ -292,13 +255,13 @@ def test_an_unreachable_api_server_fails_an_add_with_code_11_in_time(kube_lab: K
     kube = kube_lab
     bound = lock_timeout(kube, "node-2")
     for served in (True, False):
-        rc, out, _ = ipam_add(kube, "node-2", f"up-{served}", served=served)
+        rc, out, _ = ipam_call(kube, "node-2", "ADD", f"up-{served}", served=served)
         assert rc == 0, out
         ipam_del(kube, "node-2", f"up-{served}")
     kube.stop_apiserver()
     try:
         for served in (True, False):
-            rc, out, took = ipam_add(kube, "node-2", f"down-{served}", served=served)
+            rc, out, took = ipam_call(kube, "node-2", "ADD", f"down-{served}", served=served)
             assert (rc, out["code"]) == (1, 11), (served, out)
             assert took <= bound + 2, f"served={served}: {took:.1f} s"
     finally:
@@ -316,7 +279,7 @@ def test_an_unreachable_api_server_fails_an_add_with_code_11_in_time(kube_lab: K
         )
         subprocess.run([*nft, f"add rule inet tabbytest out {rule}"], check=True)
         for served in (True, False):
-            rc, out, took = ipam_add(kube, "node-2", f"drop-{served}", served=served)
+            rc, out, took = ipam_call(kube, "node-2", "ADD", f"drop-{served}", served=served)
             assert (rc, out["code"]) == (1, 11), (served, out)
             assert took <= bound + 2, f"served={served}: {took:.1f} s"
     finally:
@@ -327,7 +290,7 @@ def test_an_unreachable_api_server_fails_an_add_with_code_11_in_time(kube_lab: K
         rc, out = 1, None
         deadline = time.monotonic() + 60
         while rc != 0 and time.monotonic() < deadline:  # tabby-node's watch reconnecting
-            rc, out, _ = ipam_add(kube, "node-2", cid, served=served)
+            rc, out, _ = ipam_call(kube, "node-2", "ADD", cid, served=served)
         assert rc == 0, out
         ipam_del(kube, "node-2", cid)
     assert ipam_problems(kube) == []
