@@ -195,18 +195,18 @@ def policy_table_present() -> bool:
 
 
 def refuse_unserved_add() -> None:
-    """The ADD of a call tabby-node does not serve, while tabby-node's table is on the node:
-    the table drops every pod interface it has no rules for, and only tabby-node writes
-    them, so this pod would get an address and no traffic. Refused with code 11 before
-    anything is done (the runtime retries; tabby-node back, it serves the retry)."""
+    """An ADD while no tabby-node listens and its table is on the node: the table drops
+    every pod interface it has no rules for, and only tabby-node writes them, so this pod
+    would get an address and no traffic. Refused with code 11 before anything is done (the
+    runtime retries; tabby-node back, it serves the retry)."""
     from dataplane.names import NFT_TABLE
 
     raise CniError(
         Code.TRY_AGAIN_LATER,
         "tabby-node is not running: its NetworkPolicy table would drop this pod's traffic",
         f"nftables table inet {NFT_TABLE} is on this node and drops the traffic of every pod "
-        "interface tabby-node has not programmed; this call was not served by tabby-node "
-        "(its socket is absent or refused the call), so nothing was done. Try again when "
+        "interface tabby-node has not programmed, and no tabby-node listens on its socket to "
+        "program this one, so nothing was done. Try again when "
         f"tabby-node serves; to network pods without it (and without policy), remove the "
         f"table: nft delete table inet {NFT_TABLE}",
     )
@@ -723,5 +723,13 @@ class Plugin:
         return None
 
 
-#: The binaries' handlers: the calls tabby-node did not serve (bundle/entry.py).
-HANDLERS = Plugin(policy_table=policy_table_present).handlers()
+def unserved_handlers(node_absent: bool) -> skel.Handlers:
+    """The binaries' handlers, for a call tabby-node did not serve (bundle/entry.py). With
+    no tabby-node listening an ADD minds its policy table (:func:`refuse_unserved_add`); one
+    that is there but did not take the call (slow, another version) programs the pod's
+    policy from its watch, so the pod is networked here."""
+    return Plugin(policy_table=policy_table_present if node_absent else None).handlers()
+
+
+#: The binaries' handlers when no tabby-node listens.
+HANDLERS = unserved_handlers(True)

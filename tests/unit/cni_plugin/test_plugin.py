@@ -326,6 +326,9 @@ def test_the_binaries_look_for_the_table_and_tabby_node_does_not() -> None:
 
     for handlers, check in (
         (plugin.HANDLERS, plugin.policy_table_present),
+        (plugin.unserved_handlers(node_absent=True), plugin.policy_table_present),
+        # a tabby-node is there but did not take the call: it programs the pod itself
+        (plugin.unserved_handlers(node_absent=False), None),
         (node_handlers(), None),
     ):
         add = handlers.by_verb["ADD"]
