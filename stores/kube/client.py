@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -226,6 +227,15 @@ class KubeClient:
         self._conns: set[http.client.HTTPConnection] = set()  # every thread's keep-alive one
         self._lock = threading.Lock()
         self._token: tuple[str, float] | None = None
+        #: The token file's directory, opened where this client is made: a thread that has
+        #: entered another mount namespace (tabby-node serving a CNI call in the caller's)
+        #: reads the token through it, not by a path that means another file there.
+        self._token_dir: int | None = None
+        if config.token_file and not config.token:
+            with contextlib.suppress(OSError):
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                self._token_dir = os.open(os.path.dirname(config.token_file) or ".", flags)
+                weakref.finalize(self, os.close, self._token_dir)
         self.requests = 0  # requests sent (metrics, benches)
 
     # -- plumbing -------------------------------------------------------------------------
@@ -255,11 +265,18 @@ class KubeClient:
             now = time.monotonic()
             if self._token is None or now - self._token[1] > TOKEN_REREAD_SECONDS:
                 try:
-                    with open(self.config.token_file, encoding="utf-8") as f:
-                        self._token = (f.read().strip(), now)
+                    self._token = (self._read_token(self.config.token_file), now)
                 except OSError as e:
                     raise ApiError(0, "no service account token", str(e)) from None
             return self._token[0]
+
+    def _read_token(self, path: str) -> str:
+        if self._token_dir is None:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip()
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._token_dir)
+        with open(fd, encoding="utf-8") as f:
+            return f.read().strip()
 
     @staticmethod
     def _path(path: str, params: Mapping[str, object] | None) -> str:

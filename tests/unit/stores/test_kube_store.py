@@ -673,3 +673,24 @@ def test_a_writer_killed_at_every_request_on_the_api_leaves_it_consistent(
     ipam.gc("net", set(), grace_seconds=0)
     assert in_use(ipam) == 0
     assert check_consistency(store) == []
+
+
+def test_the_token_is_read_where_the_client_was_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tabby-node serves a CNI call in the caller's mount namespace, where the service
+    account's token path names nothing (or another file): the client reads its token
+    through the directory it opened when it was made, so the path may mean anything by
+    then (here: the directory moved away), and a rotated token is still read again."""
+    from stores.kube import client as kube_client
+
+    monkeypatch.setattr(kube_client, "TOKEN_REREAD_SECONDS", 0.0)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("first\n")
+    config = KubeConfig(server="http://127.0.0.1:1", token_file=str(account / "token"))
+    api = KubeClient(config)
+    assert api._headers(None)["Authorization"] == "Bearer first"
+    account.rename(tmp_path / "elsewhere")  # the path now names nothing
+    (tmp_path / "elsewhere" / "token").write_text("rotated\n")
+    assert api._headers(None)["Authorization"] == "Bearer rotated"
