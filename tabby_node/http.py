@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from cni_config.common import DatastoreSettings
     from daemon.http import Endpoints, Exposition, Route
+    from daemon.limits import Refusals
     from datastore.base import Store
     from tabby_node.policylog import DeniedFlows
     from tabby_node.view import DatastoreErrors, Passes, Ready
@@ -124,13 +125,18 @@ class Health:
 
 
 def _serve(
-    host: str, port: int, endpoints: Endpoints, what: str, problems: dict[str, str]
+    host: str,
+    port: int,
+    endpoints: Endpoints,
+    what: str,
+    problems: dict[str, str],
+    refusals: Refusals | None,
 ) -> ThreadingHTTPServer | None:
     """One server; None (and a problem node status shows) when the port cannot be had."""
     from daemon.http import serve
 
     try:
-        return serve(host, port, endpoints, what)
+        return serve(host, port, endpoints, what, refusals=refusals, label=what.split()[0])
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
         problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
@@ -146,10 +152,14 @@ def start(
     exposition: Exposition | None,
     denied_flows: DeniedFlows | None,
     problems: dict[str, str],
+    refusals: Refusals | None = None,
 ) -> list[ThreadingHTTPServer]:
     """Serve health on 127.0.0.1 (probes run on the node) and metrics (``exposition``) on
     127.0.0.1 and the node's IPv4 address (Prometheus scrapes from elsewhere), as the ports
-    say (0: off); the denied-flow log on both. Returns the servers (:func:`stop`)."""
+    say (0: off); the denied-flow log on both. Each listening socket has its own bounds
+    (``daemon.http.LIMITS``: a flood of the metrics port leaves the probes their own);
+    what they refuse is counted in ``refusals`` as ``health`` or ``metrics``. Returns the
+    servers (:func:`stop`)."""
     from daemon.http import Endpoints
 
     routes: dict[str, Route] = {}
@@ -166,7 +176,7 @@ def start(
         wanted += [(host, metrics_port, f"metrics {host}") for host in hosts]
     servers = []
     for host, port, what in wanted:
-        server = _serve(host, port, endpoints, what, problems)
+        server = _serve(host, port, endpoints, what, problems, refusals)
         if server is not None:
             servers.append(server)
     return servers

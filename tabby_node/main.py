@@ -284,11 +284,13 @@ def serve(
     """The call server (not bound yet: :meth:`NodeServer.bind`) with the per-pod policy,
     the state the metrics read, and the HTTP endpoints (serving already; stopped by
     ``shutdown``)."""
+    from daemon.limits import Refusals
     from tabby_node import http
     from tabby_node.pod_policy import PodEndpoints, PodPolicy
     from tabby_node.server import NodeServer
 
     pods = PodPolicy(node.cache, node.policy, node.requests, metrics)
+    refusals = Refusals()  # limits: what the node socket and the HTTP endpoints refused
     server = NodeServer(
         options.socket_path,
         endpoints=PodEndpoints(node.cache, pods, node.served),
@@ -296,6 +298,8 @@ def serve(
         mtu_file=options.mtu_file,
         metrics=metrics,
         claimed=True,
+        limits=options.call_limits,
+        refusals=refusals,
     )
     if metrics is not None:
         from tabby_node.metrics import NodeCollector
@@ -317,6 +321,7 @@ def serve(
                 denied_flows=node.denied_flows,
                 store=node.store,
                 served=node.served,
+                refusals=refusals,
             )
         )
     health = http.Health(
@@ -337,6 +342,7 @@ def serve(
         exposition=metrics.exposition if metrics is not None else None,
         denied_flows=node.denied_flows,
         problems=problems,
+        refusals=refusals,
     )
     shutdown.on("http", lambda: http.stop(servers))
     return server

@@ -48,6 +48,7 @@ from bundle import __version__
 from tabby_node.ipam_usage import IpamNumbers, live_nodes
 
 if TYPE_CHECKING:
+    from daemon.limits import Refusals
     from dataplane.overlay import Changes
     from policy.counters import CounterKey
     from policy.state import ApplyResult, PolicyCounters
@@ -95,6 +96,14 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "time tabby-node spent on one CNI call",
     ),
     "tabby_cni_requests_in_flight": ("gauge", "", "CNI calls being served now"),
+    "tabby_connections_refused_total": (
+        "counter",
+        "server, reason",
+        "connections the node socket (server cni) and the HTTP endpoints (health, metrics) "
+        "refused or cut at their limits: busy (at the connection limit), too_large (a request"
+        " over the size limit), timeout (the request not read in time), overdue (the answer "
+        "not delivered in time)",
+    ),
     # IPAM (from the datastore cache)
     "tabby_ipam_pool_size": ("gauge", "pool", "addresses in the pool"),
     "tabby_ipam_pool_reserved": (
@@ -436,7 +445,8 @@ class NodeCollector(Collector):
     ``--conf``, as ``tabbyctl ipam show --conf`` counts them), BGP from the bird backend
     (``bgp``; None under the other backends), the ``policy`` dataplane and the
     ``denied_flows`` log, the ``store``'s counters and what the served calls did
-    (``served``). A section that fails is left out of that scrape (and logged)."""
+    (``served``), what the node's servers refused (``refusals``). A section that fails is
+    left out of that scrape (and logged)."""
 
     def __init__(
         self,
@@ -453,6 +463,7 @@ class NodeCollector(Collector):
         denied_flows: DeniedFlows | None = None,
         store: object = None,
         served: Served | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -466,6 +477,7 @@ class NodeCollector(Collector):
         self.denied_flows = denied_flows
         self.store = store
         self.served = served
+        self.refusals = refusals
         self._ipam_lock = threading.Lock()
         self._ipam_version: int | None = None
         self._ipam: IpamNumbers | None = None
@@ -494,6 +506,15 @@ class NodeCollector(Collector):
         yield _gauge("tabby_node_start_time_seconds", self.started)
         yield _gauge("tabby_node_problems", len(self.problems))
         yield _gauge("tabby_cni_requests_in_flight", len(self.calls.inflight))
+        refused = CounterMetricFamily(
+            "tabby_connections_refused",
+            _help("tabby_connections_refused_total"),
+            labels=["server", "reason"],
+        )
+        counts = self.refusals.snapshot() if self.refusals is not None else {}
+        for (server, reason), n in sorted(counts.items()):
+            refused.add_metric([server, reason], n)
+        yield refused
 
     def _ipam_numbers(self) -> IpamNumbers:
         cache = self.cache

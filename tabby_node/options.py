@@ -11,7 +11,8 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -23,8 +24,17 @@ from cni_config.resolve import (
     tabby_ipam_section,
 )
 from cni_protocol.errors import CniError
-from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, DEFAULT_RUN_DIR
+from tabby_node import (
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_RUN_DIR,
+    MAX_CALLS,
+    MAX_REQUEST,
+)
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
+
+if TYPE_CHECKING:
+    from daemon.limits import Limits
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
 DEFAULT_V4_POOL = "10.244.0.0/16"
@@ -72,6 +82,17 @@ class NodeOptions(Section):
     log_file: AbsPath | None = DEFAULT_LOG_FILE
     conf: AbsPath | None = None
     policy_visibility: Literal["on", "off"] = "on"
+    max_calls: int = Field(default=MAX_CALLS, ge=1, le=65536)
+    max_request_bytes: int = Field(default=MAX_REQUEST, ge=64 << 10, le=64 << 20)
+
+    @property
+    def call_limits(self) -> Limits:
+        """The node socket's bounds (``tabby_node.server.LIMITS`` with these options')."""
+        from tabby_node.server import LIMITS
+
+        return replace(
+            LIMITS, max_connections=self.max_calls, max_request_bytes=self.max_request_bytes
+        )
 
     @property
     def socket_path(self) -> str:
@@ -104,8 +125,16 @@ ENV = {
     "log_file": "TABBY_NODE_LOG_FILE",
     "conf": "TABBY_CONF",
     "policy_visibility": "TABBY_POLICY_VISIBILITY",
+    "max_calls": "TABBY_MAX_CALLS",
+    "max_request_bytes": "TABBY_MAX_REQUEST_BYTES",
 }
-_NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
+_NUMBERS = {
+    "metrics_port": int,
+    "health_port": int,
+    "node_ttl": float,
+    "max_calls": int,
+    "max_request_bytes": int,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,6 +166,10 @@ def parser() -> argparse.ArgumentParser:
         "(default: none; flags and TABBY_* variables win)",
         "policy_visibility": "on: count packets per policy (tabby_policy_packets_total) and "
         "log denied flows (tabbyctl policy log); off: neither (default on)",
+        "max_calls": "CNI calls served at once; one more is answered at once and the plugin "
+        f"runs it itself (default {MAX_CALLS})",
+        "max_request_bytes": "largest CNI call served (environment and config); a larger "
+        f"one the plugin runs itself (default {MAX_REQUEST})",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(
