@@ -449,14 +449,18 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
 
     def can(account: str, verb: str, what: str, ns: str | None) -> bool:
         user = f"system:serviceaccount:{NAMESPACE}:{account}"
-        args = ["auth", "can-i", verb, what, f"--as={user}"]
+        resource, _, sub = what.partition("#")  # a subresource (nodes/policylog) after #
+        args = ["auth", "can-i", verb, resource, f"--as={user}"]
+        args += [f"--subresource={sub}"] if sub else []
         args += ["-n", ns] if ns else ["--all-namespaces"]
         return str(bare.kubectl(*args, check=False).stdout.strip()) == "yes"
 
     def target(atom: rbac.Atom) -> list[tuple[str, str | None]]:
-        resource = atom.resource if not atom.group else f"{atom.resource}.{atom.group}"
+        kind, _, sub = atom.resource.partition("/")
+        resource = kind if not atom.group else f"{kind}.{atom.group}"
         names: list[str | None] = [*sorted(atom.names)] or [None]
-        return [(resource if n is None else f"{resource}/{n}", atom.namespace) for n in names]
+        found = [(resource if n is None else f"{resource}/{n}", atom.namespace) for n in names]
+        return [(f"{what}#{sub}" if sub else what, ns) for what, ns in found]
 
     grants = {account: rbac.granted(account) for account in rbac.ACCOUNTS}
     denied = [
@@ -494,6 +498,10 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
     ]
     allowed = [(a, *n) for a in rbac.ACCOUNTS for n in nobody_needs if can(a, *n)]
     assert allowed == []
+    # another node's policy log: tabby-node's own token only (the reader role is unbound)
+    for account in rbac.ACCOUNTS:
+        log = can(account, "get", "nodes.tabby.io/node-2#policylog", None)
+        assert log == (account == "tabby-node"), account
     # the plugins' token reads nothing of Kubernetes' own, and creates no pool
     for verb, what in (("list", "pods"), ("get", "nodes"), ("create", "ippools.tabby.io")):
         assert not can("tabby-cni", verb, what, None), (verb, what)
