@@ -66,7 +66,8 @@ def token(kube: KubeLab, namespace: str, account: str, audience: str | None = AU
 def ask(kube: KubeLab, pod: KubePod, url: str, bearer: str | None = None) -> str:
     """What busybox's wget in ``pod`` got: the body, or its error line (the status)."""
     header = ["--header", f"Authorization: Bearer {bearer}"] if bearer else []
-    proc = kube.exec(pod, ["wget", "-q", "-O", "-", "-T", "10", *header, url], timeout=60)
+    # busybox 1.35's wget -T segfaults: its timeout applet bounds it instead
+    proc = kube.exec(pod, ["timeout", "10", "wget", "-q", "-O", "-", *header, url], timeout=60)
     return proc.stdout if proc.returncode == 0 else proc.stderr.strip()
 
 
