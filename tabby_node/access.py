@@ -1,6 +1,6 @@
 """Who may read what names pods or flows (``/policy/log`` on the metrics port): the guard
-``daemon.http`` asks before it serves a private route (docs/node.md "Who may read the
-policy log").
+``daemon.http`` asks before it serves a private route (docs/cluster.md "Who reads the
+policy log", docs/kubernetes.md likewise).
 
 * 127.0.0.1 and ::1: root on the node (and what shares its network namespace) reads it,
   as it can read the kernel's state anyway;

@@ -132,7 +132,7 @@ def fetch(source: Source, since: int = 0, wait: float = 0.0) -> JSON:
         why = e.read().decode(errors="replace").strip()[:300]
         hint = ""
         if e.code == 401:
-            hint = " (give --token-file, or --cert-file with --ca-file: docs/node.md)"
+            hint = " (give --token-file, or --cert-file with --ca-file: docs/cluster.md)"
         raise LogError(f"{source.what} answered {e.code}: {why}{hint}") from None
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)

@@ -11,7 +11,7 @@ z/c without egress (``c-no-egress``).
 The nodes' metrics ports speak TLS and ask for client certificates (tests/cluster/
 metrics_tls.py): another node's policy log is read by a tabbyctl with the client
 certificate ``tabbyctl``, and refused without one (401) or with another name (403), as
-docs/node.md "Who reads the policy log" says; ``/metrics`` needs TLS only.
+docs/cluster.md "Who reads the policy log" says; ``/metrics`` needs TLS only.
 """
 
 from __future__ import annotations
