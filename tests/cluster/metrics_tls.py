@@ -1,9 +1,9 @@
 """The metrics port over TLS in a cluster lab, as docs/cluster.md ("Who reads the policy
-log") tells an operator outside Kubernetes to set it up: one CA (lab.kubernetes.pki, openssl), a certificate per node for
-its address and 127.0.0.1 (``--metrics-cert-file``, ``--metrics-key-file``), the CA as the
-client CA (``--metrics-client-ca-file``), and tabbyctl's client certificate (common name
-``tabbyctl``: it may read other nodes' policy logs) in tabbyctl's environment
-(``TABBY_POLICY_LOG_*``)."""
+log") tells an operator outside Kubernetes to set it up: one CA (lab.kubernetes.pki,
+openssl), a certificate per node for its address and 127.0.0.1 (``--metrics-cert-file``,
+``--metrics-key-file``), the CA as the client CA (``--metrics-client-ca-file``), and
+tabbyctl's client certificate (common name ``tabbyctl``: it may read other nodes' policy
+logs) in tabbyctl's environment (``TABBY_POLICY_LOG_*``)."""
 
 from __future__ import annotations
 
