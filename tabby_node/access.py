@@ -53,6 +53,8 @@ CONCURRENT_REVIEWS = 4
 REVIEW_WAIT = 5.0
 #: The API server's answer to one review, at most.
 REVIEW_TIMEOUT = 5.0
+#: A review the API server could not make is logged at most this often (each is counted).
+WARN_EVERY = 30.0
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path)
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -209,11 +211,13 @@ class Door:
         self.reviewer = reviewer
         self.refused = refused
         self.local = local
+        self._warned = -WARN_EVERY
 
     def __call__(self, caller: Caller) -> tuple[int, str]:
         code, why = self._decide(caller)
         if code != 200:
-            log.info("http: %s refused to %s: %d %s", caller.path, caller.address, code, why)
+            # counted, not logged at info: a storm of refusals must not flood the log
+            log.debug("http: %s refused to %s: %d %s", caller.path, caller.address, code, why)
             if self.refused is not None:
                 self.refused(caller.path, code)
         return code, why
@@ -240,7 +244,10 @@ class Door:
                 try:
                     verdict = self.reviewer.verdict(token.strip(), subresource)
                 except ReviewError as e:
-                    log.warning("http: cannot review a token for %s: %s", caller.path, e)
+                    now = time.monotonic()
+                    if now - self._warned > WARN_EVERY:  # once in a while, not per request
+                        self._warned = now
+                        log.warning("http: cannot review a token for %s: %s", caller.path, e)
                     return 503, f"cannot review the token now: {e}"
                 if verdict.code == 200:
                     return 200, verdict.why
