@@ -8,7 +8,13 @@ Every listening socket has its bounds (:data:`LIMITS`, ``daemon.limits``): conne
 served at once (one more is answered 503 by the accepting thread, no thread made for it),
 the request's size (431 for its head, 414 for its line, 413 for its body), the time to
 read it from the connection accepted (then the connection is closed) and the time for the
-whole answer; what it refused is counted in ``refusals`` under the server's ``label``."""
+whole answer; what it refused is counted in ``refusals`` under the server's ``label``.
+
+A route in ``private`` (what names pods or flows) is served only when the daemon's ``guard``
+lets its :class:`Caller` through (the peer's address, its ``Authorization`` header, the
+client certificate TLS verified); the guard's refusal is the answer (401 with
+``WWW-Authenticate: Bearer``, 403, 503). ``serve(..., tls=context)`` serves HTTPS: the
+handshake happens in the request's own thread, never in the one that accepts."""
 
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from daemon.limits import (
@@ -33,6 +40,9 @@ from daemon.limits import (
     linger,
     send_now,
 )
+
+if TYPE_CHECKING:
+    import ssl
 
 log = logging.getLogger("tabby.http")
 
@@ -50,11 +60,33 @@ _BUSY = (
 
 
 @dataclass(frozen=True)
+class Caller:
+    """Who asks for a private route: the peer's address, the ``Authorization`` header, and
+    the client certificate TLS verified (``ssl``'s ``getpeercert()``; None without one)."""
+
+    path: str
+    address: str
+    authorization: str | None = None
+    certificate: Mapping[str, object] | None = None
+
+
+#: caller -> (200: serve it, else the status to answer: 401, 403, 503; and why)
+Guard = Callable[[Caller], tuple[int, str]]
+
+
+@dataclass(frozen=True)
 class Endpoints:
     liveness: Check
     readiness: Check
     metrics: Exposition | None = None
     routes: Mapping[str, Route] = field(default_factory=dict)
+    #: the routes (of ``routes``) served only to whom ``guard`` lets through
+    private: frozenset[str] = frozenset()
+    guard: Guard | None = None
+
+    def __post_init__(self) -> None:
+        if self.private and self.guard is None:
+            raise ValueError("private routes need a guard")
 
 
 class _BoundedHandler(BaseHTTPRequestHandler):
@@ -134,6 +166,8 @@ def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
                 ctype, body = endpoints.metrics(self.headers.get("Accept"))
                 self._send(200, ctype, body)
             elif path in endpoints.routes:
+                if path in endpoints.private and not self._let_through(path):
+                    return
                 try:
                     code, ctype, body = endpoints.routes[path](dict(parse_qsl(query)))
                 except Exception as e:
@@ -143,8 +177,31 @@ def _handler(endpoints: Endpoints, name: str) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, "text/plain", b"not found\n")
 
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
+        def _let_through(self, path: str) -> bool:
+            """Whether the guard lets this caller have ``path`` (else its refusal sent)."""
+            assert endpoints.guard is not None
+            getpeercert = getattr(self.connection, "getpeercert", None)
+            certificate = getpeercert() if getpeercert is not None else None
+            caller = Caller(
+                path, self.client_address[0], self.headers.get("Authorization"), certificate or None
+            )
+            try:
+                code, why = endpoints.guard(caller)
+            except Exception as e:  # never open on a failure
+                log.exception("http: the guard of %s failed", path)
+                code, why = 503, f"cannot authorize: {e}"
+            if code == 200:
+                return True
+            extra = {"WWW-Authenticate": 'Bearer realm="tabby"'} if code == 401 else {}
+            self._send(code, "text/plain", f"{why}\n".encode(), extra)
+            return False
+
+        def _send(
+            self, code: int, ctype: str, body: bytes, extra: Mapping[str, str] | None = None
+        ) -> None:
             self.send_response(code)
+            for key, value in (extra or {}).items():
+                self.send_header(key, value)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -179,13 +236,15 @@ class _Server(ThreadingHTTPServer):
         self.refusals = refusals
         self.label = label
         self.gate = Gate(limits.max_connections)
+        self.tls = False
         refusals.register(label)
         super().__init__(address, handler)
 
     def process_request(self, request: _Request, client_address: object) -> None:
         if not self.gate.enter():  # limits: answered here, no thread for it
             self.refusals.count(self.label, "busy", f"{self.gate.limit} connections at once")
-            if isinstance(request, socket.socket):
+            # a TLS peer has not shaken hands yet: it only sees the connection closed
+            if isinstance(request, socket.socket) and not self.tls:
                 send_now(request, _BUSY)
             self.shutdown_request(request)
             return
@@ -200,6 +259,10 @@ class _Server(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.gate.leave()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # a peer that fails the TLS handshake or goes away mid-request: not a traceback
+        log.debug("http: request from %s failed", client_address, exc_info=True)
 
 
 def _limited(server: object) -> _Server:
@@ -216,14 +279,15 @@ def serve(
     port: int,
     endpoints: Endpoints,
     name: str,
+    tls: ssl.SSLContext | None = None,
     *,
     limits: Limits = LIMITS,
     refusals: Refusals | None = None,
     label: str | None = None,
 ) -> ThreadingHTTPServer:
-    """Serve on ``host:port`` from a daemon thread; OSError when the port cannot be had.
-    ``limits`` bound it; what it refuses is counted in ``refusals`` (its own when None) as
-    ``label`` (default ``name``)."""
+    """Serve on ``host:port`` (HTTPS with ``tls``) from a daemon thread; OSError when the port
+    cannot be had. ``limits`` bound it; what it refuses is counted in ``refusals`` (its own
+    when None) as ``label`` (default ``name``)."""
     server = _Server(
         (host, port),
         _handler(endpoints, name),
@@ -231,6 +295,13 @@ def serve(
         refusals if refusals is not None else Refusals(),
         label or name,
     )
+    if tls is not None:
+        # the handshake on the first read, in the request's thread (a slow peer holds only
+        # it, within the request's read deadline)
+        server.socket = tls.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
+        server.tls = True
     thread = threading.Thread(target=server.serve_forever, name=f"http {host}:{port}", daemon=True)
     thread.start()
     return server

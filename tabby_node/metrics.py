@@ -258,6 +258,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_node_info": ("gauge", "node, version, backend", "always 1; who this node is"),
     "tabby_node_start_time_seconds": ("gauge", "", "when tabby-node started (Unix time)"),
     "tabby_node_problems": ("gauge", "", "problems tabby-node reports in node status"),
+    "tabby_http_refusals_total": (
+        "counter",
+        "path, code",
+        "requests for what names pods or flows (/policy/log) refused: 401 (no credential "
+        "accepted), 403 (authenticated, not allowed), 503 (the API server could not review)",
+    ),
     "tabby_cluster_nodes": ("gauge", "", "live nodes this node sees (itself included)"),
 }
 
@@ -368,6 +374,9 @@ class Metrics:
         )
         for op in DATASTORE_OPS:
             self.datastore_errors.labels(op=op)
+        self.http_refusals = Counter(
+            "tabby_http_refusals", _help("tabby_http_refusals_total"), ["path", "code"], registry=r
+        )
         ProcessCollector(registry=r)
 
     # -- hooks (the loops, the routing backends, the call server) -------------------------------
@@ -420,6 +429,10 @@ class Metrics:
 
     def datastore_error(self, op: str) -> None:
         self.datastore_errors.labels(op=op_label(op)).inc()
+
+    def http_refused(self, path: str, code: int) -> None:
+        """A request for a private route refused (tabby_node.access)."""
+        self.http_refusals.labels(path=path, code=str(code)).inc()
 
     # -- exposition ----------------------------------------------------------------------------
 

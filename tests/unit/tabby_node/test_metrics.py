@@ -41,6 +41,7 @@ from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from policy.counters import CounterKey
 from policy.state import ApplyResult, PolicyCounters
 from tabby_node import http, metrics, server
+from tabby_node.access import Door
 from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.client import try_node
 from tabby_node.metrics import CATALOGUE, Metrics, NodeCollector, metric_names
@@ -608,6 +609,7 @@ def test_metrics_route_serves_the_registry(cluster_store: MemoryStore) -> None:
         denied_flows=None,
         problems=problems,
         refusals=refusals,
+        guard=Door(),
     )
     assert len(servers) == 1
     assert not problems
