@@ -6,7 +6,9 @@ the datastore, and write to the datastore itself. Every write is a compare-and-s
 document at the revision that was read (the store protocol has nothing else), so a stale
 read can never make a wrong write: it costs a ``RevisionConflict``, the stale document is
 forgotten, and the operation's own compare-and-swap loop reads it again, from the store
-this time. An IPAM ADD served this way costs one write and no read (``ipam/DESIGN.md``).
+this time (a view reads a document whose write it lost from the store for the rest of the
+operation: the watch may not have delivered the change yet, and its stale copy would lose
+every retry). An IPAM ADD served this way costs one write and no read (``ipam/DESIGN.md``).
 
 What a stale read can still do is make an operation *refuse* (a pool the watch has not
 delivered yet, a block that looked full): so ``run`` runs an operation that fails on the
@@ -24,7 +26,7 @@ from __future__ import annotations
 import builtins
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from datastore.base import Doc
 from datastore.errors import LockTimeout, RevisionConflict, StoreUnavailable
@@ -50,16 +52,19 @@ class Unknown:
 UNKNOWN = Unknown()
 
 
-def copy_json(value: Any) -> Any:
+def copy_json(data: JSON) -> JSON:
     """A copy of a JSON document (dicts, lists, scalars) that shares nothing mutable with
-    ``value``: what the reader of a known document may change without changing what is
+    ``data``: what the reader of a known document may change without changing what is
     known. A quarter of ``copy.deepcopy``'s time (no memo: a document has no cycles), which
     on a served ADD was most of the IPAM's CPU (every block of the node read is copied)."""
-    kind = type(value)
-    if kind is dict:
-        return {k: copy_json(v) if type(v) in _CONTAINERS else v for k, v in value.items()}
-    if kind is list:
-        return [copy_json(v) if type(v) in _CONTAINERS else v for v in value]
+    return {k: _copy(v) if isinstance(v, _CONTAINERS) else v for k, v in data.items()}
+
+
+def _copy(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _copy(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) if isinstance(v, _CONTAINERS) else v for v in value]
     return value
 
 

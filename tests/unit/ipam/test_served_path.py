@@ -146,7 +146,8 @@ def test_concurrent_served_adds_share_writes_and_never_share_an_address(
         t.start()
     for t in threads:
         t.join(60)
-    assert len(got) == 32 and len(set(got.values())) == 32
+    assert len(got) == 32
+    assert len(set(got.values())) == 32
     writes = _since(node.requests(), before)
     assert set(writes) <= {"put block", "put affinity"}, writes  # no read at all
     assert writes["put block"] < 32  # batches shared their block's write
@@ -182,13 +183,16 @@ def test_a_block_another_writer_changed_is_read_again_and_nothing_is_doubled(
     for t in threads:
         t.join(60)
     mine = list(got.values())
-    assert len(mine) == 8 and len(set(mine)) == 8
+    assert len(mine) == 8
+    assert len(set(mine)) == 8
     assert not set(mine) & set(theirs), (mine, theirs)
     # the lost write sent its block to the store once: one conflict, one fresh read, not a
     # compare-and-swap loop spent on the watch's stale copy and the call run again
     counts = node.served.counts.as_dict()
-    assert counts["retried"] >= 1 and counts["fresh"] == 0, counts
+    assert counts["retried"] >= 1, counts
+    assert counts["fresh"] == 0, counts
     assert [p for p in check_consistency(node.store) if p.severity == "error"] == []
     node.call("DEL", "c0")  # and a DEL on the stale view releases its own address only
     held = {str(o.ip) for o in Ipam(node.store, NODE).allocations()}
-    assert got["c0"] not in held and set(theirs) | (set(mine) - {got["c0"]}) <= held
+    assert got["c0"] not in held
+    assert set(theirs) | (set(mine) - {got["c0"]}) <= held
