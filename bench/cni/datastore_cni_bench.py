@@ -70,6 +70,8 @@ CASES = (
 )
 DEFAULT_CASES = "node-file,node-etcd1,node-etcd3,standalone-etcd1"
 NODENAME = "bench-node"
+#: ``--tabby-node checkout``: the program the checkout's tabby-node runs as
+CHECKOUT_NODE = "from bundle.entry import main_node; main_node()"
 
 
 def in_netns(netns: str, fn: Callable[[], T]) -> T:
@@ -122,8 +124,12 @@ class Case:
         return ["--datastore-type", "file", "--data-dir", ipam["data_dir"]]
 
     def _start_agent(self, binary: str) -> None:
+        # "checkout": this checkout's tabby-node, run from source by this interpreter (the
+        # plugins stay the installed ones: through tabby-node they only forward the call)
+        program = [sys.executable, "-c", CHECKOUT_NODE] if binary == "checkout" else [binary]
+        extra = {"PYTHONPATH": str(ROOT)} if binary == "checkout" else {}
         argv = agent_argv(
-            [binary], self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
+            program, self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
         )
         argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
         os.makedirs(os.path.dirname(self.socket), mode=0o700, exist_ok=True)
@@ -137,7 +143,7 @@ class Case:
                     stdout=err,
                     stderr=err,
                     start_new_session=True,
-                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache()},
+                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache(), **extra},
                 ),
             )
         finally:
@@ -490,7 +496,9 @@ def main() -> int:
     ap.add_argument("--cni-path", default="/opt/cni/bin", help="tabby's plugins")
     ap.add_argument("--ref-cni-path", default="/usr/lib/cni", help="ptp and host-local")
     ap.add_argument(
-        "--tabby-node", default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node"
+        "--tabby-node",
+        default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node",
+        help="tabby-node's binary, or 'checkout': this checkout's, run from source",
     )
     ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
     ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
