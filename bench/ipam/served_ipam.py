@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from bench import record
@@ -68,14 +69,11 @@ class Node:
         watcher = Watcher(self.store, self.cache, stopping=self.stopping, beats={})
         self.thread = threading.Thread(target=watcher.run, daemon=True)
         self.thread.start()
-        served = Served(settings, self.store, Knowledge(self.cache))
-        self.group = GroupCommit(served)
-        self.handlers = IpamVerbs(served, self.group).handlers()
-        deadline = time.monotonic() + 30
-        while not self.cache.has("pool", POOL) and time.monotonic() < deadline:
-            if self.cache.watches("block"):
-                break
-            time.sleep(0.01)
+        self.served = Served(settings, self.store, Knowledge(self.cache))
+        self.group = GroupCommit(self.served)
+        self.handlers = IpamVerbs(self.served, self.group).handlers()
+        if not self.cache.synced.wait(30):
+            raise RuntimeError("the watch gave no snapshot in 30 s")
 
     def call(self, command: str, cid: str) -> str:
         conf = {
@@ -97,7 +95,7 @@ class Node:
         rc, out = skel.run(self.handlers, env, json.dumps(conf).encode())
         if rc != 0:
             raise RuntimeError(f"{command} {cid}: {out!r}")
-        return str(out)
+        return out.decode()
 
     def counters(self) -> dict[str, int]:
         out: dict[str, int] = {"lock": self.locks}
@@ -105,9 +103,13 @@ class Node:
             out[f"{op} {kind}"] = n
         return out
 
-    def close(self) -> None:
+    def stop_watch(self) -> None:
+        """The watch stops delivering (what it told the cache stays): the view goes stale."""
         self.stopping.set()
-        self.thread.join(5)
+        self.thread.join(10)
+
+    def close(self) -> None:
+        self.stop_watch()
         self.store.close()
 
 
@@ -150,9 +152,9 @@ def run_store(name: str, pods: int, ks: list[int]) -> dict[str, Any]:
                 node.call("ADD", f"warm{i}")
             out: dict[str, Any] = {"store": name}
             before = node.counters()
-            adds = [cpu_ms(lambda i=i: node.call("ADD", f"s{i}")) for i in range(pods)]
+            adds = [cpu_ms(partial(node.call, "ADD", f"s{i}")) for i in range(pods)]
             mid = node.counters()
-            dels = [cpu_ms(lambda i=i: node.call("DEL", f"s{i}")) for i in range(pods)]
+            dels = [cpu_ms(partial(node.call, "DEL", f"s{i}")) for i in range(pods)]
             after = node.counters()
             out["add_requests"] = delta(mid, before, pods)
             out["del_requests"] = delta(after, mid, pods)
