@@ -218,6 +218,18 @@ def node_status(kube: KubeLab, node: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
+def peered(kube: KubeLab, node: str) -> None:
+    """``node``'s BIRD in session with both other nodes: soon, not at once (a node ready
+    with one peer adds the third when it registers; that session starts Passive)."""
+
+    def both() -> bool:
+        states = sorted(p["state"] for p in node_status(kube, node)["peers"])
+        assert states == ["Established"] * 2, states
+        return True
+
+    eventually(f"{node} peered with both other nodes", both, timeout=60)
+
+
 def tabby_pod(kube: KubeLab, node: str) -> str:
     install = _INSTALLS[kube.prefix]
     return str(install.node_pods()[node]["metadata"]["name"])
@@ -292,7 +304,7 @@ def test_kubectl_apply_installs_tabby_on_every_node(bare: KubeLab, tabby: Manife
         assert status["backend"] == bare.backend
         assert status["node"] == node
         if bare.backend == "bird":
-            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+            peered(bare, node)
             # the fix of bundle/environ.py where it matters: BIRD started by the frozen
             # tabby-node gets the image's environment, not the bundle's library path
             _, env = bird_process(bare, node)
@@ -596,10 +608,9 @@ def test_a_rolling_update_moves_no_traffic(
         assert after["/opt/tabby/current"] != before[node]["/opt/tabby/current"]
         old = before[node]["/opt/tabby/current"].removeprefix("bundles/")
         assert old in after["bundles"].split()
-        status = node_status(bare, node)
         if bare.backend == "bird":
             assert bird_process(bare, node)[0] != birds[node]  # BIRD was restarted with it
-            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+            peered(bare, node)
     # the pod born while a tabby-node was down is networked: reached from another node
     assert born is not None, "no moment of the rollout found a node without tabby-node"
     node, when = born
