@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections.abc import Callable
 
+from bench import record
 from resources.selector import Selector, endpoint_labels, parse_selector
 
 SHAPES: dict[str, Callable[[random.Random, int], str]] = {
@@ -64,6 +66,7 @@ def main() -> int:
     ap.add_argument("--endpoints", type=int, default=20000)
     ap.add_argument("--selectors", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=2.0, help="time spent matching per shape")
+    record.add_argument(ap, "selector_bench")
     args = ap.parse_args()
     rng = random.Random(7)  # noqa: S311 - a benchmark, not crypto
     eps = endpoints(rng, args.endpoints)
@@ -109,4 +112,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(record.run(main, "selector_bench"))
