@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, TypeAlias
+from typing import ClassVar, NoReturn, TypeAlias
 
 Labels: TypeAlias = Mapping[str, str]
 Predicate: TypeAlias = Callable[[Labels], bool]
@@ -455,7 +455,12 @@ def _parse(text: str, allow_global: bool) -> Selector:
 _Token = tuple[str, str, int]
 
 _AFTER_LABEL = (("contains",), ("starts", "with"), ("ends", "with"), ("not", "in"), ("in",))
-_PUNCT = {"(": "(", ")": ")", "{": "{", "}": "}", ",": ","}
+_PUNCT = frozenset("(){},")
+_OPERATORS = (*Compare.OPS, "in", "not in")
+
+
+def _no_operator(key: str, found: str) -> str:
+    return f"expected an operator ({', '.join(_OPERATORS)}) after label {key!r}, found {found}"
 
 
 class _Parser:
@@ -467,7 +472,7 @@ class _Parser:
         self.tokens = self._tokenize()
         self.pos = 0
 
-    def fail(self, offset: int, reason: str) -> None:
+    def fail(self, offset: int, reason: str) -> NoReturn:
         raise SelectorError(self.text, offset, reason)
 
     # tokens
@@ -544,12 +549,7 @@ class _Parser:
             elif out and out[-1][0] == "label":
                 found = self._word_op(i)
                 if found is None:
-                    self.fail(
-                        i,
-                        "expected an operator (==, !=, in, not in, contains, starts with,"
-                        f" ends with) after label {out[-1][1]!r}, found {self._char(i)}",
-                    )
-                    raise AssertionError  # unreachable; for the type checker
+                    self.fail(i, _no_operator(out[-1][1], self._char(i)))
                 op, i = found
                 out.append(("op", op, start))
             elif text.startswith("has(", i):
@@ -631,24 +631,11 @@ class _Parser:
             return self.operation(value)
         found = _describe((kind, value, offset))
         self.fail(offset, f"expected a label, has(), all(), global(), '!' or '(', found {found}")
-        raise AssertionError  # unreachable; for the type checker
 
     def operation(self, key: str) -> Node:
         kind, op, offset = self.take()
-        if kind != "op" or op not in (
-            "==",
-            "!=",
-            "contains",
-            "starts with",
-            "ends with",
-            "in",
-            "not in",
-        ):
-            self.fail(
-                offset,
-                f"expected an operator (==, !=, in, not in, contains, starts with, ends with)"
-                f" after label {key!r}, found {_describe((kind, op, offset))}",
-            )
+        if kind != "op" or op not in _OPERATORS:
+            self.fail(offset, _no_operator(key, _describe((kind, op, offset))))
         if op in ("in", "not in"):
             return In(key, self.string_set(op), op == "not in")
         return Compare(key, op, self.string(f"a quoted string after {op!r}"))

@@ -346,7 +346,7 @@ _TREES = st.recursive(
 _LABELS = st.dictionaries(_KEYS, _VALUES, max_size=4)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(_TREES, _LABELS)
 def test_canonical_text_round_trips(root: Node, labels: dict[str, str]) -> None:
     sel = Selector(root)
