@@ -61,7 +61,9 @@ MAX_SELECTOR_LENGTH = 65536
 MAX_DEPTH = 64
 
 _LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-")
-_BLANK = " \t"
+#: what separates tokens: Calico takes spaces and tabs; line breaks are taken too (a YAML
+#: block scalar ends its selector with one, and their meaning is plain)
+_BLANK = " \t\r\n"
 
 
 class SelectorError(ValueError):
@@ -497,7 +499,9 @@ class _Parser:
         if i >= len(self.text):
             return "the end"
         c = self.text[i]
-        return repr(c) + (" (only spaces and tabs separate tokens)" if c.isspace() else "")
+        return repr(c) + (
+            " (only spaces, tabs and line breaks separate tokens)" if c.isspace() else ""
+        )
 
     def _word_op(self, i: int) -> tuple[str, int] | None:
         """The operator word(s) after a label (``starts with`` also spelt ``startswith``)."""

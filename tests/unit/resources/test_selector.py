@@ -96,6 +96,7 @@ MATCHES: list[tuple[str, dict[str, str], bool]] = [
     ("msg == 'two  spaces'", {"msg": "two  spaces"}, True),
     ("msg == 'ünïcode'", {"msg": "ünïcode"}, True),
     ("msg == '\\n'", {"msg": "\\n"}, True),
+    ("a ==\n'b'\n", {"a": "b"}, True),  # a YAML block scalar's line breaks
     ("msg in {'x,y'}", {"msg": "x,y"}, True),
     ("msg in {'x,y'}", {"msg": "x"}, False),
     # label keys: prefixes, dots, dashes, digits, operator words as keys
@@ -188,8 +189,8 @@ MALFORMED: list[tuple[str, int, str]] = [
     ("a == 'x", 5, "unterminated string"),
     ('a == "x', 5, "unterminated string"),
     ("a == 'x\"", 5, "unterminated string"),
-    ("a\n== 'b'", 1, "only spaces and tabs"),
-    ("a == 'b'\n", 8, "only spaces and tabs"),
+    ("a\v== 'b'", 1, "only spaces, tabs and line breaks"),
+    ("a == 'b'\u00a0", 8, "only spaces, tabs and line breaks"),
     ("a: == 'b'", 1, "expected an operator"),
     ("é == 'b'", 0, "expected a label, found 'é'"),
     ("a == 'b' && (has(c) || ", 23, "found the end"),
