@@ -32,11 +32,14 @@ def _as_number(value: int | None, *path: str) -> None:
 
 
 def _selector(text: str | None, *path: str) -> None:
+    """A node or peer selector: Calico's language without ``global()`` (rules only)."""
     if text is not None:
         try:
-            parse_selector(text)
+            parse_selector(text, allow_global=False)
         except SelectorError as e:
-            raise FieldError(str(e), *path) from None
+            raise FieldError(
+                f"invalid selector at offset {e.offset}: {e.reason}", *path, value=text
+            ) from None
 
 
 def _address(text: str | None, version: int | None, *path: str) -> None:

@@ -19,11 +19,13 @@ stop is never an uninstall, as under systemd), first answer wins:
    deleted (``deletionTimestamp``), an uninstall; there, a restart, unless its namespace is
    being deleted (the manifest deletes the namespace first, and its controller may delete
    the pods before kubectl reaches the DaemonSet);
-2. tabby-node's own credentials refused (401): its ServiceAccount is gone, which only the
-   manifest's deletion does (or its token was revoked): an uninstall;
-3. otherwise (403: a role without the rule; the API server unreachable) nothing is decided
-   by the API, and the stop is an uninstall only if the watch saw tabby's
-   CustomResourceDefinitions being deleted (the Kubernetes datastore: ``StoreRemoved``).
+2. tabby-node's own credentials refused (401: its ServiceAccount is gone) or its reading of
+   the DaemonSet forbidden (403: its Role or RoleBinding is gone; they come in the same
+   manifest as ``--daemonset``, so only their deletion forbids it): an uninstall (the
+   manifest's deletion takes them before it reaches the DaemonSet);
+3. otherwise (the API server unreachable, or failing) nothing is decided by the API, and
+   the stop is an uninstall only if the watch saw tabby's CustomResourceDefinitions being
+   deleted (the Kubernetes datastore: ``StoreRemoved``).
 
 An uninstall removes, in this order: ``<cni-conf-dir>/10-tabby.conflist`` (first: no new
 ADD starts after it), the plugins' kubeconfig and the etcd TLS files beside it (tabby's
@@ -78,6 +80,8 @@ def read_verdict(
     except ApiError as e:
         if e.status == 401:
             return Verdict(True, f"tabby-node's credentials are refused ({e})")
+        if e.status == 403:
+            return Verdict(True, f"tabby-node may no longer read its DaemonSet ({e})")
         if store_removed is not None:
             return Verdict(True, f"tabby's definitions are being deleted ({store_removed})")
         return Verdict(False, f"cannot read the DaemonSet {daemonset} ({e})")

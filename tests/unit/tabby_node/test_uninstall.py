@@ -113,7 +113,19 @@ def test_an_uninstall_removes_the_conflist_credentials_and_table(
     assert "no new pod starts here" in caplog.text
 
 
-@pytest.mark.parametrize("status", [0, 403, 500])
+def test_a_forbidden_read_is_an_uninstall() -> None:
+    """403: the Role that comes with --daemonset in the manifest is gone (kubectl deletes it
+    before it reaches the DaemonSet)."""
+
+    def get(path: str) -> dict[str, object]:
+        raise ApiError(403, "Forbidden")
+
+    verdict = read_verdict(DAEMONSET, get, None)
+    assert verdict.uninstall
+    assert "may no longer read its DaemonSet" in verdict.why
+
+
+@pytest.mark.parametrize("status", [0, 500, 503])
 def test_an_api_that_decides_nothing_keeps_everything_unless_the_store_was_removed(
     status: int,
 ) -> None:
