@@ -5,7 +5,9 @@ as its ``ifinfmsg``/``ifaddrmsg``/``rtmsg``/``nsidmsg`` messages and replies are
 the same classes. The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
 its replies up to the ACK (or NLMSG_DONE for a dump). pyroute2's own ``IPRoute`` runs every
 request through an asyncio event loop and its request filters: ~0.35 ms more per request and
-~60 ms more to import (asyncio, its socket layer), measured; an ADD makes 14 requests.
+~60 ms more to import (asyncio, its socket layer), measured. Requests that do not depend on
+each other's answers go together (:meth:`Rtnl.send`): several in one datagram, and the
+sockets of both namespaces under way at once, so an ADD waits for 3 round trips.
 
 pyroute2 ships no type information: its messages are seen through :class:`Message` (what
 is read of them is untyped), and everything they hold is converted here into the frozen

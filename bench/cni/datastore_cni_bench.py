@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,7 +81,7 @@ def in_netns(netns: str, fn: Callable[[], T]) -> T:
 class Case:
     """The node namespace, etcd and tabby-node of one case; ``close()`` removes them."""
 
-    def __init__(self, name: str, tabby_node: str) -> None:
+    def __init__(self, name: str, tabby_node: Sequence[str]) -> None:
         self.name = name
         self.node = name.startswith("node-")
         self.members = int(name[-1]) if name.endswith(("etcd1", "etcd3")) else 0
@@ -121,9 +121,9 @@ class Case:
             ]
         return ["--datastore-type", "file", "--data-dir", ipam["data_dir"]]
 
-    def _start_agent(self, binary: str) -> None:
+    def _start_agent(self, binary: Sequence[str]) -> None:
         argv = agent_argv(
-            [binary], self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
+            binary, self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
         )
         argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
         argv += ["--metrics-port", str(METRICS_PORT)]  # after agent_argv's 0: this wins
@@ -277,7 +277,7 @@ def etcd_requests(case: Case) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def case_env(name: str, tabby_node: str) -> Iterator[Case]:
+def case_env(name: str, tabby_node: Sequence[str]) -> Iterator[Case]:
     case = Case(name, tabby_node)
     try:
         yield case
@@ -514,6 +514,12 @@ def main() -> int:
     ap.add_argument(
         "--tabby-node", default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node"
     )
+    ap.add_argument(
+        "--from-checkout",
+        action="store_true",
+        help="run tabby-node from this checkout (the code under test) instead of "
+        "--tabby-node; the plugins stay --cni-path's",
+    )
     ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
     ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="show cni_bench's own tables")
@@ -533,6 +539,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.pods is None:
         args.pods = 40 if args.table else 100
+    args.tabby_node = node_command(args.tabby_node, args.from_checkout)
     # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a background job);
     # cni_bench, exec'd from here, then gets the default disposition and cleans up too.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -616,6 +623,18 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 1 if any(r["failures"] for r in results) else 0
+
+
+def node_command(binary: str, from_checkout: bool) -> list[str]:
+    """How the cases start tabby-node: the installed program, or this checkout's code run
+    by this interpreter."""
+    if not from_checkout:
+        return [binary]
+    program = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+        "from bundle.entry import main_node; main_node()"
+    )
+    return [sys.executable, "-c", program]
 
 
 def record_name(argv: list[str]) -> str:
