@@ -195,7 +195,8 @@ class Case:
 
 def node_calls(case: Case) -> dict[str, dict[str, float]]:
     """What tabby-node says of the calls it served so far, per verb (its /metrics): ``n``
-    calls, ``cpu`` ms of its CPU per call, and per phase (``PHASE_COLUMNS``) the mean ms.
+    calls, ``cpu`` ms of its CPU per call, and per phase (``PHASE_COLUMNS``) the mean ms
+    (each only when tabby-node exports it).
     Empty without tabby-node (standalone cases)."""
     if case.agent is None:
         return {}
@@ -232,7 +233,9 @@ def parse_node_calls(text: str) -> dict[str, dict[str, float]]:
     for verb, n in count.items():
         if not n:
             continue
-        row = {"n": n, "cpu": cpu.get(verb, 0.0) * 1000 / n}
+        row = {"n": n}
+        if verb in cpu:  # a tabby-node without the counter (an older one): no number
+            row["cpu"] = cpu[verb] * 1000 / n
         for phase, _ in PHASE_COLUMNS:
             if phase_n.get((verb, phase)):
                 row[phase] = phase_sum[verb, phase] * 1000 / phase_n[verb, phase]
@@ -484,7 +487,7 @@ def table(args: argparse.Namespace) -> int:
 
 def cpu_text(served: dict[str, float] | None, verb: str) -> str:
     """tabby-node's CPU per call of ``verb`` and whether it meets its target."""
-    if not served:
+    if not served or "cpu" not in served:
         return "-"
     target = CPU_TARGETS.get(verb)
     met = "" if target is None else (" ok" if served["cpu"] <= target else " no")

@@ -29,3 +29,9 @@ def test_node_calls_are_read_per_verb_from_the_nodes_own_exposition() -> None:
     assert cpu_text(add, "ADD") == "10.0 ok"
     assert cpu_text(got["DEL"], "DEL") == "9.0 no"
     assert cpu_text(None, "ADD") == "-"
+    # an older tabby-node: its calls counted, nothing of the rest
+    older = "\n".join(
+        line for line in body.decode().splitlines() if "tabby_cni_requests_total" in line
+    )
+    assert parse_node_calls(older) == {"ADD": {"n": 2.0}, "DEL": {"n": 1.0}}
+    assert cpu_text(parse_node_calls(older)["ADD"], "ADD") == "-"
