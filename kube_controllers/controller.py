@@ -36,6 +36,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from daemon.limits import Refusals
 from datastore.base import leases
 from datastore.errors import DatastoreError, RevisionConflict
 from kube_controllers import mirror
@@ -81,6 +82,8 @@ class Controllers:
         self.loop_beat: dict[str, float] = {}
         self.problems: dict[str, str] = {}
         self.events: collections.Counter[str] = collections.Counter()
+        #: what the HTTP endpoints refused at their limits (``daemon.limits``)
+        self.refusals = Refusals()
         self.resync_fixes = 0
         self._queue: dict[tuple[str, str], float] = {}  # (kind, key) -> not before (monotonic)
         self._cond = threading.Condition()
@@ -434,6 +437,8 @@ def _serve_http(controllers: Controllers) -> None:
                         port,
                         Endpoints(controllers.liveness, controllers.readiness, metrics),
                         "tabby-kube-controllers",
+                        refusals=controllers.refusals,
+                        label=what,
                     )
                 )
             except OSError as e:

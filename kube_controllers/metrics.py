@@ -1,19 +1,22 @@
 """tabby-kube-controllers' Prometheus metrics (``/metrics`` on ``--metrics-port``), read at
 scrape time from what the controllers already hold; a registry of their own.
 
-=========================================  =======  ==========================================
-name                                       type     meaning
-=========================================  =======  ==========================================
-``tabby_controllers_leader``               gauge    1 on the replica holding the Lease
-``tabby_controllers_sync_events_total``    counter  ``kind``: watch events and lists received
-``tabby_controllers_relists_total``        counter  ``kind``: full lists (first one, 410 Gone)
-``tabby_controllers_writes_total``         counter  ``kind``, ``action``: datastore writes
-                                                    (created, configured, deleted, invalid)
-``tabby_controllers_releases_total``       counter  ``reason`` (``node``, ``leak``): addresses
-                                                    released
-``tabby_controllers_queue``                gauge    keys waiting to be written
-``tabby_controllers_api_requests_total``   counter  requests sent to the API server
-=========================================  =======  ==========================================
+===============================================  =======  ==========================================
+name                                             type     meaning
+===============================================  =======  ==========================================
+``tabby_controllers_leader``                     gauge    1 on the replica holding the Lease
+``tabby_controllers_sync_events_total``          counter  ``kind``: watch events and lists received
+``tabby_controllers_relists_total``              counter  ``kind``: full lists (first one, 410 Gone)
+``tabby_controllers_writes_total``               counter  ``kind``, ``action``: datastore writes
+                                                          (created, configured, deleted, invalid)
+``tabby_controllers_releases_total``             counter  ``reason`` (``node``, ``leak``): addresses
+                                                          released
+``tabby_controllers_queue``                      gauge    keys waiting to be written
+``tabby_controllers_api_requests_total``         counter  requests sent to the API server
+``tabby_controllers_connections_refused_total``  counter  ``server`` (health, metrics), ``reason``:
+                                                          connections the HTTP endpoints refused
+                                                          or cut at their limits
+===============================================  =======  ==========================================
 
 plus the process's own (``process_cpu_seconds_total``, ``process_resident_memory_bytes``).
 """
@@ -29,6 +32,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from daemon.limits import Refusals
     from kube_controllers.ipamgc import IpamGc
     from kube_controllers.mirror import Writer
     from kube_controllers.reflector import Reflector
@@ -52,6 +56,9 @@ class Controllers(Protocol):
 
     @property
     def api(self) -> KubeClient | None: ...
+
+    @property
+    def refusals(self) -> Refusals: ...
 
     def queue_length(self) -> int: ...
 
@@ -104,6 +111,14 @@ def collect(c: Controllers) -> Iterator[Metric]:
         "requests sent to the Kubernetes API server",
         value=c.api.requests if c.api is not None else 0,
     )
+    refused = CounterMetricFamily(
+        "tabby_controllers_connections_refused",
+        "connections the HTTP endpoints refused or cut at their limits, by server and reason",
+        labels=["server", "reason"],
+    )
+    for (server, reason), n in sorted(c.refusals.snapshot().items()):
+        refused.add_metric([server, reason], n)
+    yield refused
 
 
 class Metrics:

@@ -27,12 +27,20 @@ ACCEPT_WITHIN seconds of connecting treats the node as absent and runs the call 
 call); after "A" it waits at most the call's lock_timeout_seconds + ANSWER_GRACE seconds
 for the answer. A client that gets EOF, an error or no answer in time after "A" never
 falls back (the node may have done part of the work): it answers code 11 instead.
+
+The node bounds its side too (docs/node.md "Limits"): a request over its size limit, or
+beyond its limit of calls at once, is answered "R" (the client runs the call itself); a
+request not read whole within its deadline is dropped; an answer is sent only within the
+time its client waits for it.
 """
 
 from __future__ import annotations
 
+import time
+
 TYPE_CHECKING = False  # typing itself costs ~2 ms on the fast path
 if TYPE_CHECKING:
+    from _socket import socket
     from collections.abc import Mapping
 
 #: tabby-node's run directory (socket, BIRD files, status) and its log file, by default.
@@ -55,6 +63,14 @@ ANSWER_GRACE = 5.0
 DEFAULT_LOCK_TIMEOUT = 30.0
 #: The node relays at most this much of a call's stderr (the rest is counted, not sent).
 MAX_STDERR = 1 << 20
+#: Calls a node serves at once (--max-calls): several times the pods a kubelet starts at
+#: once; one more is answered "R" at once.
+MAX_CALLS = 256
+#: Bytes of one request, header and stdin (--max-request-bytes); a larger one is answered "R".
+MAX_REQUEST = 1 << 20
+#: Seconds from a connection accepted to its whole request read (a client gives up on being
+#: accepted after ACCEPT_WITHIN: a request read later is one nobody waits for).
+REQUEST_WITHIN = 5.0
 
 
 def encode_header(version: str, role: str, env: Mapping[str, str]) -> bytes:
@@ -72,3 +88,19 @@ def decode_header(raw: bytes) -> tuple[str, str, dict[str, str]]:
         if sep:
             env[key] = value
     return fields[0], fields[1], env
+
+
+def recv_exact(sock: socket, n: int, deadline: float, first: bytes = b"") -> bytes:
+    """``n`` bytes (``first`` of them already received) by ``deadline`` (monotonic), each
+    read given only the time left: TimeoutError after it, EOFError when the peer closes."""
+    buf = bytearray(first)
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("not received in time")
+        sock.settimeout(left)
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        buf += chunk
+    return bytes(buf)

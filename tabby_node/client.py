@@ -26,6 +26,7 @@ from tabby_node import (
     MAGIC,
     SOCKET_ENV,
     encode_header,
+    recv_exact,
 )
 
 TYPE_CHECKING = False  # typing itself costs ~2 ms on the fast path
@@ -72,20 +73,6 @@ def lock_timeout(stdin: bytes) -> float:
     if found <= 0:
         return DEFAULT_LOCK_TIMEOUT
     return min(found, _MAX_LOCK_TIMEOUT)
-
-
-def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        sock.settimeout(left)
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
 
 
 def _send_request(
@@ -163,9 +150,9 @@ def _answer(sock: _socket.socket, stdin: bytes) -> tuple[int, bytes]:
     wait = lock_timeout(stdin) + ANSWER_GRACE
     deadline = time.monotonic() + wait
     try:
-        rc, n_out, n_err = _U32x3.unpack(_recv_exact(sock, 12, deadline))
-        out = _recv_exact(sock, n_out, deadline)
-        err = _recv_exact(sock, n_err, deadline)
+        rc, n_out, n_err = _U32x3.unpack(recv_exact(sock, 12, deadline))
+        out = recv_exact(sock, n_out, deadline)
+        err = recv_exact(sock, n_err, deadline)
     except TimeoutError:
         return 1, _error(
             stdin,
@@ -209,7 +196,7 @@ def try_node(
             sock.settimeout(accept_within)
             sock.connect(path)
             _send_request(sock, role, env, stdin, version, deadline)
-            first = _recv_exact(sock, 1, deadline)
+            first = recv_exact(sock, 1, deadline)
         except (OSError, EOFError):  # TimeoutError is an OSError
             return _not_accepted(sock, stdin)
         if first != ACCEPT:

@@ -1,8 +1,12 @@
 """tabby-node's HTTP endpoints (served by ``daemon.http``): ``/liveness`` and ``/readiness``
 on ``--health-port``, Prometheus ``/metrics`` on ``--metrics-port`` (tabby_node.metrics),
 and the denied-flow log ``/policy/log`` on both (tabby_node.policylog; ``tabbyctl policy
-log``: on the node through the health port, from elsewhere through the metrics port, which
-is as readable as ``/metrics``).
+log``: on the node through the health port, from elsewhere through the metrics port). The
+log names pods and flows: it is served to 127.0.0.1 and to callers that authenticate
+(tabby_node.access); ``/metrics`` and health to anyone who reaches them. With
+``--metrics-cert-file`` and ``--metrics-key-file`` the metrics port speaks HTTPS, and with
+``--metrics-client-ca-file`` it asks for a client certificate (checked by that CA; the log's
+readers are named by ``--policy-log-client-cn``).
 
 Both answer 200 or 503 with ``{"ready": bool, "reasons": [...]}`` (``reasons`` empty when
 ready). Liveness fails only when tabby-node's own loops are stuck. Readiness is 200 only when
@@ -20,11 +24,13 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Mapping
     from http.server import ThreadingHTTPServer
 
     from cni_config.common import DatastoreSettings
-    from daemon.http import Endpoints, Exposition, Route
+    from daemon.http import Endpoints, Exposition, Guard, Route
+    from daemon.limits import Refusals
     from datastore.base import Store
     from tabby_node.policylog import DeniedFlows
     from tabby_node.view import DatastoreErrors, Passes, Ready
@@ -123,14 +129,35 @@ class Health:
         return reasons
 
 
+def tls_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ssl.SSLContext:
+    """The metrics port's TLS (1.2 or later): its certificate and key, and with a client CA
+    a client certificate asked for (optional: ``/metrics`` needs none) and checked against
+    it. OSError or ssl.SSLError when a file cannot be used."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        ctx.load_verify_locations(cafile=client_ca_file)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
 def _serve(
-    host: str, port: int, endpoints: Endpoints, what: str, problems: dict[str, str]
+    host: str,
+    port: int,
+    endpoints: Endpoints,
+    what: str,
+    problems: dict[str, str],
+    refusals: Refusals | None,
+    tls: ssl.SSLContext | None = None,
 ) -> ThreadingHTTPServer | None:
     """One server; None (and a problem node status shows) when the port cannot be had."""
     from daemon.http import serve
 
     try:
-        return serve(host, port, endpoints, what)
+        return serve(host, port, endpoints, what, tls, refusals=refusals, label=what.split()[0])
     except OSError as e:
         log.warning("cannot serve %s on %s:%d: %s", what, host, port, e)
         problems[f"http {what}"] = f"cannot listen on {host}:{port}: {e}"
@@ -146,27 +173,42 @@ def start(
     exposition: Exposition | None,
     denied_flows: DeniedFlows | None,
     problems: dict[str, str],
+    guard: Guard,
+    tls: ssl.SSLContext | None = None,
+    refusals: Refusals | None = None,
 ) -> list[ThreadingHTTPServer]:
     """Serve health on 127.0.0.1 (probes run on the node) and metrics (``exposition``) on
-    127.0.0.1 and the node's IPv4 address (Prometheus scrapes from elsewhere), as the ports
-    say (0: off); the denied-flow log on both. Returns the servers (:func:`stop`)."""
+    127.0.0.1 and the node's IPv4 address (Prometheus scrapes from elsewhere; HTTPS with
+    ``tls``), as the ports say (0: off); the denied-flow log on both, to whom ``guard`` lets
+    through (tabby_node.access.Door). Each listening socket has its own bounds
+    (``daemon.http.LIMITS``: a flood of the metrics port leaves the probes their own);
+    what they refuse is counted in ``refusals`` as ``health`` or ``metrics``. Returns the
+    servers (:func:`stop`)."""
     from daemon.http import Endpoints
+    from tabby_node.access import PRIVATE
 
     routes: dict[str, Route] = {}
     if denied_flows is not None:
         from tabby_node.policylog import http_route
 
         routes["/policy/log"] = http_route(denied_flows)
-    endpoints = Endpoints(health.liveness, health.readiness, exposition, routes)
-    wanted: list[tuple[str, int, str]] = []
+    endpoints = Endpoints(
+        health.liveness,
+        health.readiness,
+        exposition,
+        routes,
+        private=frozenset(PRIVATE),
+        guard=guard,
+    )
+    wanted: list[tuple[str, int, str, ssl.SSLContext | None]] = []
     if health_port:
-        wanted.append(("127.0.0.1", health_port, "health"))
+        wanted.append(("127.0.0.1", health_port, "health", None))
     if metrics_port and exposition is not None:
         hosts = ["127.0.0.1", *([node_ip] if node_ip is not None else [])]
-        wanted += [(host, metrics_port, f"metrics {host}") for host in hosts]
+        wanted += [(host, metrics_port, f"metrics {host}", tls) for host in hosts]
     servers = []
-    for host, port, what in wanted:
-        server = _serve(host, port, endpoints, what, problems)
+    for host, port, what, context in wanted:
+        server = _serve(host, port, endpoints, what, problems, refusals, context)
         if server is not None:
             servers.append(server)
     return servers

@@ -44,10 +44,13 @@ from ipam.core.errors import DatastoreError
 from tabby_node.lifecycle import Retry, Shutdown, Threads
 
 if TYPE_CHECKING:
+    import ssl
+
     from cni_config.common import DatastoreSettings
     from datastore.base import Store
     from policy.state import PolicyDataplane
     from stores import Served
+    from tabby_node import access
     from tabby_node.cache import Cache
     from tabby_node.facts import Facts
     from tabby_node.metrics import Metrics
@@ -77,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("tabby-node: must run as root", file=sys.stderr)
         return 1
+    tls = None
+    if options.metrics_cert_file and options.metrics_key_file:
+        import ssl
+
+        from tabby_node.http import tls_context
+
+        try:  # a certificate that cannot be used is a start-up error, not a silent plain port
+            tls = tls_context(
+                options.metrics_cert_file, options.metrics_key_file, options.metrics_client_ca_file
+            )
+        except (OSError, ssl.SSLError) as e:
+            print(f"tabby-node: the metrics port's TLS: {e}", file=sys.stderr)
+            return 2
 
     t0 = time.perf_counter()
     call_server.warm_up()
@@ -130,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             problems=problems,
             beats=beats,
             shutdown=shutdown,
+            tls=tls,
         )
         server.bind()
         shutdown.on("socket", server.stop)
@@ -280,15 +297,18 @@ def serve(
     problems: dict[str, str],
     beats: dict[str, float],
     shutdown: Shutdown,
+    tls: ssl.SSLContext | None = None,
 ) -> NodeServer:
     """The call server (not bound yet: :meth:`NodeServer.bind`) with the per-pod policy,
-    the state the metrics read, and the HTTP endpoints (serving already; stopped by
-    ``shutdown``)."""
+    the state the metrics read, and the HTTP endpoints (serving already, the metrics port
+    over ``tls`` when given; stopped by ``shutdown``)."""
+    from daemon.limits import Refusals
     from tabby_node import http
     from tabby_node.pod_policy import PodEndpoints, PodPolicy
     from tabby_node.server import NodeServer
 
     pods = PodPolicy(node.cache, node.policy, node.requests, metrics)
+    refusals = Refusals()  # limits: what the node socket and the HTTP endpoints refused
     server = NodeServer(
         options.socket_path,
         endpoints=PodEndpoints(node.cache, pods, node.served),
@@ -296,6 +316,8 @@ def serve(
         mtu_file=options.mtu_file,
         metrics=metrics,
         claimed=True,
+        limits=options.call_limits,
+        refusals=refusals,
     )
     if metrics is not None:
         from tabby_node.metrics import NodeCollector
@@ -317,6 +339,7 @@ def serve(
                 denied_flows=node.denied_flows,
                 store=node.store,
                 served=node.served,
+                refusals=refusals,
             )
         )
     health = http.Health(
@@ -337,9 +360,37 @@ def serve(
         exposition=metrics.exposition if metrics is not None else None,
         denied_flows=node.denied_flows,
         problems=problems,
+        refusals=refusals,
+        guard=_door(options, settings, node.facts.name, metrics, shutdown),
+        tls=tls,
     )
     shutdown.on("http", lambda: http.stop(servers))
     return server
+
+
+def _door(
+    options: NodeOptions,
+    settings: DatastoreSettings,
+    node: str,
+    metrics: Metrics | None,
+    shutdown: Shutdown,
+) -> access.Door:
+    """Who may read the policy log from elsewhere (tabby_node.access): client certificates
+    (when the metrics port asks for them), and bearer tokens when a Kubernetes API reviews
+    them (the datastore's, else the pod's service account)."""
+    from tabby_node import access
+
+    kubeconfig = settings.kubeconfig if settings.datastore_type == "kubernetes" else None
+    client = access.kube_client(kubeconfig)
+    reviewer = None
+    if client is not None:
+        shutdown.on("http", client.close)  # after the servers (the last added goes first)
+        reviewer = access.TokenReviewer(client, node, options.log_audiences)
+    return access.Door(
+        client_cns=options.log_client_cns if options.metrics_client_ca_file else (),
+        reviewer=reviewer,
+        refused=metrics.http_refused if metrics is not None else None,
+    )
 
 
 def serve_calls(settings: DatastoreSettings, store: Store, cache: Cache) -> Served:

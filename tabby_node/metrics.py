@@ -48,6 +48,7 @@ from bundle import __version__
 from tabby_node.ipam_usage import IpamNumbers, live_nodes
 
 if TYPE_CHECKING:
+    from daemon.limits import Refusals
     from dataplane.overlay import Changes
     from policy.counters import CounterKey
     from policy.state import ApplyResult, PolicyCounters
@@ -112,6 +113,14 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "when calls come one at a time",
     ),
     "tabby_cni_requests_in_flight": ("gauge", "", "CNI calls being served now"),
+    "tabby_connections_refused_total": (
+        "counter",
+        "server, reason",
+        "connections the node socket (server cni) and the HTTP endpoints (health, metrics) "
+        "refused or cut at their limits: busy (at the connection limit), too_large (a request"
+        " over the size limit), timeout (the request not read in time), overdue (the answer "
+        "not delivered in time)",
+    ),
     # IPAM (from the datastore cache)
     "tabby_ipam_pool_size": ("gauge", "pool", "addresses in the pool"),
     "tabby_ipam_pool_reserved": (
@@ -266,6 +275,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_node_info": ("gauge", "node, version, backend", "always 1; who this node is"),
     "tabby_node_start_time_seconds": ("gauge", "", "when tabby-node started (Unix time)"),
     "tabby_node_problems": ("gauge", "", "problems tabby-node reports in node status"),
+    "tabby_http_refusals_total": (
+        "counter",
+        "path, code",
+        "requests for what names pods or flows (/policy/log) refused: 401 (no credential "
+        "accepted), 403 (authenticated, not allowed), 503 (the API server could not review)",
+    ),
     "tabby_cluster_nodes": ("gauge", "", "live nodes this node sees (itself included)"),
 }
 
@@ -387,6 +402,9 @@ class Metrics:
         )
         for op in DATASTORE_OPS:
             self.datastore_errors.labels(op=op)
+        self.http_refusals = Counter(
+            "tabby_http_refusals", _help("tabby_http_refusals_total"), ["path", "code"], registry=r
+        )
         ProcessCollector(registry=r)
 
     # -- hooks (the loops, the routing backends, the call server) -------------------------------
@@ -453,6 +471,10 @@ class Metrics:
     def datastore_error(self, op: str) -> None:
         self.datastore_errors.labels(op=op_label(op)).inc()
 
+    def http_refused(self, path: str, code: int) -> None:
+        """A request for a private route refused (tabby_node.access)."""
+        self.http_refusals.labels(path=path, code=str(code)).inc()
+
     # -- exposition ----------------------------------------------------------------------------
 
     def exposition(self, accept: str | None) -> tuple[str, bytes]:
@@ -477,7 +499,8 @@ class NodeCollector(Collector):
     ``--conf``, as ``tabbyctl ipam show --conf`` counts them), BGP from the bird backend
     (``bgp``; None under the other backends), the ``policy`` dataplane and the
     ``denied_flows`` log, the ``store``'s counters and what the served calls did
-    (``served``). A section that fails is left out of that scrape (and logged)."""
+    (``served``), what the node's servers refused (``refusals``). A section that fails is
+    left out of that scrape (and logged)."""
 
     def __init__(
         self,
@@ -494,6 +517,7 @@ class NodeCollector(Collector):
         denied_flows: DeniedFlows | None = None,
         store: object = None,
         served: Served | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -507,6 +531,7 @@ class NodeCollector(Collector):
         self.denied_flows = denied_flows
         self.store = store
         self.served = served
+        self.refusals = refusals
         self._ipam_lock = threading.Lock()
         self._ipam_version: int | None = None
         self._ipam: IpamNumbers | None = None
@@ -535,6 +560,15 @@ class NodeCollector(Collector):
         yield _gauge("tabby_node_start_time_seconds", self.started)
         yield _gauge("tabby_node_problems", len(self.problems))
         yield _gauge("tabby_cni_requests_in_flight", len(self.calls.inflight))
+        refused = CounterMetricFamily(
+            "tabby_connections_refused",
+            _help("tabby_connections_refused_total"),
+            labels=["server", "reason"],
+        )
+        counts = self.refusals.snapshot() if self.refusals is not None else {}
+        for (server, reason), n in sorted(counts.items()):
+            refused.add_metric([server, reason], n)
+        yield refused
 
     def _ipam_numbers(self) -> IpamNumbers:
         cache = self.cache

@@ -11,9 +11,10 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from cni_config.common import AbsPath, DatastoreSettings, NodeName, Section
 from cni_config.resolve import (
@@ -23,11 +24,28 @@ from cni_config.resolve import (
     tabby_ipam_section,
 )
 from cni_protocol.errors import CniError
-from tabby_node import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT, DEFAULT_RUN_DIR
+from tabby_node import (
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_RUN_DIR,
+    MAX_CALLS,
+    MAX_REQUEST,
+)
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
+
+if TYPE_CHECKING:
+    from daemon.limits import Limits
 
 DEFAULT_STATE_DIR = "/var/lib/tabby"
 DEFAULT_V4_POOL = "10.244.0.0/16"
+#: Who may read the policy log from another node: a client certificate's common name, and
+#: the audience of a Kubernetes bearer token (tabby_node.access).
+DEFAULT_LOG_CLIENT_CN = "tabbyctl"
+DEFAULT_LOG_AUDIENCE = "tabby-node"
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
 def _method(version: int) -> AfterValidator:
@@ -72,6 +90,38 @@ class NodeOptions(Section):
     log_file: AbsPath | None = DEFAULT_LOG_FILE
     conf: AbsPath | None = None
     policy_visibility: Literal["on", "off"] = "on"
+    max_calls: int = Field(default=MAX_CALLS, ge=1, le=65536)
+    max_request_bytes: int = Field(default=MAX_REQUEST, ge=64 << 10, le=64 << 20)
+    metrics_cert_file: AbsPath | None = None
+    metrics_key_file: AbsPath | None = None
+    metrics_client_ca_file: AbsPath | None = None
+    policy_log_client_cn: str = DEFAULT_LOG_CLIENT_CN
+    policy_log_audience: str = DEFAULT_LOG_AUDIENCE
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> NodeOptions:
+        if (self.metrics_cert_file is None) != (self.metrics_key_file is None):
+            raise ValueError("--metrics-cert-file and --metrics-key-file go together")
+        if self.metrics_client_ca_file is not None and self.metrics_cert_file is None:
+            raise ValueError("--metrics-client-ca-file needs --metrics-cert-file (TLS)")
+        return self
+
+    @property
+    def call_limits(self) -> Limits:
+        """The node socket's bounds (``tabby_node.server.LIMITS`` with these options')."""
+        from tabby_node.server import LIMITS
+
+        return replace(
+            LIMITS, max_connections=self.max_calls, max_request_bytes=self.max_request_bytes
+        )
+
+    @property
+    def log_client_cns(self) -> tuple[str, ...]:
+        return _words(self.policy_log_client_cn)
+
+    @property
+    def log_audiences(self) -> tuple[str, ...]:
+        return _words(self.policy_log_audience)
 
     @property
     def socket_path(self) -> str:
@@ -104,8 +154,21 @@ ENV = {
     "log_file": "TABBY_NODE_LOG_FILE",
     "conf": "TABBY_CONF",
     "policy_visibility": "TABBY_POLICY_VISIBILITY",
+    "metrics_cert_file": "TABBY_METRICS_CERT_FILE",
+    "metrics_key_file": "TABBY_METRICS_KEY_FILE",
+    "metrics_client_ca_file": "TABBY_METRICS_CLIENT_CA_FILE",
+    "policy_log_client_cn": "TABBY_POLICY_LOG_CLIENT_CN",
+    "policy_log_audience": "TABBY_POLICY_LOG_AUDIENCE",
+    "max_calls": "TABBY_MAX_CALLS",
+    "max_request_bytes": "TABBY_MAX_REQUEST_BYTES",
 }
-_NUMBERS = {"metrics_port": int, "health_port": int, "node_ttl": float}
+_NUMBERS = {
+    "metrics_port": int,
+    "health_port": int,
+    "node_ttl": float,
+    "max_calls": int,
+    "max_request_bytes": int,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,6 +200,20 @@ def parser() -> argparse.ArgumentParser:
         "(default: none; flags and TABBY_* variables win)",
         "policy_visibility": "on: count packets per policy (tabby_policy_packets_total) and "
         "log denied flows (tabbyctl policy log); off: neither (default on)",
+        "max_calls": "CNI calls served at once; one more is answered at once and the plugin "
+        f"runs it itself (default {MAX_CALLS})",
+        "max_request_bytes": "largest CNI call served (environment and config); a larger "
+        f"one the plugin runs itself (default {MAX_REQUEST})",
+        "metrics_cert_file": "serve the metrics port over HTTPS with this certificate (PEM; "
+        "with --metrics-key-file)",
+        "metrics_key_file": "the key of --metrics-cert-file (PEM)",
+        "metrics_client_ca_file": "ask the metrics port's clients for a certificate and check "
+        "it against this CA (PEM): how other nodes' tabbyctl reads the policy log outside "
+        "Kubernetes",
+        "policy_log_client_cn": "client certificate common names that may read /policy/log "
+        f"from elsewhere, comma-separated (default {DEFAULT_LOG_CLIENT_CN})",
+        "policy_log_audience": "the audiences a Kubernetes bearer token for /policy/log must "
+        f"have, comma-separated; '' = the API server's (default {DEFAULT_LOG_AUDIENCE})",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(
@@ -155,7 +232,19 @@ def parse(
     """Options and datastore settings; a bad value raises CniError naming its flag."""
     env = os.environ if env is None else env
     ns = parser().parse_args(argv)
-    options = daemon_options(NodeOptions, ns, env, ENV, _NUMBERS, empty_is_unset=("log_file",))
+    options = daemon_options(
+        NodeOptions,
+        ns,
+        env,
+        ENV,
+        _NUMBERS,
+        empty_is_unset=(
+            "log_file",
+            "metrics_cert_file",
+            "metrics_key_file",
+            "metrics_client_ca_file",
+        ),
+    )
     return options, daemon_datastore(ns, env, options.conf)
 
 

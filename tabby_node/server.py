@@ -9,6 +9,12 @@ binary would run, so results are identical; any other IPAM type is exec'd as the
 What a call writes to stderr (a delegate's stderr, tabby's warnings) is captured per call
 and relayed to the caller with the answer. One tabby-node per run directory (the socket's
 directory): a second one exits with one line instead of racing the first for the socket.
+
+Its bounds (``daemon.limits``; docs/node.md "Limits"): at most ``max_calls`` connections
+at once (one more is answered "R" at once: its client runs the call itself), a request of
+at most ``max_request_bytes`` read whole within REQUEST_WITHIN seconds of its connection
+(else "R", or the connection dropped), and the answer sent only within the time its client
+waits for it (the call's lock_timeout_seconds + ANSWER_GRACE).
 """
 
 from __future__ import annotations
@@ -26,7 +32,20 @@ from filelock import FileLock, Timeout
 from bundle import __version__
 from cni_plugin import plugin
 from cni_protocol import phases, skel
-from tabby_node import ACCEPT, MAGIC, MAX_STDERR, REJECT, decode_header
+from daemon.limits import Gate, Limits, Refusals, send_now
+from tabby_node import (
+    ACCEPT,
+    ANSWER_GRACE,
+    MAGIC,
+    MAX_CALLS,
+    MAX_REQUEST,
+    MAX_STDERR,
+    REJECT,
+    REQUEST_WITHIN,
+    decode_header,
+    recv_exact,
+)
+from tabby_node.client import lock_timeout
 
 if TYPE_CHECKING:
     from stores import Stores
@@ -36,22 +55,12 @@ log = logging.getLogger("tabby.node")
 _U32x2 = struct.Struct("!II")
 _U32x3 = struct.Struct("!III")
 _PEERCRED = struct.Struct("3i")
-MAX_HEADER = 1 << 20
-MAX_STDIN = 16 << 20
-#: Seconds a client has to send its whole request (its own limit to be accepted is 2 s).
-REQUEST_WITHIN = 10.0
+#: The node socket's bounds; ``answer_within`` is beyond the call's lock_timeout_seconds.
+LIMITS = Limits(MAX_CALLS, MAX_REQUEST, REQUEST_WITHIN, ANSWER_GRACE)
+#: The node socket's name where refusals are counted (the ``server`` label).
+SERVER_NAME = "cni"
 #: In the run directory: held (flock) by the tabby-node that serves it, while it runs.
 LOCK_NAME = "tabby-node.lock"
-
-
-def _recv_exact(conn: socket.socket, n: int, first: bytes = b"") -> bytes:
-    buf = bytearray(first)
-    while len(buf) < n:
-        chunk = conn.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError("client closed the connection")
-        buf += chunk
-    return bytes(buf)
 
 
 class InProcessIpam:
@@ -173,7 +182,9 @@ def release_run_dir(path: str, lock: FileLock) -> None:
 class NodeServer:
     """The socket the plugins' calls come in on (``path``). ``metrics``: counts every call
     served. ``claimed``: the caller holds the run directory (:func:`claim_run_dir`) and
-    gives it up; else :meth:`bind` claims it and :meth:`stop` gives it up."""
+    gives it up; else :meth:`bind` claims it and :meth:`stop` gives it up. ``limits``
+    (default :data:`LIMITS`): what it serves at once, how large and how fast a request;
+    ``refusals``: where what it refused is counted."""
 
     def __init__(
         self,
@@ -184,6 +195,8 @@ class NodeServer:
         *,
         metrics: CallHooks | None = None,
         claimed: bool = False,
+        limits: Limits = LIMITS,
+        refusals: Refusals | None = None,
     ) -> None:
         from ipam.group import GroupCommit
         from ipam.plugin import IpamVerbs
@@ -204,6 +217,10 @@ class NodeServer:
         self.claimed = claimed
         self.run_dir_lock: FileLock | None = None
         self.metrics = metrics
+        self.limits = limits
+        self.gate = Gate(limits.max_connections)
+        self.refusals = refusals if refusals is not None else Refusals()
+        self.refusals.register(SERVER_NAME)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -247,6 +264,11 @@ class NodeServer:
                 if self.stopping.is_set():
                     break
                 raise
+            if not self.gate.enter():  # limits: refused here, no thread for it
+                self.refusals.count(SERVER_NAME, "busy", f"{self.gate.limit} calls at once")
+                send_now(conn, REJECT + b"busy")
+                conn.close()
+                continue
             conn.settimeout(None)
             t = threading.Thread(target=self._handle, args=(conn,), daemon=True)
             with self.lock:
@@ -292,20 +314,25 @@ class NodeServer:
             if not self._peer_ok(conn):
                 log.warning("refused a connection from a non-root peer")
                 return
-            conn.settimeout(REQUEST_WITHIN)
+            read_by = time.monotonic() + self.limits.read_within  # limits
+            conn.settimeout(self.limits.read_within)
             first, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
             if not first:
                 log.debug("a client connected and left without a request")
                 return
-            head = _recv_exact(conn, 12, first[:12]) if len(first) < 12 else first[:12]
+            head = recv_exact(conn, 12, read_by, first[:12]) if len(first) < 12 else first[:12]
             if head[:4] != MAGIC:
                 conn.sendall(REJECT + b"not a tabby-node request")
                 return
             hlen, slen = _U32x2.unpack(head[4:])
-            if hlen > MAX_HEADER or slen > MAX_STDIN or len(fds) != 2:
+            if hlen + slen > self.limits.max_request_bytes:
+                self.refusals.count(SERVER_NAME, "too_large", f"{hlen + slen} bytes")
+                conn.sendall(REJECT + b"request too large")
+                return
+            if len(fds) != 2:
                 conn.sendall(REJECT + b"malformed request")
                 return
-            body = _recv_exact(conn, hlen + slen, first[12:])
+            body = recv_exact(conn, hlen + slen, read_by, first[12:])
             version, role, env = decode_header(body[:hlen])
             stdin = body[hlen:]
             if version != __version__:
@@ -319,7 +346,7 @@ class NodeServer:
             # call, which the client now runs itself, is not started here.
             conn.sendall(ACCEPT)
             call = f"{role} {env.get('CNI_COMMAND', '')} {env.get('CNI_CONTAINERID', '')[:12]}"
-            conn.settimeout(None)
+            answer_by = time.monotonic() + lock_timeout(stdin) + self.limits.answer_within
             cni_log.begin_stderr_capture()
             phases.begin()
             try:
@@ -338,11 +365,16 @@ class NodeServer:
                     phases.end(seconds),
                     time.process_time() - cpu,
                 )
-            conn.sendall(_U32x3.pack(rc, len(out), len(err)) + out + err)
+            self._send_answer(
+                conn, _U32x3.pack(rc, len(out), len(err)) + out + err, answer_by, call
+            )
             with self.lock:
                 self.served += 1
         except (EOFError, ConnectionError, TimeoutError) as e:
             # Probes, a caller killed or timed out mid-call: normal life for a daemon.
+            if isinstance(e, TimeoutError) and not call:  # limits: its request too slow
+                self.refusals.count(SERVER_NAME, "timeout", "request not read in time")
+                return
             if call:
                 log.info("the caller of %s left before its answer (%s)", call, _why(e))
             else:
@@ -355,6 +387,21 @@ class NodeServer:
             conn.close()
             with self.lock:
                 self.inflight.discard(threading.current_thread())
+            self.gate.leave()
+
+    def _send_answer(self, conn: socket.socket, answer: bytes, by: float, call: str) -> None:
+        """The answer, sent by ``by`` (when its client stops waiting): a call that ran past
+        it, or a client that does not read its answer, holds the worker no longer."""
+        left = by - time.monotonic()
+        if left <= 0:
+            self.refusals.count(SERVER_NAME, "overdue", f"{call} answered {-left:.1f} s late")
+            send_now(conn, answer)
+            return
+        conn.settimeout(left)
+        try:
+            conn.sendall(answer)
+        except TimeoutError:
+            self.refusals.count(SERVER_NAME, "overdue", f"the caller of {call} did not read")
 
 
 def _why(e: BaseException) -> str:

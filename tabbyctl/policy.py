@@ -365,6 +365,32 @@ def explain_cmd(
     envvar="TABBY_METRICS_PORT",
     help="tabby-node's --metrics-port on the nodes --node names (env TABBY_METRICS_PORT)",
 )
+@click.option(
+    "--token-file",
+    envvar="TABBY_POLICY_LOG_TOKEN_FILE",
+    metavar="FILE",
+    help="with --node/--all-nodes: a bearer token the nodes review with the Kubernetes API "
+    "(a service account token for audience tabby-node; env TABBY_POLICY_LOG_TOKEN_FILE)",
+)
+@click.option(
+    "--ca-file",
+    envvar="TABBY_POLICY_LOG_CA_FILE",
+    metavar="FILE",
+    help="with --node/--all-nodes: HTTPS, the nodes' metrics certificates checked against "
+    "this CA (env TABBY_POLICY_LOG_CA_FILE)",
+)
+@click.option(
+    "--cert-file",
+    envvar="TABBY_POLICY_LOG_CERT_FILE",
+    metavar="FILE",
+    help="with --ca-file: this client certificate (env TABBY_POLICY_LOG_CERT_FILE)",
+)
+@click.option(
+    "--key-file",
+    envvar="TABBY_POLICY_LOG_KEY_FILE",
+    metavar="FILE",
+    help="the key of --cert-file (env TABBY_POLICY_LOG_KEY_FILE)",
+)
 @output_option
 @click.pass_obj
 def log_cmd(
@@ -376,17 +402,23 @@ def log_cmd(
     all_nodes: bool,
     health_port: int,
     metrics_port: int,
+    token_file: str | None,
+    ca_file: str | None,
+    cert_file: str | None,
+    key_file: str | None,
     output: str,
 ) -> None:
     """The flows the kernel denied on this node (or --node's, --all-nodes'), newest last:
     when, both ends (pods named), protocol and port, the direction that denied it and the
     policies that isolate that side. From tabby-node (its last 1,000, one per flow in
-    10 s). With -o json: one object per line."""
-    from tabbyctl.policy_log import LogError, local, pod_filter, show
+    10 s). With -o json: one object per line. Other nodes serve their log to callers that
+    authenticate: --token-file in Kubernetes, --cert-file/--key-file/--ca-file elsewhere."""
+    from tabbyctl.policy_log import Credentials, LogError, local, pod_filter, show
 
     try:
         if nodes or all_nodes:
-            sources = _node_sources(obj, nodes, all_nodes, metrics_port)
+            creds = Credentials(token_file, cert_file, key_file or cert_file, ca_file)
+            sources = _node_sources(obj, nodes, all_nodes, metrics_port, creds)
         else:
             sources = [local(health_port)]
         show(
@@ -403,7 +435,11 @@ def log_cmd(
 
 
 def _node_sources(
-    obj: Ctx, wanted: tuple[str, ...], every: bool, port: int
+    obj: Ctx,
+    wanted: tuple[str, ...],
+    every: bool,
+    port: int,
+    credentials: policy_log.Credentials,
 ) -> list[policy_log.Source]:
     """Where the named nodes' (or every node's) logs are: their Node resources' IPv4 (or
     IPv6) address."""
@@ -428,7 +464,8 @@ def _node_sources(
         if not address:
             raise ExplainError(f"node {name!r} has no address in its Node resource")
         host = address.split("/")[0]
-        out.append(Source(host, port, f"tabby-node of {name} on {host}:{port}"))
+        what = f"tabby-node of {name} on {host}:{port}"
+        out.append(Source(host, port, what, credentials))
     if not out:
         raise ExplainError("no node to read a log from")
     return out

@@ -3,9 +3,13 @@
 Every tabby-node keeps the last 1,000 in memory (``tabby_node.policylog``) and serves them
 as ``GET /policy/log?since=N&wait=S``: on its health port (127.0.0.1 only), and beside
 ``/metrics`` on its metrics port (127.0.0.1 and the node's IPv4 address, where Prometheus
-scrapes it). Without ``--node`` this node's are read from 127.0.0.1 (``--health-port``);
-``--node N`` (repeatable) and ``--all-nodes`` read other nodes' from the address of their
-Node resource on ``--metrics-port``, merged by time. ``--follow`` asks again and again from
+scrapes it), to 127.0.0.1 and to callers that authenticate (tabby_node.access). Without
+``--node`` this node's are read from 127.0.0.1 (``--health-port``); ``--node N``
+(repeatable) and ``--all-nodes`` read other nodes' from the address of their Node resource
+on ``--metrics-port``, merged by time, with the :class:`Credentials` given: a bearer token
+(``--token-file``: in Kubernetes, a service account token tabby-node reviews) and, over
+HTTPS (``--ca-file``: the CA of the metrics port's certificate), a client certificate
+(``--cert-file``, ``--key-file``). ``--follow`` asks again and again from
 the last entry seen, each request waiting up to 5 s for a new one, so a denied flow is
 printed within a few hundred milliseconds of the packet.
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import ssl
 import sys
 import threading
 import urllib.error
@@ -50,12 +55,54 @@ class LogError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Credentials:
+    """How tabbyctl authenticates to another node's metrics port: a bearer token (read
+    from ``token_file`` at each request: a projected token rotates), and with ``ca_file``
+    HTTPS, the server checked against it, with the client certificate ``cert_file`` (and
+    ``key_file``) when given."""
+
+    token_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    ca_file: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ca_file else "http"
+
+    def headers(self) -> dict[str, str]:
+        if not self.token_file:
+            return {}
+        try:
+            with open(self.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise LogError(f"cannot read the token: {e}") from None
+        return {"Authorization": f"Bearer {token}"}
+
+    def context(self) -> ssl.SSLContext | None:
+        if not self.ca_file:
+            if self.cert_file:
+                raise LogError("a client certificate needs --ca-file (HTTPS)")
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise LogError(f"cannot use the TLS files: {e}") from None
+        return ctx
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
-    """Where one node's log is read: ``host:port``, and what to call it in errors."""
+    """Where one node's log is read: ``host:port``, what to call it in errors, and how to
+    authenticate there."""
 
     host: str
     port: int
     what: str
+    credentials: Credentials = Credentials()
 
     @property
     def hint(self) -> str:
@@ -70,9 +117,11 @@ def local(health_port: int) -> Source:
 
 def fetch(source: Source, since: int = 0, wait: float = 0.0) -> JSON:
     host = f"[{source.host}]" if ":" in source.host else source.host
-    url = f"http://{host}:{source.port}/policy/log?since={since}&wait={wait:g}"
+    creds = source.credentials
+    url = f"{creds.scheme}://{host}:{source.port}/policy/log?since={since}&wait={wait:g}"
+    request = urllib.request.Request(url, headers=creds.headers())  # noqa: S310 (http(s) only)
     try:
-        with urllib.request.urlopen(url, timeout=wait + 5) as r:
+        with urllib.request.urlopen(request, timeout=wait + 5, context=creds.context()) as r:  # noqa: S310
             data: JSON = json.loads(r.read())
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -80,7 +129,11 @@ def fetch(source: Source, since: int = 0, wait: float = 0.0) -> JSON:
                 f"{source.what} keeps no policy log "
                 "(started with --policy-visibility off, or older than this tabbyctl)"
             ) from None
-        raise LogError(f"{source.what} answered {e.code}") from None
+        why = e.read().decode(errors="replace").strip()[:300]
+        hint = ""
+        if e.code == 401:
+            hint = " (give --token-file, or --cert-file with --ca-file: docs/cluster.md)"
+        raise LogError(f"{source.what} answered {e.code}: {why}{hint}") from None
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise LogError(f"no answer from {source.what} ({reason}): {source.hint}") from None
@@ -196,6 +249,7 @@ def _follow(
 
 __all__ = [
     "FIELDS",
+    "Credentials",
     "LogError",
     "Source",
     "fetch",

@@ -11,7 +11,8 @@ the namespaced ones; tabby's kinds held to their CRDs' schemas (``stores.kube.cr
 as the API server applies them: tests/structural.py): what a write does not declare is
 dropped, what the schema refuses is a 422. What it adds for tests: :meth:`FakeApi.compact`
 (forget history), :meth:`FakeApi.break_watches` (end every open watch, as a restart of the
-API server does), :meth:`FakeApi.bookmark`, :meth:`FakeApi.delete_definition` (a
+API server does), :meth:`FakeApi.bookmark`, token and access reviews answered from
+:attr:`FakeApi.tokens` and :attr:`FakeApi.grants`, :meth:`FakeApi.delete_definition` (a
 CustomResourceDefinition deleted as the API server deletes one: marked, its objects deleted,
 then it) and a request log. Serves HTTP on 127.0.0.1 only.
 """
@@ -45,6 +46,10 @@ COLLECTIONS = {
     # tabby's CustomResourceDefinitions (cluster-scoped)
     **{crd.path: (crd.kind, False) for crd in CRDS.values()},
 }
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+#: the audience a token has when it was made for the API server itself
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 #: collection path -> its CRD's schema
 SCHEMAS = {crd.path: schema(kind) for kind, crd in CRDS.items()}
 _NAMESPACED_PATHS = {
@@ -66,6 +71,11 @@ class FakeApi:
         self.server: ThreadingHTTPServer | None = None
         #: answer every request 401 (the caller's token revoked, as an uninstall does)
         self.unauthorized = False
+        #: TokenReview: token -> (username, groups, its audiences)
+        self.tokens: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
+        #: SubjectAccessReview: (user or group, verb, group/resource/subresource, name)
+        #: allowed ("*" as the name: every name)
+        self.grants: set[tuple[str, str, str, str]] = set()
         for definition in definitions():  # tabby installed
             self.put(CRD_COLLECTION, definition)
 
@@ -136,6 +146,36 @@ class FakeApi:
         with self.lock:
             self.rv += 1
             self.lock.notify_all()
+
+    def token_review(self, spec: JSON) -> JSON:
+        """A TokenReview's status, as the API server's token authenticator answers: the
+        token known, and of an audience asked for (none asked: the API server's own)."""
+        known = self.tokens.get(str(spec.get("token")))
+        wanted = tuple(spec.get("audiences") or (API_AUDIENCE,))
+        if known is None:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        user, groups, audiences = known
+        common = [a for a in wanted if a in audiences]
+        if not common:
+            return {"authenticated": False, "error": "token audiences are invalid"}
+        return {
+            "authenticated": True,
+            "user": {"username": user, "uid": f"uid-{user}", "groups": list(groups)},
+            "audiences": common if spec.get("audiences") else [],
+        }
+
+    def access_review(self, spec: JSON) -> JSON:
+        """A SubjectAccessReview's status from :attr:`grants` (resource attributes only)."""
+        attrs = spec.get("resourceAttributes") or {}
+        what = f"{attrs.get('group', '')}/{attrs.get('resource', '')}"
+        if attrs.get("subresource"):
+            what += f"/{attrs['subresource']}"
+        subjects = [spec.get("user"), *(spec.get("groups") or ())]
+        for subject in subjects:
+            for name in (attrs.get("name", ""), "*"):
+                if (subject, attrs.get("verb"), what, name) in self.grants:
+                    return {"allowed": True}
+        return {"allowed": False}
 
     # -- HTTP ---------------------------------------------------------------------------------
 
@@ -283,6 +323,12 @@ class FakeApi:
                 url = urllib.parse.urlsplit(self.path)
                 api.requests.append(f"POST {url.path}")
                 if self._refused():
+                    return
+                reviews = {TOKEN_REVIEWS: api.token_review, ACCESS_REVIEWS: api.access_review}
+                if url.path in reviews:
+                    review = self._body()
+                    review["status"] = reviews[url.path](review.get("spec") or {})
+                    self._json(201, review)
                     return
                 collection, namespace, _ = api.route(url.path)
                 admitted = self._admitted(collection, self._body())

@@ -6,6 +6,14 @@ can show beside every number the least any frozen Python process costs on this m
 
     .venv/bin/python -m bench.cni.client_floor            # builds it once, prints its path
     .venv/bin/python -m bench.cni.client_floor --rebuild
+    .venv/bin/python -m bench.cni.client_floor --compare 150 [--record]
+
+``--compare N``: what the floor is made of. N interleaved rounds (CPU and wall per process) of
+the interpreter alone (``-I -S -c pass``: no site, nothing imported but what it needs to
+start), the same plus the modules a call served by tabby-node imports (``bundle.entry``,
+``tabby_node.client``: the plugin's whole fast path), the floor, and the floor built with
+bytecode optimisation (``optimize=2``) and with the bootloader's options too (UTF-8 mode,
+unbuffered): what each trim can take off.
 
 The program (``bench/cni/client_floor_main.py``, an empty module) lands in
 ``build/client-floor/dist/floor/floor`` (``build/`` is not tracked); it is rebuilt when it is
@@ -21,61 +29,149 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import record
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).resolve().parent / "client_floor_main.py"
 OUT = ROOT / "build" / "client-floor"
 BINARY = OUT / "dist" / "floor" / "floor"
 
+#: ``--compare``'s builds: name -> (optimize, the bootloader's options)
+VARIANTS: dict[str, tuple[int, list[str]]] = {
+    "floor": (0, []),
+    "floor-optimize2": (2, []),
+    "floor-optimize2-options": (2, ["X utf8_mode=1", "u"]),
+}
 
-def stale() -> bool:
-    if not BINARY.exists():
+
+def binary(name: str = "floor") -> Path:
+    return OUT / "dist" / name / name
+
+
+def stale(name: str = "floor") -> bool:
+    path = binary(name)
+    if not path.exists():
         return True
-    built = BINARY.stat().st_mtime
+    built = path.stat().st_mtime
     return any(p.stat().st_mtime > built for p in (SOURCE, Path(__file__)))
 
 
 #: The spec: as packaging/tabby.spec builds tabby (onedir, modules as plain files, the
 #: start-up hooks tabby drops dropped too), around the empty program.
 SPEC = """
-a = Analysis([{source!r}], noarchive=True, optimize=0,
+a = Analysis([{source!r}], noarchive=True, optimize={optimize},
              excludes=["tkinter", "pydoc", "doctest", "setuptools", "pip"])
 a.scripts = [s for s in a.scripts
              if s[0] not in ("pyi_rth_inspect", "pyi_rth_multiprocessing", "pyi_rth_pkgutil")]
 pyz = PYZ(a.pure)
-exe = EXE(pyz, a.scripts, [], exclude_binaries=True, name="floor", debug=False, strip=True,
-          upx=False, console=True)
-coll = COLLECT(exe, a.binaries, a.datas, strip=True, upx=False, name="floor")
+exe = EXE(pyz, a.scripts, {options!r}, exclude_binaries=True, name={name!r}, debug=False,
+          strip=True, upx=False, console=True)
+coll = COLLECT(exe, a.binaries, a.datas, strip=True, upx=False, name={name!r})
 """
 
 
-def build(force: bool = False) -> str:
-    """The floor binary's path, built first when needed."""
-    if force or stale():
+def build(force: bool = False, name: str = "floor") -> str:
+    """The floor binary's path (``name``: one of ``VARIANTS``), built first when needed."""
+    path = binary(name)
+    if force or stale(name):
+        optimize, options = VARIANTS[name]
         OUT.mkdir(parents=True, exist_ok=True)
-        spec = OUT / "floor.spec"
-        spec.write_text(SPEC.format(source=str(SOURCE)))
+        spec = OUT / f"{name}.spec"
+        spec.write_text(
+            SPEC.format(
+                source=str(SOURCE),
+                optimize=optimize,
+                options=[(o, None, "OPTION") for o in options],
+                name=name,
+            )
+        )
         env = {**os.environ, "PYINSTALLER_CONFIG_DIR": str(OUT / "pyi-config")}
         argv = [
             sys.executable,
             *("-m", "PyInstaller", "--noconfirm", "--clean", "--log-level", "WARN"),
-            *("--distpath", str(OUT / "dist"), "--workpath", str(OUT / "work")),
+            *("--distpath", str(OUT / "dist"), "--workpath", str(OUT / "work" / name)),
             str(spec),
         ]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode != 0 or not BINARY.exists():
+        if proc.returncode != 0 or not path.exists():
             raise RuntimeError(f"cannot build the client floor: {proc.stderr[-1500:]}")
-    check = subprocess.run([str(BINARY)], capture_output=True, check=False)
+    check = subprocess.run([str(path)], capture_output=True, check=False)
     if check.returncode != 0 or check.stdout or check.stderr:
-        raise RuntimeError(f"the client floor {BINARY} is not silent: {check.stderr[-500:]!r}")
-    return str(BINARY)
+        raise RuntimeError(f"the client floor {path} is not silent: {check.stderr[-500:]!r}")
+    return str(path)
+
+
+#: What a call served by tabby-node imports before it forwards the call (bundle/entry.py)
+SERVED_PATH = "import sys; sys.path.insert(0, {root!r}); import os, struct, time{more}"
+SERVED_IMPORTS = (
+    "; import bundle.entry; from bundle import __version__; from tabby_node import SOCKET_ENV; "
+    "from tabby_node.client import try_node"
+)
+
+
+def compare(rounds: int) -> None:
+    """``--compare``: the programs below, one after the other, ``rounds`` times."""
+    import resource
+    import time
+
+    from bench.stats import pct
+
+    python = getattr(sys, "_base_executable", sys.executable)
+    programs = {
+        "the interpreter (-I -S)": [
+            python,
+            "-I",
+            "-S",
+            "-c",
+            SERVED_PATH.format(root=str(ROOT), more=""),
+        ],
+        "+ the served call's imports": [
+            python,
+            "-I",
+            "-S",
+            "-c",
+            SERVED_PATH.format(root=str(ROOT), more=SERVED_IMPORTS),
+        ],
+        **{name: [build(name=name)] for name in VARIANTS},
+    }
+    cpu: dict[str, list[float]] = {k: [] for k in programs}
+    wall: dict[str, list[float]] = {k: [] for k in programs}
+    for _ in range(rounds):
+        for name, argv in programs.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+            wall[name].append((time.perf_counter() - t0) * 1000)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            cpu[name].append(used * 1000)
+    print(
+        f"client floor, what it is made of: {rounds} interleaved rounds, ms per process "
+        f"(CPU p10 is the least disturbed by the load); load {os.getloadavg()[0]:.2f}"
+    )
+    print(f"{'program':30} {'cpu p10':>8} {'cpu p50':>8} {'wall p50':>9}")
+    for name in programs:
+        print(
+            f"{name:30} {pct(cpu[name], 10):8.1f} {pct(cpu[name], 50):8.1f} "
+            f"{pct(wall[name], 50):9.1f}"
+        )
+    print(f"load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--compare", type=int, metavar="N", help="time what the floor is made of")
+    record.add_argument(ap, "client_floor")
     args = ap.parse_args()
     try:
-        print(build(args.rebuild))
+        if args.compare:
+            if args.rebuild:
+                for name in VARIANTS:
+                    build(True, name)
+            compare(args.compare)
+        else:
+            print(build(args.rebuild))
     except RuntimeError as e:
         print(f"client_floor: {e}", file=sys.stderr)
         return 1
@@ -83,4 +179,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record.run(main, "client_floor"))

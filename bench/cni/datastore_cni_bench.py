@@ -23,6 +23,13 @@ and temp dir removed afterwards, also on Ctrl-C.
     .venv/bin/python -m bench.cni.datastore_cni_bench -n 100 --repeat 2
     .venv/bin/python -m bench.cni.datastore_cni_bench --table      # issue 21's table, one command
     .venv/bin/python -m bench.cni.datastore_cni_bench --cases node-etcd3 --mode concurrent -k 8
+    .venv/bin/python -m bench.cni.datastore_cni_bench --throughput       # issue 32's table
+
+``--throughput``: for each k of ``--ks`` (8,32), k pods started at once until all are
+answered (pods/s of the ADD phase), ptp+host-local alone, then each case of ``--cases``
+(default node-file,node-etcd1) alone, in the same run: tabby's rate over the reference's
+(the target: >= 1.5), tabby-node's CPU per pod (ADD+CHECK+DEL, from its /proc stat), and
+the load average after each run (the machine is shared).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,6 +77,8 @@ METRICS_PORT = 9191
 PHASE_COLUMNS = (("ipam", "ipam"), ("netlink", "nl"), ("endpoint_wait", "ep"), ("server", "srv"))
 #: tabby-node's CPU per served call (ms, all its threads), the issue's targets.
 CPU_TARGETS = {"ADD": 12.0, "DEL": 8.0}
+#: ``--tabby-node checkout``: the program the checkout's tabby-node runs as
+CHECKOUT_NODE = "from bundle.entry import main_node; main_node()"
 
 
 def in_netns(netns: str, fn: Callable[[], T]) -> T:
@@ -81,7 +90,7 @@ def in_netns(netns: str, fn: Callable[[], T]) -> T:
 class Case:
     """The node namespace, etcd and tabby-node of one case; ``close()`` removes them."""
 
-    def __init__(self, name: str, tabby_node: Sequence[str]) -> None:
+    def __init__(self, name: str, tabby_node: str) -> None:
         self.name = name
         self.node = name.startswith("node-")
         self.members = int(name[-1]) if name.endswith(("etcd1", "etcd3")) else 0
@@ -121,9 +130,13 @@ class Case:
             ]
         return ["--datastore-type", "file", "--data-dir", ipam["data_dir"]]
 
-    def _start_agent(self, binary: Sequence[str]) -> None:
+    def _start_agent(self, binary: str) -> None:
+        # "checkout": this checkout's tabby-node, run from source by this interpreter (the
+        # plugins stay the installed ones: through tabby-node they only forward the call)
+        program = [sys.executable, "-c", CHECKOUT_NODE] if binary == "checkout" else [binary]
+        extra = {"PYTHONPATH": str(ROOT)} if binary == "checkout" else {}
         argv = agent_argv(
-            binary, self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
+            program, self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
         )
         argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
         argv += ["--metrics-port", str(METRICS_PORT)]  # after agent_argv's 0: this wins
@@ -138,7 +151,7 @@ class Case:
                     stdout=err,
                     stderr=err,
                     start_new_session=True,
-                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache()},
+                    env={**os.environ, "TABBY_CONFIG_CACHE": self.cache(), **extra},
                 ),
             )
         finally:
@@ -243,18 +256,6 @@ def parse_node_calls(text: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def node_cpu_ticks(case: Case) -> int | None:
-    """tabby-node's CPU so far (utime + stime of /proc/<pid>/stat, clock ticks)."""
-    if case.agent is None:
-        return None
-    try:
-        stat = Path(f"/proc/{case.agent.pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
-
-
 def etcd_requests(case: Case) -> dict[str, float]:
     """etcd's gRPC requests handled so far, by method, summed over the members (its
     ``/metrics``: the JSON gateway's calls pass through gRPC too). Empty without etcd."""
@@ -280,7 +281,7 @@ def etcd_requests(case: Case) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def case_env(name: str, tabby_node: Sequence[str]) -> Iterator[Case]:
+def case_env(name: str, tabby_node: str) -> Iterator[Case]:
     case = Case(name, tabby_node)
     try:
         yield case
@@ -430,10 +431,10 @@ def table(args: argparse.Namespace) -> int:
     failures = 0
     for name, path, targets in TABLE_ROWS:
         with case_env(name, args.tabby_node) as case:
-            ticks = node_cpu_ticks(case)
+            cpu0 = agent_cpu_s(case)
             report = run_case(case, args, args.keep, mode="sequential", floor=floor)
             served = node_calls(case)
-            ticks_after = node_cpu_ticks(case)
+            cpu1 = agent_cpu_s(case)
         failures += len(report.get("failures") or [])
         r, load = row(report, name), os.getloadavg()[0]
         for verb in ("ADD", "CHECK", "DEL"):
@@ -453,8 +454,8 @@ def table(args: argparse.Namespace) -> int:
                 flush=True,
             )
         calls = sum(v["n"] for v in served.values())
-        if ticks is not None and ticks_after is not None and calls:
-            per_call = (ticks_after - ticks) * 1000 / os.sysconf("SC_CLK_TCK") / calls
+        if cpu0 is not None and cpu1 is not None and calls:
+            per_call = (cpu1 - cpu0) * 1000 / calls
             print(
                 f"{path:35} tabby-node's CPU over the whole run (/proc/<pid>/stat, its idle "
                 f"work included): {per_call:.1f} ms per call served ({calls:.0f} calls)",
@@ -495,6 +496,72 @@ def cpu_text(served: dict[str, float] | None, verb: str) -> str:
     return f"{served['cpu']:.1f}{met}"
 
 
+# -- issue 32's table: k ADDs at once, pods/s against the reference --------------------------
+
+THROUGHPUT_CASES = "node-file,node-etcd1"
+THROUGHPUT_TARGET = 1.5
+
+
+def agent_cpu_s(case: Case) -> float | None:
+    """tabby-node's CPU seconds so far (user + system, its /proc stat); None without one."""
+    if case.agent is None:
+        return None
+    try:
+        fields = Path(f"/proc/{case.agent.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(args: argparse.Namespace, cases: list[str]) -> int:
+    """Issue 32's table: per k, the reference alone, then each case alone, k at once."""
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    print(
+        f"datastore_cni_bench --throughput: {args.pods} pods per run, k started at once until "
+        f"all are answered (pods/s of the ADD phase); x: tabby's rate over ptp+host-local's "
+        f"(target >= {THROUGHPUT_TARGET}); node cpu: tabby-node's CPU ms per pod "
+        f"(ADD+CHECK+DEL, warm-up included); load at the end of each run",
+        flush=True,
+    )
+    print(
+        f"{'k':>3} {'path':22} {'pods/s':>7} {'x':>6} {'met':>3} {'node cpu':>8} {'load':>5}",
+        flush=True,
+    )
+    failures = 0
+    for k in ks:
+        args.k = k
+        reference = run_case(None, args, args.keep, mode="concurrent")
+        failures += len(reference.get("failures") or [])
+        ref_rate = phase_rate(reference, "ADD")
+        print(
+            f"{k:3} {'ptp+host-local':22} {fmt(ref_rate, 0):>7} {'':>6} {'':>3} {'':>8} "
+            f"{os.getloadavg()[0]:5.2f}",
+            flush=True,
+        )
+        for name in cases:
+            with case_env(name, args.tabby_node) as case:
+                cpu0 = agent_cpu_s(case)
+                report = run_case(case, args, args.keep, mode="concurrent", alone=True)
+                cpu1 = agent_cpu_s(case)
+            failures += len(report.get("failures") or [])
+            rate = phase_rate(report, "ADD")
+            share = rate / ref_rate if rate and ref_rate else None
+            met = "-" if share is None else ("yes" if share >= THROUGHPUT_TARGET else "no")
+            cpu = (
+                None
+                if cpu0 is None or cpu1 is None
+                else (cpu1 - cpu0) * 1000 / (args.pods + args.warmup)
+            )
+            print(
+                f"{k:3} {name:22} {fmt(rate, 0):>7} {fmt(share, 2) + 'x':>6} {met:>3} "
+                f"{fmt(cpu):>8} {os.getloadavg()[0]:5.2f}",
+                flush=True,
+            )
+    if failures:
+        print(f"{failures} failed call(s) or check(s): see --keep", flush=True)
+    return 1 if failures else 0
+
+
 def phase_rate(report: dict[str, Any], verb: str) -> float | None:
     for p in report.get("phases", []):
         if p["verb"] == verb:
@@ -505,7 +572,7 @@ def phase_rate(report: dict[str, Any], verb: str) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated of {CASES}")
+    ap.add_argument("--cases", default=None, help=f"comma-separated of {CASES}")
     ap.add_argument(
         "-n", "--pods", type=int, default=None, help="measured pods per config (100; --table: 40)"
     )
@@ -516,13 +583,9 @@ def main() -> int:
     ap.add_argument("--cni-path", default="/opt/cni/bin", help="tabby's plugins")
     ap.add_argument("--ref-cni-path", default="/usr/lib/cni", help="ptp and host-local")
     ap.add_argument(
-        "--tabby-node", default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node"
-    )
-    ap.add_argument(
-        "--from-checkout",
-        action="store_true",
-        help="run tabby-node from this checkout (the code under test) instead of "
-        "--tabby-node; the plugins stay --cni-path's",
+        "--tabby-node",
+        default=shutil.which("tabby-node") or "/usr/local/bin/tabby-node",
+        help="tabby-node's binary, or 'checkout': this checkout's, run from source",
     )
     ap.add_argument("--keep", metavar="DIR", help="copy every cni_bench JSON report into DIR")
     ap.add_argument("--json", metavar="FILE", help="write the summary rows as JSON")
@@ -535,18 +598,30 @@ def main() -> int:
         "tabby-node (file, etcd) against ptp+host-local's rate; -n defaults to 40",
     )
     ap.add_argument(
+        "--throughput",
+        action="store_true",
+        help="issue 32's table: for each k of --ks, k pods at once, ptp+host-local alone and "
+        f"each case alone (--cases, default {THROUGHPUT_CASES}): pods/s and the ratio",
+    )
+    ap.add_argument("--ks", default="8,32", help="--throughput's k values (8,32)")
+    ap.add_argument(
         "--no-client-floor",
         action="store_true",
         help="--table without the client floor (which bench/cni/client_floor.py builds once)",
     )
-    record.add_argument(ap, "datastore_cni_table with --table, else datastore_cni_bench")
+    record.add_argument(
+        ap,
+        "datastore_cni_table with --table, datastore_cni_throughput with --throughput, "
+        "else datastore_cni_bench",
+    )
     args = ap.parse_args()
     if args.pods is None:
         args.pods = 40 if args.table else 100
-    args.tabby_node = node_command(args.tabby_node, args.from_checkout)
     # Ctrl-C as KeyboardInterrupt even when started with SIGINT ignored (a background job);
     # cni_bench, exec'd from here, then gets the default disposition and cleans up too.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.cases is None:
+        args.cases = THROUGHPUT_CASES if args.throughput else DEFAULT_CASES
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
     if bad or os.geteuid() != 0:
@@ -554,6 +629,12 @@ def main() -> int:
         return 2
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
+    if args.throughput:
+        try:
+            return throughput(args, cases)
+        except KeyboardInterrupt:
+            print("datastore_cni_bench: interrupted (everything was removed)", file=sys.stderr)
+            return 130
     if args.table:
         try:
             return table(args)
@@ -629,20 +710,10 @@ def main() -> int:
     return 1 if any(r["failures"] for r in results) else 0
 
 
-def node_command(binary: str, from_checkout: bool) -> list[str]:
-    """How the cases start tabby-node: the installed program, or this checkout's code run
-    by this interpreter."""
-    if not from_checkout:
-        return [binary]
-    program = (
-        f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-        "from bundle.entry import main_node; main_node()"
-    )
-    return [sys.executable, "-c", program]
-
-
 def record_name(argv: list[str]) -> str:
     """``--record``'s default: the table and the cases are recorded apart."""
+    if "--throughput" in argv:
+        return "datastore_cni_throughput"
     return "datastore_cni_table" if "--table" in argv else "datastore_cni_bench"
 
 

@@ -31,6 +31,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bundle.types import JSON
@@ -121,6 +122,8 @@ class Lab:
     made_netns: list[str] = field(default_factory=list)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     node_args: list[str] = field(default_factory=list)
+    #: more tabby-node flags for one node (e.g. its own metrics certificate)
+    node_args_for: Callable[[LabNode], list[str]] | None = None
 
     # -- names and addresses ------------------------------------------------------------
 
@@ -349,6 +352,7 @@ class Lab:
             *("--node-ttl", "30"),
             *self.datastore_flags(),
             *self.node_args,
+            *(self.node_args_for(node) if self.node_args_for is not None else ()),
         ]
         return argv
 

@@ -7,6 +7,11 @@ x/a, y/c, z/b on node-1; x/b, y/a, z/c on node-2; x/c, y/b, z/a on node-3), and 
 an operator would write: namespace x isolated (``deny-all``: ingress, no rule), x/a open to
 pods labelled ``pod=b`` of any namespace on TCP 80 (``a-from-b``, an allow by label), and
 z/c without egress (``c-no-egress``).
+
+The nodes' metrics ports speak TLS and ask for client certificates (tests/cluster/
+metrics_tls.py): another node's policy log is read by a tabbyctl with the client
+certificate ``tabbyctl``, and refused without one (401) or with another name (403), as
+docs/cluster.md "Who reads the policy log" says; ``/metrics`` needs TLS only.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from tabbyctl.demo.lab import Lab, LabNode, http_get
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.cluster.conftest import new_lab
+from tests.cluster.metrics_tls import MetricsTls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 
@@ -54,8 +60,24 @@ Samples = list[tuple[str, dict[str, str], float]]
 
 
 @pytest.fixture(scope="module")
-def netpol() -> Iterator[pl.TruthTableLab]:
-    lab = new_lab(nodes_wanted=3, backend="bird", ipv6=False, echo=lambda _: None)
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsTls]:
+    """The metrics ports' PKI, and tabbyctl's client certificate in its environment."""
+    made = MetricsTls.make(tmp_path_factory.mktemp("metrics-pki"))
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in made.tabbyctl_env().items():
+            env.setenv(key, value)
+        yield made
+
+
+@pytest.fixture(scope="module")
+def netpol(tls: MetricsTls) -> Iterator[pl.TruthTableLab]:
+    lab = new_lab(
+        nodes_wanted=3,
+        backend="bird",
+        ipv6=False,
+        echo=lambda _: None,
+        node_args_for=tls.node_args,
+    )
     harness = None
     try:
         lab.build()
@@ -82,8 +104,10 @@ def node_of(netpol: pl.TruthTableLab, pod: str) -> LabNode:
     return netpol.lab.node(netpol.pods[pod].node)
 
 
-def scrape(node: LabNode) -> Samples:
-    code, body = http_get(node.netns, "http://127.0.0.1:9091/metrics", timeout=10)
+def scrape(node: LabNode, tls: MetricsTls) -> Samples:
+    """/metrics over TLS, without a client certificate."""
+    url = "https://127.0.0.1:9091/metrics"
+    code, body = http_get(node.netns, url, timeout=10, context=tls.context())
     assert code == 200, body[:300]
     return [
         (s.name, dict(s.labels), s.value)
@@ -111,20 +135,20 @@ KEYS = {
 
 
 def test_counters_move_for_the_right_policy_and_verdict_on_the_right_node(
-    netpol: pl.TruthTableLab,
+    netpol: pl.TruthTableLab, tls: MetricsTls
 ) -> None:
     """x/a is on node-1, z/c on node-2. Three connections y/b -> x/a TCP/80 (allowed by
     a-from-b), two attempts y/a -> x/a TCP/81 (isolation), two z/c -> y/a (no egress): the
     counters grow by exactly that, on the node of the pod whose chain decided, and
     nowhere else."""
     nodes = netpol.lab.nodes
-    before = {n.name: scrape(n) for n in nodes}
+    before = {n.name: scrape(n, tls) for n in nodes}
     for _ in range(3):
         assert probe(netpol, "y/b", "x/a", "TCP", 80)
     for _ in range(2):
         assert not probe(netpol, "y/a", "x/a", "TCP", 81)
         assert not probe(netpol, "z/c", "y/a", "TCP", 80)
-    after = {n.name: scrape(n) for n in nodes}
+    after = {n.name: scrape(n, tls) for n in nodes}
     want = {
         ("node-1", "allow"): 3,
         ("node-1", "deny"): 2,
@@ -273,6 +297,52 @@ def test_a_denied_flow_is_in_the_log_within_2_s_with_both_pods_named(
     assert (nope.returncode, nope.stderr.strip()) == (1, "Error: node 'node-9': no such node")
 
 
+def test_another_nodes_log_is_for_an_allowed_client_certificate_only(
+    netpol: pl.TruthTableLab, tls: MetricsTls
+) -> None:
+    """node-1's log read from node-2 (node-1's address, its metrics port): without a client
+    certificate 401, with one of another name 403 (both counted on node-1), with tabbyctl's
+    200; on node-1 itself (127.0.0.1) no certificate is needed."""
+    lab = netpol.lab
+    n1, n2 = lab.node("node-1"), lab.node("node-2")
+    url = f"https://{n1.ipv4.ip}:9091/policy/log?since=0"
+    code, body = http_get(n2.netns, url, timeout=10, context=tls.context())
+    assert code == 401, body
+    stranger = tls.context()
+    pair = tls.client("node-2")
+    stranger.load_cert_chain(str(pair.cert), str(pair.key))
+    code, body = http_get(n2.netns, url, timeout=10, context=stranger)
+    assert code == 403, body
+    reader = tls.context()
+    pair = tls.client()
+    reader.load_cert_chain(str(pair.cert), str(pair.key))
+    code, body = http_get(n2.netns, url, timeout=10, context=reader)
+    assert code == 200, body
+    assert json.loads(body)["node"] == "node-1"
+    local = "https://127.0.0.1:9091/policy/log?since=0"
+    assert http_get(n1.netns, local, timeout=10, context=tls.context())[0] == 200
+    refusals = {
+        labels["code"]: value
+        for name, labels, value in scrape(n1, tls)
+        if name == "tabby_http_refusals_total" and labels["path"] == "/policy/log"
+    }
+    assert refusals["401"] >= 1
+    assert refusals["403"] >= 1
+    # tabbyctl without its certificate: told what to give
+    argv = [*lab.tabbyctl_bin, *lab.datastore_flags(), "policy", "log", "--node", "node-1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TABBY_POLICY_LOG_")}
+    proc = subprocess.run(
+        ["ip", "netns", "exec", n2.netns, *argv, "--ca-file", str(tls.pki.ca.cert)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert "answered 401" in proc.stderr
+    assert "--token-file" in proc.stderr
+
+
 # -- traces ---------------------------------------------------------------------------------------
 
 #: (src, dst, protocol, port): every one across nodes (see the module docstring), allowed
@@ -403,7 +473,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_a_flood_of_denied_packets_keeps_tabby_node_and_the_ring_within_bounds(
-    netpol: pl.TruthTableLab,
+    netpol: pl.TruthTableLab, tls: MetricsTls
 ) -> None:
     """y/c (node-1) sends UDP to every port of x/c (node-3, isolated) as fast as it can for
     10 s: every packet a new flow. node-3 counts them all, logs at most 100 a second (plus
@@ -418,8 +488,8 @@ def test_a_flood_of_denied_packets_keeps_tabby_node_and_the_ring_within_bounds(
     with open(f"/proc/{pid}/comm", encoding="ascii") as f:
         assert f.read().strip().startswith("tabby"), "not tabby-node's pid"
     key = ("x", "default-deny", "ingress", "deny")
-    before = packets(scrape(n3), *key)
-    flows_before = sum(v for n, _, v in scrape(n3) if n == "tabby_policy_denied_flows_total")
+    before = packets(scrape(n3, tls), *key)
+    flows_before = sum(v for n, _, v in scrape(n3, tls) if n == "tabby_policy_denied_flows_total")
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     proc = subprocess.run(
         [
@@ -440,7 +510,7 @@ def test_a_flood_of_denied_packets_keeps_tabby_node_and_the_ring_within_bounds(
     sent = int(proc.stdout)
     time.sleep(1.0)  # the last packets logged, read and counted
     cpu1, t1 = cpu_seconds(pid), time.monotonic()
-    samples = scrape(n3)
+    samples = scrape(n3, tls)
     counted = packets(samples, *key) - before
     flows = sum(v for n, _, v in samples if n == "tabby_policy_denied_flows_total") - flows_before
     code, body = http_get(n3.netns, "http://127.0.0.1:9099/policy/log?since=0")

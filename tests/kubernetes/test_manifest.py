@@ -18,7 +18,8 @@ lab.kubernetes.manifest does what docs/kubernetes.md tells an operator):
 * a Deployment's pods across the nodes reach each other; a NetworkPolicy applied with
   kubectl is enforced;
 * every service account is allowed exactly what its roles grant (tests/rbac.py reads them
-  from the manifest) and denied what no component needs;
+  from the manifest) and denied what no component needs; tabbyctl in a tabby-node pod reads
+  another node's policy log with the pod's own token, and is refused without it;
 * a rolling update of the DaemonSet to another image (another bundle: a real install on
   every node) while ICMP streams at 50 packets/s run between pods on different nodes, in a
   ring that crosses every node: no packet lost; a pod created while a node's tabby-node is
@@ -217,6 +218,18 @@ def node_status(kube: KubeLab, node: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
+def peered(kube: KubeLab, node: str) -> None:
+    """``node``'s BIRD in session with both other nodes: soon, not at once (a node ready
+    with one peer adds the third when it registers; that session starts Passive)."""
+
+    def both() -> bool:
+        states = sorted(p["state"] for p in node_status(kube, node)["peers"])
+        assert states == ["Established"] * 2, states
+        return True
+
+    eventually(f"{node} peered with both other nodes", both, timeout=60)
+
+
 def tabby_pod(kube: KubeLab, node: str) -> str:
     install = _INSTALLS[kube.prefix]
     return str(install.node_pods()[node]["metadata"]["name"])
@@ -291,7 +304,7 @@ def test_kubectl_apply_installs_tabby_on_every_node(bare: KubeLab, tabby: Manife
         assert status["backend"] == bare.backend
         assert status["node"] == node
         if bare.backend == "bird":
-            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+            peered(bare, node)
             # the fix of bundle/environ.py where it matters: BIRD started by the frozen
             # tabby-node gets the image's environment, not the bundle's library path
             _, env = bird_process(bare, node)
@@ -449,14 +462,18 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
 
     def can(account: str, verb: str, what: str, ns: str | None) -> bool:
         user = f"system:serviceaccount:{NAMESPACE}:{account}"
-        args = ["auth", "can-i", verb, what, f"--as={user}"]
+        resource, _, sub = what.partition("#")  # a subresource (nodes/policylog) after #
+        args = ["auth", "can-i", verb, resource, f"--as={user}"]
+        args += [f"--subresource={sub}"] if sub else []
         args += ["-n", ns] if ns else ["--all-namespaces"]
         return str(bare.kubectl(*args, check=False).stdout.strip()) == "yes"
 
     def target(atom: rbac.Atom) -> list[tuple[str, str | None]]:
-        resource = atom.resource if not atom.group else f"{atom.resource}.{atom.group}"
+        kind, _, sub = atom.resource.partition("/")
+        resource = kind if not atom.group else f"{kind}.{atom.group}"
         names: list[str | None] = [*sorted(atom.names)] or [None]
-        return [(resource if n is None else f"{resource}/{n}", atom.namespace) for n in names]
+        found = [(resource if n is None else f"{resource}/{n}", atom.namespace) for n in names]
+        return [(f"{what}#{sub}" if sub else what, ns) for what, ns in found]
 
     grants = {account: rbac.granted(account) for account in rbac.ACCOUNTS}
     denied = [
@@ -494,6 +511,10 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
     ]
     allowed = [(a, *n) for a in rbac.ACCOUNTS for n in nobody_needs if can(a, *n)]
     assert allowed == []
+    # another node's policy log: tabby-node's own token only (the reader role is unbound)
+    for account in rbac.ACCOUNTS:
+        log = can(account, "get", "nodes.tabby.io/node-2#policylog", None)
+        assert log == (account == "tabby-node"), account
     # the plugins' token reads nothing of Kubernetes' own, and creates no pool
     for verb, what in (("list", "pods"), ("get", "nodes"), ("create", "ippools.tabby.io")):
         assert not can("tabby-cni", verb, what, None), (verb, what)
@@ -501,6 +522,24 @@ def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: Manifes
     assert tabby.lease_holder()
     pods = tabby.tabbyctl("get", "pods", "-n", WEB_NS, "-o", "json")
     assert pods.returncode == 0, pods.stderr
+
+
+def test_tabby_nodes_own_token_reads_another_nodes_policy_log(
+    bare: KubeLab, tabby: ManifestInstall
+) -> None:
+    """``kubectl exec`` of ``tabbyctl policy log --node node-2`` in node-1's tabby-node pod:
+    its projected token (audience tabby-node, TABBY_POLICY_LOG_TOKEN_FILE) is reviewed by
+    node-2's tabby-node with the API server (in-cluster, its own account's RBAC) and
+    served; the same without the token is refused (docs/kubernetes.md "Who reads the
+    policy log")."""
+    pod = tabby_pod(bare, "node-1")
+    ctl = ["exec", "-n", NAMESPACE, pod, "-c", "tabby-node", "--"]
+    read = ["tabbyctl", "policy", "log", "--node", "node-2", "-o", "json"]
+    served = bare.kubectl(*ctl, *read, check=False)
+    assert served.returncode == 0, served.stderr
+    refused = bare.kubectl(*ctl, "env", "-u", "TABBY_POLICY_LOG_TOKEN_FILE", *read, check=False)
+    assert refused.returncode == 1, refused.stdout
+    assert "answered 401" in refused.stderr, refused.stderr
 
 
 # == upgrade ======================================================================================
@@ -569,10 +608,9 @@ def test_a_rolling_update_moves_no_traffic(
         assert after["/opt/tabby/current"] != before[node]["/opt/tabby/current"]
         old = before[node]["/opt/tabby/current"].removeprefix("bundles/")
         assert old in after["bundles"].split()
-        status = node_status(bare, node)
         if bare.backend == "bird":
             assert bird_process(bare, node)[0] != birds[node]  # BIRD was restarted with it
-            assert sorted(p["state"] for p in status["peers"]) == ["Established"] * 2
+            peered(bare, node)
     # the pod born while a tabby-node was down is networked: reached from another node
     assert born is not None, "no moment of the rollout found a node without tabby-node"
     node, when = born

@@ -8,7 +8,9 @@ and every rule (each verb on each resource) is used by one of its requests.
   there: ``cni_plugin.plugin.DatastoreEndpoints``);
 - tabby-node: registering its Node, the default pools, its watch of every kind it keeps,
   the IPAM of the calls it serves, its VXLAN tunnel address, policy trace answers (and an
-  expired one met on the way);
+  expired one met on the way), the review of a bearer token for ``/policy/log`` (a
+  TokenReview and a SubjectAccessReview), and what that review allows its own token (the
+  ``nodes/policylog`` of another node: tabbyctl in its pod reads other nodes' logs);
 - tabby-kube-controllers, in both datastores the manifest can run (one role serves both):
   the program itself, leading, with its node and ipam controllers (the Kubernetes
   datastore) or every controller (etcd mode, the same calls to the API as with any other
@@ -32,6 +34,7 @@ import pytest
 
 from cni_config.common import DatastoreSettings
 from cni_protocol import skel
+from daemon.http import Caller
 from dataplane.nodeinfo import NodeAddress
 from ipam import plugin as ipam_plugin
 from stores import Served
@@ -238,6 +241,20 @@ def tabby_node_calls(fake: FakeApi, kubeconfig: str, tmp_path: Path) -> None:
     tracer.answer(TraceRequest("fedcba9876543210", NODE, 4, "10.0.0.1", "10.0.0.2", "ICMP",
                                None, None, 7, 1.0), "armed")  # fmt: skip
     store.close()
+    # a bearer token for /policy/log reviewed, then authorized, with its own client
+    from tabby_node.access import Door, TokenReviewer, kube_client
+
+    client = kube_client(kubeconfig)
+    assert client is not None
+    fake.tokens["a-token"] = ("someone", (), ("tabby-node",))
+    door = Door(reviewer=TokenReviewer(client, NODE, ("tabby-node",)))
+    assert door(Caller("/policy/log", "192.0.2.1", "Bearer a-token"))[0] == 403
+    client.close()
+
+
+#: What tabby-node's token is allowed through the review above: another node's log read by
+#: tabbyctl in tabby-node's pod (tabby_node.access asks it as this subresource).
+OWN_TOKEN = Call("tabby.io", "nodes/policylog", "get", None, "node-b")
 
 
 def test_tabby_node_is_granted_what_it_calls_and_nothing_else(
@@ -253,7 +270,8 @@ def test_tabby_node_is_granted_what_it_calls_and_nothing_else(
     found = calls(fake)
     assert Call("tabby.io", "ippools", "create", None, None) in found  # the default pools
     assert Call("tabby.io", "policytraces", "delete", None, "fedcba9876543210.node-a") in found
-    check_least_privilege("tabby-node", found)
+    assert Call("authentication.k8s.io", "tokenreviews", "create", None, None) in found
+    check_least_privilege("tabby-node", found | {OWN_TOKEN})
 
 
 # -- tabby-kube-controllers ------------------------------------------------------------------------

@@ -107,7 +107,11 @@ def test_the_deployment_elects_a_leader_with_its_own_account() -> None:
 
 
 def test_the_variables_set_are_the_ones_the_programs_read() -> None:
-    known = set(NODE_ENV.values()) | {var for _, var in SOURCES.values()}
+    from tabbyctl.policy import log_cmd
+
+    # tabby-node's, the datastore's, and tabbyctl policy log's (kubectl exec runs it there)
+    tabbyctl = {str(p.envvar) for p in log_cmd.params if p.envvar}
+    known = set(NODE_ENV.values()) | {var for _, var in SOURCES.values()} | tabbyctl
     installer = {
         "TABBY_CNI_NETWORK_CONFIG",
         "TABBY_DATASTORE_TYPE",
@@ -140,7 +144,7 @@ def _doc_table(heading: str) -> dict[str, str]:
     section = section if end < 0 else section[:end]
     part = section[section.index(f"\n{heading}\n") + 1 :]
     part = part[: part.index("\n#", 1)] if "\n#" in part[1:] else part
-    rows = re.findall(r"^\| `([A-Za-z0-9_-]+)` \| ([^|]*) \|", part, re.M)
+    rows = re.findall(r"^\| `([A-Za-z0-9_.-]+)` \| ([^|]*) \|", part, re.M)
     return {key: default.strip().strip("`") for key, default in rows}
 
 
@@ -178,11 +182,15 @@ def test_the_optional_objects_are_documented() -> None:
         for v in doc["spec"]["template"]["spec"]["volumes"]
         if "secret" in v and v["secret"].get("optional")
     }
-    assert secrets == {"tabby-etcd-secrets"}
+    assert secrets == {"tabby-etcd-secrets", "tabby-metrics-tls"}
     table = _doc_table("#### etcd over TLS: the Secret `tabby-etcd-secrets`")
     assert set(table) == {"etcd-ca", "etcd-cert", "etcd-key"}
     for key, path in table.items():
         assert path == f"/etc/tabby/etcd-secrets/{key}"
+    table = _doc_table("#### The metrics port over TLS: the Secret `tabby-metrics-tls`")
+    assert set(table) == {"tls.crt", "tls.key", "ca.crt"}
+    for key, path in table.items():
+        assert path == f"/etc/tabby/metrics-tls/{key}"
     for container in (*containers(ds), ctl):  # the installer, tabby-node, the controllers
         (ref,) = container["envFrom"]
         assert ref["configMapRef"] == {"name": "tabby-kubernetes-api", "optional": True}
@@ -286,3 +294,47 @@ def test_tabby_node_may_read_its_kinds_definitions_and_nothing_else_of_them() ->
             "verbs": ["get"],
         }
     ]
+
+
+# -- who reads the policy log ------------------------------------------------------------------
+
+
+def test_the_policy_log_is_for_tokens_the_api_server_reviews() -> None:
+    """tabby-node may review tokens (TokenReview, SubjectAccessReview) and read other
+    nodes' logs with its own token, which is made for tabby-node's audience only (the API
+    server does not take it) and found by tabbyctl in its pod; the reader role is bound to
+    no one; the rule the reviews ask about is the one the role grants."""
+    from tabby_node.access import API_GROUP, PRIVATE, RESOURCE, VERB
+    from tabby_node.options import DEFAULT_LOG_AUDIENCE
+
+    rules = one("ClusterRole", "tabby-node")["rules"]
+    for group, resource in (
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ):
+        assert {"apiGroups": [group], "resources": [resource], "verbs": ["create"]} in rules
+    reading = {
+        "apiGroups": [API_GROUP],
+        "resources": [f"{RESOURCE}/{PRIVATE['/policy/log']}"],
+        "verbs": [VERB],
+    }
+    assert reading in rules
+    assert one("ClusterRole", "tabby-policy-log-reader")["rules"] == [reading]
+    bound = {d["roleRef"]["name"] for d in DOCS if d["kind"].endswith("Binding")}
+    assert "tabby-policy-log-reader" not in bound
+    spec = one("DaemonSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "policy-log-token"]
+    (source,) = volume["projected"]["sources"]
+    token = source["serviceAccountToken"]
+    assert token["audience"] == DEFAULT_LOG_AUDIENCE
+    assert token["expirationSeconds"] <= 3600
+    node = containers(one("DaemonSet"))[-1]
+    (mount,) = [m for m in node["volumeMounts"] if m["name"] == "policy-log-token"]
+    assert env_of(node)["TABBY_POLICY_LOG_TOKEN_FILE"]["value"] == (
+        f"{mount['mountPath']}/{token['path']}"
+    )
+    # the metrics port's TLS: from the ConfigMap, files of the optional Secret
+    for var in ("TABBY_METRICS_CERT_FILE", "TABBY_METRICS_KEY_FILE"):
+        assert env_of(node)[var]["valueFrom"]["configMapKeyRef"]["name"] == "tabby-config"
+    mounts = {m["name"]: m["mountPath"] for m in node["volumeMounts"]}
+    assert mounts["metrics-tls"] == "/etc/tabby/metrics-tls"

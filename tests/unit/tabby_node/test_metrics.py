@@ -34,12 +34,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bundle import __version__
 from cni_config.common import DatastoreSettings
+from daemon.limits import Refusals
 from datastore.base import Doc, SyncEvent
 from datastore.memory import MemoryStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from policy.counters import CounterKey
 from policy.state import ApplyResult, PolicyCounters
 from tabby_node import http, metrics, server
+from tabby_node.access import Door
 from tabby_node.cache import WATCHED_KINDS, Cache
 from tabby_node.client import try_node
 from tabby_node.metrics import CATALOGUE, Metrics, NodeCollector, metric_names
@@ -589,7 +591,8 @@ class Routing:
 
 
 def test_metrics_route_serves_the_registry(cluster_store: MemoryStore) -> None:
-    m, _ = node_metrics("node-a", cluster_store)
+    refusals = Refusals()
+    m, _ = node_metrics("node-a", cluster_store, refusals=refusals)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -610,6 +613,8 @@ def test_metrics_route_serves_the_registry(cluster_store: MemoryStore) -> None:
         exposition=m.exposition,
         denied_flows=None,
         problems=problems,
+        refusals=refusals,
+        guard=Door(),
     )
     assert len(servers) == 1
     assert not problems
@@ -627,6 +632,13 @@ def test_metrics_route_serves_the_registry(cluster_store: MemoryStore) -> None:
         for s in f.samples
     }
     assert got == {POOL: 3, POOL2: 0}
+    refused = {
+        (s.labels["server"], s.labels["reason"])
+        for f in text_string_to_metric_families(text)
+        if f.name == "tabby_connections_refused"
+        for s in f.samples
+    }
+    assert ("metrics", "busy") in refused  # the metrics server counts under its name
 
 
 # -- conf-examples: the dashboard and the alert rules ------------------------------------------
@@ -706,3 +718,16 @@ def test_cluster_nodes_counts_live_nodes_as_the_cluster_view_does() -> None:
         copy = {kind: dict(docs) for kind, docs in snapshot.items()}
         state.cache.apply(SyncEvent("snapshot", "", "", None, copy))
         assert sample(m, "tabby_cluster_nodes") == live
+
+
+def test_refusals_of_the_nodes_servers_are_counted_by_server_and_reason() -> None:
+    refusals = Refusals()
+    for server_name in ("cni", "health", "metrics"):
+        refusals.register(server_name)
+    refusals.count("cni", "busy")
+    refusals.count("metrics", "timeout")
+    m, _ = node_metrics(refusals=refusals)
+    name = "tabby_connections_refused_total"
+    assert sample(m, name, server="cni", reason="busy") == 1
+    assert sample(m, name, server="metrics", reason="timeout") == 1
+    assert sample(m, name, server="health", reason="too_large") == 0

@@ -8,6 +8,7 @@ replaced by a stand-in; the privileged tests in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -27,6 +29,8 @@ from cni_protocol import log as cni_log
 from tabby_node import ACCEPT, MAGIC, MAX_STDERR, encode_header, server
 from tabby_node.client import try_node
 from tabby_node.server import LOCK_NAME, NodeServer
+
+S = TypeVar("S", bound=NodeServer)
 
 
 class Records(logging.Handler):
@@ -76,9 +80,9 @@ class Node(NodeServer):
         raise AssertionError("the node did not finish its connections")
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    srv = Node(str(tmp_path / "run" / "node.sock"))
+@contextlib.contextmanager
+def serving(srv: S) -> Iterator[S]:
+    """``srv`` bound and serving from a thread of its own; stopped when the block ends."""
     srv.bind()
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -87,6 +91,12 @@ def node(tmp_path: Path) -> Iterator[Node]:
     finally:
         srv.stop(grace=5)
         t.join(5)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    with serving(Node(str(tmp_path / "run" / "node.sock"))) as srv:
+        yield srv
 
 
 def request(env: dict[str, str], stdin: bytes = b"{}", version: str = __version__) -> bytes:

@@ -309,3 +309,16 @@ def test_the_pool_gate_reads_the_store_not_the_knowledge() -> None:
     with pytest.raises(Exception, match="pool"):
         Ipam(view, "node-a").assign(req(hid(1), v4_pools=[POOL]))
     assert [k for k, _ in inner.list("block")] == []
+
+
+def test_a_known_document_is_copied_whole_for_its_reader() -> None:
+    """What a served operation reads it may change: never what tabby-node knows."""
+    from datastore.cached import copy_json
+
+    known = {"a": [{"b": {"c": [1, 2]}}, None, "s"], "n": 1.5, "t": True}
+    copy = copy_json(known)
+    assert copy == known
+    copy["a"][0]["b"]["c"].append(3)
+    copy["a"][0]["x"] = 1
+    copy["a"].append(4)
+    assert known == {"a": [{"b": {"c": [1, 2]}}, None, "s"], "n": 1.5, "t": True}
