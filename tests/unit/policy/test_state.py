@@ -34,7 +34,7 @@ class Recorder:
 
 def _dp() -> tuple[PolicyDataplane, Recorder]:
     rec = Recorder()
-    dp = PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t, names: [])
     return dp, rec
 
 
