@@ -34,6 +34,11 @@ _TOKEN = re.compile(
 )
 
 
+#: The deepest nesting of ``!`` and parentheses a selector may have: deeper ones are
+#: refused (SelectorError) instead of exhausting the parser's and the matcher's stack.
+MAX_DEPTH = 64
+
+
 class SelectorError(ValueError):
     """A selector that does not parse; ``str()`` says where and why."""
 
@@ -86,6 +91,7 @@ class _Parser:
         self.text = text
         self.tokens = tokens
         self.pos = 0
+        self.depth = 0
 
     def error(self, why: str) -> SelectorError:
         return SelectorError(f"invalid selector {self.text!r}: {why}")
@@ -121,14 +127,18 @@ class _Parser:
 
     def factor(self) -> _Pred:
         kind, value = self.peek()
-        if (kind, value) == ("op", "!"):
+        if (kind, value) in (("op", "!"), ("op", "(")):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise self.error(f"nested deeper than {MAX_DEPTH} levels")
             self.pos += 1
-            inner = self.factor()
-            return lambda lb: not inner(lb)
-        if (kind, value) == ("op", "("):
-            self.pos += 1
+            if value == "!":
+                negated = self.factor()
+                self.depth -= 1
+                return lambda lb: not negated(lb)
             inner = self.expr()
             self.take("op", ")")
+            self.depth -= 1
             return inner
         if kind != "word":
             raise self.error(f"expected a label, all() or has(), found {value or 'the end'!r}")

@@ -17,6 +17,7 @@ import os
 from hypothesis import strategies as st
 
 from cni_protocol import skel
+from tests.fuzz import hostile
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import Code
 from cni_protocol.version import SUPPORTED_VERSIONS
@@ -106,18 +107,8 @@ def fuzz_one(data: bytes) -> None:
 
 # -- hypothesis ---------------------------------------------------------------------------
 
-#: Text a runtime (or an attacker who controls one) may put anywhere: controls, quotes,
-#: separators, lone surrogates (os.environ's undecodable bytes), long runs.
-hostile_text = st.one_of(
-    st.text(max_size=40),
-    st.text(alphabet=st.sampled_from(list(";=,./\\\"'\n\r\t\x00\x7f{}[]:%$ ²١")), max_size=30),
-    st.sampled_from(["", ".", "..", "-", "1.².0", "1.1.0", "0.1.0", "x" * 300, "\udcff"]),
-)
-hostile_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | hostile_text,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(hostile_text, inner, max_size=4),
-    max_leaves=12,
-)
+hostile_text = hostile.texts
+hostile_json = hostile.json_values
 FIELDS = ["cniVersion", "name", "type", "mtu", "log_level", "log_file_path", "ipam",
           "ipam.type", "ipam.ipv4_pools", "ipam.datastore_type", "ipam.etcd_endpoints",
           "ipam.nodename", "runtimeConfig", "runtimeConfig.ips", "args", "prevResult",
