@@ -114,7 +114,9 @@ class Peer:
             raise TypeError(f"peer {self.address}: type must be a PeerType, got {self.type!r}")
         _check_as(self.as_number, f"peer {self.address}")
         if _unsafe_name(self.name):
-            raise ValueError(f"peer {self.address}: name {self.name!r} has quotes or is not printable")
+            raise ValueError(
+                f"peer {self.address}: name {self.name!r} has quotes or is not printable"
+            )
         if self.address.version == 6 and self.address.is_link_local:
             raise ValueError(f"peer {self.address}: link-local peers are not supported")
 

@@ -41,20 +41,53 @@ def fuzz_one(data: bytes) -> None:
 
 #: Resources an operator applies, each to be mutated.
 BASES: list[dict[str, object]] = [
-    {"apiVersion": "tabby.io/v1", "kind": "IPPool", "metadata": {"name": "pool-a"},
-     "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "rack == 'a'"}},
-    {"apiVersion": "tabby.io/v1", "kind": "BGPPeer", "metadata": {"name": "tor"},
-     "spec": {"peerIP": "192.168.1.254", "asNumber": 65001, "nodeSelector": "all()"}},
-    {"apiVersion": "tabby.io/v1", "kind": "BGPConfiguration", "metadata": {"name": "default"},
-     "spec": {"asNumber": 64512, "nodeToNodeMeshEnabled": True}},
-    {"apiVersion": "tabby.io/v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {"rack": "a"}},
-     "spec": {"bgp": {"asNumber": 64513}}},
-    {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-     "metadata": {"name": "web", "namespace": "x"},
-     "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{"from": [
-         {"podSelector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]}}],
-         "ports": [{"port": "http", "protocol": "TCP"}]}]}},
-]  # fmt: skip
+    {
+        "apiVersion": "tabby.io/v1",
+        "kind": "IPPool",
+        "metadata": {"name": "pool-a"},
+        "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "rack == 'a'"},
+    },
+    {
+        "apiVersion": "tabby.io/v1",
+        "kind": "BGPPeer",
+        "metadata": {"name": "tor"},
+        "spec": {"peerIP": "192.168.1.254", "asNumber": 65001, "nodeSelector": "all()"},
+    },
+    {
+        "apiVersion": "tabby.io/v1",
+        "kind": "BGPConfiguration",
+        "metadata": {"name": "default"},
+        "spec": {"asNumber": 64512, "nodeToNodeMeshEnabled": True},
+    },
+    {
+        "apiVersion": "tabby.io/v1",
+        "kind": "Node",
+        "metadata": {"name": "node-a", "labels": {"rack": "a"}},
+        "spec": {"bgp": {"asNumber": 64513}},
+    },
+    {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "web", "namespace": "x"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "podSelector": {
+                                "matchExpressions": [
+                                    {"key": "a", "operator": "In", "values": ["b"]}
+                                ]
+                            }
+                        }
+                    ],
+                    "ports": [{"port": "http", "protocol": "TCP"}],
+                }
+            ],
+        },
+    },
+]
 
 
 @st.composite
@@ -63,7 +96,10 @@ def files(draw: st.DrawFn) -> str:
 
     import yaml
 
-    docs = [draw(hostile.mutated(base)) for base in draw(st.lists(st.sampled_from(BASES), min_size=1, max_size=3))]
+    docs = [
+        draw(hostile.mutated(base))
+        for base in draw(st.lists(st.sampled_from(BASES), min_size=1, max_size=3))
+    ]
     if draw(st.booleans()):
         return json.dumps(docs if len(docs) > 1 else docs[0])
     return yaml.safe_dump_all(docs)

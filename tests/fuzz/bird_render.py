@@ -81,7 +81,9 @@ def fuzz_one(data: bytes) -> None:
     check_names(node or BENIGN, peer)
 
 
-names = st.one_of(hostile.texts, st.sampled_from(['x"; } protocol static evil { ', "a */ b", "a\u2028b"]))
+names = st.one_of(
+    hostile.texts, st.sampled_from(['x"; } protocol static evil { ', "a */ b", "a\u2028b"])
+)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ import os
 from hypothesis import strategies as st
 
 from cni_protocol import skel
-from tests.fuzz import hostile
 from cni_protocol.args import parse_cni_args
 from cni_protocol.errors import Code
 from cni_protocol.version import SUPPORTED_VERSIONS
+from tests.fuzz import hostile, silenced
 
 #: A configuration every verb accepts (the seeds and the strategies start from it).
 BASE_CONFIG: dict[str, object] = {
@@ -68,18 +68,21 @@ def check_answer(rc: int, out: bytes, command: str) -> dict[str, object] | None:
         else:
             assert out == b"", out
         return None
-    assert out.endswith(b"\n") and out.count(b"\n") == 1, out
+    assert out.endswith(b"\n"), out
+    assert out.count(b"\n") == 1, out
     err = json.loads(out)
     assert isinstance(err, dict), err
     assert err["cniVersion"] in SUPPORTED_VERSIONS, err
     assert err["code"] in KNOWN_CODES, err
     assert err["code"] != Code.INTERNAL, f"an internal error for hostile input: {err}"
-    assert isinstance(err["msg"], str) and err["msg"], err
+    assert isinstance(err["msg"], str), err
+    assert err["msg"], err
     return err
 
 
 def call(env: dict[str, str], stdin: bytes) -> dict[str, object] | None:
-    rc, out = skel.run(HANDLERS, env, stdin, own_netns=skel.own_netns_id())
+    with silenced():
+        rc, out = skel.run(HANDLERS, env, stdin, own_netns=skel.own_netns_id())
     return check_answer(rc, out, env.get("CNI_COMMAND", ""))
 
 

@@ -108,7 +108,8 @@ def check_stream(data: bytes) -> None:
     stream, _ = new_stream()
     try:
         for watch_id, resp in stream._events(data):
-            assert isinstance(watch_id, int) and isinstance(resp, WatchResponse)
+            assert isinstance(watch_id, int)
+            assert isinstance(resp, WatchResponse)
     except EtcdUnavailable:
         pass
     finally:
@@ -153,7 +154,9 @@ responses = st.builds(
         reason=reason,
     ),
     int64s,
-    st.lists(st.builds(client.WatchEvent, st.sampled_from(["PUT", "DELETE"]), key_values), max_size=3),
+    st.lists(
+        st.builds(client.WatchEvent, st.sampled_from(["PUT", "DELETE"]), key_values), max_size=3
+    ),
     st.booleans(),
     st.booleans(),
     int64s,

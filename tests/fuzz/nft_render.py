@@ -26,8 +26,8 @@ from datastore.base import Doc
 from policy import engine, inputs
 from policy.render import Renderer, Snapshot
 from resources.index import POLICY, POOLS, Index
-from tests.fuzz import hostile
-from tests.policy_truth_table import pol, peer, rule, sel, tcp
+from tests.fuzz import hostile, silenced
+from tests.policy_truth_table import peer, pol, rule, sel, tcp
 from tests.unit.policy.world import NODE, PolicyWorld
 
 #: nft's longest comment (NFTNL_UDATA_COMMENT_MAXLEN), in bytes; stated here, not taken
@@ -75,7 +75,8 @@ def _world() -> dict[str, dict[str, Doc]]:
 def ruleset(docs: dict[str, dict[str, Doc]]) -> tuple[str, bool]:
     """The full ruleset of the world's node, and whether every document was accepted."""
     index = Index((*POLICY, POOLS))
-    index.replace(docs)
+    with silenced():
+        index.replace(docs)
     state, nat = inputs.PolicyInputs().convert(index.snapshot())
     text = Renderer().full(Snapshot(engine.compute(state, NODE, (4, 6)), nat))
     return text, not index._bad

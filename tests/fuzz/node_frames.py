@@ -36,7 +36,8 @@ def check_header(raw: bytes) -> None:
 
 def check_lock_timeout(stdin: bytes) -> None:
     value = client.lock_timeout(stdin)
-    assert isinstance(value, float) and math.isfinite(value), value
+    assert isinstance(value, float), value
+    assert math.isfinite(value), value
     assert 0 < value <= 1e7, value
 
 

@@ -50,7 +50,9 @@ def _q(value: str) -> str:
 @st.composite
 def _leaf(draw: st.DrawFn) -> tuple[str, Meaning]:
     key = draw(keys)
-    op = draw(st.sampled_from(["==", "!=", "in", "not in", "has", "all", "contains", "starts", "ends"]))
+    op = draw(
+        st.sampled_from(["==", "!=", "in", "not in", "has", "all", "contains", "starts", "ends"])
+    )
     if op == "all":
         return "all()", lambda lb: True
     if op == "has":
@@ -73,7 +75,9 @@ def _leaf(draw: st.DrawFn) -> tuple[str, Meaning]:
     return f"{key} ends with {_q(v)}", lambda lb: key in lb and lb[key].endswith(v)
 
 
-def _combine(inner: st.SearchStrategy[tuple[str, Meaning]]) -> st.SearchStrategy[tuple[str, Meaning]]:
+def _combine(
+    inner: st.SearchStrategy[tuple[str, Meaning]],
+) -> st.SearchStrategy[tuple[str, Meaning]]:
     def neg(e: tuple[str, Meaning]) -> tuple[str, Meaning]:
         text, m = e
         return f"!({text})", lambda lb: not m(lb)

@@ -420,7 +420,9 @@ def test_check_config_reports_birds_message(tmp_path: Path) -> None:
     assert "error" in info.value.message.lower()
 
 
-@pytest.mark.parametrize("name", ["n\udcffode", "a\tb", "a\x85b", "a\u2028b", "a\\b", 'a"b', "a\rb"])
+@pytest.mark.parametrize(
+    "name", ["n\udcffode", "a\tb", "a\x85b", "a\u2028b", "a\\b", 'a"b', "a\rb"]
+)
 def test_names_that_are_not_printable_text_are_refused(name: str) -> None:
     """Found by fuzzing (tests/fuzz/bird_render.py): a lone surrogate (an undecodable
     byte of a name read from outside) passed the model and failed only when the supervisor

@@ -34,7 +34,9 @@ def test_corpus(data: bytes) -> None:
 def test_cni_args_parse_to_what_they_say(raw: str) -> None:
     parsed = cni.parse_cni_args(raw)
     for key, value in parsed.items():
-        assert key == key.strip() and key and ";" not in key + value
+        assert key, parsed
+        assert key == key.strip(), parsed
+        assert ";" not in key + value, parsed
         assert "=" not in key
 
 
@@ -58,9 +60,9 @@ def _run_binary(env: dict[str, str], stdin: bytes, tmp: Path) -> subprocess.Comp
 def test_hostile_calls_to_the_binary(
     env: dict[str, str], stdin: bytes, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """GEN-5 (cni_protocol/CONFORMANCE.md): the exec'd plugin refuses what skel refuses with the same one error
-    object on stdout and no traceback on stderr. Only calls skel refuses are exec'd: a call
-    that parses would go on to the datastore and the kernel."""
+    """GEN-5 (cni_protocol/CONFORMANCE.md): the exec'd plugin refuses what skel refuses
+    with the same one error object on stdout and no traceback on stderr. Only calls skel
+    refuses are exec'd: a call that parses would go on to the datastore and the kernel."""
     try:
         skel.build_args(env, stdin)
     except CniError as e:

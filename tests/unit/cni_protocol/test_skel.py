@@ -339,8 +339,13 @@ def test_nesting_up_to_the_limit_is_accepted() -> None:
         deep = [deep]
     config = {"cniVersion": "1.1.0", "name": "n", "x": deep}
     rec = Recorder()
-    rc, _ = skel.run(rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode())
-    assert rc == 0 and len(rec.calls) == 1
+    rc, _ = skel.run(
+        rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode()
+    )
+    assert rc == 0
+    assert len(rec.calls) == 1
     config["x"] = [deep]
-    rc, out = skel.run(rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode())
+    rc, out = skel.run(
+        rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode()
+    )
     assert (rc, json.loads(out)["code"]) == (1, 6)

@@ -23,7 +23,8 @@ def test_corpus(data: bytes) -> None:
 @given(watch_id=etcd_grpc.int64s, resp=etcd_grpc.responses)
 def test_responses_round_trip(watch_id: int, resp: WatchResponse) -> None:
     got_id, got = grpc.decode_response(etcd_grpc.encode_response(watch_id, resp))
-    assert got_id == watch_id and etcd_grpc.same(got, resp)
+    assert got_id == watch_id
+    assert etcd_grpc.same(got, resp)
 
 
 @given(data=st.binary(max_size=120))
@@ -49,7 +50,9 @@ def test_the_stream_refuses_damaged_frames_cleanly(
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 fields = st.sampled_from(
@@ -57,11 +60,14 @@ fields = st.sampled_from(
 )
 
 
-@given(result=st.dictionaries(fields, json_values, max_size=4), kv=st.dictionaries(
-    st.sampled_from(["key", "value", "create_revision", "mod_revision", "version", "lease"]),
-    json_values,
-    max_size=3,
-))
+@given(
+    result=st.dictionaries(fields, json_values, max_size=4),
+    kv=st.dictionaries(
+        st.sampled_from(["key", "value", "create_revision", "mod_revision", "version", "lease"]),
+        json_values,
+        max_size=3,
+    ),
+)
 def test_gateway_watch_lines(result: dict[str, object], kv: dict[str, object]) -> None:
     etcd_grpc.check_gateway_line(json.dumps({"result": result}).encode())
     line = {"result": {"events": [{"type": "PUT", "kv": kv}]}}

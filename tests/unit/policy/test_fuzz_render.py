@@ -16,7 +16,8 @@ def test_corpus(data: bytes) -> None:
 
 def test_the_world_renders_and_every_document_is_accepted() -> None:
     text, accepted = nft_render.ruleset(nft_render._world())
-    assert accepted and "jump pi-" in text
+    assert accepted
+    assert "jump pi-" in text
     nft_render.check_text(text)
 
 
@@ -29,6 +30,8 @@ def test_the_check_sees_an_injection() -> None:
     """The property can fail: a name that ends an nft command is seen."""
     text, _ = nft_render.ruleset(nft_render._world())
     with pytest.raises(AssertionError):
-        nft_render.check_text(text.replace("to-cali", "to-x;flush ruleset;cali"), "x;flush ruleset;")
+        nft_render.check_text(
+            text.replace("to-cali", "to-x;flush ruleset;cali"), "x;flush ruleset;"
+        )
     with pytest.raises(AssertionError):
         nft_render.check_text(text.replace('comment "', 'comment "' + "x" * 200, 1))

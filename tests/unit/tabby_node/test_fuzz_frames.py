@@ -9,7 +9,6 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import example, given
@@ -78,11 +77,7 @@ frames = st.one_of(
     ).map(lambda t: t[0] + struct.pack("!II", t[1] % (1 << 21), t[2] % (1 << 25)) + t[3]),
     st.tuples(st.text(max_size=6), st.text(max_size=10), node_frames.environments)
     .filter(lambda t: t[0] != __version__)
-    .map(
-        lambda t: (
-            MAGIC + struct.pack("!II", len(h := encode_header(*t)), 2) + h + b"{}"
-        )
-    ),
+    .map(lambda t: MAGIC + struct.pack("!II", len(h := encode_header(*t)), 2) + h + b"{}"),
 )
 
 
