@@ -18,6 +18,7 @@ from resources.client import ResourceClient
 from resources.errors import ResourceError
 from tabbyctl.resources import load_documents
 from tests.fuzz import hostile
+from tests.unit.resources.test_models import VALID
 
 
 def check_file(text: str) -> None:
@@ -39,55 +40,8 @@ def fuzz_one(data: bytes) -> None:
     check_file(data.decode("utf-8", "replace"))
 
 
-#: Resources an operator applies, each to be mutated.
-BASES: list[dict[str, object]] = [
-    {
-        "apiVersion": "tabby.io/v1",
-        "kind": "IPPool",
-        "metadata": {"name": "pool-a"},
-        "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "rack == 'a'"},
-    },
-    {
-        "apiVersion": "tabby.io/v1",
-        "kind": "BGPPeer",
-        "metadata": {"name": "tor"},
-        "spec": {"peerIP": "192.168.1.254", "asNumber": 65001, "nodeSelector": "all()"},
-    },
-    {
-        "apiVersion": "tabby.io/v1",
-        "kind": "BGPConfiguration",
-        "metadata": {"name": "default"},
-        "spec": {"asNumber": 64512, "nodeToNodeMeshEnabled": True},
-    },
-    {
-        "apiVersion": "tabby.io/v1",
-        "kind": "Node",
-        "metadata": {"name": "node-a", "labels": {"rack": "a"}},
-        "spec": {"bgp": {"asNumber": 64513}},
-    },
-    {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": "web", "namespace": "x"},
-        "spec": {
-            "podSelector": {"matchLabels": {"app": "web"}},
-            "ingress": [
-                {
-                    "from": [
-                        {
-                            "podSelector": {
-                                "matchExpressions": [
-                                    {"key": "a", "operator": "In", "values": ["b"]}
-                                ]
-                            }
-                        }
-                    ],
-                    "ports": [{"port": "http", "protocol": "TCP"}],
-                }
-            ],
-        },
-    },
-]
+#: Resources an operator applies (one valid document of each kind), each to be mutated.
+BASES = [VALID[kind] for kind in sorted(VALID)]
 
 
 @st.composite
