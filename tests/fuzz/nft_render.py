@@ -2,14 +2,15 @@
 name, namespace, selectors and port names, the labels and named ports of Pods, the names
 and host interfaces of WorkloadEndpoints, each as the datastore holds it.
 
-Property: with one such string replaced by a hostile one, either the document is refused
-(the index skips it, as tabby-node does) or the full ruleset (``policy.render``) is
-well-formed: every line is one ``add``/``delete`` command; outside its quoted strings the
-text holds only nft's words and symbols (no ``#``, ``;``, quote or control: the string
-cannot start a comment, end a command or open a string); a quoted string holds no quote;
-a comment fits nft's limit of 128 bytes (a longer one fails the whole transaction, and with
-it the node's policy). ``nft -c`` accepts such rulesets (the privileged tier:
-tests/privileged/test_fuzz_rendered.py).
+Property: with one such string replaced by a hostile one, the full ruleset
+(``policy.render``) is well-formed: every line is one ``add``/``delete`` command; outside
+its quoted strings the text holds only nft's words and symbols (no ``#``, quote or control:
+nothing starts a comment or opens a string); a quoted string holds no quote; a comment fits
+nft's limit of 128 bytes (a longer one fails the whole transaction, and with it the node's
+policy). And either the document is refused (the index skips it, as tabby-node does) or the
+value changes nothing but the ruleset's quoted strings and hash-made names: the skeleton is
+that of the ruleset with a plain placeholder in the same slot. ``nft -c`` accepts such
+rulesets (the privileged tier: tests/privileged/test_fuzz_rendered.py).
 
 Input bytes (atheris): the first byte picks the slot (:data:`SLOTS`), the rest is the
 string (UTF-8 with surrogateescape).
@@ -66,6 +67,9 @@ _OUTSIDE = re.compile(r"^[A-Za-z0-9_./:@$*,;{}()=!<>&|^+ -]*$")
 #: A value may show outside a string only when it is made of these (a name in a chain's,
 #: a set's or a counter's name, an address, a port).
 _PLAIN = re.compile(r"^[A-Za-z0-9_.-]*$")
+_HASH = re.compile(r"\b[0-9a-f]{4,}\b")
+#: A plain value no slot holds: what a hostile value's ruleset is compared with.
+PLACEHOLDER = "zzfuzzplain"
 
 
 def _world() -> dict[str, dict[str, Doc]]:
@@ -82,18 +86,20 @@ def ruleset(docs: dict[str, dict[str, Doc]]) -> tuple[str, bool]:
     return text, not index._bad
 
 
-def check_text(text: str, value: str = "") -> None:
-    """The ruleset is well-formed (see the module's docstring) and ``value`` shows outside
-    a quoted string only if it is plain."""
+def check_text(text: str) -> None:
+    """The ruleset is well-formed (see the module's docstring)."""
     for line in text.splitlines():
         assert line.startswith(("add ", "delete ")), line
         for string in _STRING.findall(line):
             if f"comment {string}" in line:
                 assert len(string[1:-1].encode()) <= MAX_COMMENT, ("comment too long", line)
-        outside = _STRING.sub("STR", line)
-        assert _OUTSIDE.match(outside), line
-        if value and not _PLAIN.match(value):
-            assert value not in outside, (value, line)
+        assert _OUTSIDE.match(_STRING.sub("STR", line)), line
+
+
+def skeleton(text: str) -> list[str]:
+    """The ruleset's commands with every quoted string and every hash-derived name part
+    abstracted, sorted (the renderer orders objects by those names)."""
+    return sorted(_HASH.sub("H", _STRING.sub("STR", line)) for line in text.splitlines())
 
 
 def with_value(slot: int, value: str) -> dict[str, dict[str, Doc]]:
@@ -110,8 +116,15 @@ def with_value(slot: int, value: str) -> dict[str, dict[str, Doc]]:
 
 
 def check_slot(slot: int, value: str) -> None:
-    text, _ = ruleset(with_value(slot, value))
-    check_text(text, value)
+    """The ruleset with ``value`` in ``slot`` is well-formed; a value that is not plain and
+    was accepted changes nothing but quoted strings and names made of hashes: its
+    ruleset's skeleton is the one with a plain placeholder in the slot."""
+    text, accepted = ruleset(with_value(slot, value))
+    check_text(text)
+    if accepted and not _PLAIN.match(value):
+        base, base_accepted = ruleset(with_value(slot, PLACEHOLDER))
+        if base_accepted:
+            assert skeleton(text) == skeleton(base), (SLOTS[slot % len(SLOTS)], value)
 
 
 def fuzz_one(data: bytes) -> None:

@@ -56,8 +56,8 @@ def _nft_check(text: str, tmp: Path) -> subprocess.CompletedProcess[str]:
 def test_nft_takes_what_hostile_strings_render(
     slot: int, value: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    nft_render.check_slot(slot, value)
     text, _ = nft_render.ruleset(nft_render.with_value(slot, value))
-    nft_render.check_text(text, value)
     done = _nft_check(text, tmp_path_factory.mktemp("nft-fuzz"))
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -29,9 +29,9 @@ def test_a_hostile_string_never_changes_the_ruleset_s_meaning(slot: int, value: 
 def test_the_check_sees_an_injection() -> None:
     """The property can fail: a name that ends an nft command is seen."""
     text, _ = nft_render.ruleset(nft_render._world())
+    injected = text.replace("to-cali", "to-x;flush ruleset;cali")
+    assert nft_render.skeleton(injected) != nft_render.skeleton(text)
     with pytest.raises(AssertionError):
-        nft_render.check_text(
-            text.replace("to-cali", "to-x;flush ruleset;cali"), "x;flush ruleset;"
-        )
+        nft_render.check_text(text.replace('comment "', 'comment #"', 1))
     with pytest.raises(AssertionError):
         nft_render.check_text(text.replace('comment "', 'comment "' + "x" * 200, 1))
