@@ -454,7 +454,7 @@ def test_migrate_to_etcd(ctl: Ctl, etcd1: Any) -> None:
     ("text", "error"),
     [
         ("[" * 5000, "nested too deeply"),
-        ("a: " + "[" * 1000, "nested too deeply"),
+        ("a: " + "[" * 5000, "nested too deeply"),
         (
             "apiVersion: tabby.io/v1\nkind: IPPool\nmetadata: &m {name: p, labels: *m}\n"
             "spec: {cidr: 10.0.0.0/16}\n",
