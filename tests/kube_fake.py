@@ -66,6 +66,8 @@ class FakeApi:
         self.server: ThreadingHTTPServer | None = None
         #: answer every request 401 (the caller's token revoked, as an uninstall does)
         self.unauthorized = False
+        #: collection -> an event a list of it waits for (hold_lists)
+        self.list_gates: dict[str, threading.Event] = {}
         for definition in definitions():  # tabby installed
             self.put(CRD_COLLECTION, definition)
 
@@ -117,6 +119,12 @@ class FakeApi:
             self.delete(crd.path, key)
         if then:
             self.delete(CRD_COLLECTION, crd.name)
+
+    def hold_lists(self, collection: str) -> threading.Event:
+        """Lists of ``collection`` wait (10 s at most) until the returned event is set: the
+        moment between one collection's list and another's."""
+        gate = self.list_gates[collection] = threading.Event()
+        return gate
 
     def compact(self) -> None:
         """Forget every event so far: a watch from an older version gets 410 Gone."""
@@ -222,6 +230,9 @@ class FakeApi:
                 if query.get("watch") in ("true", "1"):
                     self._watch(collection, query)
                     return
+                gate = api.list_gates.get(collection)
+                if gate is not None:
+                    gate.wait(10)
                 with api.lock:
                     items = [
                         copy.deepcopy(o)

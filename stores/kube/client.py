@@ -136,7 +136,11 @@ class KubeConfig:
             try:
                 doc = yaml.safe_load(text)
             except yaml.YAMLError as e:
-                raise ApiError(0, "unreadable kubeconfig", f"{path}: {e}") from None
+                # where and what, never the parser's quote of the line (it may be a token's)
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                what = getattr(e, "problem", None) or "not YAML"
+                raise ApiError(0, "unreadable kubeconfig", f"{path}: {what}{where}") from None
         base = os.path.dirname(os.path.abspath(path))
 
         def named(section: str, name: object) -> JSON:
@@ -179,6 +183,17 @@ class KubeConfig:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context; ApiError (status 0) when its CA, certificate or key is unusable
+        (named by what OpenSSL says, never by their content)."""
+        try:
+            return self._ssl_context()
+        except (ssl.SSLError, OSError, ValueError) as e:
+            why = getattr(e, "reason", None) or getattr(e, "strerror", None) or type(e).__name__
+            raise ApiError(
+                0, "bad kubeconfig", f"{self.source}: its CA, client certificate or key: {why}"
+            ) from None
+
+    def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
         if self.insecure:
             ctx.check_hostname = False

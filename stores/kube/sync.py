@@ -196,6 +196,10 @@ class KubeSync:
 
     def _events(self) -> Iterator[SyncEvent]:
         lists: dict[str, list[JSON]] = {}
+        #: what the collections listed already delivered while others were being listed:
+        #: changes after their lists, reported after the snapshot (dropped, a Node
+        #: registered then was never seen)
+        early: list[tuple[str, str, JSON]] = []
         snapshot_sent = not self.paths
         if snapshot_sent:
             self.count("snapshots")
@@ -211,6 +215,9 @@ class KubeSync:
                 if isinstance(payload, list):
                     lists[path] = payload
                     self.listed.add(path)
+                    early = [e for e in early if e[1] != path]  # the list is newer
+                else:
+                    early.append((what, path, payload))
                 if self.listed >= set(self.paths):
                     self._check_installed(*self.paths)
                     for p, items in lists.items():
@@ -219,15 +226,23 @@ class KubeSync:
                     self.count("snapshots")
                     snapshot_sent = True
                     yield self.reported.snapshot(self._documents())
+                    for event in early:
+                        yield from self._change(*event)
+                    early.clear()
                 continue
-            if isinstance(payload, list):
+            yield from self._change(what, path, payload)
+
+    def _change(self, what: str, path: str, payload: JSON | list[JSON]) -> Iterator[SyncEvent]:
+        """The events of one collection's list again or one change of it, after the
+        snapshot."""
+        if isinstance(payload, list):
+            self._check_installed(path)
+            self._take_list(path, payload)
+            yield from self._relisted(path)
+        else:
+            if what == "DELETED":
                 self._check_installed(path)
-                self._take_list(path, payload)
-                yield from self._relisted(path)
-            else:
-                if what == "DELETED":
-                    self._check_installed(path)
-                yield from self._event(what, path, payload)
+            yield from self._event(what, path, payload)
 
     def _check_installed(self, *paths: str) -> None:
         """Raise ``StoreRemoved`` if the definition of one of tabby's kinds read from
