@@ -58,14 +58,16 @@ def test_tabby_node_adds_what_it_needs_each_with_what_it_is_for() -> None:
         assert lines[at - 1].strip().startswith("#"), f"{cap}: no comment says what it is for"
         assert re.search(rf"^\| `{cap}` \| .+ \|", doc, re.M), f"{cap} not in docs/security.md"
     annotations = one("DaemonSet", "tabby-node")["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"container.apparmor.security.beta.kubernetes.io/tabby-node": "unconfined"}
+    apparmor = "container.apparmor.security.beta.kubernetes.io/tabby-node"
+    assert annotations == {apparmor: "unconfined"}
 
 
 def test_the_controllers_run_as_no_root_and_read_their_etcd_key_by_group() -> None:
     spec = one("Deployment", "tabby-kube-controllers")["spec"]["template"]["spec"]
     pod = spec["securityContext"]
     assert pod["runAsNonRoot"] is True
-    assert pod["runAsUser"] > 0 and pod["runAsGroup"] > 0
+    assert pod["runAsUser"] > 0
+    assert pod["runAsGroup"] > 0
     (secret,) = [v["secret"] for v in spec["volumes"] if "secret" in v]
     assert pod["fsGroup"] == pod["runAsGroup"]
     assert secret["defaultMode"] == 0o440  # root's, readable by the controllers' group
@@ -130,6 +132,4 @@ def test_every_container_has_requests_and_limits() -> None:
 def test_every_workload_is_covered() -> None:
     """No pod template escapes these tests."""
     templates = [d for d in DOCS if "template" in d.get("spec", {})]
-    assert [d["metadata"]["name"] for d in templates] == [
-        w["metadata"]["name"] for w in WORKLOADS
-    ]
+    assert [d["metadata"]["name"] for d in templates] == [w["metadata"]["name"] for w in WORKLOADS]
