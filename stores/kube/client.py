@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bundle.types import JSON  # a Kubernetes object or response as the API sends it
 
@@ -95,8 +95,8 @@ class KubeConfig:
     cert_file: str | None = None
     key_file: str | None = None
     cert_data: bytes | None = None  # PEM
-    key_data: bytes | None = None  # PEM
-    token: str | None = None
+    key_data: bytes | None = field(default=None, repr=False)  # PEM; a secret
+    token: str | None = field(default=None, repr=False)  # a secret
     token_file: str | None = None
     source: str = ""  # where it came from, for messages
 

@@ -292,6 +292,14 @@ def test_tabbyctl_says_no_secret(case: str, tmp_path: Path) -> None:
         _clean(result.output)
 
 
+def test_a_kubeconfig_shows_no_secret() -> None:
+    """What the Kubernetes client holds of a kubeconfig prints without its token or key."""
+    from stores.kube.client import KubeConfig
+
+    config = KubeConfig(server="https://10.0.0.1:6443", token=CANARY, key_data=KEY.encode())
+    _clean(repr(config), str(config))
+
+
 def test_a_bgp_peer_with_a_password_is_refused_without_showing_it(tmp_path: Path) -> None:
     """BGPPeer has no password (tabby's BIRD speaks no TCP-MD5): a Calico-style peer with
     one, inline or as a secretKeyRef, is refused naming the field, never its value."""
