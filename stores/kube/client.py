@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -241,6 +242,15 @@ class KubeClient:
         self._conns: set[http.client.HTTPConnection] = set()  # every thread's keep-alive one
         self._lock = threading.Lock()
         self._token: tuple[str, float] | None = None
+        #: the token file's directory, held open: tabby-node re-reads the token in the
+        #: thread of a CNI call it serves, which has entered the caller's (the host's) mount
+        #: namespace, where the path means nothing; a rotated token replaces the file in it
+        self._token_dir: int | None = None
+        if config.token_file and not config.token:
+            with contextlib.suppress(OSError):
+                where = os.path.dirname(os.path.abspath(config.token_file))
+                self._token_dir = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                weakref.finalize(self, os.close, self._token_dir)
         self.requests = 0  # requests sent (metrics, benches)
 
     # -- plumbing -------------------------------------------------------------------------
@@ -270,7 +280,12 @@ class KubeClient:
             now = time.monotonic()
             if self._token is None or now - self._token[1] > TOKEN_REREAD_SECONDS:
                 try:
-                    with open(self.config.token_file, encoding="utf-8") as f:
+                    if self._token_dir is not None:
+                        name = os.path.basename(self.config.token_file)
+                        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._token_dir)
+                    else:
+                        fd = os.open(self.config.token_file, os.O_RDONLY | os.O_CLOEXEC)
+                    with open(fd, encoding="utf-8") as f:
                         self._token = (f.read().strip(), now)
                 except OSError as e:
                     raise ApiError(0, "no service account token", str(e)) from None
