@@ -41,6 +41,13 @@ def _check_as(value: int, what: str) -> None:
         raise ValueError(f"{what}: AS number must be an integer in 1..4294967295, got {value!r}")
 
 
+def _unsafe_name(name: str) -> bool:
+    """A name the text cannot carry as it is: a quote or a backslash (the end of a BIRD
+    string), or anything not printable (line ends, controls, and the lone surrogates of
+    undecodable bytes, which the configuration file cannot be written with)."""
+    return not name.isprintable() or '"' in name or "\\" in name
+
+
 def _check_address(value: object, what: str) -> None:
     if not isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
         raise TypeError(f"{what}: expected an ipaddress address, got {value!r}")
@@ -64,8 +71,8 @@ class BirdNode:
     rr_cluster_id: ipaddress.IPv4Address | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or any(c in self.name for c in '"\\\n\r\0'):
-            raise ValueError(f"node name {self.name!r} is empty or has quotes or control chars")
+        if not self.name or _unsafe_name(self.name):
+            raise ValueError(f"node name {self.name!r} is empty, has quotes or is not printable")
         _check_address(self.ipv4, "node ipv4")
         if not isinstance(self.ipv4, ipaddress.IPv4Address):
             raise TypeError(f"node ipv4 must be an IPv4Address, got {self.ipv4!r}")
@@ -106,8 +113,10 @@ class Peer:
         if not isinstance(self.type, PeerType):
             raise TypeError(f"peer {self.address}: type must be a PeerType, got {self.type!r}")
         _check_as(self.as_number, f"peer {self.address}")
-        if any(c in self.name for c in '"\\\n\r\0'):
-            raise ValueError(f"peer {self.address}: name {self.name!r} has quotes or controls")
+        if _unsafe_name(self.name):
+            raise ValueError(
+                f"peer {self.address}: name {self.name!r} has quotes or is not printable"
+            )
         if self.address.version == 6 and self.address.is_link_local:
             raise ValueError(f"peer {self.address}: link-local peers are not supported")
 

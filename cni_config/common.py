@@ -47,6 +47,7 @@ from cni_config.values import AttachmentValues, CommonValues, DatastoreValues
 from cni_config.values import node_name_problem as node_name_problem  # (also read from here)
 from cni_protocol.errors import CniError, Code
 from cni_protocol.log import DEFAULT_LOG_FILE
+from cni_protocol.redact import redact, shown_value
 
 DEFAULT_NODENAME_FILE = "/var/lib/tabby/nodename"
 DEFAULT_DATA_DIR = "/var/lib/tabby/ipam"
@@ -284,7 +285,7 @@ def problem_message(error: ErrorDetails) -> str:
 def problem_error(error: ErrorDetails, prefix: str = "") -> CniError:
     """The CNI error for one of pydantic's errors: code 7 for a structural problem, else 2."""
     path = prefix + _path(error["loc"])
-    msg = problem_message(error)
+    msg = redact(problem_message(error))
     if path in _STRUCTURAL_FIELDS:
         return CniError(Code.INVALID_CONFIG, f"invalid {path}", f"{path}: {msg}")
     if error["type"] in _STRUCTURAL:
@@ -295,9 +296,7 @@ def problem_error(error: ErrorDetails, prefix: str = "") -> CniError:
         # A rule over several fields of one section (a model validator): name the section.
         where = path or "the network configuration"
         return CniError(Code.UNSUPPORTED_FIELD, f"unsupported configuration in {where}: {msg}", msg)
-    shown = repr(value)
-    if len(shown) > 200:
-        shown = shown[:200] + "..."
+    shown = shown_value(path, value)
     return CniError(Code.UNSUPPORTED_FIELD, f"unsupported value for field {path!r}: {shown}", msg)
 
 

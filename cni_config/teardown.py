@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cni_config.values import CommonValues, DatastoreValues
 from cni_protocol.errors import CniError, Code
+from cni_protocol.redact import shown_value
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -75,13 +76,11 @@ class Dropped:
         return hash((self.path, self.problem))
 
     def __repr__(self) -> str:
-        return f"Dropped(path={self.path!r}, value={self.value!r}, problem={self.problem!r})"
+        value = shown_value(self.path, self.value)
+        return f"Dropped(path={self.path!r}, value={value}, problem={self.problem!r})"
 
     def __str__(self) -> str:
-        shown = repr(self.value)
-        if len(shown) > 200:
-            shown = shown[:200] + "..."
-        return f"{self.path}={shown} ({self.problem})"
+        return f"{self.path}={shown_value(self.path, self.value)} ({self.problem})"
 
 
 class Unknown(Exception):

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from bundle.types import JSON
 from bundle.types import IPAddress as Address
-from cni_protocol import invoke, log, skel, types
+from cni_protocol import invoke, log, phases, skel, types
 from cni_protocol.errors import CniError, Code
 from dataplane.names import host_veth_name
 
@@ -154,24 +155,34 @@ def _store_errors() -> AbstractContextManager[None]:
 
 class _InBackground:
     """``fn()`` on a thread of its own; ``wait()`` returns what it raised (None: it
-    returned). The thread inherits the caller's namespaces (clone copies them)."""
+    returned). The thread inherits the caller's namespaces (clone copies them). Its time
+    counts to the caller's phase ``phase``, and the time ``wait()`` waited to
+    ``<phase>_wait`` (:mod:`cni_protocol.phases`)."""
 
-    def __init__(self, fn: Callable[[], object]) -> None:
+    def __init__(self, fn: Callable[[], object], phase: str) -> None:
         import threading
 
         self._error: BaseException | None = None
         self._fn = fn
+        self._phase = phase
+        self._seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="tabby-record", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        started = time.perf_counter()
         try:
             self._fn()
         except BaseException as e:  # handed to the caller by wait()
             self._error = e
+        finally:
+            self._seconds = time.perf_counter() - started
 
     def wait(self) -> BaseException | None:
+        started = time.perf_counter()
         self._thread.join()
+        phases.add(f"{self._phase}_wait", time.perf_counter() - started)
+        phases.add(self._phase, self._seconds)
         return self._error
 
 
@@ -483,6 +494,7 @@ class Plugin:
         ipam_type = _raw_ipam_type(args.config)
         if ipam_type is None or self.validate_first:
             ipam_type = configuration(args).ipam_type  # raises the precise error (code 7)
+        ipam_started = time.perf_counter()
         pending = self.ipam.start(ipam_type, "ADD", args)
         try:
             conf = configuration(args)
@@ -499,7 +511,10 @@ class Plugin:
             else:
                 self._refused_after_ipam(args, ipam_type)
             raise
-        raw = pending()
+        try:
+            raw = pending()
+        finally:
+            phases.add("ipam", time.perf_counter() - ipam_started)
         try:
             ipam_result = types.canonical(raw or {}, args.cni_version)
             addresses = _addresses(ipam_result)
@@ -516,10 +531,11 @@ class Plugin:
         # The attachment is recorded (and, in tabby-node, its policy programmed) while the
         # kernel side is built: datastore round trips overlap netlink work.
         recorded = _InBackground(
-            lambda: self.endpoints.added(args, conf, addresses, spec.host_ifname)
+            lambda: self.endpoints.added(args, conf, addresses, spec.host_ifname), "endpoint"
         )
         try:
-            done = dp.setup(spec)
+            with phases.timed("netlink"):
+                done = dp.setup(spec)
         except BaseException:
             # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
             # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
@@ -563,12 +579,13 @@ class Plugin:
             logger.warning("no host veth of that name can exist (%s): pod side only", e)
         local_error: CniError | None = None
         try:
-            self.dataplane.teardown(
-                args.netns or None,
-                args.ifname,
-                host,
-                _addresses(prev) if prev else None,
-            )
+            with phases.timed("netlink"):
+                self.dataplane.teardown(
+                    args.netns or None,
+                    args.ifname,
+                    host,
+                    _addresses(prev) if prev else None,
+                )
         except CniError as e:
             logger.error("local teardown failed: %s", e)
             local_error = e
@@ -578,13 +595,19 @@ class Plugin:
         except Unknown as e:
             logger.warning("no workload endpoint of that key or store (%s): none removed", e)
         else:
+            started = time.perf_counter()
             try:
                 self.endpoints.removed(args, conf)
             except CniError as e:
                 logger.error("cannot remove the workload endpoint: %s", e)
                 local_error = local_error or e
+            finally:  # in line: all of it is on the call's path
+                seconds = time.perf_counter() - started
+                phases.add("endpoint", seconds)
+                phases.add("endpoint_wait", seconds)
         # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
-        self._ipam(args, conf, "DEL")()
+        with phases.timed("ipam"):
+            self._ipam(args, conf, "DEL")()
         logger.info("deleted (netns %s)", args.netns or "-")
         if local_error is not None:
             raise local_error
@@ -598,7 +621,8 @@ class Plugin:
         if ipam_type is None:
             configuration(args)  # raises the precise error (code 7)
             raise CniError(Code.INVALID_CONFIG, "ipam.type is required")  # pragma: no cover
-        pending = self.ipam.start(ipam_type, "CHECK", args)
+        with phases.timed("ipam"):
+            pending = self.ipam.start(ipam_type, "CHECK", args)
         try:
             self._check_dataplane(args)
         except BaseException:
@@ -607,7 +631,8 @@ class Plugin:
             except Exception as e:  # reported second: logged only
                 logger.info("IPAM CHECK also failed: %s", e)
             raise
-        pending()
+        with phases.timed("ipam"):
+            pending()
         return None
 
     def _check_dataplane(self, args: skel.CmdArgs) -> None:
@@ -660,7 +685,10 @@ class Plugin:
             for r in default_pod_routes(addresses)
             if (str(r.dst), str(r.gw) if r.gw is not None else None) in listed
         ]
-        self.dataplane.check(spec, ExpectedState(container_mac=pod_if.get("mac"), routes=routes))
+        with phases.timed("netlink"):
+            self.dataplane.check(
+                spec, ExpectedState(container_mac=pod_if.get("mac"), routes=routes)
+            )
 
     def gc(self, args: skel.CmdArgs) -> None:
         """Remove this network's host veths whose attachment is not valid; forward to IPAM.

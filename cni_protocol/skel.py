@@ -40,6 +40,11 @@ REQUIRED_ENV: dict[str, tuple[str, ...]] = {
 MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
 
 _ID_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
+#: The deepest nesting of lists and objects a configuration may have (a conflist's is 4-6:
+#: prevResult's routes, runtimeConfig's port mappings); deeper is refused as undecodable
+#: before any code walks it (recursion in the models, the known-configuration hash).
+MAX_DEPTH = 32
+_TOO_DEEP = object()
 
 
 class CmdArgs:
@@ -139,7 +144,9 @@ def validate_container_id(value: str) -> None:
 
 def validate_ifname(value: str) -> None:
     problem = ""
-    if len(value.encode()) > 15:
+    # surrogateescape: the environment's bytes as the kernel will see them (a name that is
+    # not UTF-8 arrives as lone surrogates, which plain encode() refuses)
+    if len(value.encode("utf-8", "surrogateescape")) > 15:
         problem = "longer than 15 bytes"
     elif value in (".", ".."):
         problem = "'.' and '..' are not interface names"
@@ -156,6 +163,21 @@ def validate_network_name(name: object) -> None:
             "invalid network name",
             f"name {name!r} must be non-empty and match {_ID_RE.pattern}",
         )
+
+
+def _too_deep(value: object) -> bool:
+    """True when lists and objects nest deeper than MAX_DEPTH in ``value`` (iterative)."""
+    level: list[object] = [value]
+    for _ in range(MAX_DEPTH):
+        level = [
+            child
+            for v in level
+            if isinstance(v, dict | list)
+            for child in (v.values() if isinstance(v, dict) else v)
+        ]
+        if not level:
+            return False
+    return any(isinstance(v, dict | list) for v in level)
 
 
 def _same_netns(path: str, own: tuple[int, int] | None) -> bool:
@@ -205,6 +227,14 @@ def build_args(
         raise CniError(
             Code.DECODE_FAILURE, "failed to parse network configuration", str(e)
         ) from None
+    except RecursionError:
+        config = _TOO_DEEP  # nested past the parser's own stack
+    if config is _TOO_DEEP or (isinstance(config, dict) and _too_deep(config)):
+        raise CniError(
+            Code.DECODE_FAILURE,
+            "network configuration is nested too deeply",
+            f"lists and objects nest at most {MAX_DEPTH} levels deep",
+        )
     if not isinstance(config, dict):
         raise CniError(Code.DECODE_FAILURE, "network configuration is not a JSON object")
     if "cniVersion" not in config:

@@ -13,7 +13,8 @@ def parse(version: object) -> tuple[int, int, int]:
     if not isinstance(version, str):
         raise CniError(Code.DECODE_FAILURE, "invalid cniVersion", f"cniVersion {version!r}")
     parts = version.split(".")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    # isascii: str.isdigit() is true for digits int() refuses ("²"), and for other scripts'.
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
         raise CniError(Code.DECODE_FAILURE, "invalid cniVersion", f"cniVersion {version!r}")
     return int(parts[0]), int(parts[1]), int(parts[2])
 

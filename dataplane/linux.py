@@ -36,7 +36,7 @@ from dataplane.model import (
     host_prefix,
 )
 from dataplane.netns import NetNS
-from dataplane.rtnl import Link, Rtnl
+from dataplane.rtnl import Link, Rtnl, address_request, link_request, route_request, set_up_request
 
 log = logging.getLogger("tabby.dataplane")
 
@@ -128,31 +128,54 @@ def setup(spec: SetupSpec) -> SetupResult:
     :class:`~dataplane.errors.InterfaceConflict` for a ``CNI_IFNAME`` that already exists
     in the pod (which is then left untouched), or another
     :class:`~dataplane.errors.DataplaneError` for kernel failures.
+
+    Round trips (the usual case, IPv4 or IPv6 or both): the veth pair made with its pod end
+    directly in the pod; both ends read back at once (two sockets, both requests under way
+    together); then each side's changes in one datagram, both under way together: the host
+    end up with its alias and its routes, the pod end up with its addresses and routes.
+    Names already taken are looked at only when the kernel refuses the pair (EEXIST).
     """
     if not spec.addresses:
         raise DataplaneError("no addresses to configure", "setup() needs at least one")
     with netns_mod.open_netns(spec.netns_path) as ns, _sockets(ns) as (host, pod):
-        _prepare(spec, ns, host, pod)
-        host.add_veth(
-            spec.host_ifname,
-            mac=HOST_VETH_MAC,
-            mtu=spec.mtu,
-            peer_name=spec.ifname,
-            peer_netns_fd=ns.fd,
-            peer_mac=spec.mac,
-        )
+        try:
+            _add_veth(spec, ns, host)
+        except NetlinkFailure as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+            _prepare(spec, ns, host, pod)  # a conflict raises; a stale veth of ours goes
+            _add_veth(spec, ns, host)
         host_link: Link | None = None
         try:
-            host_link = host.link_by_name(spec.host_ifname)
+            host_sent = host.send([link_request(spec.host_ifname)])
+            pod_sent = pod.send([link_request(spec.ifname)])
+            host_link = host.link_of(host.results(host_sent)[0])
+            pod_link = pod.link_of(pod.results(pod_sent)[0])
             if host_link is None:
                 raise DataplaneError(
                     f"host veth {spec.host_ifname} vanished right after creation",
                     "another process deleted it concurrently",
                 )
-            return _configure(spec, ns, host, pod, host_link)
+            if pod_link is None:
+                raise DataplaneError(
+                    f"pod interface {spec.ifname} not found after creating the veth pair",
+                    f"in {spec.netns_path}",
+                )
+            return _configure(spec, ns, host, pod, host_link, pod_link)
         except BaseException:
             _rollback(host, spec.host_ifname, host_link)
             raise
+
+
+def _add_veth(spec: SetupSpec, ns: NetNS, host: Rtnl) -> None:
+    host.add_veth(
+        spec.host_ifname,
+        mac=HOST_VETH_MAC,
+        mtu=spec.mtu,
+        peer_name=spec.ifname,
+        peer_netns_fd=ns.fd,
+        peer_mac=spec.mac,
+    )
 
 
 def _prepare(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl) -> None:
@@ -174,18 +197,12 @@ def _prepare(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl) -> None:
     host.delete_link(stale.index, stale.name)
 
 
-def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Link) -> SetupResult:
+def _configure(
+    spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Link, pod_link: Link
+) -> SetupResult:
     ipv4, ipv6 = spec.has_ipv4, spec.has_ipv6
     for key, value, missing_ok in _host_sysctls(spec.host_ifname, ipv4=ipv4, ipv6=ipv6):
         sysctl.write(key, value, missing_ok=missing_ok)
-    host.set_up(host_link, alias=spec.alias)
-
-    pod_link = pod.link_by_name(spec.ifname)
-    if pod_link is None:
-        raise DataplaneError(
-            f"pod interface {spec.ifname} not found after creating the veth pair",
-            f"in {spec.netns_path}",
-        )
     pod_keys = _pod_sysctls(
         spec.ifname,
         ipv4=ipv4,
@@ -194,37 +211,34 @@ def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Lin
         enable_ipv6=bool(pod_link.ipv6_disabled),
     )
     if pod_keys:
-        netns_mod.run_in_netns(ns.fd, lambda: _write_all(pod_keys))
-    pod.set_up(pod_link)
-    for address in spec.addresses:
-        pod.add_address(pod_link, address)
+        netns_mod.call_in_netns(ns.fd, lambda: _write_all(pod_keys))
 
-    programmed: list[PodRoute] = []
-    skipped_v4_gateway = False
-    for route in default_pod_routes(spec.addresses):
-        if skipped_v4_gateway and route.dst.version == 4 and route.dst.prefixlen == 0:
-            # The gateway is routed out of another attachment's interface, so a default
-            # route via this one could not be resolved (ENETUNREACH); that attachment's
-            # default route serves the pod.
-            log.info("pod default route is on another interface, not adding it on %s", spec.ifname)
-            continue
-        try:
-            pod.add_route(route.dst, pod_link.index, gw=route.gw, scope=route.scope)
-        except NetlinkFailure as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-            # Another attachment of this pod already owns the default route: keep it, and
-            # report only what we programmed.
-            log.info("pod route %s already exists, not adding it on %s", route, spec.ifname)
-            if route.dst.version == 4 and route.gw is None:
-                skipped_v4_gateway = True
-            continue
-        programmed.append(route)
-
+    # The host end up (its sysctls are written: they apply from the start), and the host
+    # routes to the pod's addresses (replacing a stale one of an earlier pod).
+    host_requests = [set_up_request(host_link, alias=spec.alias)]
     for address in spec.addresses:
         scope = SCOPE_LINK if address.version == 4 else 0
-        host.add_route(host_prefix(address), host_link.index, scope=scope, replace=True)
-
+        host_requests.append(
+            route_request(host_prefix(address), host_link.index, scope=scope, replace=True)
+        )
+    # The pod end up, its addresses, its routes: in this order, each after the previous
+    # (the kernel runs a datagram's requests in turn).
+    routes = default_pod_routes(spec.addresses)
+    pod_requests = [set_up_request(pod_link)]
+    pod_requests += [address_request(pod_link, address) for address in spec.addresses]
+    pod_requests += [
+        route_request(route.dst, pod_link.index, gw=route.gw, scope=route.scope) for route in routes
+    ]
+    host_sent = host.send(host_requests)
+    try:
+        pod_sent = pod.send(pod_requests)
+    finally:
+        host_done = host.results(host_sent)
+    pod_done = pod.results(pod_sent)
+    for result in host_done + pod_done[: 1 + len(spec.addresses)]:
+        if isinstance(result, NetlinkFailure):
+            raise result
+    programmed = _pod_routes(spec, routes, pod_done[1 + len(spec.addresses) :])
     return SetupResult(
         host_ifname=host_link.name,
         host_mac=host_link.mac or HOST_VETH_MAC,
@@ -232,8 +246,36 @@ def _configure(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl, host_link: Lin
         container_ifname=pod_link.name,
         container_mac=pod_link.mac or "",
         container_index=pod_link.index,
-        routes=tuple(programmed),
+        routes=programmed,
     )
+
+
+def _pod_routes(
+    spec: SetupSpec, routes: Sequence[PodRoute], results: Sequence[object]
+) -> tuple[PodRoute, ...]:
+    """The pod routes programmed, from the kernel's answers to ``routes``; a route another
+    attachment of this pod already owns (EEXIST) is kept and not reported, and so is the
+    IPv4 default route through a gateway routed out of another attachment's interface."""
+    programmed: list[PodRoute] = []
+    skipped_v4_gateway = False
+    for route, result in zip(routes, results, strict=True):
+        if not isinstance(result, NetlinkFailure):
+            programmed.append(route)
+            continue
+        if skipped_v4_gateway and route.dst.version == 4 and route.dst.prefixlen == 0:
+            # The gateway is routed out of another attachment's interface, so a default
+            # route via this one could not be resolved (ENETUNREACH); that attachment's
+            # default route serves the pod.
+            log.info("pod default route is on another interface, not adding it on %s", spec.ifname)
+            continue
+        if result.errno != errno.EEXIST:
+            raise result
+        # Another attachment of this pod already owns the default route: keep it, and
+        # report only what we programmed.
+        log.info("pod route %s already exists, not adding it on %s", route, spec.ifname)
+        if route.dst.version == 4 and route.gw is None:
+            skipped_v4_gateway = True
+    return tuple(programmed)
 
 
 def _write_all(keys: Sequence[tuple[str, str]]) -> None:
@@ -266,7 +308,8 @@ def teardown(
       host end and that end's routes go with it).
     * ``netns_path`` is the caller's own namespace: :class:`~dataplane.errors.InvalidNetNS`,
       nothing is touched. A path that exists but is not a network namespace is logged and skipped.
-    * Host routes of ``addresses`` are removed only where they point at ``host_ifname``.
+    * Host routes of ``addresses`` are removed only where they point at ``host_ifname``:
+      the kernel removes them with the link, in the same request.
     * Deleting the host veth removes its pod end too; if the host veth is gone (e.g. the
       prefix changed) the pod's ``ifname`` is deleted only if it is a veth whose peer lives in
       the host namespace, never a foreign interface of that name.
@@ -288,9 +331,7 @@ def teardown(
         if host_ifname is not None:
             link = host.link_by_name(host_ifname)
             if link is not None and link.kind == "veth":
-                for address in addresses or ():
-                    host.delete_route(host_prefix(address), link.index)
-                host.delete_link(link.index, host_ifname)
+                host.delete_link(link.index, host_ifname)  # its routes go with it
                 return
             if link is not None:
                 log.warning("teardown: %s is a %s, not a veth; left alone", host_ifname, link.kind)

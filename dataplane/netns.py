@@ -190,6 +190,34 @@ def run_in_netns(fd: int, fn: Callable[[], T]) -> T:
     return result[0]
 
 
+def call_in_netns(fd: int, fn: Callable[[], T]) -> T:
+    """Run ``fn()`` in the *calling thread*, switched into the network namespace ``fd``
+    and back before this returns (or raises): for short work that must not wait for a
+    thread to start and end (:func:`run_in_netns`), such as creating a netlink socket
+    there or writing its ``/proc/sys/net``. ``fn`` must not block on other threads.
+
+    Switching back is to the thread's own namespace, held open meanwhile; should even
+    that fail, the thread is left in the other namespace and :class:`NamespaceStuck` is
+    raised: a BaseException, which no handler of ordinary errors catches."""
+    home = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns(fd)
+        try:
+            return fn()
+        finally:
+            try:
+                setns(home)
+            except OSError as exc:
+                raise NamespaceStuck(f"cannot return to the thread's namespace: {exc}") from None
+    finally:
+        os.close(home)
+
+
+class NamespaceStuck(BaseException):
+    """The calling thread could not return to its own network namespace
+    (:func:`call_in_netns`): nothing more may run in it."""
+
+
 def own_netns_fd() -> int:
     """A new fd for the calling thread's own network namespace (caller closes it)."""
     return os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)

@@ -24,7 +24,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 # Kernel ABI: linux/netlink.h, linux/netfilter/nfnetlink.h, nfnetlink_log.h, nf_tables.h.
 NETLINK_NETFILTER = 12
@@ -283,19 +283,31 @@ class NetfilterSocket:
         self.sock.close()
 
 
-def reset_counters(table: str) -> list[tuple[str, int, int]]:
+def reset_counters(table: str, names: Collection[str] | None = None) -> list[tuple[str, int, int]]:
     """(name, packets, bytes) of every named counter of ``inet <table>`` in the calling
-    thread's namespace, read and zeroed in one step by the kernel (what ``nft reset
-    counters`` asks for; libnftables may answer a repeated reset from its cache, with the
-    values of the previous one). OSError when the table does not exist."""
+    thread's namespace, or of those of ``names`` that exist, read and zeroed in one step by
+    the kernel (what ``nft reset counters`` asks for; libnftables may answer a repeated
+    reset from its cache, with the values of the previous one). OSError when the table does
+    not exist."""
     nl = NetfilterSocket(rcvbuf=1 << 18)
     try:
         body = _attr(NFTA_OBJ_TABLE, table.encode() + b"\0") + _attr(
             NFTA_OBJ_TYPE, struct.pack(">I", NFT_OBJECT_COUNTER)
         )
-        replies = nl.request(
-            NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ_RESET, NFPROTO_INET, 0, body, dump=True
-        )
+        if names is None:
+            replies = nl.request(
+                NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ_RESET, NFPROTO_INET, 0, body, dump=True
+            )
+        else:  # the few a change removes: not the whole table's (two per pod)
+            replies = []
+            for name in names:
+                one = body + _attr(NFTA_OBJ_NAME, name.encode() + b"\0")
+                try:
+                    replies += nl.request(
+                        NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ_RESET, NFPROTO_INET, 0, one
+                    )
+                except FileNotFoundError:
+                    continue  # not there (any more): nothing counted to keep
     finally:
         nl.close()
     out = []

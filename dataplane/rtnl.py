@@ -5,7 +5,9 @@ as its ``ifinfmsg``/``ifaddrmsg``/``rtmsg``/``nsidmsg`` messages and replies are
 the same classes. The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
 its replies up to the ACK (or NLMSG_DONE for a dump). pyroute2's own ``IPRoute`` runs every
 request through an asyncio event loop and its request filters: ~0.35 ms more per request and
-~60 ms more to import (asyncio, its socket layer), measured; an ADD makes 14 requests.
+~60 ms more to import (asyncio, its socket layer), measured. Requests that do not depend on
+each other's answers go together (:meth:`Rtnl.send`): several in one datagram, and the
+sockets of both namespaces under way at once, so an ADD waits for 3 round trips.
 
 pyroute2 ships no type information: its messages are seen through :class:`Message` (what
 is read of them is untyped), and everything they hold is converted here into the frozen
@@ -26,7 +28,7 @@ import errno as errno_mod
 import ipaddress
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dataplane import lazy_pyroute2
@@ -95,6 +97,7 @@ _RECV_BUFFER = 1 << 18  # a dump part is at most ~32 KiB; several may come in on
 _DUMP_ATTEMPTS = 5  # a dump the kernel marks interrupted (NLM_F_DUMP_INTR) is redone
 
 IFF_UP = 0x1
+RTEXT_FILTER_SKIP_STATS = 1 << 3  # IFLA_EXT_MASK: no IFLA_STATS* in a link's answer
 IFA_F_NODAD = 0x02
 RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE = 0
@@ -143,6 +146,36 @@ class Route:
     scope: int
     table: int
     multipath: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One netlink request of a batch (:meth:`Rtnl.send`): what it does (for errors), its
+    message, type and flags (NLM_F_REQUEST and NLM_F_ACK are added)."""
+
+    op: str
+    msg: Message
+    msg_type: int
+    flags: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """Requests sent and not yet answered (:meth:`Rtnl.send`)."""
+
+    requests: tuple[Request, ...]
+    seqs: tuple[int, ...]
+
+
+def _encode(msg: Message, msg_type: int, flags: int) -> bytearray:
+    """The request's bytes (its sequence number still to be set). Once per message:
+    pyroute2 appends to ``msg.data`` on every encode()."""
+    dump = flags & NLM_F_DUMP == NLM_F_DUMP
+    msg["header"]["type"] = msg_type
+    msg["header"]["flags"] = NLM_F_REQUEST | flags | (0 if dump else NLM_F_ACK)
+    msg["header"]["pid"] = 0
+    msg.encode()
+    return bytearray(msg.data)
 
 
 def _family(version: int) -> int:
@@ -207,9 +240,10 @@ class Rtnl:
 
     @classmethod
     def in_netns(cls, fd: int, where: str = "pod") -> Rtnl:
-        """A socket in the namespace ``fd``, created by a short-lived worker thread."""
+        """A socket in the namespace ``fd``, created by the calling thread switched there
+        for that moment (``netns.call_in_netns``)."""
         try:
-            sock = netns_mod.run_in_netns(fd, _new_socket)
+            sock = netns_mod.call_in_netns(fd, _new_socket)
         except OSError as exc:
             raise NetlinkFailure("open socket", where, exc.errno or errno_mod.EIO) from None
         return cls(sock, where)
@@ -231,11 +265,7 @@ class Rtnl:
         NLMSG_DONE; one the kernel marks interrupted (the table changed while it was read)
         is done again, as iproute2 does."""
         dump = flags & NLM_F_DUMP == NLM_F_DUMP
-        msg["header"]["type"] = msg_type
-        msg["header"]["flags"] = NLM_F_REQUEST | flags | (0 if dump else NLM_F_ACK)
-        msg["header"]["pid"] = 0
-        msg.encode()  # once: pyroute2 appends to msg.data on every encode()
-        request = bytearray(msg.data)
+        request = _encode(msg, msg_type, flags)
         for _ in range(_DUMP_ATTEMPTS if dump else 1):
             self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
             _SEQ.pack_into(request, _SEQ_OFFSET, self._seq)
@@ -247,6 +277,49 @@ class Rtnl:
             if not interrupted:
                 return replies
         raise NetlinkFailure(op, self.where, errno_mod.EAGAIN)
+
+    def send(self, requests: Sequence[Request]) -> Sent:
+        """Send ``requests`` (no dumps) in one datagram, without waiting: the kernel runs
+        them in order, each on its own (one that fails does not stop the next), and ACKs
+        each. :meth:`results` reads the answers; meanwhile another socket's requests can be
+        under way. One round trip for all of them, where one by one each would be one."""
+        data = bytearray()
+        seqs: list[int] = []
+        for request in requests:
+            encoded = _encode(request.msg, request.msg_type, request.flags)
+            self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
+            _SEQ.pack_into(encoded, _SEQ_OFFSET, self._seq)
+            seqs.append(self._seq)
+            data += encoded
+        try:
+            self._sock.send(data)
+        except OSError as exc:
+            raise NetlinkFailure(
+                requests[0].op if requests else "send", self.where, exc.errno or errno_mod.EIO
+            ) from None
+        return Sent(tuple(requests), tuple(seqs))
+
+    def results(self, sent: Sent) -> list[list[Message] | NetlinkFailure]:
+        """The answer to each request of ``sent`` (:meth:`send`), in order: its replies, or
+        the failure the kernel answered it with."""
+        out: list[list[Message] | NetlinkFailure] = []
+        for request, seq in zip(sent.requests, sent.seqs, strict=True):
+            try:
+                out.append(self._replies(request.op, seq)[0])
+            except NetlinkFailure as exc:
+                out.append(exc)
+            except OSError as exc:
+                out.append(NetlinkFailure(request.op, self.where, exc.errno or errno_mod.EIO))
+        return out
+
+    def run(self, requests: Sequence[Request]) -> list[list[Message]]:
+        """:meth:`send` then :meth:`results`; the first failure raised (once every answer
+        is read: the socket stays usable)."""
+        results = self.results(self.send(requests))
+        for result in results:
+            if isinstance(result, NetlinkFailure):
+                raise result
+        return [r for r in results if not isinstance(r, NetlinkFailure)]
 
     def _delete(
         self,
@@ -317,9 +390,17 @@ class Rtnl:
         )
 
     def link_by_name(self, name: str) -> Link | None:
-        msg = ifinfmsg()
-        msg["attrs"] = [("IFLA_IFNAME", name)]
-        return self._get_link(f"get link {name}", msg)
+        return self.link_of(self.results(self.send([link_request(name)]))[0])
+
+    def link_of(self, result: list[Message] | NetlinkFailure) -> Link | None:
+        """The link a :func:`link_request` answered, or None when it does not exist."""
+        if isinstance(result, NetlinkFailure):
+            if result.errno == errno_mod.ENODEV:
+                return None
+            raise result
+        for reply in result:
+            return self._link(reply)
+        return None
 
     def link_by_index(self, index: int) -> Link | None:
         msg = ifinfmsg()
@@ -353,7 +434,8 @@ class Rtnl:
         peer_netns_fd: int,
         peer_mac: str | None,
     ) -> None:
-        """Create veth ``name`` here, with its peer created directly in ``peer_netns_fd``."""
+        """Create veth ``name`` here, with its peer created directly in ``peer_netns_fd``
+        (EEXIST: either name is taken, and nothing was created)."""
         peer: list[Attr] = [
             ("IFLA_IFNAME", peer_name),
             ("IFLA_NET_NS_FD", peer_netns_fd),
@@ -386,15 +468,7 @@ class Rtnl:
     def set_up(self, link: Link, *, alias: str | None = None) -> None:
         """Bring ``link`` up, setting its alias in the same request (the kernel ignores
         IFLA_IFALIAS when a link is created)."""
-        msg = ifinfmsg()
-        msg["index"] = link.index
-        msg["flags"] = IFF_UP
-        msg["change"] = IFF_UP
-        if alias:
-            # The kernel takes at most IFALIASZ - 1 = 255 bytes; a longer alias would make
-            # the whole ADD fail, so keep its (meaningful) beginning.
-            msg["attrs"] = [("IFLA_IFALIAS", alias.encode()[:255].decode(errors="ignore"))]
-        self._request(f"set {link.name} up", msg, RTM_NEWLINK)
+        self.run([set_up_request(link, alias=alias)])
 
     def delete_link(self, index: int, name: str) -> bool:
         """Delete a link; False if it was already gone."""
@@ -423,22 +497,7 @@ class Rtnl:
     # --- addresses ---------------------------------------------------------------------
 
     def add_address(self, link: Link, address: IPAddress) -> None:
-        plen = 32 if address.version == 4 else 128
-        msg = ifaddrmsg()
-        msg["family"] = _family(address.version)
-        msg["prefixlen"] = plen
-        msg["index"] = link.index
-        if address.version == 4:
-            msg["attrs"] = [("IFA_LOCAL", str(address)), ("IFA_ADDRESS", str(address))]
-        else:
-            msg["flags"] = IFA_F_NODAD  # usable at once, no DAD wait
-            msg["attrs"] = [("IFA_ADDRESS", str(address))]
-        self._request(
-            f"add address {address}/{plen} to {link.name}",
-            msg,
-            RTM_NEWADDR,
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
+        self.run([address_request(link, address)])
 
     def addresses(self, index: int) -> list[Addr]:
         msg = ifaddrmsg()
@@ -457,26 +516,6 @@ class Rtnl:
 
     # --- routes ------------------------------------------------------------------------
 
-    @staticmethod
-    def _route_msg(
-        dst: IPNetwork, oif: int, gw: IPAddress | None, scope: int, *, proto: int, rtype: int
-    ) -> Message:
-        msg: Message = rtmsg()
-        msg["family"] = _family(dst.version)
-        msg["dst_len"] = dst.prefixlen
-        msg["table"] = RT_TABLE_MAIN
-        msg["proto"] = proto
-        msg["type"] = rtype
-        msg["scope"] = scope if dst.version == 4 else RT_SCOPE_UNIVERSE
-        attrs: list[Attr] = []
-        if dst.prefixlen:
-            attrs.append(("RTA_DST", str(dst.network_address)))
-        attrs.append(("RTA_OIF", oif))
-        if gw is not None:
-            attrs.append(("RTA_GATEWAY", str(gw)))
-        msg["attrs"] = attrs
-        return msg
-
     def add_route(
         self,
         dst: IPNetwork,
@@ -486,15 +525,11 @@ class Rtnl:
         scope: int = RT_SCOPE_UNIVERSE,
         replace: bool = False,
     ) -> None:
-        cmd = "replace" if replace else "add"
-        via = f" via {gw}" if gw is not None else ""
-        msg = self._route_msg(dst, oif, gw, scope, proto=RTPROT_BOOT, rtype=RTN_UNICAST)
-        flags = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
-        self._request(f"{cmd} route {dst}{via} dev #{oif}", msg, RTM_NEWROUTE, flags)
+        self.run([route_request(dst, oif, gw=gw, scope=scope, replace=replace)])
 
     def delete_route(self, dst: IPNetwork, oif: int) -> bool:
         """Delete the route to ``dst`` *through ``oif``* only; False if there was none."""
-        msg = self._route_msg(dst, oif, None, RT_SCOPE_NOWHERE, proto=0, rtype=0)
+        msg = _route_msg(dst, oif, None, RT_SCOPE_NOWHERE, proto=0, rtype=0)
         return self._delete(f"delete route {dst} dev #{oif}", msg, RTM_DELROUTE)
 
     def routes(self, version: int, oif: int | None = None) -> list[Route]:
@@ -535,3 +570,84 @@ class Rtnl:
                 )
             )
         return out
+
+
+# --- requests, sent one by one or several in one datagram (:meth:`Rtnl.send`) -------------
+
+
+def link_request(name: str) -> Request:
+    """Get the link named ``name`` (:meth:`Rtnl.link_of` reads the answer), without its
+    statistics: less for the kernel to write and for us to decode."""
+    msg = ifinfmsg()
+    msg["attrs"] = [("IFLA_IFNAME", name), ("IFLA_EXT_MASK", RTEXT_FILTER_SKIP_STATS)]
+    return Request(f"get link {name}", msg, RTM_GETLINK)
+
+
+def set_up_request(link: Link, *, alias: str | None = None) -> Request:
+    """Bring ``link`` up, setting its alias in the same request (the kernel ignores
+    IFLA_IFALIAS when a link is created)."""
+    msg = ifinfmsg()
+    msg["index"] = link.index
+    msg["flags"] = IFF_UP
+    msg["change"] = IFF_UP
+    if alias:
+        # The kernel takes at most IFALIASZ - 1 = 255 bytes; a longer alias would make
+        # the whole ADD fail, so keep its (meaningful) beginning.
+        msg["attrs"] = [("IFLA_IFALIAS", alias.encode()[:255].decode(errors="ignore"))]
+    return Request(f"set {link.name} up", msg, RTM_NEWLINK)
+
+
+def address_request(link: Link, address: IPAddress) -> Request:
+    """Add ``address`` (a /32 or /128) to ``link``."""
+    plen = 32 if address.version == 4 else 128
+    msg = ifaddrmsg()
+    msg["family"] = _family(address.version)
+    msg["prefixlen"] = plen
+    msg["index"] = link.index
+    if address.version == 4:
+        msg["attrs"] = [("IFA_LOCAL", str(address)), ("IFA_ADDRESS", str(address))]
+    else:
+        msg["flags"] = IFA_F_NODAD  # usable at once, no DAD wait
+        msg["attrs"] = [("IFA_ADDRESS", str(address))]
+    return Request(
+        f"add address {address}/{plen} to {link.name}",
+        msg,
+        RTM_NEWADDR,
+        NLM_F_CREATE | NLM_F_EXCL,
+    )
+
+
+def _route_msg(
+    dst: IPNetwork, oif: int, gw: IPAddress | None, scope: int, *, proto: int, rtype: int
+) -> Message:
+    msg: Message = rtmsg()
+    msg["family"] = _family(dst.version)
+    msg["dst_len"] = dst.prefixlen
+    msg["table"] = RT_TABLE_MAIN
+    msg["proto"] = proto
+    msg["type"] = rtype
+    msg["scope"] = scope if dst.version == 4 else RT_SCOPE_UNIVERSE
+    attrs: list[Attr] = []
+    if dst.prefixlen:
+        attrs.append(("RTA_DST", str(dst.network_address)))
+    attrs.append(("RTA_OIF", oif))
+    if gw is not None:
+        attrs.append(("RTA_GATEWAY", str(gw)))
+    msg["attrs"] = attrs
+    return msg
+
+
+def route_request(
+    dst: IPNetwork,
+    oif: int,
+    *,
+    gw: IPAddress | None = None,
+    scope: int = RT_SCOPE_UNIVERSE,
+    replace: bool = False,
+) -> Request:
+    """Add (or ``replace``) the main-table route to ``dst`` out of ``oif``."""
+    cmd = "replace" if replace else "add"
+    via = f" via {gw}" if gw is not None else ""
+    msg = _route_msg(dst, oif, gw, scope, proto=RTPROT_BOOT, rtype=RTN_UNICAST)
+    flags = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
+    return Request(f"{cmd} route {dst}{via} dev #{oif}", msg, RTM_NEWROUTE, flags)

@@ -123,6 +123,8 @@ def loads(where: str, raw: bytes, *, empty: str, garbage: str) -> object:
         return json.loads(raw)
     except ValueError:  # includes UnicodeDecodeError
         raise StoreCorrupt(where, empty if not raw else f"{garbage} ({len(raw)} bytes)") from None
+    except RecursionError:  # nested past the parser's stack: no document tabby wrote
+        raise StoreCorrupt(where, f"{garbage} (nested too deeply, {len(raw)} bytes)") from None
 
 
 class Write:

@@ -123,8 +123,28 @@ class Snapshot:
         return elems
 
 
+#: nft's longest comment, in bytes: a longer one fails the whole transaction ("comment
+#: too long"), and a NetworkPolicy's name alone may be 253 characters.
+MAX_COMMENT = 128
+_COMMENT_TAIL = 48
+
+
+def comment_text(text: str) -> str:
+    """``text`` as a comment holds it: printable, no quote or backslash (each such
+    character ``_``), at most MAX_COMMENT bytes: a longer one keeps its start and its end
+    (which says the direction and the rule, or "no ingress policy"), "..." between.
+    ``tabbyctl policy trace`` compares the kernel's comments with these."""
+    clean = "".join(c if c.isprintable() and c not in '"\\' else "_" for c in text)
+    raw = clean.encode()
+    if len(raw) <= MAX_COMMENT:
+        return clean
+    tail = raw[-_COMMENT_TAIL:].decode("utf-8", "ignore")  # a cut character is dropped
+    head = raw[: MAX_COMMENT - 3 - _COMMENT_TAIL].decode("utf-8", "ignore")
+    return f"{head}...{tail}"
+
+
 def _quote(text: str) -> str:
-    return '"' + "".join(c if c.isprintable() and c not in '"\\' else "_" for c in text) + '"'
+    return f'"{comment_text(text)}"'
 
 
 def _element(e: Element) -> str:

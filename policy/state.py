@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from dataplane.errors import NftError
 from dataplane.nft import NftBackend, default_backend
@@ -53,6 +53,9 @@ from policy.incremental import Delta, IncrementalPolicy, Update, differences
 from policy.render import DEFAULT_PREFIX, DEFAULT_TABLE, Renderer, Snapshot
 
 log = logging.getLogger("tabby.node.policy")
+#: Reads and zeroes counters of a table: (table, names or None for all) -> (name, packets,
+#: bytes) of each.
+CounterReader = Callable[[str, Collection[str] | None], Iterable[tuple[str, int, int]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +125,11 @@ class PolicyDataplane:
         table: str = DEFAULT_TABLE,
         backend: NftBackend | None = None,
         visibility: bool = True,
-        counter_reader: Callable[[str], Iterable[tuple[str, int, int]]] | None = None,
+        counter_reader: CounterReader | None = None,
     ) -> None:
         self.node = node
-        #: table name -> (name, packets, bytes) of its counters, read and zeroed
+        #: (table name, the counters' names or None: all) -> (name, packets, bytes) of
+        #: those counters, read and zeroed
         self.counter_reader = counter_reader if counter_reader is not None else _reset_counters
         self.families: tuple[Family, ...] = tuple(families)
         self.renderer = Renderer(table, iface_prefix, visibility=visibility)
@@ -280,16 +284,17 @@ class PolicyDataplane:
             jumps = prog.ingress if direction == "ingress" else prog.egress
             return tuple(chains[c].policy for c in jumps or () if c in chains)
 
-    def _harvest(self) -> None:
-        """Add the kernel's counters to the totals and zero them (``reset counters``).
-        Called when read, and before anything that removes counters: a full replacement,
-        a difference that deletes some. A counter the table holds that tabby did not make
-        is ignored."""
+    def _harvest(self, only: Collection[str] | None = None) -> None:
+        """Add the kernel's counters to the totals and zero them (``reset counters``):
+        all of them, or ``only`` those (the ones a difference deletes: the others keep
+        counting in the kernel, read later). Called when read, and before anything that
+        removes counters: a full replacement, a difference that deletes some. A counter
+        the table holds that tabby did not make is ignored."""
         names = self._counter_names
         if not self.visibility or not names:
             return
         try:
-            read = list(self.counter_reader(self.renderer.table))
+            read = list(self.counter_reader(self.renderer.table, only))
         except (OSError, NftError) as e:
             log.warning("cannot read the policy counters: %s", e)
             return
@@ -362,8 +367,11 @@ class PolicyDataplane:
         done_full = lines is None
         try:
             if lines is not None:
-                if any(line.startswith("delete counter ") for line in lines):
-                    self._harvest()
+                deleted = [
+                    line.rsplit(" ", 1)[1] for line in lines if line.startswith("delete counter ")
+                ]
+                if deleted:  # what they counted is kept; the table's other counters run on
+                    self._harvest(deleted)
                 try:
                     self.backend.run("\n".join(lines) + "\n")
                 except NftError as exc:
@@ -411,10 +419,10 @@ class PolicyDataplane:
         )
 
 
-def _reset_counters(table: str) -> list[tuple[str, int, int]]:
+def _reset_counters(table: str, names: Collection[str] | None) -> list[tuple[str, int, int]]:
     from dataplane.nfnetlink import reset_counters
 
-    return reset_counters(table)
+    return reset_counters(table, names)
 
 
 __all__ = ["ApplyResult", "PolicyCounters", "PolicyDataplane"]

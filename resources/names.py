@@ -17,6 +17,8 @@ DNS1123_SUBDOMAIN_MAX = 253
 LABEL_VALUE_MAX = 63
 QUALIFIED_NAME_MAX = 63
 PORT_NAME_MAX = 15
+#: IFNAMSIZ - 1: the longest interface name the kernel takes.
+INTERFACE_NAME_MAX = 15
 
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _PATTERNS = {
@@ -24,6 +26,7 @@ _PATTERNS = {
     "subdomain": rf"{_LABEL}(\.{_LABEL})*",
     "qualified": r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]",
     "port": r"[a-z0-9]([a-z0-9-]*[a-z0-9])?",
+    "interface": r"[A-Za-z0-9][A-Za-z0-9_.-]*",
 }
 _compiled: dict[str, re.Pattern[str]] = {}
 
@@ -110,6 +113,20 @@ def port_name(value: str) -> str | None:
         return "must not contain consecutive hyphens"
     if not any("a" <= c <= "z" for c in value):
         return "must contain at least one letter (a-z)"
+    return None
+
+
+def interface_name(value: str) -> str | None:
+    """A host interface tabby names (a WorkloadEndpoint's ``hostInterface``): at most 15
+    of ``[A-Za-z0-9_.-]``, alphanumeric first. The name becomes part of nftables chain,
+    map and counter names, so nothing else may pass (a ``;`` would end an nft command)."""
+    if len(value) > INTERFACE_NAME_MAX:
+        return f"must be no more than {INTERFACE_NAME_MAX} characters"
+    if not _matches("interface", value):
+        return (
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start with "
+            "an alphanumeric character"
+        )
     return None
 
 

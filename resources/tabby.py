@@ -279,6 +279,10 @@ class WorkloadEndpointSpec(StrictModel):
         for field in ("containerID", "interface"):
             if not getattr(self, field):
                 raise FieldError("Required value", field)
+        if self.hostInterface:
+            why = names.interface_name(self.hostInterface)
+            if why is not None:
+                raise FieldError(why, "hostInterface", value=self.hostInterface)
         for i, text in enumerate(self.ipNetworks):
             try:
                 ipaddress.ip_network(text)

@@ -86,9 +86,12 @@ def encode_header(version: str, role: str, env: Mapping[str, str]) -> bytes:
 
 
 def decode_header(raw: bytes) -> tuple[str, str, dict[str, str]]:
+    """(version, role, environment) of a header; never raises. A header too short to name
+    a version and a role decodes as version "" (no tabby-node's): the node refuses it as a
+    request of another version, as it refuses every frame it cannot serve."""
     fields = raw.decode("utf-8", "surrogateescape").split("\0")
     if len(fields) < 2:
-        raise ValueError("short header")
+        return "", "", {}
     env = {}
     for item in fields[2:]:
         key, sep, value = item.partition("=")

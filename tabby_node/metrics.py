@@ -64,6 +64,8 @@ VERBS = ("ADD", "DEL", "CHECK", "GC", "STATUS")
 #: CNI call latency: resolves 5 ms to 5 s (and the lock timeouts above).
 CNI_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RECONCILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: One phase of a CNI call: 0.25 ms to 1 s.
+PHASE_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.25, 1.0)
 APPLY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: Route kinds the routing backends report (``routes(programmed, ...)``).
 ROUTE_KINDS = ("block", "borrowed", "blackhole", "tunnel")
@@ -94,6 +96,21 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "histogram",
         "verb",
         "time tabby-node spent on one CNI call",
+    ),
+    "tabby_cni_phase_duration_seconds": (
+        "histogram",
+        "verb, phase",
+        "where a served CNI call's time went: ipam (the IPAM verb and its durable write), "
+        "netlink (the kernel side), endpoint (the WorkloadEndpoint write and the pod's "
+        "policy; an ADD runs it beside netlink), endpoint_wait (the part of it the call "
+        "waited for), server (the rest: framing, namespace entry, thread hand-offs, "
+        "parsing, rendering)",
+    ),
+    "tabby_cni_cpu_seconds_total": (
+        "counter",
+        "verb",
+        "CPU tabby-node used (all its threads) while it served CNI calls, by verb: per call "
+        "when calls come one at a time",
     ),
     "tabby_cni_requests_in_flight": ("gauge", "", "CNI calls being served now"),
     "tabby_connections_refused_total": (
@@ -315,9 +332,20 @@ class Metrics:
             buckets=CNI_BUCKETS,
             registry=r,
         )
+        self.cni_phases = Histogram(
+            "tabby_cni_phase_duration_seconds",
+            _help("tabby_cni_phase_duration_seconds"),
+            ["verb", "phase"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.cni_cpu = Counter(
+            "tabby_cni_cpu_seconds", _help("tabby_cni_cpu_seconds_total"), ["verb"], registry=r
+        )
         for verb in VERBS:
             self.cni_requests.labels(verb=verb, code="0")
             self.cni_duration.labels(verb=verb)
+            self.cni_cpu.labels(verb=verb)
         self.reconcile_passes = Counter(
             "tabby_reconcile_passes", _help("tabby_reconcile_passes_total"), registry=r
         )
@@ -381,13 +409,26 @@ class Metrics:
 
     # -- hooks (the loops, the routing backends, the call server) -------------------------------
 
-    def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None:
-        """One CNI call served (called where its exit status and stdout are known)."""
+    def cni_request(
+        self,
+        command: str,
+        rc: int,
+        out: bytes,
+        seconds: float,
+        phases: Mapping[str, float] | None = None,
+        cpu: float | None = None,
+    ) -> None:
+        """One CNI call served (called once its answer is sent): its time, where the time
+        went (``cni_protocol.phases``), the process's CPU while it ran."""
         try:
             verb = verb_label(command)
             code = result_code(rc, out)
             self.cni_requests.labels(verb=verb, code=code).inc()
             self.cni_duration.labels(verb=verb).observe(seconds)
+            for phase, spent in (phases or {}).items():
+                self.cni_phases.labels(verb=verb, phase=phase).observe(spent)
+            if cpu is not None:
+                self.cni_cpu.labels(verb=verb).inc(max(0.0, cpu))
             if code in {str(c) for c in DATASTORE_CODES}:
                 self.datastore_errors.labels(op="cni").inc()
         except Exception:  # a metric never fails a call

@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 
 from bundle import __version__
 from cni_plugin import plugin
-from cni_protocol import skel
+from cni_protocol import phases, skel
 from daemon.limits import Gate, Limits, Refusals, send_now
 from tabby_node import (
     ACCEPT,
@@ -307,6 +307,9 @@ class NodeServer:
 
         fds: list[int] = []
         call = ""
+        # the call's time from here to its answer, and the process's CPU meanwhile (every
+        # thread's: the policy's and the group commit's work for this call too)
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             if not self._peer_ok(conn):
                 log.warning("refused a connection from a non-root peer")
@@ -345,16 +348,22 @@ class NodeServer:
             call = f"{role} {env.get('CNI_COMMAND', '')} {env.get('CNI_CONTAINERID', '')[:12]}"
             answer_by = time.monotonic() + lock_timeout(stdin) + self.limits.answer_within
             cni_log.begin_stderr_capture()
-            started = time.monotonic()
+            phases.begin()
             try:
                 rc, out = execute(
                     role, env, stdin, netns_fd, mnt_fd, self.handlers, self.ipam_handlers
                 )
             finally:
                 err = cni_log.end_stderr_capture(MAX_STDERR)
-            if self.metrics is not None:  # metrics
+            if self.metrics is not None:  # metrics (counted before the answer goes out)
+                seconds = time.perf_counter() - started
                 self.metrics.cni_request(
-                    env.get("CNI_COMMAND", ""), rc, out, time.monotonic() - started
+                    env.get("CNI_COMMAND", ""),
+                    rc,
+                    out,
+                    seconds,
+                    phases.end(seconds),
+                    time.process_time() - cpu,
                 )
             self._send_answer(
                 conn, _U32x3.pack(rc, len(out), len(err)) + out + err, answer_by, call

@@ -92,7 +92,15 @@ class RoutingHooks(Protocol):
 class CallHooks(Protocol):
     """The CNI call server."""
 
-    def cni_request(self, command: str, rc: int, out: bytes, seconds: float) -> None: ...
+    def cni_request(
+        self,
+        command: str,
+        rc: int,
+        out: bytes,
+        seconds: float,
+        phases: Mapping[str, float] | None = None,
+        cpu: float | None = None,
+    ) -> None: ...
 
 
 # -- what the parts read of each other -----------------------------------------------------------

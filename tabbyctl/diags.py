@@ -21,7 +21,7 @@ that cannot be had (BIRD down, no nft, datastore unreachable) is recorded in
 ===============================  ================================================================
 
 Nothing secret goes in: no TLS key or certificate file is ever read, and every text is
-passed through :func:`redact` (private keys in PEM form; values of fields and words that
+passed through ``cni_protocol.redact`` (private keys in PEM form; values of fields and words that
 look like passwords, tokens, secrets or keys; BIRD's ``password "..."``).
 """
 
@@ -37,12 +37,13 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Required, TypedDict
 
 import click
 
+from cni_protocol.redact import redact_json, redact_text
 from tabby_node import DEFAULT_NODE_LOG_FILE as DEFAULT_LOG_FILE
 from tabbyctl.common import Ctx, run_dir_option
 
@@ -72,72 +73,6 @@ VERSION_COMMANDS: dict[str, list[str]] = {
     "iproute2": ["ip", "-V"],
 }
 NFT_COMMAND = ["nft", "list", "table", "inet", "tabby"]
-
-# -- redaction -----------------------------------------------------------------------------------
-
-REDACTED = "[REDACTED]"
-_PEM_KEY = re.compile(
-    r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
-    re.DOTALL,
-)
-#: the words whose values are redacted
-_SECRET_WORDS = "|".join(
-    [
-        *("password", "passwd", "passphrase", "secret", "token"),
-        *("bearer", "authorization", "api[_-]?key", "private[_-]?key"),
-    ]
-)
-#: a secret word (possibly inside a longer name), a separator, a value (quoted or a word;
-#: "Bearer x" / "Basic x" as one value)
-_SECRET_ASSIGN = re.compile(
-    rf"(?i)\b([\w.-]*?(?:{_SECRET_WORDS}))(\"?\s*[:=]\s*|\s+)"
-    r"((?:(?:Bearer|Basic)\s+)?(?:\"[^\"]*\"|'[^']*'|[^\s,;}]+))"
-)
-_SECRET_FIELD = re.compile(rf"(?i)({_SECRET_WORDS}|(^|[_.-])key([_.-]|$)|key_?file$)")
-
-
-def redact_text(text: str) -> tuple[str, int]:
-    """``text`` with private keys and secret-looking values replaced; and how many."""
-    count = 0
-
-    def pem(m: re.Match[str]) -> str:
-        nonlocal count
-        count += 1
-        return f"[REDACTED {m.group(1)}PRIVATE KEY]"
-
-    def assign(m: re.Match[str]) -> str:
-        nonlocal count
-        if m.group(3) == REDACTED or m.group(3).strip("\"'") == REDACTED:
-            return m.group(0)
-        count += 1
-        return f"{m.group(1)}{m.group(2)}{REDACTED}"
-
-    text = _PEM_KEY.sub(pem, text)
-    text = _SECRET_ASSIGN.sub(assign, text)
-    return text, count
-
-
-def redact_json(value: object) -> tuple[object, int]:
-    """A JSON value with secret-looking fields' values replaced (and every string passed
-    through :func:`redact_text`); and how many."""
-    if isinstance(value, Mapping):
-        out: dict[object, object] = {}
-        total = 0
-        for k, v in value.items():
-            if isinstance(k, str) and _SECRET_FIELD.search(k) and v not in (None, "", [], {}):
-                out[k] = REDACTED
-                total += 1
-            else:
-                out[k], n = redact_json(v)
-                total += n
-        return out, total
-    if isinstance(value, list):
-        items = [redact_json(v) for v in value]
-        return [v for v, _ in items], sum(n for _, n in items)
-    if isinstance(value, str):
-        return redact_text(value)
-    return value, 0
-
 
 # -- the bundle ----------------------------------------------------------------------------------
 

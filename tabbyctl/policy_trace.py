@@ -385,8 +385,10 @@ def _compare(direction: str, kernel: JSON, v: DirectionVerdict | None) -> tuple[
     if kernel_allowed != v.allowed:
         predicted = "allowed" if v.allowed else "denied"
         return said, f"{direction}: the kernel {got} it, explain predicts {predicted}"
+    from policy.render import comment_text  # the kernel holds each comment shortened so
+
     comment = kernel.get("comment") or ""
-    if got == "allowed" and v.isolated and comment not in v.allowed_by:
+    if got == "allowed" and v.isolated and comment not in {comment_text(a) for a in v.allowed_by}:
         names = ", ".join(v.allowed_by)
         return said, f"{direction}: the kernel allowed it by {comment!r}, explain by {names}"
     if got == "allowed" and not v.isolated and not _endpoint_rule(kernel):

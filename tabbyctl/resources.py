@@ -99,6 +99,33 @@ def _loader() -> type[yaml.SafeLoader]:
     return Loader
 
 
+#: The most values the documents of one file may hold once YAML's aliases are expanded
+#: (a manifest of a thousand resources holds ~100,000): an alias of an alias of ... (a
+#: "billion laughs") is refused before anything walks it.
+MAX_VALUES = 1_000_000
+
+
+def _check_expansion(docs: list[object], source: str) -> None:
+    """Refuse documents that contain themselves (a YAML alias inside its own anchor) or
+    that expand past MAX_VALUES values: both would exhaust the stack or the memory of
+    whatever walks them next (the models, JSON, the store)."""
+    count = 0
+    # (value, the ids of the containers above it): a container met again among its own
+    # ancestors is a cycle; met elsewhere it is an alias, counted again as it expands
+    todo: list[tuple[object, frozenset[int]]] = [(d, frozenset()) for d in docs]
+    while todo:
+        value, above = todo.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise _NotResources(f"{source}: more than {MAX_VALUES:,} values (YAML aliases?)")
+        if isinstance(value, dict | list):
+            if id(value) in above:
+                raise _NotResources(f"{source}: a YAML alias inside its own anchor")
+            inner = above | {id(value)}
+            children = value.items() if isinstance(value, dict) else enumerate(value)
+            todo.extend((child, inner) for _, child in children)
+
+
 def load_documents(text: str, source: str) -> list[object]:
     """Every document of a YAML or JSON text (``kind: List`` items unpacked)."""
     docs: list[object] | None = None
@@ -108,6 +135,8 @@ def load_documents(text: str, source: str) -> list[object]:
             docs = data if isinstance(data, list) else [data]
         except ValueError:
             docs = None  # may still be YAML flow style
+        except RecursionError:
+            raise _NotResources(f"{source}: nested too deeply") from None
     if docs is None:
         import yaml
 
@@ -118,6 +147,9 @@ def load_documents(text: str, source: str) -> list[object]:
             at = f" (line {where.line + 1})" if where is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise _NotResources(f"{source}: not YAML or JSON{at}: {problem}") from None
+        except RecursionError:  # the parser's own recursion, past the stack
+            raise _NotResources(f"{source}: nested too deeply") from None
+    _check_expansion(docs, source)
     out: list[object] = []
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "List" and "items" in doc:

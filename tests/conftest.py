@@ -12,6 +12,7 @@ import shutil
 import sys
 
 import pytest
+from hypothesis import settings
 
 from tests.selection import DESELECT, SLOW_OPTION, Run, verdict
 
@@ -70,6 +71,15 @@ def _named(config: pytest.Config) -> tuple[str, ...]:
             rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
             out.append(f"{rel}::{rest}")
     return tuple(out)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A full run (a tier's option or --run-slow) gives the fuzz targets' properties more
+    examples than a developer's run (tests/fuzz/__init__.py)."""
+    if _run(config).full:
+        from tests.fuzz import FULL_PROFILE
+
+        settings.load_profile(FULL_PROFILE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

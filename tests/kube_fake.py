@@ -73,6 +73,8 @@ class FakeApi:
         self.server: ThreadingHTTPServer | None = None
         #: answer every request 401 (the caller's token revoked, as an uninstall does)
         self.unauthorized = False
+        #: collection -> an event a list of it waits for (hold_lists)
+        self.list_gates: dict[str, threading.Event] = {}
         #: TokenReview: token -> (username, groups, its audiences)
         self.tokens: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {}
         #: SubjectAccessReview: (user or group, verb, group/resource/subresource, name)
@@ -129,6 +131,12 @@ class FakeApi:
             self.delete(crd.path, key)
         if then:
             self.delete(CRD_COLLECTION, crd.name)
+
+    def hold_lists(self, collection: str) -> threading.Event:
+        """Lists of ``collection`` wait (10 s at most) until the returned event is set: the
+        moment between one collection's list and another's."""
+        gate = self.list_gates[collection] = threading.Event()
+        return gate
 
     def compact(self) -> None:
         """Forget every event so far: a watch from an older version gets 410 Gone."""
@@ -264,6 +272,9 @@ class FakeApi:
                 if query.get("watch") in ("true", "1"):
                     self._watch(collection, query)
                     return
+                gate = api.list_gates.get(collection)
+                if gate is not None:
+                    gate.wait(10)
                 with api.lock:
                     items = [
                         copy.deepcopy(o)

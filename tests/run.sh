@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: build + install the binaries, then every tier.
 #
-#   bash tests/run.sh               build, install, run unit + privileged + e2e + cluster +
-#                                    Kubernetes tiers, then the e2e tier again through tabby-node
+#   bash tests/run.sh               build, install, fuzz every target for a bounded time, run
+#                                    unit + privileged + e2e + cluster + Kubernetes tiers, then
+#                                    the e2e tier again through tabby-node
 #   bash tests/run.sh --no-build    reuse the installed binaries
 #   bash tests/run.sh --no-kubernetes   skip the Kubernetes tier (and building Kubernetes,
 #                                    ~7 min the first time on a machine)
@@ -27,7 +28,7 @@ done
 
 if [ "$UNIT_ONLY" = 1 ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -c 'import pytest, xdist' 2>/dev/null || .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/python -c 'import pytest, xdist, hypothesis' 2>/dev/null || .venv/bin/pip install -q -e '.[dev]'
   # Compiled test modules are kept (__pycache__, ignored by git): pytest rewrites and
   # compiles every test module again in each process otherwise (~4 s of a quick run's 45).
   unset PYTHONDONTWRITEBYTECODE
@@ -77,6 +78,10 @@ if [ "$KUBERNETES" = 1 ]; then
   .venv/bin/python -m lab.kubernetes.build
   kube_args=(--run-kubernetes)
 fi
+# Fuzzing (docs/testing.md "Fuzzing"): every atheris target for TABBY_FUZZ_SECONDS (20 by
+# default; ~3 min for the 8 targets) from its corpus in tests/fuzz/corpus; a crash fails the
+# run and prints the input that did it. Their properties also run in the unit tier.
+.venv/bin/python -m tests.fuzz
 # Every tier with the binaries standing alone (the default: no daemon; the cluster tier
 # runs tabby-node on its nodes), then the e2e tier again with tabby-node serving the calls
 # (the whole e2e tier passes both ways).

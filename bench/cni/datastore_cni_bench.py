@@ -70,6 +70,13 @@ CASES = (
 )
 DEFAULT_CASES = "node-file,node-etcd1,node-etcd3,standalone-etcd1"
 NODENAME = "bench-node"
+#: tabby-node's /metrics in the case's namespace (private: any port is free there)
+METRICS_PORT = 9191
+#: The phases of a served call tabby-node times (``cni_protocol.phases``), as the table
+#: names them; endpoint is only its wait (an ADD runs it beside netlink).
+PHASE_COLUMNS = (("ipam", "ipam"), ("netlink", "nl"), ("endpoint_wait", "ep"), ("server", "srv"))
+#: tabby-node's CPU per served call (ms, all its threads), the issue's targets.
+CPU_TARGETS = {"ADD": 12.0, "DEL": 8.0}
 #: ``--tabby-node checkout``: the program the checkout's tabby-node runs as
 CHECKOUT_NODE = "from bundle.entry import main_node; main_node()"
 
@@ -132,6 +139,7 @@ class Case:
             program, self.workdir, self.socket, os.path.join(self.workdir, "node.log"), NODENAME
         )
         argv += self.datastore_flags()  # after agent_argv's --data-dir: these win
+        argv += ["--metrics-port", str(METRICS_PORT)]  # after agent_argv's 0: this wins
         os.makedirs(os.path.dirname(self.socket), mode=0o700, exist_ok=True)
         err = open(os.path.join(self.workdir, "node.err"), "wb")  # noqa: SIM115
         try:
@@ -196,6 +204,56 @@ class Case:
             self.etcd.stop()
         subprocess.run(["ip", "netns", "delete", self.netns], check=False, capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def node_calls(case: Case) -> dict[str, dict[str, float]]:
+    """What tabby-node says of the calls it served so far, per verb (its /metrics): ``n``
+    calls, ``cpu`` ms of its CPU per call, and per phase (``PHASE_COLUMNS``) the mean ms
+    (each only when tabby-node exports it).
+    Empty without tabby-node (standalone cases)."""
+    if case.agent is None:
+        return {}
+    import urllib.request
+
+    def scrape() -> str:
+        url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
+
+    return parse_node_calls(in_netns(case.netns, scrape))
+
+
+def parse_node_calls(text: str) -> dict[str, dict[str, float]]:
+    """:func:`node_calls` from tabby-node's Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    count: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    phase_sum: dict[tuple[str, str], float] = {}
+    phase_n: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            verb = sample.labels.get("verb", "")
+            if sample.name == "tabby_cni_requests_total":
+                count[verb] = count.get(verb, 0.0) + sample.value
+            elif sample.name == "tabby_cni_cpu_seconds_total":
+                cpu[verb] = sample.value
+            elif sample.name == "tabby_cni_phase_duration_seconds_sum":
+                phase_sum[verb, sample.labels["phase"]] = sample.value
+            elif sample.name == "tabby_cni_phase_duration_seconds_count":
+                phase_n[verb, sample.labels["phase"]] = sample.value
+    out: dict[str, dict[str, float]] = {}
+    for verb, n in count.items():
+        if not n:
+            continue
+        row = {"n": n}
+        if verb in cpu:  # a tabby-node without the counter (an older one): no number
+            row["cpu"] = cpu[verb] * 1000 / n
+        for phase, _ in PHASE_COLUMNS:
+            if phase_n.get((verb, phase)):
+                row[phase] = phase_sum[verb, phase] * 1000 / phase_n[verb, phase]
+        out[verb] = row
+    return out
 
 
 def etcd_requests(case: Case) -> dict[str, float]:
@@ -323,10 +381,11 @@ def fmt(v: float | None, digits: int = 1) -> str:
 
 # -- issue 21's table: every path in one command ------------------------------------------------
 
-#: (case, the path as the table names it, the targets per verb: p50 over ptp+host-local's)
+#: (case, the path as the table names it, the targets per verb: p50 over ptp+host-local's;
+#: issue 21's, with issue 32's for the file store and etcd of 1 member)
 TABLE_ROWS: list[tuple[str, str, dict[str, float]]] = [
     ("node-file", "through tabby-node, file store", {"ADD": 2.0, "CHECK": 2.0, "DEL": 1.2}),
-    ("node-etcd1", "through tabby-node, etcd 1 member", {"ADD": 2.0, "DEL": 1.3}),
+    ("node-etcd1", "through tabby-node, etcd 1 member", {"ADD": 2.2, "DEL": 1.3}),
     ("node-etcd3", "through tabby-node, etcd 3 members", {"ADD": 2.3, "DEL": 1.3}),
     ("standalone-file", "standalone, file store", {"ADD": 10.0, "CHECK": 10.0, "DEL": 10.0}),
 ]
@@ -354,19 +413,28 @@ def table(args: argparse.Namespace) -> int:
     print(
         f"datastore_cni_bench --table: {args.pods} pods per config, p50 ms (x: over "
         f"ptp+host-local's p50 in the same run; paired: median of pod-by-pod ratios); "
-        f"floor: the client floor, wall/cpu p50 ms (a frozen Python process that does "
-        f"nothing); load at the end of each run",
+        f"node cpu: tabby-node's CPU per served call, ms (all its threads; target "
+        f"ADD <= {CPU_TARGETS['ADD']:.0f}, DEL <= {CPU_TARGETS['DEL']:.0f}); ipam, nl "
+        f"(netlink), ep (the endpoint and its policy: what the call waited of it), srv "
+        f"(tabby-node's own work: framing, namespace entry, hand-offs, parsing): mean ms "
+        f"of the served call, from tabby-node's metrics; floor: the client floor, wall/cpu "
+        f"p50 ms (a frozen Python process that does nothing); load at the end of each run",
         flush=True,
     )
     head = (
         f"{'path':35} {'verb':5} {'ptp':>6} {'tabby':>7} {'x':>6} {'paired':>6} "
-        f"{'target':>7} {'met':>3} {'floor':>9} {'load':>5}"
+        f"{'target':>7} {'met':>3} {'node cpu':>10} "
+        + " ".join(f"{label:>5}" for _, label in PHASE_COLUMNS)
+        + f" {'floor':>9} {'load':>5}"
     )
     print(head, flush=True)
     failures = 0
     for name, path, targets in TABLE_ROWS:
         with case_env(name, args.tabby_node) as case:
+            cpu0 = agent_cpu_s(case)
             report = run_case(case, args, args.keep, mode="sequential", floor=floor)
+            served = node_calls(case)
+            cpu1 = agent_cpu_s(case)
         failures += len(report.get("failures") or [])
         r, load = row(report, name), os.getloadavg()[0]
         for verb in ("ADD", "CHECK", "DEL"):
@@ -380,7 +448,17 @@ def table(args: argparse.Namespace) -> int:
                 f"{path:35} {verb:5} {fmt(v['ref_p50']):>6} {fmt(v['p50']):>7} "
                 f"{fmt(ratio, 2) + 'x':>6} {fmt(v['paired'], 2):>6} "
                 f"{'<= ' + fmt(target, 1) if target else '':>7} {met:>3} "
-                f"{floor_text(report):>9} {load:5.2f}",
+                f"{cpu_text(served.get(verb), verb):>10} "
+                + " ".join(f"{fmt((served.get(verb) or {}).get(p)):>5}" for p, _ in PHASE_COLUMNS)
+                + f" {floor_text(report):>9} {load:5.2f}",
+                flush=True,
+            )
+        calls = sum(v["n"] for v in served.values())
+        if cpu0 is not None and cpu1 is not None and calls:
+            per_call = (cpu1 - cpu0) * 1000 / calls
+            print(
+                f"{path:35} tabby-node's CPU over the whole run (/proc/<pid>/stat, its idle "
+                f"work included): {per_call:.1f} ms per call served ({calls:.0f} calls)",
                 flush=True,
             )
     reference = run_case(None, args, args.keep, mode="concurrent", floor=floor)
@@ -407,6 +485,15 @@ def table(args: argparse.Namespace) -> int:
     if failures:
         print(f"{failures} failed call(s) or check(s): see --keep", flush=True)
     return 1 if failures else 0
+
+
+def cpu_text(served: dict[str, float] | None, verb: str) -> str:
+    """tabby-node's CPU per call of ``verb`` and whether it meets its target."""
+    if not served or "cpu" not in served:
+        return "-"
+    target = CPU_TARGETS.get(verb)
+    met = "" if target is None else (" ok" if served["cpu"] <= target else " no")
+    return f"{served['cpu']:.1f}{met}"
 
 
 # -- issue 32's table: k ADDs at once, pods/s against the reference --------------------------
@@ -575,6 +662,7 @@ def main() -> int:
                     before = etcd_requests(case)
                     report = run_case(case, args, args.keep)
                     after = etcd_requests(case)
+                    served = node_calls(case)
                 r = row(report, name)
                 pods = args.pods + args.warmup
                 per_pod = {
@@ -596,6 +684,14 @@ def main() -> int:
                         f"{fmt(v['paired'], 2):>6} {fmt(rate, 0):>7}   {load:.2f}",
                         flush=True,
                     )
+                for verb, v in served.items():
+                    phases = ", ".join(f"{label} {fmt(v.get(p))}" for p, label in PHASE_COLUMNS)
+                    print(
+                        f"{name:17} {verb:5} tabby-node per call (mean ms): {phases}; "
+                        f"cpu {cpu_text(v, verb)} ({v['n']:.0f} calls)",
+                        flush=True,
+                    )
+                r["node_calls"] = served
                 if per_pod:
                     total = sum(per_pod.values())
                     parts = ", ".join(f"{m} {v:.1f}" for m, v in per_pod.items())

@@ -1038,7 +1038,12 @@ def _watch_response(url: str, line: bytes) -> WatchResponse | None:
         message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
         raise EtcdUnavailable([url], f"watch: {message}")
     result = msg.get("result")
-    return WatchResponse(result) if isinstance(result, dict) else None
+    if not isinstance(result, dict):
+        return None
+    try:
+        return WatchResponse(result)
+    except (AttributeError, TypeError, ValueError) as e:  # a field of the wrong shape
+        raise EtcdUnavailable([url], f"watch: a malformed response: {_reason(e)}") from None
 
 
 def _error_of(data: bytes) -> tuple[int, str]:

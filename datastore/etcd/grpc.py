@@ -112,7 +112,9 @@ def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
             i += 1
             n |= (b & 0x7F) << shift
             if b < 0x80:
-                return n, i
+                # a ten-byte varint carries 70 bits: a uint64's are the low 64 (protobuf
+                # drops the rest), so every int64 decoded is one
+                return n & 0xFFFF_FFFF_FFFF_FFFF, i
             shift += 7
             if shift > 63:
                 raise ProtoError("varint longer than ten bytes")

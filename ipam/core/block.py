@@ -55,9 +55,12 @@ class Block:
 
     @classmethod
     def from_data(cls, data: JSON, where: str) -> Block:
+        cidr = data.get("cidr")
         try:
-            network = ipaddress.ip_network(data["cidr"])
-        except (KeyError, ValueError, TypeError):
+            if not isinstance(cidr, str):  # ip_network() reads an int (or a bool) as a /32
+                raise TypeError(cidr)
+            network = ipaddress.ip_network(cidr)
+        except (ValueError, TypeError):
             raise StoreCorrupt(where, "malformed block: cidr") from None
         size = network.num_addresses
         pool = data.get("pool")

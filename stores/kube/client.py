@@ -36,7 +36,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bundle.types import JSON  # a Kubernetes object or response as the API sends it
 
@@ -96,8 +96,8 @@ class KubeConfig:
     cert_file: str | None = None
     key_file: str | None = None
     cert_data: bytes | None = None  # PEM
-    key_data: bytes | None = None  # PEM
-    token: str | None = None
+    key_data: bytes | None = field(default=None, repr=False)  # PEM; a secret
+    token: str | None = field(default=None, repr=False)  # a secret
     token_file: str | None = None
     source: str = ""  # where it came from, for messages
 
@@ -137,7 +137,11 @@ class KubeConfig:
             try:
                 doc = yaml.safe_load(text)
             except yaml.YAMLError as e:
-                raise ApiError(0, "unreadable kubeconfig", f"{path}: {e}") from None
+                # where and what, never the parser's quote of the line (it may be a token's)
+                mark = getattr(e, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                what = getattr(e, "problem", None) or "not YAML"
+                raise ApiError(0, "unreadable kubeconfig", f"{path}: {what}{where}") from None
         base = os.path.dirname(os.path.abspath(path))
 
         def named(section: str, name: object) -> JSON:
@@ -180,6 +184,17 @@ class KubeConfig:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context; ApiError (status 0) when its CA, certificate or key is unusable
+        (named by what OpenSSL says, never by their content)."""
+        try:
+            return self._ssl_context()
+        except (ssl.SSLError, OSError, ValueError) as e:
+            why = getattr(e, "reason", None) or getattr(e, "strerror", None) or type(e).__name__
+            raise ApiError(
+                0, "bad kubeconfig", f"{self.source}: its CA, client certificate or key: {why}"
+            ) from None
+
+    def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
         if self.insecure:
             ctx.check_hostname = False
@@ -227,14 +242,14 @@ class KubeClient:
         self._conns: set[http.client.HTTPConnection] = set()  # every thread's keep-alive one
         self._lock = threading.Lock()
         self._token: tuple[str, float] | None = None
-        #: The token file's directory, opened where this client is made: a thread that has
-        #: entered another mount namespace (tabby-node serving a CNI call in the caller's)
-        #: reads the token through it, not by a path that means another file there.
+        #: the token file's directory, held open: tabby-node re-reads the token in the
+        #: thread of a CNI call it serves, which has entered the caller's (the host's) mount
+        #: namespace, where the path means nothing; a rotated token replaces the file in it
         self._token_dir: int | None = None
         if config.token_file and not config.token:
             with contextlib.suppress(OSError):
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-                self._token_dir = os.open(os.path.dirname(config.token_file) or ".", flags)
+                where = os.path.dirname(os.path.abspath(config.token_file))
+                self._token_dir = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
                 weakref.finalize(self, os.close, self._token_dir)
         self.requests = 0  # requests sent (metrics, benches)
 
@@ -265,18 +280,16 @@ class KubeClient:
             now = time.monotonic()
             if self._token is None or now - self._token[1] > TOKEN_REREAD_SECONDS:
                 try:
-                    self._token = (self._read_token(self.config.token_file), now)
+                    if self._token_dir is not None:
+                        name = os.path.basename(self.config.token_file)
+                        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._token_dir)
+                    else:
+                        fd = os.open(self.config.token_file, os.O_RDONLY | os.O_CLOEXEC)
+                    with open(fd, encoding="utf-8") as f:
+                        self._token = (f.read().strip(), now)
                 except OSError as e:
                     raise ApiError(0, "no service account token", str(e)) from None
             return self._token[0]
-
-    def _read_token(self, path: str) -> str:
-        if self._token_dir is None:
-            with open(path, encoding="utf-8") as f:
-                return f.read().strip()
-        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._token_dir)
-        with open(fd, encoding="utf-8") as f:
-            return f.read().strip()
 
     @staticmethod
     def _path(path: str, params: Mapping[str, object] | None) -> str:

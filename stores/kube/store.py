@@ -107,13 +107,13 @@ class KubeStore(Engine):
 
     @classmethod
     def from_settings(cls, settings: StoreSettings) -> KubeStore:
+        agent = getattr(settings, "user_agent", None) or "tabby"
         try:
             config = KubeConfig.load(settings.kubeconfig)
+            client = KubeClient(config, timeout=settings.lock_timeout_seconds, agent=agent)
         except ApiError as e:
             raise InvalidConfig("no Kubernetes API access", e.message or e.reason) from None
         run_dir = getattr(settings, "run_dir", None)
-        agent = getattr(settings, "user_agent", None) or "tabby"
-        client = KubeClient(config, timeout=settings.lock_timeout_seconds, agent=agent)
         return cls(
             client,
             lock_timeout=settings.lock_timeout_seconds,

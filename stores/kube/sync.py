@@ -18,7 +18,7 @@ turns the collections' events into the store's documents (``stores.kube.kinds``)
   attributes, not the block.
 
 The first event is one snapshot of every watched kind, once every collection has been
-listed once; the events of collections listed earlier, watched meanwhile, follow it.
+listed once.
 
 Deleting a CustomResourceDefinition deletes every object of its kind (``kubectl delete -f
 manifests/tabby.yaml`` does): what tabby holds must not follow, or an uninstall would withdraw
@@ -196,9 +196,9 @@ class KubeSync:
 
     def _events(self) -> Iterator[SyncEvent]:
         lists: dict[str, list[JSON]] = {}
-        #: the events of the collections already listed, while others are not yet: they
-        #: follow their list (a watch starts at the list's version), so they are taken
-        #: after the snapshot, in order (a Node registered meanwhile must not be missed)
+        #: what the collections listed already delivered while others were being listed:
+        #: changes after their lists, reported after the snapshot (dropped, a Node
+        #: registered then was never seen)
         early: list[tuple[str, str, JSON]] = []
         snapshot_sent = not self.paths
         if snapshot_sent:
@@ -215,8 +215,7 @@ class KubeSync:
                 if isinstance(payload, list):
                     lists[path] = payload
                     self.listed.add(path)
-                    # listed again (410): what followed the earlier list is in this one
-                    early = [e for e in early if e[1] != path]
+                    early = [e for e in early if e[1] != path]  # the list is newer
                 else:
                     early.append((what, path, payload))
                 if self.listed >= set(self.paths):
@@ -227,22 +226,23 @@ class KubeSync:
                     self.count("snapshots")
                     snapshot_sent = True
                     yield self.reported.snapshot(self._documents())
-                    for what, path, payload in early:
-                        yield from self._followed(what, path, payload)
+                    for event in early:
+                        yield from self._change(*event)
                     early.clear()
                 continue
-            if isinstance(payload, list):
-                self._check_installed(path)
-                self._take_list(path, payload)
-                yield from self._relisted(path)
-            else:
-                yield from self._followed(what, path, payload)
+            yield from self._change(what, path, payload)
 
-    def _followed(self, what: str, path: str, obj: JSON) -> Iterator[SyncEvent]:
-        """One watch event after the snapshot."""
-        if what == "DELETED":
+    def _change(self, what: str, path: str, payload: JSON | list[JSON]) -> Iterator[SyncEvent]:
+        """The events of one collection's list again or one change of it, after the
+        snapshot."""
+        if isinstance(payload, list):
             self._check_installed(path)
-        yield from self._event(what, path, obj)
+            self._take_list(path, payload)
+            yield from self._relisted(path)
+        else:
+            if what == "DELETED":
+                self._check_installed(path)
+            yield from self._event(what, path, payload)
 
     def _check_installed(self, *paths: str) -> None:
         """Raise ``StoreRemoved`` if the definition of one of tabby's kinds read from

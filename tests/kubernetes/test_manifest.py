@@ -50,7 +50,7 @@ import pytest
 
 from lab.kubernetes import build
 from lab.kubernetes import node as knode
-from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod
+from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod, processes
 from lab.kubernetes.manifest import NAMESPACE, ManifestInstall
 from tabbyctl.demo.proc import LabError
 from tests import crd_cases, packaging_image, rbac
@@ -361,6 +361,86 @@ def test_kubectl_apply_installs_tabby_on_every_node(bare: KubeLab, tabby: Manife
     assert "cni-token" in {m["name"] for m in init["volumeMounts"]}
     (node_container,) = spec["containers"]
     assert "cni-token" not in {m["name"] for m in node_container["volumeMounts"]}
+
+
+#: The capabilities the manifest may name, by their bit in /proc/<pid>/status (linux/capability.h).
+CAPABILITY_BITS = {
+    "CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7,
+    "NET_BIND_SERVICE": 10, "NET_ADMIN": 12, "NET_RAW": 13, "SYS_CHROOT": 18,
+    "SYS_PTRACE": 19, "SYS_ADMIN": 21,
+}  # fmt: skip
+
+
+def _running(kube: KubeLab, program: str) -> list[int]:
+    """The PIDs of ``program`` (argv[0]'s name) running in any node's network namespace."""
+    netns = {os.readlink(f"/proc/{kn.pid}/ns/net") for kn in kube.kube.values()}
+    found = []
+    for pid, argv in processes():
+        if not argv or os.path.basename(argv.split()[0]) != program:
+            continue
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") in netns:
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _process_privileges(pid: int) -> tuple[set[str], int, bool]:
+    """A process's effective capabilities (by name, as CAPABILITY_BITS names them; an
+    unnamed one as its bit), its effective uid, and whether its root filesystem is
+    mounted read-only."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    bits = int(status["CapEff"].strip(), 16)
+    names = {name for name, bit in CAPABILITY_BITS.items() if bits >> bit & 1}
+    names |= {f"bit {b}" for b in range(64) if bits >> b & 1} - {
+        f"bit {CAPABILITY_BITS[n]}" for n in names
+    }
+    uid = int(status["Uid"].split()[1])
+    (root,) = [
+        line.split()
+        for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        if line.split()[4] == "/"
+    ][-1:]
+    return names, uid, "ro" in root[5].split(",")
+
+
+def test_each_container_runs_with_the_privileges_the_manifest_names(
+    bare: KubeLab, tabby: ManifestInstall
+) -> None:
+    """None of tabby's containers is privileged (docs/security.md): tabby-node and the
+    BIRD it starts hold exactly the capabilities the manifest adds, tabby-kube-controllers
+    none and not as root, every root filesystem read-only; and with that much, the install
+    above worked (nodes Ready, BGP sessions up or VXLAN peers, a leader)."""
+    import yaml
+
+    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(tabby.applied) if d}
+    (node_c,) = docs["tabby-node"]["spec"]["template"]["spec"]["containers"]
+    assert "privileged" not in node_c["securityContext"]
+    wanted = set(node_c["securityContext"]["capabilities"]["add"])
+    assert wanted <= set(CAPABILITY_BITS)
+    programs = {"tabby-node": len(bare.kube), "tabby-kube-controllers": 2}
+    if bare.backend == "bird":
+        programs["bird"] = len(bare.kube)
+    seen = {}
+    for program, count in programs.items():
+        pids = _running(bare, program)
+        assert len(pids) == count, (program, pids)
+        for pid in pids:
+            caps, uid, read_only = _process_privileges(pid)
+            seen[program] = (sorted(caps), uid, read_only)
+            assert read_only, f"{program} ({pid}): its root filesystem is writable"
+            if program == "tabby-kube-controllers":
+                assert (caps, uid) == (set(), 10001), (program, caps, uid)
+            else:
+                assert (caps, uid) == (wanted, 0), (program, caps, uid)
+    print(f"\n[{bare.backend}] privileges: {seen}")
+    # none of them restarted for want of a privilege
+    for pod in [*tabby.pods(), *tabby.pods("app.kubernetes.io/name=tabby-kube-controllers")]:
+        for c in pod["status"].get("containerStatuses", []):
+            assert c["restartCount"] == 0, (pod["metadata"]["name"], c["name"], tabby.describe())
 
 
 def _etcd_keys(kube: KubeLab, prefix: str) -> int:

@@ -380,6 +380,29 @@ def test_teardown_is_idempotent(node: Node, make_pod: MakePod) -> None:
     assert host_routes(node, "fd00:10:244::14/128") == ""
 
 
+def test_second_attachment_keeps_the_first_ones_default_routes(
+    node: Node, make_pod: MakePod
+) -> None:
+    """The pod's requests go to the kernel in one datagram: a route the first attachment
+    owns (EEXIST) is neither an error nor reported, and the rest of the second one is
+    built (its address, its host routes)."""
+    pod = make_pod()
+    first = node.run(dataplane.setup, make_spec(pod, 25))
+    second_spec = make_spec(pod, 26, ifname="net1")
+    second = node.run(dataplane.setup, second_spec)
+    assert len(first.routes) == 3
+    assert second.routes == ()
+    assert "inet 10.244.0.26/32" in pod.ip("-o", "addr", "show", "dev", "net1").stdout
+    assert "UP" in pod.link_line("net1")
+    assert pod.ip("-4", "route", "show", "default").stdout.strip() == (
+        "default via 169.254.1.1 dev eth0"
+    )
+    assert host_routes(node, "10.244.0.26/32") == (
+        f"10.244.0.26 dev {second_spec.host_ifname} scope link"
+    )
+    node.run(dataplane.check, second_spec, ExpectedState(routes=()))
+
+
 def test_pod_interface_present_only_for_a_live_attachment(node: Node, make_pod: MakePod) -> None:
     """What a refused repeated ADD asks before giving addresses back."""
     pod = make_pod()

@@ -122,6 +122,25 @@ def test_counters_survive_the_incremental_path(cluster: Cluster) -> None:
     assert _counts(c)[ALLOW] == before[ALLOW] + 1
 
 
+def test_named_counters_are_read_and_zeroed_alone(cluster: Cluster) -> None:
+    """What a DEL reads before its endpoint's counters go: only those (a missing one is
+    no error), the others left counting; without names, every counter."""
+    run = cluster.dp.backend.run
+    cluster.node.run(
+        run,
+        "add table inet tbcount\n"
+        "add counter inet tbcount a { packets 5 bytes 300 }\n"
+        "add counter inet tbcount b { packets 7 bytes 420 }\n",
+    )
+    try:
+        some = cluster.node.run(nfnetlink.reset_counters, "tbcount", ["a", "nosuch"])
+        every = cluster.node.run(nfnetlink.reset_counters, "tbcount", None)
+    finally:
+        cluster.node.run(run, "delete table inet tbcount\n")
+    assert some == [("a", 5, 300)]
+    assert sorted(every) == [("a", 0, 0), ("b", 7, 420)]
+
+
 class Log:
     """An NFLOG listener on the node, reading on a thread of its own."""
 

@@ -16,7 +16,7 @@ import pytest
 
 from cni_plugin.cni_codes import to_cni_error
 from dataplane.errors import NetlinkFailure
-from dataplane.rtnl import Rtnl
+from dataplane.rtnl import Rtnl, link_request, route_request
 from tests.privileged.netns_util import Netns, Node
 
 pytestmark = pytest.mark.privileged
@@ -73,6 +73,48 @@ def test_failure_carries_errno_and_kernel_message_and_socket_stays_usable(node: 
     assert "add route 10.1.0.0/16 via 10.9.9.9" in failure.details
     assert "(in node netns)" in failure.details
     assert "the kernel says" in failure.details  # extended ack text
+    assert index == 1
+
+
+def test_requests_sent_together_are_answered_each_in_order(node: Node) -> None:
+    """Several requests in one datagram (``Rtnl.send``): the kernel runs each, one that
+    fails does not stop the next, each answer is read in its place, and the socket is in
+    step afterwards (``run`` raises the first failure only once every answer is read)."""
+    net = ipaddress.ip_network
+
+    def work() -> tuple[list[object], list[str], int | None]:
+        with Rtnl.here("node") as r:
+            lo = r.link_by_name("lo")
+            assert lo is not None
+            r.set_up(lo)
+            results = r.results(
+                r.send(
+                    [
+                        route_request(net("10.5.0.1/32"), lo.index),
+                        route_request(
+                            net("10.5.0.0/16"), lo.index, gw=ipaddress.ip_address("10.9.9.9")
+                        ),
+                        link_request("nosuch0"),
+                        route_request(net("10.5.0.2/32"), lo.index),
+                        link_request("lo"),
+                    ]
+                )
+            )
+            no_link, lo_again = r.link_of(results[2]), r.link_of(results[4])
+            kinds: list[object] = [
+                x.errno if isinstance(x, NetlinkFailure) else "ok" for x in results[:2]
+            ]
+            kinds += [no_link, results[3], lo_again.name if lo_again else None]
+            with pytest.raises(NetlinkFailure):
+                r.run([route_request(net("10.5.0.1/32"), lo.index), link_request("lo")])
+            routes = sorted(str(rt.dst) for rt in r.routes(4, oif=lo.index))
+            again = r.link_by_name("lo")
+            return kinds, routes, again.index if again else None
+
+    kinds, routes, index = node.run(work)
+    assert kinds == ["ok", errno.ENETUNREACH, None, [], "lo"]  # an ACK alone: no replies
+    assert "10.5.0.1/32" in routes
+    assert "10.5.0.2/32" in routes
     assert index == 1
 
 

@@ -418,3 +418,17 @@ def test_check_config_reports_birds_message(tmp_path: Path) -> None:
         check_config(str(path), BIRD)
     assert str(path) in info.value.message
     assert "error" in info.value.message.lower()
+
+
+@pytest.mark.parametrize(
+    "name", ["n\udcffode", "a\tb", "a\x85b", "a\u2028b", "a\\b", 'a"b', "a\rb"]
+)
+def test_names_that_are_not_printable_text_are_refused(name: str) -> None:
+    """Found by fuzzing (tests/fuzz/bird_render.py): a lone surrogate (an undecodable
+    byte of a name read from outside) passed the model and failed only when the supervisor
+    wrote the file (UnicodeEncodeError); other line ends and controls passed too. A name is
+    printable text without quotes or backslashes."""
+    with pytest.raises(ValueError, match="not printable"):
+        BirdNode(name, ipaddress.IPv4Address("10.0.0.1"))
+    with pytest.raises(ValueError, match="not printable"):
+        Peer(ipaddress.IPv4Address("10.0.0.2"), PeerType.MESH, name=name)

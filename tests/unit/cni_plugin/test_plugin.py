@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cni_plugin import plugin
-from cni_protocol import skel
+from cni_protocol import phases, skel
 from cni_protocol.errors import CniError
 from dataplane.errors import (
     CheckMismatch,
@@ -200,6 +200,23 @@ def test_add_result_shape(fakes: tuple[FakeDataplane, FakeIpam], version: str) -
     assert spec.host_ifname.startswith("cali")
     assert len(spec.host_ifname) <= 15
     assert ipam.calls == ["ADD"]
+
+
+def test_add_and_del_time_their_phases(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
+    """tabby-node's per-phase times (``cni_protocol.phases``): the IPAM, the kernel side,
+    the endpoint beside the kernel side in an ADD (and what the ADD waited of it), in line
+    in a DEL."""
+    for command, want in (
+        ("ADD", {"ipam", "netlink", "endpoint", "endpoint_wait", "server"}),
+        ("DEL", {"ipam", "netlink", "endpoint", "endpoint_wait", "server"}),
+    ):
+        phases.begin()
+        rc, out = run(command, conf())
+        got = phases.end(60.0)
+        assert rc == 0, out
+        assert set(got) == want, command
+        assert got["server"] < 60.0
+        assert got["endpoint_wait"] <= got["endpoint"] + 0.001
 
 
 def test_add_keeps_prev_result(fakes: tuple[FakeDataplane, FakeIpam]) -> None:

@@ -302,3 +302,50 @@ def test_tracebacks_go_to_the_log_file_not_stderr(
         assert "Traceback" in logfile.read_text()
     finally:
         log.setup("info", None, stderr=False)
+
+
+# -- found by fuzzing (tests/fuzz/cni.py) ------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["1.\u00b2.0", "\u0661.1.0", "1.1.\u2460"])
+def test_cni_version_with_non_ascii_digits_is_code_6(version: str) -> None:
+    """str.isdigit() is true for "²" and other scripts' digits, which int() refuses or
+    reads: such a version was an internal error (999), not a decode failure."""
+    stdin = json.dumps({"cniVersion": version, "name": "net"}).encode()
+    rc, out = skel.run(Recorder().handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, stdin)
+    assert (rc, json.loads(out)["code"]) == (1, 6)
+
+
+@pytest.mark.parametrize(
+    "stdin",
+    [
+        b"[" * 100_000,  # past json's own recursion limit
+        b'{"cniVersion":"1.1.0","name":"n","ipam":' + b'{"a":' * 500 + b"1" + b"}" * 501,
+    ],
+    ids=["parser", "models"],
+)
+def test_deeply_nested_configuration_is_code_6(stdin: bytes) -> None:
+    """A configuration nested past the parser's stack, or past what the models recurse
+    through (teardown's tolerant reading raised RecursionError at 500 levels), was an
+    internal error: it is refused as undecodable before any code walks it."""
+    handlers = Recorder().handlers()
+    rc, out = skel.run(handlers, {"CNI_COMMAND": "DEL", **BASE_ENV}, stdin)
+    assert (rc, json.loads(out)["code"]) == (1, 6)
+
+
+def test_nesting_up_to_the_limit_is_accepted() -> None:
+    deep: object = 1
+    for _ in range(skel.MAX_DEPTH - 1):
+        deep = [deep]
+    config = {"cniVersion": "1.1.0", "name": "n", "x": deep}
+    rec = Recorder()
+    rc, _ = skel.run(
+        rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode()
+    )
+    assert rc == 0
+    assert len(rec.calls) == 1
+    config["x"] = [deep]
+    rc, out = skel.run(
+        rec.handlers(), {"CNI_COMMAND": "ADD", **BASE_ENV}, json.dumps(config).encode()
+    )
+    assert (rc, json.loads(out)["code"]) == (1, 6)

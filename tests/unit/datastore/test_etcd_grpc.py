@@ -468,3 +468,37 @@ def test_answers_read_together_with_a_created_are_all_delivered(
             (r, False, [f"w{r}/k1".encode()]),
         ]
     assert got == want
+
+
+# -- found by fuzzing (tests/fuzz/etcd_grpc.py) -------------------------------------------
+
+
+def test_an_overlong_varint_decodes_to_an_int64() -> None:
+    """A ten-byte varint carries 70 bits; its high bits made watch ids and revisions
+    outside int64 (1162144876643701751807). The low 64 bits are the value, as protobuf's."""
+    watch_id, _ = decode_response(b"\x10" + b"\xff" * 9 + b"\x7f")
+    assert watch_id == -1
+    kv = decode_kv(b"\x10" + b"\x80" * 9 + b"\x02")  # 2**64: the low 64 bits are 0
+    assert kv.create_revision == 0
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        '{"header": null}',
+        '{"events": "0"}',
+        '{"events": [1]}',
+        '{"events": [{"kv": {"key": "0"}}]}',  # not base64
+        '{"events": [{"kv": {"key": "\\u0080"}}]}',
+        '{"events": [{"kv": {"mod_revision": ":"}}]}',
+        '{"events": [{"kv": {"create_revision": [1]}}]}',
+    ],
+)
+def test_a_malformed_gateway_watch_line_is_unavailable(result: str) -> None:
+    """A gateway watch line whose fields have the wrong shape raised AttributeError,
+    TypeError or a base64 error out of the watch; it is EtcdUnavailable (the watch is
+    broken, resumed as after any other break)."""
+    from datastore.etcd.client import _watch_response
+
+    with pytest.raises(EtcdUnavailable, match="malformed"):
+        _watch_response("http://etcd:2379", b'{"result": ' + result.encode() + b"}")

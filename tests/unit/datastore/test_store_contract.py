@@ -306,8 +306,9 @@ def test_corrupt_document_names_its_path_and_spares_others(store: Store) -> None
         b"[1, 2]",
         b'{"format": 1, "kind": "block", "key": "other", "revision": 3, "data": {}}',
         b'{"format": 1, "kind": "block", "key": "10.0.0.0/26", "revision": "3", "data": {}}',
+        b"[" * 100_000,  # found by fuzzing: RecursionError out of the store, not StoreCorrupt
     ],
-    ids=["empty", "truncated", "binary", "not-object", "wrong-key", "bad-revision"],
+    ids=["empty", "truncated", "binary", "not-object", "wrong-key", "bad-revision", "deep"],
 )
 def test_file_store_truncated_or_garbage(file_store: FileStore, content: bytes) -> None:
     file_store.put("block", "10.0.0.0/26", {"v": 1}, None)

@@ -73,7 +73,7 @@ def test_the_daemonset_is_a_node_agent() -> None:
         "fieldRef": {"fieldPath": "spec.nodeName"}
     }
     (node,) = spec["containers"]
-    assert node["securityContext"] == {"privileged": True}
+    assert "privileged" not in node["securityContext"]  # test_privileges.py: what it holds
     assert node["command"] == ["/opt/tabby/current/tabby-node"]
     for probe, path in (("livenessProbe", "/liveness"), ("readinessProbe", "/readiness")):
         assert node[probe]["httpGet"] == {"host": "127.0.0.1", "port": 9099, "path": path}

@@ -115,7 +115,7 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
     for _ in range(80):
         world.apply(fz.random_update(r, world.state()))
     model = NftModel()
-    dp = PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t: [])
+    dp = PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t, names: [])
     assert dp.sync(world.state(), world.nat).full
     for i in range(OPS):
         u = fz.random_update(r, world.state())
@@ -440,7 +440,7 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     model = NftModel()
-    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t, names: [])
     st = tt.build_state(tt.CASES[2].steps[0])  # 3: x/a from x/b
     dp.sync(st)
     assert dp.counters.checks == 0
@@ -468,7 +468,7 @@ def test_the_periodic_check_counts_and_fixes_what_the_updates_missed(
 
 def test_update_needs_a_first_sync_and_a_refused_delta_replaces_the_table() -> None:
     model = NftModel()
-    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t, names: [])
     with pytest.raises(RuntimeError, match="first sync"):
         dp.update([])
     assert not dp.synced
@@ -560,7 +560,7 @@ def test_the_agents_flow_sends_a_cni_endpoint_once_and_the_check_finds_nothing()
     index.replace(PolicyWorld(TWO_POLICIES).docs)
     memo = inputs.PolicyInputs()
     model = NftModel()
-    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=model, families=(4,), counter_reader=lambda t, names: [])
     state, nat = memo.convert(index.snapshot())
     index.drain()
     assert dp.sync(state, nat).full

@@ -34,7 +34,7 @@ class Recorder:
 
 def _dp() -> tuple[PolicyDataplane, Recorder]:
     rec = Recorder()
-    dp = PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t: [])
+    dp = PolicyDataplane("node1", backend=rec, families=(4,), counter_reader=lambda t, names: [])
     return dp, rec
 
 
@@ -146,3 +146,25 @@ def test_nat_switch_replaces_and_pool_changes_are_elements() -> None:
     assert "masquerade" in rec.sent[-1]
     dp.sync(st, NatConfig((("10.244.0.0/16", True), ("10.9.0.0/16", False))))
     assert rec.sent[-1].strip() == "add element inet tabby pools4 { 10.9.0.0/16 }"
+
+
+# -- found by fuzzing (tests/fuzz/nft_render.py) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["x/" + "p" * 253 + " ingress[0]", "é" * 100 + ": no egress policy", 'a"b\\c\n' * 40],
+)
+def test_comments_fit_nft_s_limit_and_keep_their_end(text: str) -> None:
+    """nft refuses a comment over 128 bytes ("comment too long") and with it the whole
+    transaction: a NetworkPolicy named with 253 characters (a valid name) left every
+    node without its policy table. A long comment keeps its start and its end."""
+    from policy.render import MAX_COMMENT, comment_text
+
+    got = comment_text(text)
+    assert len(got.encode()) <= MAX_COMMENT
+    assert got.endswith(text[-10:].replace('"', "_").replace("\\", "_").replace("\n", "_"))
+    assert '"' not in got
+    assert "\\" not in got
+    assert got.isprintable()
+    assert comment_text("x/web ingress[0]") == "x/web ingress[0]"

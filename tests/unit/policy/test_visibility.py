@@ -12,6 +12,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from dataplane import nfnetlink as nfl
@@ -33,15 +34,25 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[str] = []
         self.counts: dict[str, tuple[int, int]] = {}
+        #: what each read asked for: None (every counter) or the names
+        self.resets: list[list[str] | None] = []
 
     def run(self, text: str) -> str:
         self.sent.append(text)
         return ""
 
-    def reset_counters(self, table: str) -> list[tuple[str, int, int]]:
+    def reset_counters(
+        self, table: str, names: Collection[str] | None
+    ) -> list[tuple[str, int, int]]:
         assert table == "tabby"
-        out = [(n, p, b) for n, (p, b) in self.counts.items()]
-        self.counts = dict.fromkeys(self.counts, (0, 0))
+        chosen = (
+            dict(self.counts)
+            if names is None
+            else {n: self.counts[n] for n in names if n in self.counts}
+        )
+        out = [(n, p, b) for n, (p, b) in chosen.items()]
+        self.counts.update(dict.fromkeys(chosen, (0, 0)))
+        self.resets.append(None if names is None else sorted(names))
         return out
 
 
@@ -190,8 +201,17 @@ def test_a_new_local_endpoint_in_a_new_namespace_gets_its_deny_counter() -> None
         'counter name "deny-in-calinew" jump log-ingress'
     )
     assert "add counter inet tabby deny-eg-calinew " in text
+    names = _names(dp)
+    rec.counts = {"deny-in-calinew": (2, 120), names["deny"]: (7, 420)}
     dp.remove_endpoint("x", "new-eth0")
     assert "delete counter inet tabby deny-in-calinew" in rec.sent[-1]
+    # only the counters that go are read first (not the table's every counter: two per
+    # pod, on every pod's DEL); the others keep counting in the kernel until read
+    assert rec.resets == [["deny-eg-calinew", "deny-in-calinew"]]
+    assert rec.counts[names["deny"]] == (7, 420)
+    deny = CounterKey("x", "default-deny", "ingress", "deny")
+    assert dp.packet_counts()[deny] == (9, 540)
+    assert rec.resets[-1] is None
 
 
 # -- netlink: NFLOG and the trace ---------------------------------------------------------------

@@ -478,6 +478,12 @@ INVALID: list[tuple[str, dict[str, Any], str, str]] = [
     ("WorkloadEndpoint", {"spec__node": DROP}, "spec.node", "Required value"),
     ("WorkloadEndpoint", {"spec__pod": "Web"}, "spec.pod", "RFC 1123"),
     ("WorkloadEndpoint", {"spec__interface": ""}, "spec.interface", "Required value"),
+    # found by fuzzing (tests/fuzz/nft_render.py): the host interface names nft chains,
+    # maps and counters, and was not checked: "x;flush ruleset" ended an nft command
+    ("WorkloadEndpoint", {"spec__hostInterface": "x;flush"}, "spec.hostInterface", "alphanum"),
+    ("WorkloadEndpoint", {"spec__hostInterface": "a b"}, "spec.hostInterface", "alphanum"),
+    ("WorkloadEndpoint", {"spec__hostInterface": "-x"}, "spec.hostInterface", "alphanum"),
+    ("WorkloadEndpoint", {"spec__hostInterface": "c" * 16}, "spec.hostInterface", "15 char"),
 ]
 
 

@@ -223,6 +223,11 @@ def test_calls_served_by_a_node_server_are_counted_by_verb_and_code(
     assert sample(m, "tabby_cni_request_duration_seconds_bucket", verb="ADD", le="0.005") == 0
     assert sample(m, "tabby_cni_request_duration_seconds_bucket", verb="ADD", le="5.0") == 2
     assert sample(m, "tabby_datastore_errors_total", op="cni") == 1  # the code 11
+    # where the time went: this execute() runs no phase, so it is all the server's
+    assert sample(m, "tabby_cni_phase_duration_seconds_count", verb="ADD", phase="server") == 2
+    assert sample(m, "tabby_cni_phase_duration_seconds_sum", verb="ADD", phase="server") >= 0.012
+    assert sample(m, "tabby_cni_phase_duration_seconds_count", verb="ADD", phase="ipam") is None
+    assert sample(m, "tabby_cni_cpu_seconds_total", verb="ADD") is not None
 
 
 def test_a_failing_metric_never_fails_a_call(

@@ -18,6 +18,15 @@ def test_header_round_trip_keeps_env_exactly() -> None:
     assert (version, role, back) == ("1.2.3", "tabby-ipam", env)
 
 
+def test_a_header_without_version_and_role_is_another_version() -> None:
+    """Found by fuzzing (tests/fuzz/node_frames.py): a frame with an empty header made
+    decode_header raise, and the node logged a traceback for it ("a call failed outside
+    the CNI error path") and closed without an answer; it is refused as another version."""
+    assert decode_header(b"") == ("", "", {})
+    assert decode_header(b"1.2.3") == ("", "", {})
+    assert decode_header(b"1.2.3\0tabby") == ("1.2.3", "tabby", {})
+
+
 def test_systemd_unit_matches_install_paths() -> None:
     unit = (ROOT / "conf-examples" / "tabby-node.service").read_text()
     assert "ExecStart=/usr/local/bin/tabby-node " in unit

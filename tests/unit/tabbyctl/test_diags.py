@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from cni_protocol import redact
 from datastore.file import FileStore
 from ipam.core import AssignRequest, Ipam, PoolSpec, handle_id
 from tabbyctl import diags
@@ -219,7 +220,7 @@ def test_nothing_secret_gets_in(node_dir: dict[str, Any], tmp_path: Path) -> Non
     assert b"[REDACTED EC PRIVATE KEY]" in parts["logs/node.log"]
     assert b"password [REDACTED]" in parts["bird/bird.conf"]
     status = json.loads(parts["node/status.json"])
-    assert status["etcd_key_file"] == diags.REDACTED
+    assert status["etcd_key_file"] == redact.REDACTED
     assert status["peers"][0]["state"] == "Established"  # the rest stays readable
     assert json.loads(parts["manifest.json"])["redactions"] >= 5
     assert not any(n.endswith((".key", ".crt", ".pem")) for n in parts)
@@ -240,8 +241,8 @@ def test_nothing_secret_gets_in(node_dir: dict[str, Any], tmp_path: Path) -> Non
     ],
 )
 def test_redact_text(text: str, clean: str) -> None:
-    assert diags.redact_text(text)[0] == clean
-    assert diags.redact_text(clean)[1] == 0  # idempotent
+    assert redact.redact_text(text)[0] == clean
+    assert redact.redact_text(clean)[1] == 0  # idempotent
 
 
 def test_missing_run_dir_and_bird_are_reported_not_fatal(tmp_path: Path) -> None:

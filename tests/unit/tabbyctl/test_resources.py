@@ -445,3 +445,38 @@ def test_migrate_to_etcd(ctl: Ctl, etcd1: Any) -> None:
     shown = json.loads(ctl.ok(*flags, "get", "netpol", "-o", "json"))
     assert [i["metadata"]["name"] for i in shown["items"]] == ["allow-web"]
     assert "already holds tabby data" in ctl.fails("datastore", "migrate", *target)
+
+
+# -- found by fuzzing (tests/fuzz/apply_yaml.py) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[" * 5000, "nested too deeply"),
+        ("a: " + "[" * 5000, "nested too deeply"),
+        (
+            "apiVersion: tabby.io/v1\nkind: IPPool\nmetadata: &m {name: p, labels: *m}\n"
+            "spec: {cidr: 10.0.0.0/16}\n",
+            "a YAML alias inside its own anchor",
+        ),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n"
+                for p, n in zip("abcdef", "bcdefg", strict=True)
+            )
+            + "kind: IPPool\n",
+            "more than 1,000,000 values",
+        ),
+    ],
+    ids=["deep-json", "deep-yaml", "alias-cycle", "alias-bomb"],
+)
+def test_a_file_that_would_exhaust_the_stack_or_memory_is_refused(
+    ctl: Ctl, text: str, error: str
+) -> None:
+    """A file nested past the parsers' stack, or holding itself through a YAML alias, made
+    tabbyctl apply end in a RecursionError traceback; aliases of aliases (a "billion
+    laughs", 10**7 values here) would be walked by the models and the store. Each is one
+    line now."""
+    assert error in ctl.fails("apply", "-f", ctl.file("bad.yaml", text))

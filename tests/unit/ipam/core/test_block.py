@@ -235,3 +235,13 @@ def test_handle_id_roundtrip_and_validation() -> None:
     for bad_id in ("a:b", "a:b:c:d", "a::c"):
         with pytest.raises(InvalidConfig):
             split_handle_id(bad_id)
+
+
+@pytest.mark.parametrize("cidr", [False, True, 5, None, ["10.0.0.0/26"]])
+def test_a_cidr_that_is_not_text_is_a_corrupt_block(cidr: object) -> None:
+    """Found by fuzzing (tests/fuzz/documents.py): ip_network() reads an int or a bool as
+    a /32, so a block document with ``"cidr": false`` was the block 0.0.0.0/32."""
+    data = Block.new(ipaddress.ip_network("10.0.0.0/30"), "10.0.0.0/16", "n").to_data()
+    data["cidr"] = cidr
+    with pytest.raises(StoreCorrupt, match="cidr"):
+        Block.from_data(data, "block 10.0.0.0/30")
