@@ -54,16 +54,19 @@ def cni_main(role: str) -> int:
         # node (no store, no log directory: VER-4).
         _write_all(out_fd, _version_answer(stdin))
         return 0
+    node_absent = True  # no tabby-node asked (VERSION, no command)
     if stdin is not None and command in ("ADD", "DEL", "CHECK", "GC", "STATUS"):
         # Fast path: a resident tabby-node runs the call with everything warm.
         import time
 
         from bundle import __version__
         from tabby_node import SOCKET_ENV
-        from tabby_node.client import try_node
+        from tabby_node.client import ABSENT, try_node
 
         asked = time.monotonic()
-        served = try_node(role, env, stdin, __version__)
+        why: list[str] = []
+        served = try_node(role, env, stdin, __version__, why=why)
+        node_absent = why == [ABSENT]
         if served is not None:
             _write_all(out_fd, served[1])
             return served[0]
@@ -85,7 +88,7 @@ def cni_main(role: str) -> int:
         err = CniError(Code.IO_FAILURE, "failed to read network configuration from stdin")
         _write_all(out_fd, skel.dump(err.to_dict("1.1.0")))
         return 1
-    rc, out = _dispatch(role, env, stdin)
+    rc, out = _dispatch(role, env, stdin, node_absent)
     _write_all(out_fd, out)
     return rc
 
@@ -102,15 +105,23 @@ def _version_answer(stdin: bytes) -> bytes:
     return json.dumps(version_reply(requested), separators=(",", ":")).encode() + b"\n"
 
 
-def _dispatch(role: str, env: os._Environ[str], stdin: bytes) -> tuple[int, bytes]:
+def _dispatch(
+    role: str, env: os._Environ[str], stdin: bytes, node_absent: bool
+) -> tuple[int, bytes]:
+    """Run the call here; ``node_absent``: no tabby-node listens (not one that did not take
+    the call), so an ADD must mind tabby-node's policy table (``cni_plugin.plugin``)."""
     from cni_protocol import skel
     from cni_protocol.errors import CniError, Code
 
     try:
         if role == "tabby-ipam":
-            from ipam.plugin import HANDLERS, configure_logging
+            from ipam import plugin as ipam_plugin
+
+            handlers, configure = ipam_plugin.HANDLERS, ipam_plugin.configure_logging
         else:
-            from cni_plugin.plugin import HANDLERS, configure_logging
+            from cni_plugin import plugin
+
+            handlers, configure = plugin.unserved_handlers(node_absent), plugin.configure_logging
     except Exception as e:  # a broken install must still answer with one error JSON
         import logging
 
@@ -119,9 +130,7 @@ def _dispatch(role: str, env: os._Environ[str], stdin: bytes) -> tuple[int, byte
             Code.INTERNAL, f"{role} is broken: cannot load its code", f"{type(e).__name__}: {e}"
         )
         return 1, skel.dump(err.to_dict(skel.sniff_version(stdin)))
-    return skel.run(
-        HANDLERS, env, stdin, own_netns=skel.own_netns_id(), before_dispatch=configure_logging
-    )
+    return skel.run(handlers, env, stdin, own_netns=skel.own_netns_id(), before_dispatch=configure)
 
 
 def role_from_argv0(argv0: str) -> str:

@@ -186,6 +186,43 @@ class _InBackground:
         return self._error
 
 
+def policy_table_present() -> bool:
+    """Whether tabby-node's policy table (``inet tabby``) is in this process's network
+    namespace, the node's (one netlink request). A kernel without nftables has none; any
+    other failure to ask counts as there (a refused ADD is retried; a pod started into a
+    table that drops its traffic is not)."""
+    import errno
+
+    from dataplane.names import NFT_TABLE
+    from dataplane.nfnetlink import table_exists
+
+    try:
+        return table_exists(NFT_TABLE)
+    except OSError as e:
+        if e.errno in (errno.EPROTONOSUPPORT, errno.EOPNOTSUPP, errno.EAFNOSUPPORT):
+            return False
+        logger.warning("cannot tell whether nftables table inet %s is there: %s", NFT_TABLE, e)
+        return True
+
+
+def refuse_unserved_add() -> None:
+    """An ADD while no tabby-node listens and its table is on the node: the table drops
+    every pod interface it has no rules for, and only tabby-node writes them, so this pod
+    would get an address and no traffic. Refused with code 11 before anything is done (the
+    runtime retries; tabby-node back, it serves the retry)."""
+    from dataplane.names import NFT_TABLE
+
+    raise CniError(
+        Code.TRY_AGAIN_LATER,
+        "tabby-node is not running: its NetworkPolicy table would drop this pod's traffic",
+        f"nftables table inet {NFT_TABLE} is on this node and drops the traffic of every pod "
+        "interface tabby-node has not programmed, and no tabby-node listens on its socket to "
+        "program this one, so nothing was done. Try again when "
+        f"tabby-node serves; to network pods without it (and without policy), remove the "
+        f"table: nft delete table inet {NFT_TABLE}",
+    )
+
+
 def linux_dataplane() -> Dataplane:
     """The kernel side, imported only when a verb needs it (pyroute2 is ~60-110 ms)."""
     from dataplane import get_dataplane
@@ -368,6 +405,11 @@ class Plugin:
     the handlers imports nothing heavy; the verbs see it through
     :class:`~cni_plugin.cni_codes.CniDataplane`, which turns its errors into CNI errors.
     tabby-node passes its own IPAM invoker, which runs tabby-ipam in-process.
+
+    ``policy_table`` (the binaries, :data:`HANDLERS`): tells whether tabby-node's policy
+    table is on the node; while it is, an ADD here, not served by tabby-node, is refused
+    (:func:`refuse_unserved_add`). tabby-node programs a pod's policy before its ADD
+    answers and passes none.
     """
 
     def __init__(
@@ -377,8 +419,10 @@ class Plugin:
         endpoints: EndpointRecorder | None = None,
         mtu_file: str | None = None,
         validate_first: bool = False,
+        policy_table: Callable[[], bool] | None = None,
     ) -> None:
         self._load_dataplane = dataplane
+        self.policy_table = policy_table
         self.mtu_file = mtu_file
         #: True where the models are warm (tabby-node): validate before the IPAM call,
         #: instead of overlapping validation with the IPAM process (the binaries).
@@ -445,6 +489,8 @@ class Plugin:
         # netlink while the IPAM process runs (2 cores: about 100 ms off a standalone ADD).
         # A configuration that turns out invalid is refused after the IPAM call is rolled
         # back, so nothing is left behind either way.
+        if self.policy_table is not None and self.policy_table():
+            refuse_unserved_add()
         ipam_type = _raw_ipam_type(args.config)
         if ipam_type is None or self.validate_first:
             ipam_type = configuration(args).ipam_type  # raises the precise error (code 7)
@@ -705,4 +751,13 @@ class Plugin:
         return None
 
 
-HANDLERS = Plugin().handlers()
+def unserved_handlers(node_absent: bool) -> skel.Handlers:
+    """The binaries' handlers, for a call tabby-node did not serve (bundle/entry.py). With
+    no tabby-node listening an ADD minds its policy table (:func:`refuse_unserved_add`); one
+    that is there but did not take the call (slow, another version) programs the pod's
+    policy from its watch, so the pod is networked here."""
+    return Plugin(policy_table=policy_table_present if node_absent else None).handlers()
+
+
+#: The binaries' handlers when no tabby-node listens.
+HANDLERS = unserved_handlers(True)

@@ -44,6 +44,8 @@ NFULNL_CFG_CMD_BIND, NFULNL_CFG_CMD_UNBIND = 1, 2
 NFULNL_COPY_PACKET = 2
 NFULA_PACKET_HDR, NFULA_IFINDEX_INDEV, NFULA_IFINDEX_OUTDEV = 1, 4, 5
 NFULA_PAYLOAD, NFULA_PREFIX = 9, 10
+NFT_MSG_NEWTABLE, NFT_MSG_GETTABLE = 0, 1
+NFTA_TABLE_NAME = 1
 NFT_MSG_TRACE = 17
 NFT_MSG_NEWOBJ, NFT_MSG_GETOBJ_RESET = 18, 21
 NFPROTO_INET = 1
@@ -320,6 +322,22 @@ def reset_counters(table: str, names: Collection[str] | None = None) -> list[tup
     return out
 
 
+def table_exists(table: str) -> bool:
+    """Whether the nftables table ``inet <table>`` is in the calling thread's network
+    namespace (one netlink request, no dump); OSError when the kernel could not be asked."""
+    nl = NetfilterSocket(rcvbuf=1 << 16)
+    try:
+        body = _attr(NFTA_TABLE_NAME, table.encode() + b"\0")
+        nl.request(NFNL_SUBSYS_NFTABLES, NFT_MSG_GETTABLE, NFPROTO_INET, 0, body)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    finally:
+        nl.close()
+    return True
+
+
 # -- NFLOG --------------------------------------------------------------------------------------
 
 
@@ -500,5 +518,6 @@ __all__ = [
     "parse_packet",
     "reset_counters",
     "split_messages",
+    "table_exists",
     "trace_event",
 ]

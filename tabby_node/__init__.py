@@ -52,6 +52,13 @@ DEFAULT_HEALTH_PORT = 9099
 #: /metrics (and /policy/log) on 127.0.0.1 and the node's IPv4 address (--metrics-port).
 DEFAULT_METRICS_PORT = 9091
 SOCKET_ENV = "TABBY_NODE_SOCKET"
+#: What ``tabbyctl node install`` writes into the runtime's CNI configuration directory (its
+#: defaults), and what tabby-node removes from there when tabby is uninstalled
+#: (``tabby_node.uninstall``): the conflist, the plugins' kubeconfig, the etcd TLS files.
+DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
+CONFLIST_NAME = "10-tabby.conflist"
+CNI_KUBECONFIG_NAME = "tabby-kubeconfig"
+CNI_TLS_DIR = "tabby-tls"
 ACCEPT = b"A"
 REJECT = b"R"
 MAGIC = b"TBY2"

@@ -171,6 +171,12 @@ def _answer(sock: _socket.socket, stdin: bytes) -> tuple[int, bytes]:
     return rc, out
 
 
+#: Why a call runs in-process (``try_node``'s ``why``): no tabby-node listens on the socket
+#: (or the fast path is off), or one is there but did not take the call (slow, another
+#: version): it will program the pod's policy from its watch.
+ABSENT, NOT_TAKEN = "absent", "not taken"
+
+
 def try_node(
     role: str,
     env: Mapping[str, str],
@@ -178,23 +184,34 @@ def try_node(
     version: str,
     *,
     accept_within: float = ACCEPT_WITHIN,
+    why: list[str] | None = None,
 ) -> tuple[int, bytes] | None:
-    """(exit status, stdout) from tabby-node, or None when the call must run in-process.
+    """(exit status, stdout) from tabby-node, or None when the call must run in-process
+    (then ``why``, when given, gets ABSENT or NOT_TAKEN).
 
     What the call wrote to stderr there has been written to our stderr when this returns.
     """
     path = env.get(SOCKET_ENV, DEFAULT_SOCKET)
+    reason = why if why is not None else []
     if not path or path == "off":
+        reason.append(ABSENT)
         return None
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     except OSError:
+        reason.append(ABSENT)
         return None
     try:
         deadline = time.monotonic() + accept_within
         try:
             sock.settimeout(accept_within)
             sock.connect(path)
+        except OSError as e:  # no socket, or nobody listens on it (a node killed)
+            # (a connect that timed out met a full backlog: a node, a slow one)
+            reason.append(NOT_TAKEN if isinstance(e, TimeoutError) else ABSENT)
+            return None
+        reason.append(NOT_TAKEN)  # unless it answers below
+        try:
             _send_request(sock, role, env, stdin, version, deadline)
             first = recv_exact(sock, 1, deadline)
         except (OSError, EOFError):  # TimeoutError is an OSError

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 #: The phases of a stop, in their order (:class:`Shutdown`).
-Phase = Literal["socket", "http", "routing", "threads", "served", "store"]
+Phase = Literal["socket", "uninstall", "http", "routing", "threads", "served", "store"]
 
 log = logging.getLogger("tabby.node")
 
@@ -85,7 +85,9 @@ class Retry:
 class Shutdown:
     """What a node started, undone in the order a node stops, whatever it got to: the
     stop event first, then the CNI socket (new calls fall back in-process; the calls in
-    flight finish; the run directory is given up), the HTTP servers, the routing backend,
+    flight finish; the run directory is given up), in Kubernetes the check whether this
+    stop is an uninstall (then the node is cleaned: ``tabby_node.uninstall``), the HTTP
+    servers, the routing backend,
     the threads, the served calls' datastore, the store. Within a phase the last step
     added runs first."""
 

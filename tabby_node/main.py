@@ -24,7 +24,9 @@ heartbeat, the default pools (both retried until the datastore answers); the wat
 heartbeat threads; the calls this node serves given its store; the first snapshot (waited
 for, bounded); the VXLAN tunnel addresses, the MTU file; the routing backend, the policy
 dataplane, the first full pass; the policy log and the tracer; then the HTTP endpoints, and
-last the CNI socket. It stops in the order :class:`~tabby_node.lifecycle.Shutdown` says.
+last the CNI socket. It stops in the order :class:`~tabby_node.lifecycle.Shutdown` says; in
+Kubernetes (``--daemonset``) a stop that is an uninstall leaves the node clean for new pods
+(``tabby_node.uninstall``).
 """
 
 from __future__ import annotations
@@ -280,6 +282,19 @@ def start_up(
         metrics=metrics,
     )
     passes.reconcile(full=True)
+    if options.daemonset is not None:
+        from tabby_node.uninstall import Uninstall
+
+        shutdown.on(
+            "uninstall",
+            Uninstall(
+                options.daemonset,
+                options.cni_conf_dir,
+                kubeconfig=settings.kubeconfig if kubernetes else None,
+                store_removed=lambda: watcher.removed,
+                delete_table=policy.delete_table,
+            ),
+        )
     denied_flows = None
     if visibility:
         denied_flows = policylog.DeniedFlows(facts.name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -25,6 +26,7 @@ from cni_config.resolve import (
 )
 from cni_protocol.errors import CniError
 from tabby_node import (
+    DEFAULT_CNI_CONF_DIR,
     DEFAULT_HEALTH_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_RUN_DIR,
@@ -71,6 +73,17 @@ def _cidr(version: int) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _daemonset(value: str) -> str:
+    namespace, sep, name = value.partition("/")
+    if not (sep and _DNS_LABEL.fullmatch(namespace) and _DNS_NAME.fullmatch(name)):
+        raise ValueError("not NAMESPACE/NAME of a DaemonSet")
+    return value
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 class NodeOptions(Section):
     """What one tabby-node runs with (flags are the field names with ``-``)."""
 
@@ -90,6 +103,8 @@ class NodeOptions(Section):
     log_file: AbsPath | None = DEFAULT_LOG_FILE
     conf: AbsPath | None = None
     policy_visibility: Literal["on", "off"] = "on"
+    daemonset: Annotated[str, AfterValidator(_daemonset)] | None = None
+    cni_conf_dir: AbsPath = DEFAULT_CNI_CONF_DIR
     max_calls: int = Field(default=MAX_CALLS, ge=1, le=65536)
     max_request_bytes: int = Field(default=MAX_REQUEST, ge=64 << 10, le=64 << 20)
     metrics_cert_file: AbsPath | None = None
@@ -154,6 +169,8 @@ ENV = {
     "log_file": "TABBY_NODE_LOG_FILE",
     "conf": "TABBY_CONF",
     "policy_visibility": "TABBY_POLICY_VISIBILITY",
+    "daemonset": "TABBY_DAEMONSET",
+    "cni_conf_dir": "TABBY_CNI_CONF_DIR",
     "metrics_cert_file": "TABBY_METRICS_CERT_FILE",
     "metrics_key_file": "TABBY_METRICS_KEY_FILE",
     "metrics_client_ca_file": "TABBY_METRICS_CLIENT_CA_FILE",
@@ -200,6 +217,11 @@ def parser() -> argparse.ArgumentParser:
         "(default: none; flags and TABBY_* variables win)",
         "policy_visibility": "on: count packets per policy (tabby_policy_packets_total) and "
         "log denied flows (tabbyctl policy log); off: neither (default on)",
+        "daemonset": "NAMESPACE/NAME of the DaemonSet running this tabby-node (Kubernetes): "
+        "a stop while it is gone or being deleted is an uninstall, which removes tabby's "
+        "conflist and nftables table from the node (default: none, a stop keeps everything)",
+        "cni_conf_dir": "the runtime's CNI configuration directory, where an uninstall removes "
+        f"tabby's conflist, kubeconfig and TLS files (default {DEFAULT_CNI_CONF_DIR})",
         "max_calls": "CNI calls served at once; one more is answered at once and the plugin "
         f"runs it itself (default {MAX_CALLS})",
         "max_request_bytes": "largest CNI call served (environment and config); a larger "

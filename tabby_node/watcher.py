@@ -8,6 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from datastore.errors import StoreRemoved
 from ipam.core.errors import DatastoreError
 from tabby_node.cache import WATCHED_KINDS
 
@@ -34,6 +35,8 @@ class Watcher:
         self.stopping = stopping
         self.beats = beats
         self.metrics = metrics
+        #: what the store said when it saw its kinds being deleted (an uninstall), if it did
+        self.removed: str | None = None
 
     def run(self) -> None:
         """The thread, until ``stopping``: a broken watch is opened again (after 0.2 s,
@@ -52,6 +55,8 @@ class Watcher:
                     if snapshot:
                         release_freed_memory()
             except DatastoreError as e:
+                if isinstance(e, StoreRemoved):
+                    self.removed = str(e)
                 if self.metrics is not None:  # metrics
                     self.metrics.datastore_error("watch")
                 self.cache.last_error = str(e)

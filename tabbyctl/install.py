@@ -89,11 +89,11 @@ from pathlib import Path
 import click
 
 from bundle.types import JSON
+from tabby_node import CNI_KUBECONFIG_NAME, CNI_TLS_DIR, CONFLIST_NAME, DEFAULT_CNI_CONF_DIR
 
 INSTALL_DIR = "/opt/tabby"
 CNI_BIN_DIR = "/opt/cni/bin"
-CNI_CONF_DIR = "/etc/cni/net.d"
-CONFLIST_NAME = "10-tabby.conflist"
+CNI_CONF_DIR = DEFAULT_CNI_CONF_DIR
 STATE_DIR = "/var/lib/tabby"
 BUNDLES = "bundles"
 CURRENT = "current"
@@ -102,7 +102,7 @@ EXECUTABLE = "tabby"
 CNI_LINKS = ("tabby", "tabby-ipam")
 #: Links beside the executable in each installed bundle (the role is the name exec'd).
 ROLE_LINKS = ("tabby-node", "tabbyctl", "tabby-kube-controllers")
-TLS_DIR = "tabby-tls"
+TLS_DIR = CNI_TLS_DIR
 #: placeholder -> (environment variable, file name under tabby-tls/)
 TLS = {
     "__ETCD_CA_CERT_FILE__": ("TABBY_ETCD_CA_CERT_FILE", "etcd-ca"),
@@ -112,7 +112,7 @@ TLS = {
 TEMPLATE_ENV = "TABBY_CNI_NETWORK_CONFIG"
 DATASTORE_ENV = "TABBY_DATASTORE_TYPE"
 DEFAULT_DATASTORE = "kubernetes"
-KUBECONFIG_NAME = "tabby-kubeconfig"
+KUBECONFIG_NAME = CNI_KUBECONFIG_NAME
 #: Where the DaemonSet mounts the Secret tabby-cni-token (a service account token Secret:
 #: ``token``, ``ca.crt``): the plugins' credentials.
 CNI_CREDENTIALS = "/var/run/secrets/tabby-cni"

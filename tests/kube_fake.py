@@ -42,6 +42,7 @@ COLLECTIONS = {
     "/api/v1/pods": ("Pod", True),
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
+    "/apis/apps/v1/daemonsets": ("DaemonSet", True),
     CRD_COLLECTION: ("CustomResourceDefinition", False),
     # tabby's CustomResourceDefinitions (cluster-scoped)
     **{crd.path: (crd.kind, False) for crd in CRDS.values()},
@@ -56,6 +57,7 @@ _NAMESPACED_PATHS = {
     "pods": "/api/v1/pods",
     "networkpolicies": "/apis/networking.k8s.io/v1/networkpolicies",
     "leases": "/apis/coordination.k8s.io/v1/leases",
+    "daemonsets": "/apis/apps/v1/daemonsets",
 }
 
 

@@ -42,6 +42,8 @@ def call_of(request: str) -> Call:
     namespace = None
     if rest[0] == "namespaces" and len(rest) > 2:
         namespace, rest = rest[1], rest[2:]
+    elif rest[0] == "namespaces" and len(rest) == 2:
+        namespace = rest[1]  # one namespace is in itself, as the API server's RBAC sees it
     resource, name = rest[0], rest[1] if len(rest) > 1 else None
     verb = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}.get(method)
     if verb is None:

@@ -24,8 +24,10 @@ lab.kubernetes.manifest does what docs/kubernetes.md tells an operator):
   every node) while ICMP streams at 50 packets/s run between pods on different nodes, in a
   ring that crosses every node: no packet lost; a pod created while a node's tabby-node is
   being replaced is networked;
-* ``kubectl delete -f`` removes tabby; running pods keep their interfaces and routes and
-  reach each other, and a pod deleted afterwards is still torn down.
+* ``kubectl delete -f`` removes tabby; every tabby-node sees an uninstall (a rolling update
+  is not one: nothing is removed) and removes its conflist and nftables table: the nodes
+  turn NotReady, a pod created afterwards stays Pending (network not ready); running pods
+  keep their interfaces and routes and reach each other.
 
 The tests of one cluster run in this order on it, the last one leaves it without tabby; then
 the cluster is torn down (nothing may be left on the machine). The numbers (image import,
@@ -37,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from typing import Any
 import pytest
 
 from lab.kubernetes import build
+from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod, processes
 from lab.kubernetes.manifest import NAMESPACE, ManifestInstall
 from tabbyctl.demo.proc import LabError
@@ -233,6 +237,45 @@ def peered(kube: KubeLab, node: str) -> None:
 def tabby_pod(kube: KubeLab, node: str) -> str:
     install = _INSTALLS[kube.prefix]
     return str(install.node_pods()[node]["metadata"]["name"])
+
+
+def has_table(kube: KubeLab, node: str) -> bool:
+    """Whether tabby-node's nftables table ``inet tabby`` is on ``node``."""
+    return kube.run_on(node, ["nft", "list", "table", "inet", "tabby"]).returncode == 0
+
+
+class NodeLog:
+    """``kubectl logs -f`` of one tabby-node container from now to its end (its last lines
+    say what its stop was: an uninstall or not)."""
+
+    def __init__(self, kube: KubeLab, pod: str) -> None:
+        argv = [
+            *("nsenter", f"--net=/run/netns/{kube.nodes[0].netns}", "--"),
+            *kube.kubectl_argv(),
+            *("logs", "-f", "-n", NAMESPACE, pod, "-c", "tabby-node", "--tail", "1"),
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=knode.frozen_env(),
+        )
+
+    def text(self, timeout: float = 60) -> str:
+        """What it wrote until the container ended (stopped after ``timeout``)."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return str(out)
+
+    @staticmethod
+    def cut(text: str) -> bool:
+        """Whether the stream ended before the container's last lines: the kubelet removed
+        the container of a deleted pod first (``kubectl logs -f`` then ends with an error)."""
+        return "rpc error" in text[-600:] or "tabby-node stopped after" not in text
 
 
 def one_per_node(pods: list[KubePod]) -> dict[str, KubePod]:
@@ -631,8 +674,12 @@ def test_a_rolling_update_moves_no_traffic(
     """ICMP at 50 packets/s in a ring node-1 -> node-2 -> node-3 -> node-1 (pod to pod)
     while the DaemonSet rolls to another image: one node at a time (no node's restart makes
     another's tabby-node unready), and no request goes unanswered. A pod created while a
-    node's tabby-node is being replaced is networked."""
+    node's tabby-node is being replaced is networked (its ADD waits for the new tabby-node:
+    the plugins refuse it while the table is there). Every tabby-node stopped knowing it was
+    not an uninstall, and no node was without its conflist or its table at any moment."""
     ref = tabby.import_image(images.upgrade)
+    logs = {n: NodeLog(bare, tabby_pod(bare, n)) for n in bare.kube}
+    missing: set[str] = set()  # "node: what", seen absent during the rollout
     by_node = one_per_node(web)
     before = {n: node_files(bare, n) for n in bare.kube}
     birds = {n: bird_process(bare, n)[0] for n in bare.kube} if bare.backend == "bird" else {}
@@ -667,6 +714,11 @@ def test_a_rolling_update_moves_no_traffic(
             if born is None and down:
                 born = (sorted(down)[0], time.monotonic() - started)
                 bare.apply(_httpd_pod(bare, "born-mid-rollout", born[0]))
+            for n in down:
+                if not node_files(bare, n)["/etc/cni/net.d/10-tabby.conflist"]:
+                    missing.add(f"{n}: the conflist")
+                if not has_table(bare, n):
+                    missing.add(f"{n}: the table")
             time.sleep(0.3)
         rollout = time.monotonic() - started
         time.sleep(3)
@@ -681,6 +733,20 @@ def test_a_rolling_update_moves_no_traffic(
     # one node at a time: a node's restart never made another node's tabby-node unready
     # (a DaemonSet replaces an unready pod at once, whatever maxUnavailable says)
     assert len(most_down) == 1, f"down together: {sorted(most_down)}"
+    # a restart, not an uninstall: nothing was removed at any moment, and each old
+    # tabby-node said so (when its log could be read to the end: its pod is deleted)
+    assert missing == set()
+    said = 0
+    for n, log in logs.items():
+        text = log.text()
+        assert "tabby is uninstalled" not in text, (n, text[-1500:])
+        if not NodeLog.cut(text):
+            said += 1
+            assert f"not uninstalled (the DaemonSet {NAMESPACE}/tabby-node is there)" in text, (
+                n,
+                text[-1500:],
+            )
+    print(f"[{bare.backend}] {said} of 3 old tabby-nodes' logs read to their end")
 
     # every node runs the new bundle; the old one stays beside it (it may still run)
     for node in bare.kube:
@@ -704,14 +770,15 @@ def test_a_rolling_update_moves_no_traffic(
     print(f"[{bare.backend}] a pod created on {node} {when:.1f} s into the rollout: {pod.ip}")
 
 
-def _httpd_pod(kube: KubeLab, name: str, node: str) -> dict[str, Any]:
+def _httpd_pod(kube: KubeLab, name: str, node: str | None = None) -> dict[str, Any]:
+    """A busybox httpd pod, on ``node`` (None: where the scheduler puts it)."""
     assert kube.busybox is not None
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": WEB_NS, "labels": {"app": "born"}},
         "spec": {
-            "nodeName": node,
+            **({"nodeName": node} if node else {}),
             "terminationGracePeriodSeconds": 5,
             "containers": [
                 {
@@ -737,15 +804,21 @@ def _pod_routes(kube: KubeLab, node: str, pods: list[KubePod]) -> list[str]:
     )
 
 
-def test_kubectl_delete_leaves_running_pods_reachable(
+def test_kubectl_delete_leaves_nodes_without_a_network_and_running_pods_reachable(
     bare: KubeLab, tabby: ManifestInstall, web: list[KubePod]
 ) -> None:
-    """Everything of tabby goes from the API; on the nodes the pods' interfaces and routes
-    stay as they were, pods still reach each other, on their node and across nodes, and a
-    pod deleted afterwards is still torn down (the plugins stay: the runtime needs them)."""
+    """Everything of tabby goes from the API. Every tabby-node knows its stop is an
+    uninstall and leaves its node without tabby's network for new pods: the conflist, the
+    plugins' kubeconfig and the nftables table are gone (the binaries stay), the node turns
+    NotReady for want of a network, and a pod created on it afterwards is not started: it
+    stays Pending, the kubelet reporting the network not ready (docs/kubernetes.md
+    "Uninstall", the README). The running pods keep their interfaces, addresses and routes
+    and reach each other, on their node and across nodes (without policy now)."""
     assert bare.http_matrix(web) == []  # routes converged before (the BGP sessions up)
     routes = {n: _pod_routes(bare, n, web) for n in bare.kube}
     assert sum(len(r) for r in routes.values()) == len(web)
+    assert all(has_table(bare, n) for n in bare.kube)
+    logs = {n: NodeLog(bare, tabby_pod(bare, n)) for n in bare.kube}
     tabby.delete()
     print(f"\n[{bare.backend}] uninstalled in {tabby.timings['uninstall']:.1f} s")
     assert bare.kubectl("get", "clusterrole", "tabby-kube-controllers", check=False).returncode
@@ -754,40 +827,63 @@ def test_kubectl_delete_leaves_running_pods_reachable(
     assert sorted(p.name for p in pods) == sorted(p.name for p in web)
     assert all(p.phase == "Running" for p in pods)
     for node in bare.kube:
+        files = node_files(bare, node)
+        assert files["/etc/cni/net.d/10-tabby.conflist"] == "", node
+        assert files["/etc/cni/net.d/tabby-kubeconfig"] == "", node
+        assert files["/opt/cni/bin/tabby"] == "/opt/tabby/current/tabby"  # the binaries stay
+        assert not has_table(bare, node), node
+        text = logs[node].text()  # (unless the kubelet removed the container first)
+        assert NodeLog.cut(text) or "stopping: tabby is uninstalled" in text, text[-1500:]
         assert _pod_routes(bare, node, web) == routes[node], node
         links = in_node(bare, node, "ip", "-o", "link", "show")
         for route in routes[node]:
             assert f" {route.split()[2]}@" in links, route  # the route's interface
-        assert node_files(bare, node)["/opt/cni/bin/tabby"] == "/opt/tabby/current/tabby"
     # on their node (and from it), and across nodes
     for node, pod in one_per_node(web).items():
         same = [p for p in web if p.node == node and p is not pod]
         assert all(bare.probe_http(pod, [p.ip for p in same], 3).values()), node
         assert bare.ping(bare.node(node).netns, pod.ip), f"{node} -> {pod.label}"
     assert bare.http_matrix(web, timeout=10) == []
-    # a pod deleted now: the plugins tear it down in-process (DEL always lets a pod go)
-    gone = web[0]
-    bare.kubectl("delete", "pod", "-n", WEB_NS, gone.name, "--wait=false")
-    if datastore_of(bare) == "kubernetes":
-        # the IPAM state went with the CRDs, the plugins' token with its Secret: nothing is
-        # left to release, and the pod goes all the same: its DEL tears its interface down
-        # (kubelet 1.20 may then keep the object Terminating for a minute or more)
-        (route,) = [r for r in routes[gone.node] if r.split()[0] == gone.ip]
 
-        def torn_down() -> bool:
-            links = in_node(bare, gone.node, "ip", "-o", "link", "show")
-            return f" {route.split()[2]}@" not in links
+    # the nodes have no network now: NotReady, as before tabby was installed
+    def not_ready() -> bool:
+        conditions = bare.node_conditions()
+        return all(conditions[n].get("Ready") != "True" for n in bare.kube)
 
-        eventually(f"{gone.label}'s interface gone (its DEL done)", torn_down, timeout=60)
-        # and the DEL succeeded: the runtime reports no failed teardown (kubelet 1.20 then
-        # keeps the pod object Terminating a while: seen > 3 min with a replacement pod's
-        # failing ADDs beside it; the object is the kubelet's, not tabby's)
-        log = Path(bare.node(gone.node).workdir, "containerd.log").read_text(errors="replace")
-        assert "failed to destroy network" not in log, log[-2000:]
-        return
+    waited = eventually("every node NotReady (no network)", not_ready, timeout=90)
+    node = bare.kubectl_json("get", "node", "node-2")
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert "network" in ready["message"].lower(), ready
+    # new pods are not started into a network that cannot carry them: one for any node
+    # is not scheduled (the nodes are tainted not-ready), one bound to node-2 that tolerates
+    # it (as a DaemonSet's pods do) is refused by the kubelet: no network
+    before = in_node(bare, "node-2", "ip", "-o", "link", "show")
+    bare.apply(_httpd_pod(bare, "after-uninstall"))
+    bound = _httpd_pod(bare, "after-uninstall-on-node-2", "node-2")
+    bound["spec"]["tolerations"] = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]
+    bare.apply(bound)
 
-    def released() -> bool:
-        report = json.loads(bare.tabbyctl("ipam", "show", "-o", "json").stdout)
-        return gone.ip not in {a["ip"] for a in report["allocations"]}
+    def reasons(pod: str) -> set[str]:
+        events = bare.kubectl_json(
+            "get", "events", "-n", WEB_NS, "--field-selector", f"involvedObject.name={pod}"
+        )["items"]
+        return {str(e.get("reason")) for e in events}
 
-    eventually(f"{gone.label}'s address released without tabby-node", released, timeout=60)
+    eventually(
+        "the kubelet reports the network not ready",
+        lambda: "NetworkNotReady" in reasons("after-uninstall-on-node-2"),
+        timeout=60,
+    )
+    eventually(
+        "the pod for any node is not scheduled",
+        lambda: "FailedScheduling" in reasons("after-uninstall"),
+        timeout=60,
+    )
+    time.sleep(10)  # and they stay so
+    for name in ("after-uninstall", "after-uninstall-on-node-2"):
+        status = bare.kubectl_json("get", "pod", "-n", WEB_NS, name)["status"]
+        assert status.get("phase") == "Pending", (name, status)
+        assert not status.get("podIP"), (name, status)
+    after = in_node(bare, "node-2", "ip", "-o", "link", "show")
+    assert after.count(" cali") == before.count(" cali"), after  # no interface made
+    print(f"[{bare.backend}] nodes NotReady {waited:.1f} s after the uninstall; new pods Pending")

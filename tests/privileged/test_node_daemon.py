@@ -1,5 +1,7 @@
 """tabby-node as a process (root): a delegated IPAM plugin's stderr reaches the caller both
-standalone and through the node, and a second node on the same run directory exits.
+standalone and through the node, a second node on the same run directory exits, and once
+tabby-node stopped (its table kept, as for a restart) an ADD it does not serve is refused
+rather than started into a table that would drop its traffic.
 
 The plugin runs as a runtime would run it (a process in a "node" network namespace, with
 the pod in its own namespace); the node is this checkout's tabby-node in a subprocess.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -74,12 +77,13 @@ def tabby_node(tmp_path: Path) -> Iterator[NodeProcess]:
 
 
 def run_plugin(
-    node: Node, command: str, conf: dict[str, Any], env: dict[str, str]
+    node: Node | str, command: str, conf: dict[str, Any], env: dict[str, str]
 ) -> subprocess.CompletedProcess[bytes]:
-    """Exec the plugin inside the node namespace, as a runtime on that node would."""
+    """Exec the plugin inside the node namespace (or the one at that path), as a runtime on
+    that node would."""
     from dataplane.netns import setns
 
-    fd = os.open(node.path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(node if isinstance(node, str) else node.path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return subprocess.run(
             PLUGIN,
@@ -182,3 +186,55 @@ def test_second_node_on_the_same_socket_exits_with_one_line(
     assert "another tabby-node is running in" in lines[0]
     assert tabby_node.proc.poll() is None  # the first one serves on
     assert os.path.exists(tabby_node.sock)
+
+
+def test_an_add_after_tabby_node_stopped_is_refused_while_its_table_is_there(
+    pool: NetnsPool, tmp_path: Path, cni_path: str, tabby_node: NodeProcess
+) -> None:
+    """tabby-node served an ADD in its namespace (the "node"); stopped (SIGTERM, not in
+    Kubernetes: a restart), it keeps its table ``inet tabby``, which drops every pod
+    interface it has no rules for. The next ADD, made in-process, is refused with code 11
+    before IPAM is asked and before any interface exists; DEL still works; with the table
+    removed, in-process ADDs network pods again (without policy)."""
+    netns = f"/run/netns/{tabby_node.netns}"
+    pod = pool.pod()
+    conf = conf_for(tmp_path)
+
+    def env(cid: str, ip: str) -> dict[str, str]:
+        return {
+            "CNI_CONTAINERID": cid,
+            "CNI_NETNS": pod.path,
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": cni_path,
+            "TABBY_NODE_SOCKET": tabby_node.sock,
+            "STUB_IP": ip,
+        }
+
+    served = run_plugin(netns, "ADD", conf, env("served", "10.77.0.7/32"))
+    assert served.returncode == 0, served
+    assert run_plugin(netns, "DEL", conf, env("served", "10.77.0.7/32")).returncode == 0
+    tabby_node.proc.send_signal(signal.SIGTERM)
+    assert tabby_node.proc.wait(timeout=30) == 0
+    table = ["ip", "netns", "exec", tabby_node.netns, "nft", "list", "table", "inet", "tabby"]
+    kept = subprocess.run(table, capture_output=True, text=True, check=False)
+    assert kept.returncode == 0, kept.stderr  # a stop is not an uninstall: the table stays
+    assert 'drop comment "unknown cali* interface"' in kept.stdout
+
+    refused = run_plugin(netns, "ADD", conf, env("unserved", "10.77.0.8/32"))
+    assert refused.returncode == 1, refused
+    answer = json.loads(refused.stdout)
+    assert answer["code"] == 11, answer
+    assert "tabby-node is not running" in answer["msg"]
+    err = refused.stderr.decode()
+    assert "stub-ipam ADD" not in err  # IPAM was never asked
+    assert "Traceback" not in err
+    assert "eth0" not in pod.ip("-o", "link", "show").stdout
+    deleted = run_plugin(netns, "DEL", conf, env("unserved", "10.77.0.8/32"))
+    assert deleted.returncode == 0, deleted
+
+    drop = ["ip", "netns", "exec", tabby_node.netns, "nft", "delete", "table", "inet", "tabby"]
+    subprocess.run(drop, check=True)
+    alone = run_plugin(netns, "ADD", conf, env("unserved", "10.77.0.8/32"))
+    assert alone.returncode == 0, alone
+    assert "10.77.0.8" in pod.ip("-4", "addr", "show", "dev", "eth0").stdout
+    assert run_plugin(netns, "DEL", conf, env("unserved", "10.77.0.8/32")).returncode == 0

@@ -309,6 +309,50 @@ def test_tabby_node_validates_before_the_ipam_call() -> None:
     assert dp.calls == []
 
 
+@pytest.mark.parametrize("present", [True, False])
+def test_an_unserved_add_is_refused_while_the_policy_table_is_there(present: bool) -> None:
+    """The binaries' ADD (tabby-node did not serve it) while tabby-node's table is on the
+    node: code 11 before anything is done (the table would drop the pod's traffic); without
+    the table the pod is networked in-process. DEL is never refused."""
+    dp, ipam = FakeDataplane(), FakeIpam()
+    handlers = plugin.Plugin(
+        dataplane=lambda: dp, ipam=ipam, endpoints=FakeEndpoints(), policy_table=lambda: present
+    ).handlers()
+    env = {
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/run/netns/p1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+    }
+    rc, out = skel.run(handlers, {**env, "CNI_COMMAND": "ADD"}, json.dumps(conf()).encode())
+    answer = json.loads(out)
+    if present:
+        assert (rc, answer["code"]) == (1, 11)
+        assert answer["msg"].startswith("tabby-node is not running")
+        assert "nft delete table inet tabby" in answer["details"]
+        assert (ipam.calls, dp.calls) == ([], [])
+    else:
+        assert rc == 0, answer
+        assert ipam.calls == ["ADD"]
+    rc, out = skel.run(handlers, {**env, "CNI_COMMAND": "DEL"}, json.dumps(conf()).encode())
+    assert rc == 0, out
+
+
+def test_the_binaries_look_for_the_table_and_tabby_node_does_not() -> None:
+    from tabby_node.server import node_handlers
+
+    for handlers, check in (
+        (plugin.HANDLERS, plugin.policy_table_present),
+        (plugin.unserved_handlers(node_absent=True), plugin.policy_table_present),
+        # a tabby-node is there but did not take the call: it programs the pod itself
+        (plugin.unserved_handlers(node_absent=False), None),
+        (node_handlers(), None),
+    ):
+        add = handlers.by_verb["ADD"]
+        assert isinstance(add.__self__, plugin.Plugin)  # type: ignore[attr-defined]
+        assert add.__self__.policy_table is check  # type: ignore[attr-defined]
+
+
 def test_mac_capability_is_used(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     dp, _ = fakes
     rc, _ = run("ADD", conf(runtimeConfig={"MAC": "0A:58:0A:F4:00:05"}))

@@ -86,7 +86,7 @@ def test_the_paths_the_programs_write_are_writable_volumes() -> None:
     volume mounted writable (the defaults read from the code)."""
     from datastore.etcd.store import DEFAULT_LOCK_DIR as ETCD_LOCKS
     from stores.kube.store import DEFAULT_LOCK_DIR as KUBE_LOCKS
-    from tabby_node import DEFAULT_RUN_DIR
+    from tabby_node import DEFAULT_CNI_CONF_DIR, DEFAULT_RUN_DIR
     from tabby_node.options import DEFAULT_STATE_DIR
     from tabbyctl.install import STATE_DIR
 
@@ -99,14 +99,19 @@ def test_the_paths_the_programs_write_are_writable_volumes() -> None:
             for m, ok in _mounts(c).items()
         )
 
-    for path in (DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, KUBE_LOCKS, ETCD_LOCKS):
+    # (the CNI configuration directory: an uninstall removes tabby's conflist from it)
+    for path in (DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, KUBE_LOCKS, ETCD_LOCKS, DEFAULT_CNI_CONF_DIR):
         assert writable(node, path), path
     for path in (KUBE_LOCKS, ETCD_LOCKS):
         assert writable(ctl, path), path
     for path in ("/opt/tabby", "/opt/cni/bin", "/etc/cni/net.d", STATE_DIR):
         assert writable(init, f"/host{path}"), path
     # and nothing else of theirs is writable: the secrets and the bundle tabby-node runs
-    assert {p for p, ok in _mounts(node).items() if ok} == {DEFAULT_RUN_DIR, DEFAULT_STATE_DIR}
+    assert {p for p, ok in _mounts(node).items() if ok} == {
+        DEFAULT_RUN_DIR,
+        DEFAULT_STATE_DIR,
+        DEFAULT_CNI_CONF_DIR,
+    }
     assert {p for p, ok in _mounts(ctl).items() if ok} == {DEFAULT_RUN_DIR}
     volumes = {v["name"]: v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"]}
     assert volumes["run-tabby"]["emptyDir"]["medium"] == "Memory"  # nothing of it persists

@@ -240,6 +240,19 @@ def tabby_node_calls(fake: FakeApi, kubeconfig: str, tmp_path: Path) -> None:
     fake.put(kinds.CRDS["trace"].path, stale)
     tracer.answer(TraceRequest("fedcba9876543210", NODE, 4, "10.0.0.1", "10.0.0.2", "ICMP",
                                None, None, 7, 1.0), "armed")  # fmt: skip
+    # stopping: its DaemonSet and namespace read (an uninstall or a restart?)
+    from tabby_node.uninstall import Uninstall
+
+    meta = {"name": "tabby-node", "namespace": NAMESPACE}
+    fake.put("/apis/apps/v1/daemonsets", {"kind": "DaemonSet", "metadata": meta})
+
+    Uninstall(
+        f"{NAMESPACE}/tabby-node",
+        str(tmp_path / "net.d"),
+        kubeconfig=kubeconfig,
+        store_removed=lambda: None,
+        delete_table=lambda: None,
+    ).verdict()
     store.close()
     # a bearer token for /policy/log reviewed, then authorized, with its own client
     from tabby_node.access import Door, TokenReviewer, kube_client

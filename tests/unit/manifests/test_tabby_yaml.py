@@ -88,8 +88,15 @@ def test_the_daemonset_is_a_node_agent() -> None:
     }
     mounts = {m["mountPath"]: m for m in node["volumeMounts"]}
     assert mounts["/opt/tabby"].get("readOnly") is True  # it runs the installed copy
-    assert "/etc/cni/net.d" not in mounts  # the init container's only
+    # an uninstall removes the conflist the init container wrote (tabby_node.uninstall)
+    assert mounts["/etc/cni/net.d"].get("readOnly") is not True
     assert "/opt/cni/bin" not in mounts
+    # its own DaemonSet, read when it stops (gone or being deleted: an uninstall)
+    meta = ds["metadata"]
+    assert env_of(node)["TABBY_DAEMONSET"] == {
+        "name": "TABBY_DAEMONSET",
+        "value": f"{meta['namespace']}/{meta['name']}",
+    }
 
 
 def test_the_deployment_elects_a_leader_with_its_own_account() -> None:

@@ -182,23 +182,25 @@ def test_rejected_call_runs_in_process(fake: Callable[..., FakeNode]) -> None:
         read_request(conn)
         conn.sendall(REJECT + b"tabby-node is 0.0.1")
 
-    got, elapsed = call(fake(behave), conf(), accept_within=30)
+    node = fake(behave)
+    t0 = time.monotonic()
+    why: list[str] = []
+    env = {**ENV, "TABBY_NODE_SOCKET": node.path}
+    got = try_node("tabby", env, conf(), "9.9.9", accept_within=30, why=why)
     assert got is None
-    assert elapsed < 10  # at once, not after waiting out the accept limit
+    assert time.monotonic() - t0 < 10  # at once, not after waiting out the accept limit
+    assert why == [client.NOT_TAKEN]  # a node is there: it programs the pod from its watch
 
 
 def test_absent_or_off_socket_runs_in_process(tmp_path: Path) -> None:
     stdin = conf()
-    assert try_node("tabby", {"TABBY_NODE_SOCKET": "off"}, stdin, "1") is None
-    assert try_node("tabby", {"TABBY_NODE_SOCKET": ""}, stdin, "1") is None
-    missing = {"TABBY_NODE_SOCKET": str(tmp_path / "none.sock")}
-    assert try_node("tabby", missing, stdin, "1") is None
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(tmp_path / "stale.sock"))
     stale.close()  # a socket file nobody listens on: connect is refused
-    assert (
-        try_node("tabby", {"TABBY_NODE_SOCKET": str(tmp_path / "stale.sock")}, stdin, "1") is None
-    )
+    for path in ("off", "", str(tmp_path / "none.sock"), str(tmp_path / "stale.sock")):
+        why: list[str] = []
+        assert try_node("tabby", {"TABBY_NODE_SOCKET": path}, stdin, "1", why=why) is None
+        assert why == [client.ABSENT], path  # no tabby-node: an ADD minds its table
 
 
 def test_fast_path_imports_no_json_and_no_config_models(fake: Callable[..., FakeNode]) -> None:
