@@ -289,6 +289,9 @@ class Controllers:
         while not stop.wait(tick):
             self.loop_beat["housekeeping"] = time.monotonic()
             if not self.leading.is_set():
+                # a pass that failed while it led is no standby's problem: kept, it made
+                # this replica unready for good (the pass runs only while leading)
+                self.problems.pop("ipam", None)
                 continue
             now = time.monotonic()
             if now >= next_beat:

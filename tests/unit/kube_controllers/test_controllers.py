@@ -527,3 +527,34 @@ def test_a_standby_worker_sleeps_on_a_due_queue_and_works_it_once_it_leads() -> 
     worker.join(2)
     assert got == [("pod", "x/a")]
     ctl.stopping.set()
+
+
+def test_a_replica_that_stops_leading_drops_the_ipam_pass_it_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Kubernetes tier: an API server blackholed while replica-2 led failed its IPAM pass
+    ("not writable"); it stopped leading, and its readiness said so until the end (the pass
+    that would clear it runs only while leading), so the next test waited for it in vain."""
+    from cni_config.common import DatastoreSettings
+    from kube_controllers import controller as module
+    from kube_controllers.controller import Controllers
+    from kube_controllers.options import ControllerOptions
+
+    monkeypatch.setattr(module, "HEARTBEAT_EVERY", 0.05)
+    ctl = Controllers(
+        ControllerOptions(identity="standby", node_grace=0.1, leak_grace=0.1), DatastoreSettings()
+    )
+    ctl.problems["ipam"] = "IPAM datastore not writable: the read operation timed out"
+    assert any(r.startswith("ipam: ") for r in ctl.readiness())
+    stop = threading.Event()
+    loop = threading.Thread(target=ctl._housekeeping, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while "ipam" in ctl.problems:
+            assert time.monotonic() < deadline, ctl.problems
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        loop.join(2)
+    assert not any(r.startswith("ipam: ") for r in ctl.readiness())
