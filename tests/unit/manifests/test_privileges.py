@@ -100,7 +100,8 @@ def test_the_paths_the_programs_write_are_writable_volumes() -> None:
         )
 
     # (the CNI configuration directory: an uninstall removes tabby's conflist from it)
-    for path in (DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, KUBE_LOCKS, ETCD_LOCKS, DEFAULT_CNI_CONF_DIR):
+    cni_conf_dir = f"/host{DEFAULT_CNI_CONF_DIR}"  # not where tabbyctl looks (test_tabby_yaml)
+    for path in (DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, KUBE_LOCKS, ETCD_LOCKS, cni_conf_dir):
         assert writable(node, path), path
     for path in (KUBE_LOCKS, ETCD_LOCKS):
         assert writable(ctl, path), path
@@ -110,7 +111,7 @@ def test_the_paths_the_programs_write_are_writable_volumes() -> None:
     assert {p for p, ok in _mounts(node).items() if ok} == {
         DEFAULT_RUN_DIR,
         DEFAULT_STATE_DIR,
-        DEFAULT_CNI_CONF_DIR,
+        cni_conf_dir,
     }
     assert {p for p, ok in _mounts(ctl).items() if ok} == {DEFAULT_RUN_DIR}
     volumes = {v["name"]: v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"]}

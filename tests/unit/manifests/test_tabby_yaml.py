@@ -88,8 +88,13 @@ def test_the_daemonset_is_a_node_agent() -> None:
     }
     mounts = {m["mountPath"]: m for m in node["volumeMounts"]}
     assert mounts["/opt/tabby"].get("readOnly") is True  # it runs the installed copy
-    # an uninstall removes the conflist the init container wrote (tabby_node.uninstall)
-    assert mounts["/etc/cni/net.d"].get("readOnly") is not True
+    # an uninstall removes the conflist the init container wrote (tabby_node.uninstall), in
+    # a directory tabbyctl does not read by default: run in this container it would act
+    # with the plugins' token (tabby-cni), not tabby-node's account
+    assert mounts["/host/etc/cni/net.d"].get("readOnly") is not True
+    assert "/etc/cni/net.d" not in mounts
+    env = {e["name"]: e.get("value") for e in node["env"]}
+    assert env["TABBY_CNI_CONF_DIR"] == "/host/etc/cni/net.d"
     assert "/opt/cni/bin" not in mounts
     # its own DaemonSet, read when it stops (gone or being deleted: an uninstall)
     meta = ds["metadata"]
