@@ -649,6 +649,10 @@ class EtcdStore(Engine):
             ", ".join("+".join(st.groups[j]) for j in st.lost),
         )
         st.jitter = True
+        if st.broken and len(st.lost) < len(st.ranges):
+            # the stream broke, and the cancel came before every range's stream was created:
+            # the ranges not lost resume where they were (counted here, or never)
+            self.count_sync("resumes")
         st.broken = False
 
     def _read_ranges(
