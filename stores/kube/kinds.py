@@ -121,6 +121,12 @@ def _meta(obj: JSON, *, namespaced: bool) -> JSON:
     return out
 
 
+def _list(value: object) -> list[object]:
+    """A list field of an API object, or nothing: the API server validates what it stores,
+    but a projection never raises on what it is handed."""
+    return value if isinstance(value, list) else []
+
+
 def project_namespace(obj: JSON) -> JSON | None:
     """A v1 Namespace: name, uid, labels."""
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(obj, namespaced=False)}
@@ -134,13 +140,13 @@ def project_pod(obj: JSON) -> JSON | None:
     if spec.get("hostNetwork"):
         return None
     containers = []
-    for c in spec.get("containers") or ():
+    for c in _list(spec.get("containers")):
         if not isinstance(c, Mapping):
             continue
         entry: JSON = {"name": c.get("name")}
         ports = [
             {k: p[k] for k in ("name", "containerPort", "protocol") if p.get(k) is not None}
-            for p in c.get("ports") or ()
+            for p in _list(c.get("ports"))
             if isinstance(p, Mapping)
         ]
         if ports:
@@ -157,7 +163,7 @@ def project_pod(obj: JSON) -> JSON | None:
     }
     status = obj.get("status")
     ips = status.get("podIPs") if isinstance(status, Mapping) else None
-    addresses = [{"ip": p["ip"]} for p in ips or () if isinstance(p, Mapping) and p.get("ip")]
+    addresses = [{"ip": p["ip"]} for p in _list(ips) if isinstance(p, Mapping) and p.get("ip")]
     if addresses:
         doc["status"] = {"podIPs": addresses}
     return doc
@@ -203,7 +209,7 @@ def ready(node: JSON) -> bool:
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
     return any(
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"
-        for c in conditions or ()
+        for c in _list(conditions)
     )
 
 
@@ -393,7 +399,7 @@ def endpoints_of(blocks: Mapping[str, JSON]) -> dict[str, JSON]:
         if base is None:
             continue
         version, first = base
-        for ordinal, alloc in enumerate(data.get("allocations") or ()):
+        for ordinal, alloc in enumerate(_list(data.get("allocations"))):
             if not isinstance(alloc, Mapping):
                 continue
             attrs = alloc.get("attrs")
