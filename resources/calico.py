@@ -488,8 +488,9 @@ def _check_tier_prefix(name: str, tier: str) -> None:
         )
 
 
-class _Policy(Resource):
-    """A Calico policy resource: the name rule and the tier prefix."""
+class CalicoPolicy(Resource):
+    """The base of Calico's policy kinds (NetworkPolicy, GlobalNetworkPolicy and their staged
+    kinds): the name rule, the tier prefix, and where a policy comes in its tier."""
 
     API_VERSION: ClassVar[str] = TABBY_API_VERSION
     ACCEPTED_API_VERSIONS: ClassVar[tuple[str, ...]] = (CALICO_API_VERSION,)
@@ -498,7 +499,7 @@ class _Policy(Resource):
     spec: PolicySpec
 
     @model_validator(mode="after")
-    def _tier_prefix(self) -> _Policy:
+    def _tier_prefix(self) -> CalicoPolicy:
         _check_tier_prefix(self.name, self.spec.tier)
         return self
 
@@ -508,7 +509,7 @@ class _Policy(Resource):
         return (self.spec.sort_order, self.name)
 
 
-class CalicoNetworkPolicy(_Policy):
+class CalicoNetworkPolicy(CalicoPolicy):
     """Calico's namespaced NetworkPolicy (``tabby.io/v1`` or ``projectcalico.org/v3``)."""
 
     KIND: ClassVar[str] = "NetworkPolicy"
@@ -517,7 +518,7 @@ class CalicoNetworkPolicy(_Policy):
     spec: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
 
 
-class GlobalNetworkPolicy(_Policy):
+class GlobalNetworkPolicy(CalicoPolicy):
     KIND: ClassVar[str] = "GlobalNetworkPolicy"
 
     spec: GlobalNetworkPolicySpec = Field(default_factory=GlobalNetworkPolicySpec)
@@ -565,14 +566,14 @@ class StagedGlobalNetworkPolicySpec(GlobalNetworkPolicySpec):
         return _staged_delete(data, ("tier", "types"))
 
 
-class StagedNetworkPolicy(_Policy):
+class StagedNetworkPolicy(CalicoPolicy):
     KIND: ClassVar[str] = "StagedNetworkPolicy"
     NAMESPACED: ClassVar[bool] = True
 
     spec: StagedNetworkPolicySpec = Field(default_factory=StagedNetworkPolicySpec)
 
 
-class StagedGlobalNetworkPolicy(_Policy):
+class StagedGlobalNetworkPolicy(CalicoPolicy):
     KIND: ClassVar[str] = "StagedGlobalNetworkPolicy"
 
     spec: StagedGlobalNetworkPolicySpec = Field(default_factory=StagedGlobalNetworkPolicySpec)

@@ -738,3 +738,22 @@ def test_rule_helpers() -> None:
         PortMatch(name="http"),
         PortMatch(9090, 9090),
     ]
+
+
+#: one tabby.io/v1 document of every Calico kind, by store kind, in an order that applies
+#: (the tier before the policies in it); other tests build on them
+CALICO_VALID: dict[str, dict[str, Any]] = {
+    "tier": {**by_name("Tier", "internal-access"), "apiVersion": "tabby.io/v1"},
+    "calico-networkpolicy": by_name("NetworkPolicy", "allow-tcp-6379"),
+    "globalnetworkpolicy": by_name("GlobalNetworkPolicy", "internal-access.allow-tcp-6379"),
+    "stagednetworkpolicy": by_name("StagedNetworkPolicy", "allow-tcp-6379"),
+    "stagedglobalnetworkpolicy": by_name("StagedGlobalNetworkPolicy", "allow-tcp-6379"),
+    "stagedkubernetesnetworkpolicy": by_name(
+        "StagedKubernetesNetworkPolicy", "test-network-policy"
+    ),
+    "networkset": by_name("NetworkSet", "external-database"),
+    "globalnetworkset": by_name("GlobalNetworkSet", "a-name-for-the-set"),
+    "hostendpoint": by_name("HostEndpoint", "some.name"),
+}
+for _doc in CALICO_VALID.values():
+    _doc["apiVersion"] = "tabby.io/v1"
