@@ -153,36 +153,6 @@ NETWORK_SETS: Kind[NetworkSet] = _resource("NetworkSet", "networkset")
 GLOBAL_NETWORK_SETS: Kind[GlobalNetworkSet] = _resource("GlobalNetworkSet", "globalnetworkset")
 HOST_ENDPOINTS: Kind[HostEndpoint] = _resource("HostEndpoint", "hostendpoint")
 
-ALL: tuple[Kind[object], ...] = (
-    NODES,
-    HEARTBEATS,
-    POOLS,
-    BLOCKS,
-    BGP_CONFIGURATIONS,
-    BGP_PEERS,
-    POLICIES,
-    NAMESPACES,
-    PODS,
-    ENDPOINTS,
-    TRACES,
-    CALICO_POLICIES,
-    GLOBAL_POLICIES,
-    STAGED_POLICIES,
-    STAGED_GLOBAL_POLICIES,
-    STAGED_KUBERNETES_POLICIES,
-    TIERS,
-    NETWORK_SETS,
-    GLOBAL_NETWORK_SETS,
-    HOST_ENDPOINTS,
-)
-BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
-#: What routing reads, and what policy reads (tabby-node watches both).
-ROUTING: tuple[Kind[object], ...] = tuple(
-    BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
-)
-POLICY: tuple[Kind[object], ...] = tuple(
-    BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
-)
 #: What Calico's policy model adds to POLICY (the Kinds above; the same store kinds as
 #: ``datastore.base.CALICO_KINDS``). Not yet watched by tabby-node: wired in with the
 #: engine that enforces them.
@@ -196,6 +166,28 @@ CALICO_POLICY: tuple[Kind[object], ...] = (
     NETWORK_SETS,
     GLOBAL_NETWORK_SETS,
     HOST_ENDPOINTS,
+)
+ALL: tuple[Kind[object], ...] = (
+    NODES,
+    HEARTBEATS,
+    POOLS,
+    BLOCKS,
+    BGP_CONFIGURATIONS,
+    BGP_PEERS,
+    POLICIES,
+    NAMESPACES,
+    PODS,
+    ENDPOINTS,
+    TRACES,
+    *CALICO_POLICY,
+)
+BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
+#: What routing reads, and what policy reads (tabby-node watches both).
+ROUTING: tuple[Kind[object], ...] = tuple(
+    BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
+)
+POLICY: tuple[Kind[object], ...] = tuple(
+    BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
 )
 
 
