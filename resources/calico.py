@@ -428,10 +428,9 @@ class GlobalNetworkPolicySpec(PolicySpec):
             if "Egress" in (self.types or ()):
                 raise FieldError("Forbidden: a preDNAT policy cannot have type Egress", "types")
         if (self.preDNAT or self.doNotTrack) and not self.applyOnForward:
-            raise FieldError(
-                "Required value: applyOnForward must be true if preDNAT or doNotTrack is true",
-                "applyOnForward",
-            )
+            # named at the field set, as the API server's schema names it
+            flag = "preDNAT" if self.preDNAT else "doNotTrack"
+            raise FieldError(f"Forbidden: {flag} requires applyOnForward: true", flag)
         return self
 
 

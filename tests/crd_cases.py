@@ -170,8 +170,8 @@ REFUSED = [
     ),
     Case(G, {"types": ["Inbound"]}, "spec.types[0]", why="types"),
     Case(G, {"order": "10"}, "spec.order", why="order a string"),
-    Case(G, {"preDNAT": True}, "spec.applyOnForward", why="preDNAT alone"),
-    Case(G, {"doNotTrack": True}, "spec.applyOnForward", why="doNotTrack alone"),
+    Case(G, {"preDNAT": True}, "spec.preDNAT", why="preDNAT alone"),
+    Case(G, {"doNotTrack": True}, "spec.doNotTrack", why="doNotTrack alone"),
     Case(
         G,
         {"preDNAT": True, "doNotTrack": True, "applyOnForward": True},

@@ -220,8 +220,9 @@ def global_rules() -> list[JSON]:
                 _false("preDNAT"),
             ]
         },
-        {"anyOf": [on, _false("preDNAT")]},
-        {"anyOf": [on, _false("doNotTrack")]},
+        # the flag first: a real API server (1.20) names the flag, not applyOnForward
+        {"anyOf": [_false("preDNAT"), on]},
+        {"anyOf": [_false("doNotTrack"), on]},
     ]
 
 

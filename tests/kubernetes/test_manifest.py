@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -508,9 +509,15 @@ def test_the_api_server_refuses_what_tabbyctl_refuses_naming_the_field(
             )  # fmt: skip
             if (proc.returncode != 0) != refused:
                 wrong.append(f"{group} {case.label}: {proc.stderr.strip()[:300]}")
-            elif refused and case.field not in proc.stderr:
-                wrong.append(f"{group} {case.label}: {case.field} not named: {proc.stderr[:300]}")
-    assert wrong == []
+            elif refused and api_server_path(case.field) not in proc.stderr:
+                wrong.append(f"{group} {case.label}: {case.field} not named: {proc.stderr[:600]}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def api_server_path(field: str) -> str:
+    """A field as the API server (1.20) names it in a refusal: an item of a list without its
+    index (``spec.ingress[0].action`` is ``spec.ingress.action``)."""
+    return re.sub(r"\[\d+\]", "", field)
 
 
 def test_pods_across_nodes_reach_each_other(bare: KubeLab, web: list[KubePod]) -> None:

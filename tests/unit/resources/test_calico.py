@@ -571,8 +571,8 @@ def test_bad_rules_are_refused_naming_the_field(
             "spec.types",
             "type Egress",
         ),
-        ({"preDNAT": True}, "spec.applyOnForward", "applyOnForward must be true"),
-        ({"doNotTrack": True}, "spec.applyOnForward", "applyOnForward must be true"),
+        ({"preDNAT": True}, "spec.preDNAT", "preDNAT requires applyOnForward"),
+        ({"doNotTrack": True}, "spec.doNotTrack", "doNotTrack requires applyOnForward"),
         ({"types": ["Ingress", "Ingress"]}, "spec.types[1]", "more than once"),
         ({"types": ["Inbound"]}, "spec.types[0]", "Invalid value"),
         ({"selector": "global()"}, "spec.selector", "offset 0"),
@@ -643,7 +643,7 @@ def test_staged_delete_holds_only_its_tier() -> None:
 def test_staged_set_is_validated_as_the_enforced_kind() -> None:
     doc = by_name("StagedGlobalNetworkPolicy", "allow-tcp-6379")
     doc["spec"]["preDNAT"] = True
-    assert refusal(doc)[0][0] == "spec.applyOnForward"
+    assert refusal(doc)[0][0] == "spec.preDNAT"
     k8s = by_name("StagedKubernetesNetworkPolicy", "test-network-policy")
     k8s["spec"]["ingress"][0]["from"][0]["ipBlock"]["except"] = ["10.0.0.0/24"]
     assert refusal(k8s)[0][0] == "spec.ingress[0].from[0].ipBlock.except[0]"
