@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from cni_config.common import DatastoreSettings
     from datastore.base import Store
+    from fanout.client import TyphaSync
     from policy.state import PolicyDataplane
     from stores import Served
     from tabby_node import access
@@ -241,7 +242,13 @@ def start_up(
     retry(
         "default pools", lambda: ensure_default_pools(store, options.ipv4_pool, options.ipv6_pool)
     )
-    watcher = Watcher(store, cache, stopping=stopping, beats=beats, metrics=metrics)
+    source: Store | TyphaSync = store
+    if options.typha:
+        from tabby_node.typha import source as typha_source
+
+        source = typha_source(options, facts.name, settings.kubeconfig)
+        log.warning("reading the cluster from tabby-typha, not the datastore's watch")
+    watcher = Watcher(source, cache, stopping=stopping, beats=beats, metrics=metrics)
     threads.spawn("watcher", watcher.run)
     threads.spawn("heartbeat", liveness.run)
     served = serve_calls(settings, store, cache)

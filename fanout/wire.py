@@ -1,0 +1,140 @@
+"""The messages of ``typha.proto``, encoded and decoded by hand (``datastore.protobuf``): no
+protobuf runtime, no generated code. A field number here is the one in the .proto
+(``tests/unit/fanout/test_wire.py`` parses the file and checks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datastore.protobuf import (
+    ProtoError,
+    as_bytes,
+    as_int64,
+    as_str,
+    fields,
+    int_field,
+    len_field,
+    str_field,
+)
+
+# ServerMessage.Type
+UPDATES = 0
+SNAPSHOT_BEGIN = 1
+SNAPSHOT_CHUNK = 2
+SNAPSHOT_END = 3
+KEEPALIVE = 4
+TYPES = {
+    "UPDATES": UPDATES,
+    "SNAPSHOT_BEGIN": SNAPSHOT_BEGIN,
+    "SNAPSHOT_CHUNK": SNAPSHOT_CHUNK,
+    "SNAPSHOT_END": SNAPSHOT_END,
+    "KEEPALIVE": KEEPALIVE,
+}
+
+#: message -> field name -> number (what the encoders below write; the .proto's)
+FIELDS = {
+    "ClientMessage": {"node": 1, "epoch": 2, "seq": 3, "ack": 4},
+    "Update": {"kind": 1, "key": 2, "revision": 3, "data": 4, "deleted": 5},
+    "ServerMessage": {"type": 1, "epoch": 2, "seq": 3, "updates": 4},
+}
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    node: str = ""
+    epoch: str = ""
+    seq: int = 0
+    ack: int = 0
+
+
+@dataclass(frozen=True)
+class Update:
+    kind: str
+    key: str
+    revision: int = 0
+    data: bytes = b""  # JSON; empty when deleted
+    deleted: bool = False
+
+
+@dataclass(frozen=True)
+class ServerMessage:
+    type: int
+    epoch: str = ""
+    seq: int = 0
+    updates: list[Update] = field(default_factory=list)
+
+
+def encode_client(m: ClientMessage) -> bytes:
+    return str_field(1, m.node) + str_field(2, m.epoch) + int_field(3, m.seq) + int_field(4, m.ack)
+
+
+def decode_client(buf: bytes) -> ClientMessage:
+    node = epoch = ""
+    seq = ack = 0
+    for number, v in fields(buf):
+        if number == 1:
+            node = as_str(v)
+        elif number == 2:
+            epoch = as_str(v)
+        elif number == 3:
+            seq = _uint(v)
+        elif number == 4:
+            ack = _uint(v)
+    return ClientMessage(node, epoch, seq, ack)
+
+
+def update_field(kind: str, key: str, revision: int, data: bytes | None) -> bytes:
+    """One ``Update`` as the ``updates`` field of a ``ServerMessage`` (None: deleted): the
+    server encodes each document's once and sends the same bytes to every node it goes to."""
+    body = str_field(1, kind) + str_field(2, key) + int_field(3, revision)
+    body += int_field(5, 1) if data is None else len_field(4, data)
+    return len_field(4, body)
+
+
+def encode_server(type: int, epoch: str, seq: int, updates: bytes = b"") -> bytes:
+    """A ``ServerMessage``; ``updates``: ``update_field``s, concatenated."""
+    return int_field(1, type) + str_field(2, epoch) + int_field(3, seq) + updates
+
+
+def decode_server(buf: bytes) -> ServerMessage:
+    type = 0
+    epoch = ""
+    seq = 0
+    updates: list[Update] = []
+    for number, v in fields(buf):
+        if number == 1:
+            type = _uint(v)
+        elif number == 2:
+            epoch = as_str(v)
+        elif number == 3:
+            seq = _uint(v)
+        elif number == 4:
+            updates.append(_decode_update(as_bytes(v)))
+    return ServerMessage(type, epoch, seq, updates)
+
+
+def _decode_update(buf: bytes) -> Update:
+    kind = key = ""
+    revision = 0
+    data = b""
+    deleted = False
+    for number, v in fields(buf):
+        if number == 1:
+            kind = as_str(v)
+        elif number == 2:
+            key = as_str(v)
+        elif number == 3:
+            revision = as_int64(v)
+        elif number == 4:
+            data = as_bytes(v)
+        elif number == 5:
+            deleted = bool(_uint(v))
+    if not kind or not key:
+        raise ProtoError("an update without its kind or key")
+    return Update(kind, key, revision, data, deleted)
+
+
+def _uint(value: int | bytes) -> int:
+    if not isinstance(value, int):
+        raise ProtoError("expected a varint")
+    return value
