@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -75,7 +75,19 @@ ENV = {
     "log_file": "TABBY_TYPHA_LOG_FILE",
     "conf": "TABBY_CONF",
 }
-_NUMBERS = {
+
+
+def _flag(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(text)
+
+
+_NUMBERS: dict[str, Callable[[str], object]] = {
+    "plaintext": _flag,
     "port": int,
     "history_events": int,
     "history_bytes": int,
@@ -114,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
                 "--plaintext",
                 dest=name,
                 action="store_const",
-                const="true",
+                const=True,
                 default=None,
                 help=f"{HELP[name]} [env {ENV[name]}]",
             )
