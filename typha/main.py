@@ -35,7 +35,13 @@ class Typha:
     def __init__(self, options: TyphaOptions, store: Store) -> None:
         self.options = options
         self.store = store
-        self.hub = Hub(Bounds(options.history_events, options.history_bytes))
+        self.hub = Hub(
+            Bounds(
+                options.history_events,
+                options.history_bytes,
+                min_interval=options.send_interval,
+            )
+        )
         self.stopping = threading.Event()
         self.serving = False
         self.beat = time.monotonic()

@@ -31,6 +31,7 @@ class TyphaOptions(Section):
     plaintext: bool = False
     history_events: int = Field(default=100_000, ge=1, le=10_000_000)
     history_bytes: int = Field(default=64 << 20, ge=1 << 20, le=4 << 30)
+    send_interval: float = Field(default=0.2, ge=0, le=10)
     health_port: int = Field(default=9098, ge=0, le=65535)
     metrics_port: int = Field(default=9093, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -69,6 +70,7 @@ ENV = {
     "plaintext": "TABBY_TYPHA_PLAINTEXT",
     "history_events": "TABBY_TYPHA_HISTORY_EVENTS",
     "history_bytes": "TABBY_TYPHA_HISTORY_BYTES",
+    "send_interval": "TABBY_TYPHA_SEND_INTERVAL",
     "health_port": "TABBY_TYPHA_HEALTH_PORT",
     "metrics_port": "TABBY_TYPHA_METRICS_PORT",
     "log_level": "TABBY_LOG_LEVEL",
@@ -91,6 +93,7 @@ _NUMBERS: dict[str, Callable[[str], object]] = {
     "port": int,
     "history_events": int,
     "history_bytes": int,
+    "send_interval": float,
     "health_port": int,
     "metrics_port": int,
 }
@@ -106,6 +109,8 @@ HELP = {
     "plaintext": "serve without TLS (labs and benches only: anyone can read the cluster)",
     "history_events": "changes the history holds for clients that reconnect (default 100000)",
     "history_bytes": "and their bytes at most (default 64 MiB)",
+    "send_interval": "seconds at least between two messages to one node: a change after a "
+    "quiet spell goes at once, a churn's in batches (default 0.2)",
     "health_port": "/liveness and /readiness on 127.0.0.1, 0 = off (default 9098)",
     "metrics_port": "Prometheus /metrics, 0 = off (default 9093)",
     "log_level": "debug, info, warning or error (default info)",
