@@ -84,6 +84,7 @@ class TyphaSync:
         tls: ClientTls | None,
         *,
         backoff: tuple[float, float] = BACKOFF,
+        problems: dict[str, str] | None = None,
     ) -> None:
         if not callable(endpoints) and not endpoints:
             raise ValueError("no typha endpoint")
@@ -98,7 +99,19 @@ class TyphaSync:
         self.epoch = ""
         self.seq = 0
         self.connected = threading.Event()
-        self.last_error: str | None = None
+        #: the daemon's problems (its readiness): ``"typha"`` while typha cannot be read
+        self.problems = problems if problems is not None else {}
+
+    @property
+    def last_error(self) -> str | None:
+        return self.problems.get("typha")
+
+    @last_error.setter
+    def last_error(self, why: str | None) -> None:
+        if why is None:
+            self.problems.pop("typha", None)
+        else:
+            self.problems["typha"] = why
 
     @property
     def sync_stats(self) -> dict[str, int]:
@@ -159,8 +172,9 @@ class TyphaSync:
             resuming = bool(self.epoch)
             acked = time.monotonic()
             for message in call:
-                self.connected.set()
-                self.last_error = None
+                if not self.connected.is_set():
+                    self.connected.set()
+                    self.last_error = None
                 if resuming:
                     resuming = False
                     self.stats["connects"] += 1

@@ -246,7 +246,7 @@ def start_up(
     if options.typha:
         from tabby_node.typha import source as typha_source
 
-        source = typha_source(options, facts.name, settings.kubeconfig)
+        source = typha_source(options, facts.name, settings.kubeconfig, problems)
         log.warning("reading the cluster from tabby-typha, not the datastore's watch")
     watcher = Watcher(source, cache, stopping=stopping, beats=beats, metrics=metrics)
     threads.spawn("watcher", watcher.run)

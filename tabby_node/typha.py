@@ -16,8 +16,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("tabby.node")
 
 
-def source(options: NodeOptions, node: str, kubeconfig: str | None) -> TyphaSync:
-    """The typha client ``options`` configure (``options.typha`` is true)."""
+def source(
+    options: NodeOptions, node: str, kubeconfig: str | None, problems: dict[str, str]
+) -> TyphaSync:
+    """The typha client ``options`` configure (``options.typha`` is true); while typha
+    cannot be read, ``problems["typha"]`` says why (readiness)."""
     tls = None
     if options.typha_ca_file is not None:
         assert options.typha_cert_file is not None
@@ -29,10 +32,10 @@ def source(options: NodeOptions, node: str, kubeconfig: str | None) -> TyphaSync
             options.typha_cn,
         )
     if options.typha_endpoints:
-        return TyphaSync(parse_endpoints(options.typha_endpoints), node, tls)
+        return TyphaSync(parse_endpoints(options.typha_endpoints), node, tls, problems=problems)
     assert options.typha_service is not None
     service = options.typha_service
-    return TyphaSync(lambda: service_endpoints(service, kubeconfig), node, tls)
+    return TyphaSync(lambda: service_endpoints(service, kubeconfig), node, tls, problems=problems)
 
 
 def service_endpoints(service: str, kubeconfig: str | None) -> list[str]:

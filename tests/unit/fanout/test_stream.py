@@ -189,12 +189,17 @@ def test_a_client_without_a_certificate_is_refused(loop: Loop, pki: Pki, tmp_pat
 def test_plaintext_client_is_refused_by_a_tls_server(loop: Loop, pki: Pki) -> None:
     hub = started_hub(loop, "e1", {})
     srv = start(loop, hub, serving(pki))
-    consumer = Consumer(TyphaSync([f"127.0.0.1:{srv.port}"], "n1", None, backoff=(0.05, 0.1)))
+    problems: dict[str, str] = {}
+    source = TyphaSync(
+        [f"127.0.0.1:{srv.port}"], "n1", None, backoff=(0.05, 0.1), problems=problems
+    )
+    consumer = Consumer(source)
     try:
         deadline = time.monotonic() + 5
-        while consumer.source.last_error is None:
+        while "typha" not in problems:  # tabby-node's readiness says why
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        assert problems["typha"].startswith(f"typha 127.0.0.1:{srv.port}: UNAVAILABLE")
         assert consumer.events == []
     finally:
         consumer.close()
@@ -206,10 +211,12 @@ def test_reconnection_resumes_and_another_replica_sends_only_differences(loop: L
     hub = started_hub(loop, "e1", docs)
     srv = start(loop, hub, None)
     port = srv.port
-    source = TyphaSync([f"127.0.0.1:{port}"], "n1", None, backoff=(0.05, 0.2))
+    problems: dict[str, str] = {}
+    source = TyphaSync([f"127.0.0.1:{port}"], "n1", None, backoff=(0.05, 0.2), problems=problems)
     consumer = Consumer(source)
     try:
         consumer.wait(lambda e: len(e) == 1)
+        assert problems == {}
         # typha goes away; a change happens meanwhile; the same typha comes back
         loop.run(srv.stop(None))
         loop.call(hub.apply, SyncEvent("put", "pod", "default/c", Doc(pod("c", "n1"), 7), None))
