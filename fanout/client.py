@@ -98,6 +98,8 @@ class TyphaSync:
         #: the position applied: (typha's epoch, seq); ("", 0) before the first snapshot
         self.epoch = ""
         self.seq = 0
+        #: kind -> key -> ``wire.content`` of the update applied (what ``digests`` say)
+        self.contents: dict[str, dict[str, int]] = {}
         self.connected = threading.Event()
         #: the daemon's problems (its readiness): ``"typha"`` while typha cannot be read
         self.problems = problems if problems is not None else {}
@@ -156,10 +158,12 @@ class TyphaSync:
         stop: threading.Event,
     ) -> Iterator[SyncEvent]:
         requests: queue.Queue[wire.ClientMessage | None] = queue.Queue()
-        requests.put(wire.ClientMessage(self.node, self.epoch, self.seq))
+        # what it holds, for a typha that cannot resume its position (another replica)
+        held = wire.digests(kinds, self.contents) if not first else b""
+        requests.put(wire.ClientMessage(self.node, self.epoch, self.seq, 0, kinds, held))
         channel = self._channel(endpoint)
         done = threading.Event()
-        stream = _Stream(kinds, reported, first)
+        stream = _Stream(kinds, reported, first, self.contents)
         try:
             call = channel.stream_stream(
                 METHOD,
@@ -207,33 +211,37 @@ class _Stream:
     """One connection's messages into sync events: a snapshot collected whole, then the
     first one given as it is and any later one as its difference from what was reported."""
 
-    def __init__(self, kinds: tuple[str, ...], reported: Reported, first: bool) -> None:
+    def __init__(
+        self,
+        kinds: tuple[str, ...],
+        reported: Reported,
+        first: bool,
+        contents: dict[str, dict[str, int]],
+    ) -> None:
         self.kinds = kinds
         self.reported = reported
         self.first = first
+        self.contents = contents
         self.collecting: dict[str, dict[str, Doc]] | None = None
+        self.incoming: dict[str, dict[str, int]] = {}
+        self.buckets: tuple[int, ...] = ()  #: the snapshot's (empty: all)
 
     def read(self, message: wire.ServerMessage, stats: dict[str, int]) -> Iterator[SyncEvent]:
         if message.type == wire.SNAPSHOT_BEGIN:
             self.collecting = {kind: {} for kind in self.kinds}
+            self.incoming = {kind: {} for kind in self.kinds}
+            self.buckets = message.buckets
+            if self.buckets and self.first:
+                raise ProtoError("a partial snapshot before a whole one")
         elif message.type == wire.SNAPSHOT_CHUNK:
             if self.collecting is None:
                 raise ProtoError("a snapshot chunk outside a snapshot")
             for u in message.updates:
                 if u.kind in self.collecting and not u.deleted:
                     self.collecting[u.kind][u.key] = Doc(_json(u.data), u.revision)
+                    self.incoming[u.kind][u.key] = wire.content(u.data)
         elif message.type == wire.SNAPSHOT_END:
-            collected, self.collecting = self.collecting, None
-            if collected is None:
-                raise ProtoError("a snapshot's end outside a snapshot")
-            if self.first:
-                stats["snapshots"] += 1
-                self.first = False
-                yield self.reported.snapshot(collected)
-            else:
-                stats["rereads"] += 1
-                for kind in self.kinds:
-                    yield from self.reported.changes(kind, collected[kind])
+            yield from self._end(stats)
         elif message.type == wire.UPDATES:
             if self.first or self.collecting is not None:
                 raise ProtoError("updates outside their place (before a snapshot, inside one)")
@@ -241,9 +249,52 @@ class _Stream:
                 if u.kind not in self.kinds:
                     continue
                 doc = None if u.deleted else Doc(_json(u.data), u.revision)
+                held = self.contents.setdefault(u.kind, {})
+                if doc is None:
+                    held.pop(u.key, None)
+                else:
+                    held[u.key] = wire.content(u.data)
                 event = self.reported.change(u.kind, u.key, doc)
                 if event is not None:
                     yield event
+
+    def _end(self, stats: dict[str, int]) -> Iterator[SyncEvent]:
+        collected, self.collecting = self.collecting, None
+        if collected is None:
+            raise ProtoError("a snapshot's end outside a snapshot")
+        if self.first:
+            stats["snapshots"] += 1
+            self.first = False
+            self.contents.clear()
+            self.contents.update(self.incoming)
+            yield self.reported.snapshot(collected)
+            return
+        stats["rereads"] += 1
+        for i, kind in enumerate(self.kinds):
+            docs = self._kept(i, kind, collected[kind])
+            if docs is not None:
+                yield from self.reported.changes(kind, docs)
+
+    def _kept(self, i: int, kind: str, sent: dict[str, Doc]) -> dict[str, Doc] | None:
+        """A kind's documents after a snapshot: ``sent`` and, of a partial one, what is held
+        in the buckets it did not cover (as their revisions: unchanged, never yielded);
+        None: the kind is not covered at all."""
+        if not self.buckets:
+            self.contents[kind] = self.incoming[kind]
+            return sent
+        base = i * wire.BUCKETS
+        covered = {b - base for b in self.buckets if base <= b < base + wire.BUCKETS}
+        if not covered:
+            return None
+        held = self.contents.setdefault(kind, {})
+        for key in [k for k in held if wire.bucket(k) in covered]:
+            del held[key]
+        held.update(self.incoming[kind])
+        docs = dict(sent)
+        for key, revision in self.reported.docs[kind].items():
+            if wire.bucket(key) not in covered:
+                docs[key] = Doc({}, revision)
+        return docs
 
 
 def _drain(requests: queue.Queue[wire.ClientMessage | None]) -> Iterator[wire.ClientMessage]:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,17 +52,29 @@ class Bounds:
 
 
 class Held:
-    """One document as typha holds it: who gets it whole, the update every other node got
-    (its projection's encoding, at the revision it last changed), and the projection's
-    canonical bytes to tell whether a change changes it."""
+    """One document as typha holds it: who gets it whole (``whole``), and the update every
+    other node got (``remote``: the projection, at the revision it last changed), each with
+    its data's digest (``wire.content``: what tells a changed projection, and what
+    ``digests`` compare)."""
 
-    __slots__ = ("owner", "projected", "remote", "whole")
+    __slots__ = ("owner", "remote", "remote_content", "whole", "whole_content")
 
-    def __init__(self, owner: str | None, whole: bytes, remote: bytes, projected: bytes) -> None:
+    def __init__(
+        self,
+        owner: str | None,
+        whole: bytes,
+        whole_content: int,
+        remote: bytes,
+        remote_content: int,
+    ) -> None:
         self.owner = owner
         self.whole = whole
+        self.whole_content = whole_content
         self.remote = remote
-        self.projected = projected
+        self.remote_content = remote_content
+
+    def content_for(self, node: str) -> int:
+        return self.whole_content if node == self.owner else self.remote_content
 
 
 class Change:
@@ -98,6 +110,7 @@ class Stats:
     snapshot_bytes: int = 0
     snapshot_seconds: float = 0.0
     resumes: int = 0
+    resyncs: int = 0  #: reconnections from another position, by digests
     updates_sent: int = 0
     bytes_sent: int = 0
     behind: int = 0  #: clients not sent every change (updated by ``Hub.tick``)
@@ -161,21 +174,23 @@ class Hub:
         whole = wire.update_field(kind, key, doc.revision, data)
         if old is not None and old.whole == whole:
             return  # the same revision again (a re-read)
+        digest = wire.content(data)
         if kind not in PER_NODE:
-            held[key] = Held(None, whole, whole, b"")
+            held[key] = Held(None, whole, digest, whole, digest)
             self._record(Change(self.seq + 1, None, whole, whole))
             return
         owner = views.owner(kind, doc.data)
         projected = canonical(views.projection(kind, doc.data))
-        if old is not None and old.projected == projected and old.owner == owner:
+        projected_digest = wire.content(projected)
+        if old is not None and old.remote_content == projected_digest and old.owner == owner:
             # the others' view is as it was: they keep the update they had
-            held[key] = Held(owner, whole, old.remote, projected)
+            held[key] = Held(owner, whole, digest, old.remote, projected_digest)
             if owner is None:
                 return  # nobody holds it whole: nothing to send
             self._record(Change(self.seq + 1, owner, whole, None))
             return
         remote = wire.update_field(kind, key, doc.revision, projected)
-        held[key] = Held(owner, whole, remote, projected)
+        held[key] = Held(owner, whole, digest, remote, projected_digest)
         self._record(Change(self.seq + 1, owner, whole, remote))
 
     def _delete(self, kind: str, key: str) -> None:
@@ -217,13 +232,42 @@ class Hub:
         start = seq + 1 - self.history[0].seq
         return [self.history[i] for i in range(start, len(self.history))]
 
-    def snapshot_fields(self, node: str) -> list[bytes]:
-        """Every document as ``node`` receives it (at ``self.seq``)."""
+    def snapshot_fields(
+        self, node: str, kinds: Sequence[str] = (), buckets: Iterable[int] = ()
+    ) -> list[bytes]:
+        """Every document as ``node`` receives it (at ``self.seq``); with ``buckets`` (of
+        ``kinds``, ``wire.digests``' numbering), those buckets' documents only."""
+        wanted = set(buckets)
         out = []
-        for docs in self.docs.values():
-            for held in docs.values():
+        for i, kind in enumerate(kinds or list(self.docs)):
+            for key, held in self.docs.get(kind, {}).items():
+                if wanted and i * wire.BUCKETS + wire.bucket(key) not in wanted:
+                    continue
                 out.append(held.whole if held.owner == node else held.remote)
         return out
+
+    def digests(self, node: str, kinds: Sequence[str]) -> bytes:
+        """``wire.digests`` of what ``node`` is sent of ``kinds``."""
+        return wire.digests(
+            kinds,
+            {
+                kind: {key: held.content_for(node) for key, held in self.docs.get(kind, {}).items()}
+                for kind in kinds
+            },
+        )
+
+    def differing(self, node: str, hello: wire.ClientMessage) -> list[int] | None:
+        """The buckets (``wire.digests``' numbering) where what ``hello`` says its client
+        holds differs from what ``node`` is sent now (None: it says nothing usable)."""
+        size = wire.DIGEST_SIZE
+        if not hello.kinds or len(hello.digests) != len(hello.kinds) * wire.BUCKETS * size:
+            return None
+        mine = self.digests(node, hello.kinds)
+        return [
+            i
+            for i in range(len(hello.kinds) * wire.BUCKETS)
+            if mine[i * size : (i + 1) * size] != hello.digests[i * size : (i + 1) * size]
+        ]
 
     def tick(self) -> None:
         """Bring the numbers read from other threads up to date (``/metrics``)."""
@@ -238,6 +282,15 @@ class Hub:
             if hello.epoch and self.holds(hello.epoch, hello.seq):
                 client.seq = hello.seq
                 self.stats.resumes += 1
+            elif hello.epoch and (differing := self.differing(client.node, hello)) is not None:
+                # another replica's (or an older) position: only the buckets that differ
+                self.stats.resyncs += 1
+                client.seq = self.seq
+                if differing:
+                    for message in self._snapshot_messages(client, hello.kinds, differing):
+                        yield message
+                else:
+                    yield wire.encode_server(wire.KEEPALIVE, self.epoch, client.seq)
             else:
                 for message in self._snapshot_messages(client):
                     yield message
@@ -282,13 +335,16 @@ class Hub:
         if parts:
             yield self._message(wire.UPDATES, client.seq, parts)
 
-    def _snapshot_messages(self, client: Client) -> Iterable[bytes]:
+    def _snapshot_messages(
+        self, client: Client, kinds: Sequence[str] = (), buckets: Sequence[int] = ()
+    ) -> Iterable[bytes]:
+        """A snapshot, of every document or (``buckets``) of those buckets' only."""
         started = time.monotonic()
         seq = self.seq
-        fields = self.snapshot_fields(client.node)
+        fields = self.snapshot_fields(client.node, kinds, buckets)
         client.seq = seq
         total = 0
-        yield wire.encode_server(wire.SNAPSHOT_BEGIN, self.epoch, seq)
+        yield wire.encode_server(wire.SNAPSHOT_BEGIN, self.epoch, seq, buckets=buckets)
         parts: list[bytes] = []
         size = 0
         for f in fields:
@@ -300,7 +356,8 @@ class Hub:
                 parts, size = [], 0
         total += size
         yield self._message(wire.SNAPSHOT_CHUNK, seq, parts)
-        self.stats.snapshots += 1
+        if not buckets:
+            self.stats.snapshots += 1
         self.stats.snapshot_bytes += total
         self.stats.snapshot_seconds += time.monotonic() - started
         yield wire.encode_server(wire.SNAPSHOT_END, self.epoch, seq)

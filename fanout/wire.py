@@ -4,6 +4,9 @@ protobuf runtime, no generated code. A field number here is the one in the .prot
 
 from __future__ import annotations
 
+import hashlib
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from datastore.protobuf import (
@@ -14,7 +17,9 @@ from datastore.protobuf import (
     fields,
     int_field,
     len_field,
+    read_varint,
     str_field,
+    varint,
 )
 
 # ServerMessage.Type
@@ -33,10 +38,14 @@ TYPES = {
 
 #: message -> field name -> number (what the encoders below write; the .proto's)
 FIELDS = {
-    "ClientMessage": {"node": 1, "epoch": 2, "seq": 3, "ack": 4},
+    "ClientMessage": {"node": 1, "epoch": 2, "seq": 3, "ack": 4, "kinds": 5, "digests": 6},
     "Update": {"kind": 1, "key": 2, "revision": 3, "data": 4, "deleted": 5},
-    "ServerMessage": {"type": 1, "epoch": 2, "seq": 3, "updates": 4},
+    "ServerMessage": {"type": 1, "epoch": 2, "seq": 3, "updates": 4, "buckets": 5},
 }
+
+#: Buckets of each kind's keys in a digest (``digests``)
+BUCKETS = 64
+DIGEST_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class ClientMessage:
     epoch: str = ""
     seq: int = 0
     ack: int = 0
+    kinds: tuple[str, ...] = ()
+    digests: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -62,15 +73,20 @@ class ServerMessage:
     epoch: str = ""
     seq: int = 0
     updates: list[Update] = field(default_factory=list)
+    buckets: tuple[int, ...] = ()
 
 
 def encode_client(m: ClientMessage) -> bytes:
-    return str_field(1, m.node) + str_field(2, m.epoch) + int_field(3, m.seq) + int_field(4, m.ack)
+    out = str_field(1, m.node) + str_field(2, m.epoch) + int_field(3, m.seq) + int_field(4, m.ack)
+    out += b"".join(len_field(5, kind.encode()) for kind in m.kinds)
+    return out + (len_field(6, m.digests) if m.digests else b"")
 
 
 def decode_client(buf: bytes) -> ClientMessage:
     node = epoch = ""
     seq = ack = 0
+    kinds: list[str] = []
+    digests = b""
     for number, v in fields(buf):
         if number == 1:
             node = as_str(v)
@@ -80,7 +96,11 @@ def decode_client(buf: bytes) -> ClientMessage:
             seq = _uint(v)
         elif number == 4:
             ack = _uint(v)
-    return ClientMessage(node, epoch, seq, ack)
+        elif number == 5:
+            kinds.append(as_str(v))
+        elif number == 6:
+            digests = as_bytes(v)
+    return ClientMessage(node, epoch, seq, ack, tuple(kinds), digests)
 
 
 def update_field(kind: str, key: str, revision: int, data: bytes | None) -> bytes:
@@ -91,9 +111,14 @@ def update_field(kind: str, key: str, revision: int, data: bytes | None) -> byte
     return len_field(4, body)
 
 
-def encode_server(type: int, epoch: str, seq: int, updates: bytes = b"") -> bytes:
+def encode_server(
+    type: int, epoch: str, seq: int, updates: bytes = b"", buckets: Sequence[int] = ()
+) -> bytes:
     """A ``ServerMessage``; ``updates``: ``update_field``s, concatenated."""
-    return int_field(1, type) + str_field(2, epoch) + int_field(3, seq) + updates
+    out = int_field(1, type) + str_field(2, epoch) + int_field(3, seq) + updates
+    if buckets:  # packed, as proto3 packs a repeated scalar
+        out += len_field(5, b"".join(varint(b) for b in buckets))
+    return out
 
 
 def decode_server(buf: bytes) -> ServerMessage:
@@ -101,6 +126,7 @@ def decode_server(buf: bytes) -> ServerMessage:
     epoch = ""
     seq = 0
     updates: list[Update] = []
+    buckets: list[int] = []
     for number, v in fields(buf):
         if number == 1:
             type = _uint(v)
@@ -110,7 +136,15 @@ def decode_server(buf: bytes) -> ServerMessage:
             seq = _uint(v)
         elif number == 4:
             updates.append(_decode_update(as_bytes(v)))
-    return ServerMessage(type, epoch, seq, updates)
+        elif number == 5:
+            if isinstance(v, int):  # unpacked, as a proto3 reader must also accept
+                buckets.append(v)
+            else:
+                i = 0
+                while i < len(v):
+                    b, i = read_varint(v, i)
+                    buckets.append(b)
+    return ServerMessage(type, epoch, seq, updates, tuple(buckets))
 
 
 def _decode_update(buf: bytes) -> Update:
@@ -138,3 +172,35 @@ def _uint(value: int | bytes) -> int:
     if not isinstance(value, int):
         raise ProtoError("expected a varint")
     return value
+
+
+# == resync by digests ===================================================================
+
+
+def bucket(key: str) -> int:
+    return zlib.crc32(key.encode()) % BUCKETS
+
+
+def digests(kinds: Sequence[str], held: Mapping[str, Mapping[str, int]]) -> bytes:
+    """What a view holds, compactly: for each kind (in order) and each of its ``BUCKETS``
+    buckets of keys, ``DIGEST_SIZE`` bytes of BLAKE2b over the bucket's ``key NUL content
+    NUL`` in key order. ``held``: kind -> key -> ``content(data)`` of the update held."""
+    out = []
+    for kind in kinds:
+        buckets: list[list[tuple[str, int]]] = [[] for _ in range(BUCKETS)]
+        for key, revision in held.get(kind, {}).items():
+            buckets[bucket(key)].append((key, revision))
+        for entries in buckets:
+            h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+            for key, revision in sorted(entries):
+                h.update(f"{key}\0{revision}\0".encode())
+            out.append(h.digest())
+    return b"".join(out)
+
+
+def content(data: bytes) -> int:
+    """An update's data as a digest: what ``digests`` compares. Not its revision: a
+    projection that did not change keeps the update a node was sent, whose revision is
+    the datastore's when the projection last changed, which another replica (started
+    after) cannot know; its content is the same on every replica."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")

@@ -10,6 +10,9 @@ name                                         type     meaning
 ``tabby_typha_snapshot_bytes_total``         counter  their bytes
 ``tabby_typha_snapshot_seconds_total``       counter  the time spent making and sending them
 ``tabby_typha_resumes_total``                counter  reconnections served from the history alone
+``tabby_typha_resyncs_total``                counter  reconnections from another replica's (or a
+                                                      lost) position, by digests: only the
+                                                      buckets that differ sent
 ``tabby_typha_updates_sent_total``           counter  updates sent (one per node it went to)
 ``tabby_typha_bytes_sent_total``             counter  bytes of the messages sent
 ``tabby_typha_clients_behind``               gauge    clients not yet sent every change
@@ -59,6 +62,11 @@ def collect(hub: Hub) -> Iterator[Metric]:
     )
     yield CounterMetricFamily(
         "tabby_typha_resumes", "reconnections served from the history alone", value=s.resumes
+    )
+    yield CounterMetricFamily(
+        "tabby_typha_resyncs",
+        "reconnections from another position, by digests (the buckets that differ sent)",
+        value=s.resyncs,
     )
     yield CounterMetricFamily(
         "tabby_typha_updates_sent", "document updates sent, one per node", value=s.updates_sent

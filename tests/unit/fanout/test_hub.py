@@ -7,7 +7,7 @@ import json
 
 from datastore.base import Doc, SyncEvent
 from fanout import wire
-from fanout.hub import Bounds, Client, Hub
+from fanout.hub import Bounds, Client, Hub, canonical
 from tests.unit.fanout.docs import block, pod
 
 CIDR = "10.244.1.0/29"
@@ -150,5 +150,49 @@ def test_typhas_own_rereads_reach_clients_as_differences() -> None:
         m = await reader.next()
         assert m.type == wire.UPDATES
         assert [(u.key, u.deleted) for u in m.updates] == [("default/b", True)]
+
+    run(go())
+
+
+def test_another_replica_resumes_a_client_by_digests_without_a_snapshot() -> None:
+    async def go() -> None:
+        a = cluster()
+        reader = Reader(a, "n2")
+        held = {(k, key): v for (k, key), v in (await reader.snapshot()).items()}
+        # n1's pod changes status only: a sends n2 nothing; b, started after, holds it at
+        # its new revision
+        a.apply(put("pod", "default/a", pod("a", "n1", ip="10.244.0.9"), 10))
+        b = Hub(epoch="e2")
+        b.apply(
+            snapshot(
+                pod={
+                    "default/a": Doc(pod("a", "n1", ip="10.244.0.9"), 10),
+                    "default/b": Doc(pod("b", "n2"), 2),
+                },
+                block={CIDR: Doc(block(CIDR, "n1", {0: "n1"}), 3)},
+            )
+        )
+        kinds = ("pod", "block", "node")
+        contents = {kind: {} for kind in kinds}  # type: ignore[var-annotated]
+        for (kind, key), data in held.items():
+            contents[kind][key] = wire.content(canonical(data))
+        digests = wire.digests(kinds, contents)
+        hello = wire.ClientMessage("n2", "e1", 1, 0, kinds, digests)
+        assert b.differing("n2", hello) == []
+        m = wire.decode_server(await anext(b.stream(Client("n2"), hello)))
+        assert (m.type, m.epoch, m.seq) == (wire.KEEPALIVE, "e2", b.seq)
+        # b has a change the client missed: the bucket of that key alone is sent
+        b.apply(put("pod", "default/c", pod("c", "n1"), 11))
+        differing = b.differing("n2", hello)
+        assert differing == [wire.bucket("default/c")]
+        stream = b.stream(Client("n2"), hello)
+        begin = wire.decode_server(await anext(stream))
+        assert begin.type == wire.SNAPSHOT_BEGIN
+        assert begin.buckets == (wire.bucket("default/c"),)
+        chunk = wire.decode_server(await anext(stream))
+        assert {u.key for u in chunk.updates} <= {"default/a", "default/b", "default/c"}
+        assert "default/c" in {u.key for u in chunk.updates}
+        assert b.stats.snapshots == 0
+        assert b.stats.resyncs == 2
 
     run(go())

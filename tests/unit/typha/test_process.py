@@ -161,7 +161,8 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
         assert ("put", "block", CIDR) in n1.events
         assert n2.events[seen2:] == [("put", "pod", "default/b")]
 
-        # typha restarts (another epoch): the nodes catch up by differences alone
+        # typha restarts (another epoch): the nodes catch up by differences alone, sent only
+        # the buckets of documents that differ (no snapshot)
         typha.stop()
         store.delete("pod", "default/b", store.get("pod", "default/b").revision)  # type: ignore[union-attr]
         typha.start()
@@ -171,6 +172,9 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
         wait(lambda: n1.source.stats["rereads"] == 1, "n1 caught up")
         assert n1.cache.resyncs == n2.cache.resyncs == 1  # never a fresh snapshot into the cache
         assert n2.source.stats["rereads"] == 1
+        metrics = typha.scrape()
+        assert metrics["tabby_typha_snapshots_total"] == 0
+        assert metrics["tabby_typha_resyncs_total"] == 2
     finally:
         n1.close()
         n2.close()
