@@ -113,11 +113,19 @@ def serve(args: argparse.Namespace) -> None:
         )
         srv = await server.start(hub, f"127.0.0.1:{args.port}", None)
         print(json.dumps({"port": srv.port}), flush=True)
-        deadline = time.monotonic() + 120
-        while hub.stats.connections < n and time.monotonic() < deadline:
+        started = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
+        deadline = t0 + 300
+        while time.monotonic() < deadline and (
+            hub.stats.connections < n or hub.stats.snapshots < n
+        ):
             await asyncio.sleep(0.2)
-        await asyncio.sleep(2.0)  # every snapshot sent
+        await asyncio.sleep(1.0)  # the last snapshots on their way
+        connect_s = time.monotonic() - t0
+        synced = resource.getrusage(resource.RUSAGE_SELF)
+        connect_cpu = synced.ru_utime + synced.ru_stime - started.ru_utime - started.ru_stime
         connected = hub.stats.connections
+        print(json.dumps({"churn": "start"}), flush=True)
         snapshots, snapshot_s = hub.stats.snapshots, hub.stats.snapshot_seconds
         before = resource.getrusage(resource.RUSAGE_SELF)
         sent0, updates0 = hub.stats.bytes_sent, hub.stats.updates_sent
@@ -155,6 +163,8 @@ def serve(args: argparse.Namespace) -> None:
             "seconds": elapsed,
             "snapshots": snapshots,
             "snapshot_s": snapshot_s,
+            "connect_s": connect_s,
+            "connect_cpu_s": connect_cpu,
             "cpu_s": cpu,
             "rss_mb": _rss_mb(),
             "bytes_sent": hub.stats.bytes_sent - sent0,
@@ -194,8 +204,8 @@ def simulate(args: argparse.Namespace) -> None:
             )(_hello(wire, me))
             synced = False
             async for raw in call:
-                if not synced:
-                    synced = wire.decode_server(raw).type == wire.SNAPSHOT_END
+                if not synced:  # the type (field 1) alone: b"\x08\x03" is SNAPSHOT_END
+                    synced = raw[:2] == b"\x08\x03"
                     out["synced"] += synced
                     continue
                 if raw[:1] == b"\x08":  # a type other than UPDATES (0: left out)
@@ -213,7 +223,7 @@ def simulate(args: argparse.Namespace) -> None:
     async def run() -> dict[str, object]:
         out = {"synced": 0, "messages": 0, "bytes": 0.0, "remote_updates": 0, "remote_bytes": 0}
         tasks = [asyncio.create_task(one(i, out)) for i in range(1, args.nodes)]
-        await asyncio.wait(tasks, timeout=args.seconds + 120)
+        await asyncio.wait(tasks, timeout=args.seconds + 360)
         for t in tasks:
             t.cancel()
         return out
@@ -269,11 +279,11 @@ def probe(args: argparse.Namespace) -> None:
     thread.start()
     while "synced" not in marks:
         time.sleep(0.05)
-    time.sleep(3.0)  # the others connect, typha starts the churn
+    sys.stdin.readline()  # "start": typha starts the churn
     before = resource.getrusage(resource.RUSAGE_SELF)
     marks["measuring"] = time.monotonic()
     remote0 = counts["remote"]
-    time.sleep(args.seconds)
+    sys.stdin.readline()  # "stop": the churn is over
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     remote = counts["remote"] - remote0
@@ -319,14 +329,19 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, object]:
         time.sleep(1.0)
         prober = subprocess.Popen(
             [*me, "--child", "probe", *common, *port_args],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
             text=True,
         )
         children.append(prober)
+        assert prober.stdin is not None
+        json.loads(typha.stdout.readline())  # every node synced: the churn starts
+        prober.stdin.write("start\n")
+        prober.stdin.flush()
         served = json.loads(typha.stdout.readline())
-        probed = json.loads(prober.communicate(timeout=120)[0].strip().splitlines()[-1])
-        nodes_out = nodes.communicate(timeout=180)[0].strip().splitlines()
+        probed = json.loads(prober.communicate("stop\n", timeout=120)[0].strip().splitlines()[-1])
+        nodes_out = nodes.communicate(timeout=420)[0].strip().splitlines()
         simulated = json.loads(nodes_out[-1]) if nodes_out else {}
         return {"typha": served, "probe": probed, "nodes": simulated}
     finally:
@@ -359,7 +374,7 @@ def main() -> None:
         "plaintext gRPC; the datastore serves typha one watch whatever N"
     )
     print(
-        f"{'nodes':>6} {'typha CPU/change':>17} {'typha RSS':>10} {'snapshot':>9} "
+        f"{'nodes':>6} {'all synced, typha CPU':>22} {'typha CPU/change':>17} {'typha RSS':>10} "
         f"{'B/node/remote change':>21} {'probe CPU/remote':>17} {'delivery p50/p99':>17} "
         f"{'bytes sent/change':>18}"
     )
@@ -370,8 +385,8 @@ def main() -> None:
         per_node = s.get("remote_bytes", 0) / max(1, s.get("remote_updates", 0))  # type: ignore[union-attr]
         probe_ms = 1000 * p["cpu_s"] / max(1, p["remote"])  # type: ignore[index]
         print(
-            f"{n:>6} {1000 * t['cpu_s'] / changes:>14.2f} ms {t['rss_mb']:>7.0f} MB "  # type: ignore[index]
-            f"{1000 * t['snapshot_s'] / max(1, t['snapshots']):>6.1f} ms "  # type: ignore[index]
+            f"{n:>6} {t['connect_s']:>9.1f} s, {t['connect_cpu_s']:>6.1f} s CPU "  # type: ignore[index]
+            f"{1000 * t['cpu_s'] / changes:>14.2f} ms {t['rss_mb']:>7.0f} MB "  # type: ignore[index]
             f"{per_node:>19.0f} B {probe_ms:>14.2f} ms "
             f"{1000 * p['latency_p50']:>7.0f}/{1000 * p['latency_p99']:<4.0f} ms "  # type: ignore[index]
             f"{t['bytes_sent'] / changes:>15.0f} B"  # type: ignore[index]
