@@ -57,7 +57,10 @@ class Typha:
         while not self.stopping.is_set():
             try:
                 for event in self.store.sync(NODE_KINDS, self.stopping):
-                    loop.call_soon_threadsafe(self.hub.apply, event)
+                    try:
+                        loop.call_soon_threadsafe(self.hub.apply, event)
+                    except RuntimeError:  # the loop is closed: typha is stopping
+                        return
                     self.problems.pop("watch", None)
                     delay = 0.2
             except DatastoreError as e:
