@@ -48,21 +48,34 @@ def http_get(port: int, path: str) -> tuple[int, str]:
 
 
 class Typha:
-    def __init__(self, etcd: EtcdCluster, prefix: str, pki: Pki, env: dict[str, str]) -> None:
+    """A tabby-typha process of this checkout on loopback (``args``: its TLS and datastore)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.port, self.health, self.metrics = free_ports(3)
-        typha = pki.issue("typha", "typha", sans=("DNS:typha", "IP:127.0.0.1"), server=True)
         self.args = [
             sys.executable, "-m", "bundle",
             "--listen", "127.0.0.1", "--port", str(self.port),
-            "--ca-file", str(pki.ca.cert),
-            "--cert-file", str(typha.cert), "--key-file", str(typha.key),
-            "--client-cn", "tabby-node",
             "--health-port", str(self.health), "--metrics-port", str(self.metrics),
-            "--datastore-type", "etcdv3", "--etcd-endpoints", ",".join(etcd.endpoints),
-            "--etcd-prefix", prefix,
+            *args,
         ]  # fmt: skip
         self.env = {**env, "TABBY_ROLE": "tabby-typha", "POD_IP": ""}
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def on_etcd(cls, etcd: EtcdCluster, prefix: str, pki: Pki, env: dict[str, str]) -> Typha:
+        typha = pki.issue("typha", "typha", sans=("DNS:typha", "IP:127.0.0.1"), server=True)
+        args = [
+            "--ca-file", str(pki.ca.cert),
+            "--cert-file", str(typha.cert), "--key-file", str(typha.key),
+            "--client-cn", "tabby-node",
+            "--datastore-type", "etcdv3", "--etcd-endpoints", ",".join(etcd.endpoints),
+            "--etcd-prefix", prefix,
+        ]  # fmt: skip
+        return cls(args, env)
+
+    @classmethod
+    def plaintext(cls, args: list[str], env: dict[str, str]) -> Typha:
+        return cls(["--plaintext", *args], env)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.args, env=self.env, stderr=subprocess.PIPE)
@@ -120,7 +133,7 @@ def world(
         etcd1.endpoints, prefix=prefix, lock_timeout=5.0, lock_dir=str(tmp_path / "locks")
     )
     pki = Pki(tmp_path / "pki", "typha-it")
-    typha = Typha(etcd1, prefix, pki, subprocess_env)
+    typha = Typha.on_etcd(etcd1, prefix, pki, subprocess_env)
     try:
         yield store, typha, pki
     finally:
