@@ -32,7 +32,7 @@ class TyphaOptions(Section):
     history_events: int = Field(default=100_000, ge=1, le=10_000_000)
     history_bytes: int = Field(default=64 << 20, ge=1 << 20, le=4 << 30)
     send_interval: float = Field(default=0.2, ge=0, le=10)
-    health_port: int = Field(default=9098, ge=0, le=65535)
+    health_port: int = Field(default=9097, ge=0, le=65535)
     metrics_port: int = Field(default=9093, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: AbsPath | None = None
@@ -111,7 +111,7 @@ HELP = {
     "history_bytes": "and their bytes at most (default 64 MiB)",
     "send_interval": "seconds at least between two messages to one node: a change after a "
     "quiet spell goes at once, a churn's in batches (default 0.2)",
-    "health_port": "/liveness and /readiness on 127.0.0.1, 0 = off (default 9098)",
+    "health_port": "/liveness and /readiness on 127.0.0.1, 0 = off (default 9097)",
     "metrics_port": "Prometheus /metrics, 0 = off (default 9093)",
     "log_level": "debug, info, warning or error (default info)",
     "log_file": "log file (default: stderr only)",
