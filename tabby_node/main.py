@@ -180,6 +180,8 @@ class Node(NamedTuple):
     requests: Requests
     passes: DataplaneLoop
     denied_flows: DeniedFlows | None
+    #: what the watcher reads: the store, or tabby-typha's client
+    watch: Store | TyphaSync
 
 
 def start_up(
@@ -307,7 +309,9 @@ def start_up(
         denied_flows = policylog.DeniedFlows(facts.name)
         policylog.start(policy, denied_flows, stopping, problems)
     tracer.start(facts.name, cache, store, stopping)
-    return Node(facts, cache, store, served, routing, policy, requests, passes, denied_flows)
+    return Node(
+        facts, cache, store, served, routing, policy, requests, passes, denied_flows, source
+    )
 
 
 def serve(
@@ -360,6 +364,7 @@ def serve(
                 policy=node.policy,
                 denied_flows=node.denied_flows,
                 store=node.store,
+                watch=node.watch,
                 served=node.served,
                 refusals=refusals,
             )
