@@ -23,7 +23,9 @@ REPO = CORPUS.parents[2]
 _DONE = re.compile(r"Done (\d+) runs in (\d+) second")
 
 
-def run_target(target: str, seconds: int, scratch: Path) -> tuple[int, float, Path | None, str]:
+def run_target(
+    target: str, seconds: int, scratch: Path, seed: int
+) -> tuple[int, float, Path | None, str]:
     """(executions, wall seconds, crash input or None, the run's last lines)."""
     work = scratch / target
     corpus = work / "corpus"
@@ -36,6 +38,7 @@ def run_target(target: str, seconds: int, scratch: Path) -> tuple[int, float, Pa
             "-m",
             f"tests.fuzz.{target}",
             f"-max_total_time={seconds}",
+            f"-seed={seed}",
             "-rss_limit_mb=2048",
             "-timeout=30",
             "-print_final_stats=1",
@@ -67,6 +70,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
     ap.add_argument("targets", nargs="*", metavar="target", help=f"of {', '.join(TARGETS)}")
     ap.add_argument("--seconds", type=int, default=int(os.environ.get("TABBY_FUZZ_SECONDS", "20")))
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=int(os.environ.get("TABBY_FUZZ_SEED", "1")),
+        help="libFuzzer's seed (TABBY_FUZZ_SEED; 1 by default, so a run's path is repeatable; "
+        "0 draws one: for exploring, not for CI)",
+    )
     args = ap.parse_args()
     unknown = sorted(set(args.targets) - set(TARGETS))
     if unknown:
@@ -74,9 +84,12 @@ def main() -> int:
     args.targets = args.targets or list(TARGETS)
     scratch = Path(tempfile.mkdtemp(prefix="tabby-fuzz-"))
     failed = []
-    print(f"fuzzing {len(args.targets)} targets, {args.seconds} s each (scratch: {scratch})")
+    print(
+        f"fuzzing {len(args.targets)} targets, {args.seconds} s each, seed {args.seed} "
+        f"(scratch: {scratch})"
+    )
     for target in args.targets:
-        runs, wall, crash, tail = run_target(target, args.seconds, scratch)
+        runs, wall, crash, tail = run_target(target, args.seconds, scratch, args.seed)
         verdict = "ok" if crash is None else f"CRASH: {crash}"
         print(f"  {target:12} {runs:>9,} executions in {wall:5.1f} s  {verdict}", flush=True)
         if crash is not None:

@@ -65,7 +65,8 @@ def check_envelope(envelope: object) -> None:
     if not isinstance(data, dict):
         return  # every store hands out a JSON object (or StoreCorrupt): the contract
     key = key if isinstance(key, str) else "k"
-    kinds_to_try = [kind] if kind in index.BY_NAME else list(index.BY_NAME)
+    known = isinstance(kind, str) and kind in index.BY_NAME  # any JSON value may be there
+    kinds_to_try = [kind] if known else list(index.BY_NAME)
     for name in kinds_to_try:
         check_parse(str(name), key, data)
     check_kube(data)
