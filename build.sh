@@ -19,6 +19,7 @@
 #   /usr/local/bin/tabbyctl      -> /opt/tabby/tabby
 #   /usr/local/bin/tabby-node    -> /opt/tabby/tabby
 #   /usr/local/bin/tabby-kube-controllers -> /opt/tabby/tabby
+#   /usr/local/bin/tabby-typha -> /opt/tabby/tabby
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
@@ -104,6 +105,7 @@ ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$CNI_BIN/tabby-ipam"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabbyctl"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-node"
 ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-kube-controllers"
+ln -sfn "$BUNDLE_DIR/tabby" "$DESTDIR$BIN_DIR/tabby-typha"
 
 # The container image (packaging/image.py): the Debian root is made once per machine
 # (~40 s, the machine's mirror), then only the bundle is packed again (~5 s).

@@ -1,7 +1,7 @@
 """Process entry for every tabby program, chosen by the name it was exec'd as.
 
-One frozen bundle serves ``tabby``, ``tabby-ipam``, ``tabbyctl``, ``tabby-node`` and
-``tabby-kube-controllers`` (Calico
+One frozen bundle serves ``tabby``, ``tabby-ipam``, ``tabbyctl``, ``tabby-node``,
+``tabby-kube-controllers`` and ``tabby-typha`` (Calico
 does the same with calico/calico-ipam): ``/opt/cni/bin/tabby`` and ``tabby-ipam`` are
 symlinks into the bundle. Everything heavy is imported only by the role that needs it;
 VERSION imports nothing beyond the skel.
@@ -12,7 +12,14 @@ from __future__ import annotations
 import os
 import sys
 
-ROLES = ("tabby", "tabby-ipam", "tabbyctl", "tabby-node", "tabby-kube-controllers")
+ROLES = (
+    "tabby",
+    "tabby-ipam",
+    "tabbyctl",
+    "tabby-node",
+    "tabby-kube-controllers",
+    "tabby-typha",
+)
 ABOUT = {
     "tabby": "tabby CNI plugin: Calico-style veth + /32 routes, delegates IPAM",
     "tabby-ipam": "tabby-ipam CNI IPAM plugin: node-affine address blocks",
@@ -151,6 +158,8 @@ def main() -> None:
         main_node()
     elif role == "tabby-kube-controllers":
         main_controllers()
+    elif role == "tabby-typha":
+        main_typha()
     else:
         _exit_now(cni_main(role))
 
@@ -189,3 +198,9 @@ def main_controllers() -> None:
     from kube_controllers.controller import main as controllers
 
     sys.exit(controllers())
+
+
+def main_typha() -> None:
+    from typha.main import main as typha
+
+    sys.exit(typha())

@@ -28,7 +28,7 @@ Two layers, lowest first:
    ``mmdebstrap.log``. The packages are those of the mirror on the day the root was made:
    ``--rebuild-root`` makes it again (security updates).
 2. **the bundle**: ``/opt/tabby`` (the onedir bundle, root-owned, modes 0755/0644),
-   ``/usr/local/bin/{tabby-node,tabbyctl,tabby-kube-controllers}`` and
+   ``/usr/local/bin/{tabby-node,tabbyctl,tabby-kube-controllers,tabby-typha}`` and
    ``/opt/cni/bin/{tabby,tabby-ipam}``, symlinks to ``/opt/tabby/tabby``: the installed
    layout of build.sh, so an init container can copy ``/opt/tabby`` to the host as it is.
 
@@ -110,6 +110,7 @@ LINKS = (
     "opt/cni/bin/tabby-ipam",
     "usr/local/bin/tabby-kube-controllers",
     "usr/local/bin/tabby-node",
+    "usr/local/bin/tabby-typha",
     "usr/local/bin/tabbyctl",
 )
 ENTRYPOINT = ("/usr/local/bin/tabby-node",)

@@ -189,6 +189,9 @@ ROUTING: tuple[Kind[object], ...] = tuple(
 POLICY: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
 )
+#: The store kinds a tabby-node watches (directly, or through tabby-typha): routing's,
+#: policy's, and the policy traces other nodes ask of it.
+NODE_KINDS: tuple[str, ...] = tuple(k.name for k in (*ROUTING, *POLICY, TRACES))
 
 
 class Documents:

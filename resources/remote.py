@@ -23,6 +23,7 @@ from sys import intern
 from typing import TYPE_CHECKING, TypeVar, cast
 
 if TYPE_CHECKING:
+    from bundle.types import JSON
     from resources.k8s import Pod, Protocol
     from resources.tabby import WorkloadEndpoint
 
@@ -154,3 +155,38 @@ class RemoteEndpoint:
 
     def __repr__(self) -> str:
         return f"RemoteEndpoint({self.namespace}/{self.name} on {self.node})"
+
+
+def reduce_pod(data: JSON) -> JSON | None:
+    """Of another node's stored Pod, what policy reads (``RemotePod``), still a stored Pod:
+    metadata's name, namespace and labels, ``spec.nodeName`` and the containers' named ports.
+    Its annotations, uid, status, addresses and unnamed ports are its own node's. None when
+    malformed (parsed as it is, and refused there)."""
+    meta, spec = data.get("metadata"), data.get("spec")
+    if not isinstance(meta, dict) or not isinstance(spec, dict) or "nodeName" not in spec:
+        return None
+    reduced_meta = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
+    containers = []
+    for c in spec.get("containers") or ():
+        ports = c.get("ports") if isinstance(c, dict) else None
+        if not isinstance(ports, list):
+            continue
+        named = [p for p in ports if isinstance(p, dict) and p.get("name") is not None]
+        if named:
+            containers.append({"name": c.get("name"), "ports": named})
+    reduced: JSON = {"metadata": reduced_meta, "spec": {"nodeName": spec["nodeName"]}}
+    if containers:
+        reduced["spec"]["containers"] = containers
+    return reduced
+
+
+def reduce_endpoint(data: JSON) -> JSON | None:
+    """Of another node's stored WorkloadEndpoint, what policy reads (``RemoteEndpoint``),
+    still a stored WorkloadEndpoint (its spec is all read or required; of its metadata the
+    name, namespace and labels). None when malformed."""
+    meta = data.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(data.get("spec"), dict):
+        return None
+    reduced: JSON = {k: data[k] for k in ("apiVersion", "kind", "spec") if k in data}
+    reduced["metadata"] = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
+    return reduced

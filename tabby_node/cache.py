@@ -18,6 +18,7 @@ from resources.index import (
     ENDPOINTS,
     HEARTBEATS,
     NAMESPACES,
+    NODE_KINDS,
     PODS,
     POLICY,
     ROUTING,
@@ -28,7 +29,7 @@ from resources.index import (
     Index,
     Kind,
 )
-from resources.remote import RemoteEndpoint, RemotePod
+from resources.remote import RemoteEndpoint, RemotePod, reduce_pod
 
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ REMOTE_HANDLE = "(another node's)"
 
 #: The store kinds tabby-node watches: routing's, policy's, and the policy traces other
 #: nodes ask of it (which the dataplane does not depend on: no reconcile for them).
-WATCHED_KINDS = tuple(k.name for k in (*ROUTING, *POLICY, TRACES))
+WATCHED_KINDS = NODE_KINDS
 
 
 class Cache:
@@ -97,22 +98,9 @@ class Cache:
         the model the rest, for nothing on this node."""
         if self._mine(doc, "nodeName"):
             return doc, True
-        data = doc.data
-        meta, spec = data.get("metadata"), data.get("spec")
-        if not isinstance(meta, dict) or not isinstance(spec, dict):
+        reduced = reduce_pod(doc.data)
+        if reduced is None:
             return doc, False  # malformed: parsed as it is (and refused there)
-        reduced_meta = {k: meta[k] for k in ("name", "namespace", "labels") if k in meta}
-        containers = []
-        for c in spec.get("containers") or ():
-            ports = c.get("ports") if isinstance(c, dict) else None
-            if not isinstance(ports, list):
-                continue
-            named = [p for p in ports if isinstance(p, dict) and p.get("name") is not None]
-            if named:
-                containers.append({"name": c.get("name"), "ports": named})
-        reduced = {"metadata": reduced_meta, "spec": {"nodeName": spec["nodeName"]}}
-        if containers:
-            reduced["spec"]["containers"] = containers
         return Doc(reduced, doc.revision), False
 
     def _block(self, doc: Doc) -> tuple[Doc, bool]:

@@ -126,6 +126,8 @@ class Health:
         reasons += self.routing.readiness()
         if "ipip" in problems:
             reasons.append(f"ipip: {problems['ipip']}")
+        if "typha" in problems:  # behind tabby-typha: it cannot be read now
+            reasons.append(f"typha: {problems['typha']}")
         return reasons
 
 

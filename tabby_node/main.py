@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from cni_config.common import DatastoreSettings
     from datastore.base import Store
+    from fanout.client import TyphaSync
     from policy.state import PolicyDataplane
     from stores import Served
     from tabby_node import access
@@ -179,6 +180,8 @@ class Node(NamedTuple):
     requests: Requests
     passes: DataplaneLoop
     denied_flows: DeniedFlows | None
+    #: what the watcher reads: the store, or tabby-typha's client
+    watch: Store | TyphaSync
 
 
 def start_up(
@@ -241,7 +244,13 @@ def start_up(
     retry(
         "default pools", lambda: ensure_default_pools(store, options.ipv4_pool, options.ipv6_pool)
     )
-    watcher = Watcher(store, cache, stopping=stopping, beats=beats, metrics=metrics)
+    source: Store | TyphaSync = store
+    if options.typha:
+        from tabby_node.typha import source as typha_source
+
+        source = typha_source(options, facts.name, settings.kubeconfig, problems)
+        log.warning("reading the cluster from tabby-typha, not the datastore's watch")
+    watcher = Watcher(source, cache, stopping=stopping, beats=beats, metrics=metrics)
     threads.spawn("watcher", watcher.run)
     threads.spawn("heartbeat", liveness.run)
     served = serve_calls(settings, store, cache)
@@ -300,7 +309,9 @@ def start_up(
         denied_flows = policylog.DeniedFlows(facts.name)
         policylog.start(policy, denied_flows, stopping, problems)
     tracer.start(facts.name, cache, store, stopping)
-    return Node(facts, cache, store, served, routing, policy, requests, passes, denied_flows)
+    return Node(
+        facts, cache, store, served, routing, policy, requests, passes, denied_flows, source
+    )
 
 
 def serve(
@@ -353,6 +364,7 @@ def serve(
                 policy=node.policy,
                 denied_flows=node.denied_flows,
                 store=node.store,
+                watch=node.watch,
                 served=node.served,
                 refusals=refusals,
             )

@@ -234,15 +234,17 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "counter",
         "",
         "times the watch read its kinds again because the store could not say what changed "
-        "(etcd's history compacted, a failed poll of the file store); the first read not "
-        "counted; only the differences were applied",
+        "(etcd's history compacted, a failed poll of the file store; behind tabby-typha: a "
+        "snapshot, whole or of the buckets that differ, from a typha that could not resume "
+        "it); the first read not counted; only the differences were applied",
     ),
     "tabby_datastore_watch_resumes_total": (
         "counter",
         "",
         "times the etcd watch streams were opened again after a break (member restarted, "
-        "connection lost, no leader), every range from the last revision it had delivered: "
-        "nothing read again",
+        "connection lost, no leader), every range from the last revision it had delivered "
+        "(behind tabby-typha: reconnections typha resumed from its history): nothing read "
+        "again",
     ),
     "tabby_datastore_synced": ("gauge", "", "1 when the watch has a snapshot and no error"),
     "tabby_datastore_requests_total": (
@@ -516,6 +518,7 @@ class NodeCollector(Collector):
         policy: Policy | None = None,
         denied_flows: DeniedFlows | None = None,
         store: object = None,
+        watch: object = None,
         served: Served | None = None,
         refusals: Refusals | None = None,
     ) -> None:
@@ -530,6 +533,8 @@ class NodeCollector(Collector):
         self.policy = policy
         self.denied_flows = denied_flows
         self.store = store
+        #: what the watch reads: tabby-typha's client (None: the store)
+        self.watch = watch
         self.served = served
         self.refusals = refusals
         self._ipam_lock = threading.Lock()
@@ -694,9 +699,12 @@ class NodeCollector(Collector):
 
     def _datastore_families(self) -> Iterator[Metric]:
         cache = self.cache
-        synced = cache.synced.is_set() and cache.last_error is None
         store = self.store
-        sync_stats = getattr(store, "sync_stats", None)
+        watched = self.watch if self.watch is not None else store
+        # behind typha: its client's error (typha cannot be read) counts as the watch's
+        watch_error = getattr(watched, "last_error", None)
+        synced = cache.synced.is_set() and cache.last_error is None and watch_error is None
+        sync_stats = getattr(watched, "sync_stats", None)
         watch: Mapping[str, int] = sync_stats if isinstance(sync_stats, Mapping) else {}
         yield CounterMetricFamily(
             "tabby_datastore_watch_resyncs",

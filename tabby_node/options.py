@@ -80,6 +80,13 @@ def _daemonset(value: str) -> str:
     return value
 
 
+def _service(value: str) -> str:
+    namespace, sep, name = value.partition("/")
+    if not (sep and _DNS_LABEL.fullmatch(namespace) and _DNS_LABEL.fullmatch(name)):
+        raise ValueError("not NAMESPACE/NAME of a Service")
+    return value
+
+
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -112,6 +119,12 @@ class NodeOptions(Section):
     metrics_client_ca_file: AbsPath | None = None
     policy_log_client_cn: str = DEFAULT_LOG_CLIENT_CN
     policy_log_audience: str = DEFAULT_LOG_AUDIENCE
+    typha_endpoints: str = ""
+    typha_service: Annotated[str, AfterValidator(_service)] | None = None
+    typha_ca_file: AbsPath | None = None
+    typha_cert_file: AbsPath | None = None
+    typha_key_file: AbsPath | None = None
+    typha_cn: str | None = None
 
     @model_validator(mode="after")
     def _tls_files(self) -> NodeOptions:
@@ -119,7 +132,21 @@ class NodeOptions(Section):
             raise ValueError("--metrics-cert-file and --metrics-key-file go together")
         if self.metrics_client_ca_file is not None and self.metrics_cert_file is None:
             raise ValueError("--metrics-client-ca-file needs --metrics-cert-file (TLS)")
+        if self.typha_endpoints and self.typha_service:
+            raise ValueError("--typha-endpoints or --typha-service, not both")
+        if self.typha_endpoints:
+            from fanout.client import parse_endpoints
+
+            parse_endpoints(self.typha_endpoints)  # ValueError names the bad one
+        files = (self.typha_ca_file, self.typha_cert_file, self.typha_key_file)
+        if any(f is not None for f in files) and any(f is None for f in files):
+            raise ValueError("--typha-ca-file, --typha-cert-file and --typha-key-file go together")
         return self
+
+    @property
+    def typha(self) -> bool:
+        """tabby-node reads its view from tabby-typha, not from the datastore's watch."""
+        return bool(self.typha_endpoints or self.typha_service)
 
     @property
     def call_limits(self) -> Limits:
@@ -178,6 +205,12 @@ ENV = {
     "policy_log_audience": "TABBY_POLICY_LOG_AUDIENCE",
     "max_calls": "TABBY_MAX_CALLS",
     "max_request_bytes": "TABBY_MAX_REQUEST_BYTES",
+    "typha_endpoints": "TABBY_TYPHA_ENDPOINTS",
+    "typha_service": "TABBY_TYPHA_SERVICE",
+    "typha_ca_file": "TABBY_TYPHA_CA_FILE",
+    "typha_cert_file": "TABBY_TYPHA_CERT_FILE",
+    "typha_key_file": "TABBY_TYPHA_KEY_FILE",
+    "typha_cn": "TABBY_TYPHA_CN",
 }
 _NUMBERS = {
     "metrics_port": int,
@@ -236,6 +269,16 @@ def parser() -> argparse.ArgumentParser:
         f"from elsewhere, comma-separated (default {DEFAULT_LOG_CLIENT_CN})",
         "policy_log_audience": "the audiences a Kubernetes bearer token for /policy/log must "
         f"have, comma-separated; '' = the API server's (default {DEFAULT_LOG_AUDIENCE})",
+        "typha_endpoints": "read the cluster from tabby-typha at these host:port, "
+        "comma-separated (default: none, watch the datastore)",
+        "typha_service": "read the cluster from tabby-typha, its endpoints those of this "
+        "Kubernetes Service (NAMESPACE/NAME)",
+        "typha_ca_file": "CA typha's certificate is checked against (PEM; with "
+        "--typha-cert-file and --typha-key-file: mutual TLS, else plaintext)",
+        "typha_cert_file": "this node's client certificate for typha (PEM)",
+        "typha_key_file": "its key (PEM)",
+        "typha_cn": "the name typha's certificate must carry (its DNS SAN or, without one, "
+        "its CN; default: the endpoint's host)",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(
@@ -265,6 +308,11 @@ def parse(
             "metrics_cert_file",
             "metrics_key_file",
             "metrics_client_ca_file",
+            "typha_service",
+            "typha_ca_file",
+            "typha_cert_file",
+            "typha_key_file",
+            "typha_cn",
         ),
     )
     return options, daemon_datastore(ns, env, options.conf)

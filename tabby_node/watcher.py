@@ -1,5 +1,6 @@
 """The ``watcher`` thread: ``store.sync()`` of the kinds tabby-node watches into its cache
-(a fresh snapshot after a broken watch)."""
+(a fresh snapshot after a broken watch); with tabby-typha, its stream's ``sync`` (which
+never breaks: it reconnects itself and yields only differences)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tabby_node.cache import WATCHED_KINDS
 
 if TYPE_CHECKING:
     from datastore.base import Store
+    from fanout.client import TyphaSync
     from tabby_node.cache import Cache
     from tabby_node.view import DatastoreErrors
 
@@ -23,7 +25,7 @@ log = logging.getLogger("tabby.node")
 class Watcher:
     def __init__(
         self,
-        store: Store,
+        store: Store | TyphaSync,  # the datastore's watch, or tabby-typha's stream
         cache: Cache,
         *,
         stopping: threading.Event,

@@ -52,6 +52,7 @@ from datastore.etcd.client import (
     parse_endpoint,
     random_index,
 )
+from datastore.protobuf import ProtoError, as_bytes, as_int64, fields, int_field, len_field
 
 if TYPE_CHECKING:
     import ssl
@@ -65,30 +66,7 @@ PING_IDLE = 30.0  # seconds of silence before a ping
 PING_TIMEOUT = 10.0  # seconds a ping may go unanswered
 
 
-class ProtoError(ValueError):
-    """A message that is not the protobuf it should be."""
-
-
-# == protobuf ============================================================================
-
-
-def _varint(n: int) -> bytes:
-    if n < 0:
-        n += 1 << 64  # int64: two's complement in ten bytes
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _len_field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _int_field(number: int, value: int) -> bytes:
-    return _varint(number << 3) + _varint(value) if value else b""
+# == protobuf (the wire format: datastore.protobuf) ====================================
 
 
 def encode_create(
@@ -96,69 +74,11 @@ def encode_create(
 ) -> bytes:
     """A ``WatchRequest`` holding a ``WatchCreateRequest`` (key 1, range_end 2,
     start_revision 3, progress_notify 4; the request's create_request is field 1)."""
-    create = _len_field(1, key)
+    create = len_field(1, key)
     if range_end is not None:
-        create += _len_field(2, range_end)
-    create += _int_field(3, start_revision) + _int_field(4, int(progress_notify))
-    return _len_field(1, create)
-
-
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = 0
-    shift = 0
-    try:
-        while True:
-            b = buf[i]
-            i += 1
-            n |= (b & 0x7F) << shift
-            if b < 0x80:
-                # a ten-byte varint carries 70 bits: a uint64's are the low 64 (protobuf
-                # drops the rest), so every int64 decoded is one
-                return n & 0xFFFF_FFFF_FFFF_FFFF, i
-            shift += 7
-            if shift > 63:
-                raise ProtoError("varint longer than ten bytes")
-    except IndexError:
-        raise ProtoError("truncated varint") from None
-
-
-def _fields(buf: bytes) -> Generator[tuple[int, int | bytes], None, None]:
-    """``(field number, value)`` of a message: an int for a varint, bytes for a
-    length-delimited field; fixed-width fields are skipped (none is used here)."""
-    i = 0
-    end = len(buf)
-    while i < end:
-        tag, i = _read_varint(buf, i)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, i = _read_varint(buf, i)
-            yield number, value
-        elif wire == 2:
-            size, i = _read_varint(buf, i)
-            if i + size > end:
-                raise ProtoError("truncated field")
-            yield number, buf[i : i + size]
-            i += size
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ProtoError(f"wire type {wire} not supported")
-    if i != end:
-        raise ProtoError("truncated fixed-width field")
-
-
-def _int64(value: int | bytes) -> int:
-    if not isinstance(value, int):
-        raise ProtoError("expected a varint")
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def _bytes(value: int | bytes) -> bytes:
-    if not isinstance(value, bytes):
-        raise ProtoError("expected a length-delimited field")
-    return value
+        create += len_field(2, range_end)
+    create += int_field(3, start_revision) + int_field(4, int(progress_notify))
+    return len_field(1, create)
 
 
 def decode_kv(buf: bytes) -> KeyValue:
@@ -166,19 +86,19 @@ def decode_kv(buf: bytes) -> KeyValue:
     lease 6."""
     key = value = b""
     create = mod = version = lease = 0
-    for number, v in _fields(buf):
+    for number, v in fields(buf):
         if number == 1:
-            key = _bytes(v)
+            key = as_bytes(v)
         elif number == 2:
-            create = _int64(v)
+            create = as_int64(v)
         elif number == 3:
-            mod = _int64(v)
+            mod = as_int64(v)
         elif number == 4:
-            version = _int64(v)
+            version = as_int64(v)
         elif number == 5:
-            value = _bytes(v)
+            value = as_bytes(v)
         elif number == 6:
-            lease = _int64(v)
+            lease = as_int64(v)
     return KeyValue(key, value, create, mod, version, lease)
 
 
@@ -186,11 +106,11 @@ def _decode_event(buf: bytes) -> WatchEvent:
     """``mvccpb.Event``: type 1 (0 PUT, 1 DELETE), kv 2 (prev_kv 3 is never asked for)."""
     kind = 0
     kv = None
-    for number, v in _fields(buf):
+    for number, v in fields(buf):
         if number == 1:
-            kind = _int64(v)
+            kind = as_int64(v)
         elif number == 2:
-            kv = decode_kv(_bytes(v))
+            kv = decode_kv(as_bytes(v))
     return WatchEvent("DELETE" if kind == 1 else "PUT", kv or KeyValue(b"", b"", 0, 0, 0, 0))
 
 
@@ -203,23 +123,23 @@ def decode_response(buf: bytes) -> tuple[int, WatchResponse]:
     created = canceled = False
     reason = ""
     events: list[WatchEvent] = []
-    for number, v in _fields(buf):
+    for number, v in fields(buf):
         if number == 1:
-            for hn, hv in _fields(_bytes(v)):
+            for hn, hv in fields(as_bytes(v)):
                 if hn == 3:
-                    revision = _int64(hv)
+                    revision = as_int64(hv)
         elif number == 2:
-            watch_id = _int64(v)
+            watch_id = as_int64(v)
         elif number == 3:
             created = bool(v)
         elif number == 4:
             canceled = bool(v)
         elif number == 5:
-            compact = _int64(v)
+            compact = as_int64(v)
         elif number == 6:
-            reason = _bytes(v).decode("utf-8", "replace")
+            reason = as_bytes(v).decode("utf-8", "replace")
         elif number == 11:
-            events.append(_decode_event(_bytes(v)))
+            events.append(_decode_event(as_bytes(v)))
     resp = WatchResponse.of(
         revision=revision,
         events=events,

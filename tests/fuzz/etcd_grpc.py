@@ -21,6 +21,7 @@ import time
 
 from hypothesis import strategies as st
 
+from datastore import protobuf
 from datastore.etcd import client, grpc
 from datastore.etcd.client import EtcdUnavailable, KeyValue, WatchResponse
 
@@ -38,7 +39,7 @@ def _int64s(resp: WatchResponse) -> list[int]:
 def check_decode(data: bytes) -> None:
     try:
         watch_id, resp = grpc.decode_response(data)
-    except grpc.ProtoError:
+    except protobuf.ProtoError:
         return
     for value in [watch_id, *_int64s(resp)]:
         assert INT64[0] <= value <= INT64[1], value
@@ -49,8 +50,8 @@ def check_decode(data: bytes) -> None:
 
 def _field(number: int, value: int | bytes) -> bytes:
     if isinstance(value, bytes):
-        return grpc._len_field(number, value)
-    return grpc._int_field(number, value)
+        return protobuf.len_field(number, value)
+    return protobuf.int_field(number, value)
 
 
 def encode_kv(kv: KeyValue) -> bytes:

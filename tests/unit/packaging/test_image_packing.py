@@ -274,6 +274,7 @@ def test_bundle_layer_layout(tmp_path: Path) -> None:
         "usr/local/bin",
         "usr/local/bin/tabby-kube-controllers",
         "usr/local/bin/tabby-node",
+        "usr/local/bin/tabby-typha",
         "usr/local/bin/tabbyctl",
     ]
     by = {m.name: m for m in ms}

@@ -36,18 +36,20 @@ LAYERS: dict[str, tuple[int, str]] = {
     "cni_config": (4, "configuration and policy"),
     "stores": (4, "configuration and policy"),
     "policy": (4, "configuration and policy"),
+    "fanout": (4, "configuration and policy"),
     "bird": (5, "BIRD"),
     "ipam": (6, "CNI plugins"),
     "cni_plugin": (6, "CNI plugins"),
     "tabby_node": (7, "programs"),
     "tabbyctl": (7, "programs"),
     "kube_controllers": (7, "programs"),
+    "typha": (7, "programs"),
     "lab": (7, "programs"),  # not product: the test tiers' and benches' lab (see FORBIDDEN)
     "bundle.entry": (8, "the bundle's entry"),
     "bundle.__main__": (8, "the bundle's entry"),
 }
 PACKAGES = sorted({prefix.split(".")[0] for prefix in LAYERS})
-PROGRAMS = ("tabby_node", "tabbyctl", "kube_controllers", "lab")
+PROGRAMS = ("tabby_node", "tabbyctl", "kube_controllers", "typha", "lab")
 #: What the bundle ships (packaging/tabby.spec): every package but the lab.
 PRODUCT = [p for p in PACKAGES if p != "lab"]
 

@@ -731,3 +731,21 @@ def test_refusals_of_the_nodes_servers_are_counted_by_server_and_reason() -> Non
     assert sample(m, name, server="cni", reason="busy") == 1
     assert sample(m, name, server="metrics", reason="timeout") == 1
     assert sample(m, name, server="health", reason="too_large") == 0
+
+
+def test_behind_typha_the_watch_counters_and_synced_are_its_clients() -> None:
+    """With tabby-typha the watch is typha's client: its re-reads and resumes are counted,
+    and the watch is not synced while typha cannot be read."""
+    store = MemoryStore()
+    m, state = node_metrics("node-a", store, store=store)
+    client = type(
+        "Typha",
+        (),
+        {"sync_stats": {"snapshots": 1, "rereads": 3, "resumes": 4}, "last_error": None},
+    )()
+    state.watch = client
+    assert sample(m, "tabby_datastore_watch_resyncs_total") == 3
+    assert sample(m, "tabby_datastore_watch_resumes_total") == 4
+    assert sample(m, "tabby_datastore_synced") == 1
+    client.last_error = "typha 10.0.0.1:5473: UNAVAILABLE"
+    assert sample(m, "tabby_datastore_synced") == 0
