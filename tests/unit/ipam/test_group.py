@@ -54,8 +54,7 @@ def test_a_burst_of_adds_costs_fewer_writes_than_pods() -> None:
             return super().put(kind, key, data, rev)
 
     def queued() -> int:
-        with group.lock:
-            return group.writing + sum(len(q) for q in group.queues.values())
+        return group.group.pending()
 
     counting = HeldFirstWrite(inner)
     group = GroupCommit(Stores(counting))  # type: ignore[arg-type]
