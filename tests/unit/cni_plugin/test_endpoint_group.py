@@ -20,27 +20,10 @@ from datastore.errors import StoreCorrupt, StoreUnavailable
 from datastore.file import FileStore
 from datastore.memory import MemoryStore
 from resources.wep import KIND, endpoint_key, remove_endpoint, write_endpoint
+from tests.unit.served_store import Settings, Stores
 
 T = TypeVar("T")
 N = 24
-
-
-class Settings:
-    datastore_type = "file"
-    data_dir = "/nowhere"
-    lock_timeout_seconds = 10.0
-
-
-class Stores:
-    """One store for every call, as tabby-node's served store."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.runs = 0
-
-    def run(self, settings: object, fn: Callable[[Any], T], *, cached: bool = True) -> T:
-        self.runs += 1
-        return fn(self.store)
 
 
 class Sessions:
