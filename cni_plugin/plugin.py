@@ -657,6 +657,17 @@ class Plugin:
             host = host_ifname(args, conf)
         except Unknown as e:
             logger.warning("no host veth of that name can exist (%s): pod side only", e)
+        # The endpoint (and in tabby-node the pod's policy) is removed while the kernel
+        # side is torn down, as an ADD records it: the teardown waits for no store (DEL-7),
+        # and the addresses are released only after both (DEL-3, below).
+        erased: _InBackground | None = None
+        try:
+            read.store(conf.ipam)
+            read.node_name(conf)
+        except Unknown as e:
+            logger.warning("no workload endpoint of that key or store (%s): none removed", e)
+        else:
+            erased = _InBackground(lambda: self.endpoints.removed(args, conf), "endpoint")
         local_error: CniError | None = None
         try:
             with phases.timed("netlink"):
@@ -669,22 +680,13 @@ class Plugin:
         except CniError as e:
             logger.error("local teardown failed: %s", e)
             local_error = e
-        try:
-            read.store(conf.ipam)
-            read.node_name(conf)
-        except Unknown as e:
-            logger.warning("no workload endpoint of that key or store (%s): none removed", e)
-        else:
-            started = time.perf_counter()
-            try:
-                self.endpoints.removed(args, conf)
-            except CniError as e:
-                logger.error("cannot remove the workload endpoint: %s", e)
-                local_error = local_error or e
-            finally:  # in line: all of it is on the call's path
-                seconds = time.perf_counter() - started
-                phases.add("endpoint", seconds)
-                phases.add("endpoint_wait", seconds)
+        finally:
+            failure = erased.wait() if erased is not None else None
+        if isinstance(failure, CniError):
+            logger.error("cannot remove the workload endpoint: %s", failure)
+            local_error = local_error or failure
+        elif failure is not None:
+            raise failure
         # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
         with phases.timed("ipam"):
             self._ipam(args, conf, "DEL")()
