@@ -35,7 +35,23 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from bundle.calico_labels import endpoint_labels
 from bundle.types import IPAddress, IPNetwork
+from policy.calico import (
+    DEFAULT_TIER,
+    DEFAULT_TIER_ORDER,
+    K8S_POLICY_ORDER,
+    Action,
+    CalicoPolicy,
+    NetworkSet,
+    Packet,
+    Party,
+    Tier,
+    policy_sort_key,
+    protocol_number,
+    rule_matches,
+    tier_sort_key,
+)
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 PROTOCOLS: tuple[Protocol, ...] = ("TCP", "UDP", "SCTP")
@@ -301,12 +317,13 @@ class ContainerPort:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
-    """The labels and named ports a Kubernetes API server holds for a pod."""
+    """The labels, named ports and service account a Kubernetes API server holds for a pod."""
 
     namespace: str
     name: str
     labels: Labels = ()
     ports: tuple[ContainerPort, ...] = ()
+    service_account: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", _labels(self.labels))
@@ -342,12 +359,16 @@ class Endpoint:
 @dataclasses.dataclass(frozen=True)
 class ClusterState:
     """Everything the engine needs: all of the cluster's policies, namespaces, pods and
-    endpoints (remote endpoints too: selectors resolve to their addresses)."""
+    endpoints (remote endpoints too: selectors resolve to their addresses); Calico's
+    policies (namespaced, global, staged), network sets and tiers (:mod:`policy.calico`)."""
 
     policies: tuple[Policy, ...] = ()
     namespaces: tuple[Namespace, ...] = ()
     pods: tuple[Pod, ...] = ()
     endpoints: tuple[Endpoint, ...] = ()
+    calico_policies: tuple[CalicoPolicy, ...] = ()
+    network_sets: tuple[NetworkSet, ...] = ()
+    tiers: tuple[Tier, ...] = ()
 
     def with_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ClusterState:
         eps = (*(e for e in self.endpoints if e.key != ep.key), ep)
@@ -374,6 +395,7 @@ class _Member:
     items: frozenset[tuple[str, str]]
     ports: tuple[ContainerPort, ...]
     addresses: tuple[IPAddress, ...]
+    service_account: str = ""
 
     @property
     def ident(self) -> str:
@@ -400,7 +422,9 @@ class _View:
                 cache[raw] = (dict(raw), frozenset(raw))
             labels, items = cache[raw]
             addrs = tuple(ipaddress.ip_address(a) for a in ep.addresses)
-            m = _Member(ep, labels, items, pod.ports if pod is not None else (), addrs)
+            ports = pod.ports if pod is not None else ()
+            account = pod.service_account if pod is not None else ""
+            m = _Member(ep, labels, items, ports, addrs, account)
             self.members.append(m)
             self.by_ns.setdefault(ep.namespace, []).append(m)
             for a in addrs:
@@ -408,6 +432,44 @@ class _View:
             if ep.namespace not in self.ns_labels:
                 self.ns_labels[ep.namespace] = {NAMESPACE_NAME_LABEL: ep.namespace}
         self._ns_items = {k: frozenset(v.items()) for k, v in self.ns_labels.items()}
+        self._calico_labels: dict[int, dict[str, str]] = {}
+        self.network_sets = [
+            (s.networks(), self._scoped(dict(s.labels), s.namespace, None))
+            for s in sorted(state.network_sets, key=lambda s: s.key)
+        ]
+
+    def _scoped(
+        self, labels: Mapping[str, str], ns: str | None, account: str | None
+    ) -> dict[str, str]:
+        ns_labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns}) if ns is not None else None
+        return endpoint_labels(
+            labels, namespace=ns, namespace_labels=ns_labels, service_account=account
+        )
+
+    def calico_labels(self, m: _Member) -> Mapping[str, str]:
+        """The labels Calico's selectors read on an endpoint (its namespace's under
+        ``pcns.``, its service account's name)."""
+        got = self._calico_labels.get(id(m))
+        if got is None:
+            got = self._scoped(m.labels, m.ep.namespace, m.service_account or None)
+            self._calico_labels[id(m)] = got
+        return got
+
+    def party(self, m: _Member | None, addr: IPAddress) -> Party:
+        """One end of a packet as Calico's rules see it."""
+        sets = tuple(labels for nets, labels in self.network_sets if any(addr in n for n in nets))
+        if m is None:
+            return Party(addr, None, sets)
+        ports = tuple((cp.name, protocol_number(cp.protocol), cp.port) for cp in m.ports)
+        return Party(addr, self.calico_labels(m), sets, ports)
+
+    def tier(self, name: str) -> Tier:
+        """A tier by name: a Tier resource's, ``default``'s defaults, or (a policy naming a
+        tier that does not exist) last, ending in Deny: never open by a missing tier."""
+        for t in self.state.tiers:
+            if t.name == name:
+                return t
+        return Tier(name, DEFAULT_TIER_ORDER if name == DEFAULT_TIER else None, "Deny")
 
     def ns_matches(self, sel: LabelSelector, ns: str) -> bool:
         labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns})
@@ -791,6 +853,16 @@ class DirectionVerdict:
     allowed: bool
     allowed_by: tuple[str, ...]
     reason: str
+    #: the tier that decided: its rule, or its end (None: no policy selects the pod, or
+    #: every tier passed the packet on to the profile)
+    tier: str | None = None
+    #: the rule that decided (``<policy> <direction>[<index>]``), whatever its action; ""
+    #: when a tier's end, the profile or the absence of policy did
+    decided_by: str = ""
+    #: the Log rules the packet matched on its way, in order
+    logged: tuple[str, ...] = ()
+    #: what the staged policies that apply would have made of it ("" when none applies)
+    staged: str = ""
 
     @property
     def isolated(self) -> bool:
@@ -818,7 +890,10 @@ class Explanation:
                 continue
             sel = ", ".join(v.selecting) if v.selecting else "none"
             out.append(f"  {v.direction} of {v.pod}: selected by {sel}")
+            out.extend(f"    logged by {rule}" for rule in v.logged)
             out.append(f"    {'allowed' if v.allowed else 'denied'}: {v.reason}")
+            if v.staged:
+                out.append(f"    staged: {v.staged}")
         return out
 
 
@@ -866,6 +941,138 @@ def _rule_matches(
     return not rule.ports or any(_port_matches(p, protocol, port, dst_ports) for p in rule.ports)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """A policy that applies to one endpoint in one direction, as a tier walk sees it: a
+    Kubernetes NetworkPolicy (Allow rules, tier ``default``, order 1000, Calico's name
+    ``knp.default.<name>`` for ties) or a Calico policy."""
+
+    tier: str
+    sort: tuple[bool, float, str]
+    key: str
+    k8s: Policy | None = None
+    calico: CalicoPolicy | None = None
+
+    def rules(self, direction: Direction) -> tuple[object, ...]:
+        if self.k8s is not None:
+            return self.k8s.rules(direction)
+        assert self.calico is not None
+        return self.calico.rules(direction)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """The packet as both kinds of rule read it."""
+
+    remote: _Member | None
+    remote_addr: IPAddress
+    protocol: str
+    port: int | None
+    dst_ports: Sequence[ContainerPort]
+    packet: Packet
+
+
+def _entries(
+    view: _View, me: _Member, direction: Direction, *, staged: bool
+) -> dict[str, list[_Entry]]:
+    """The policies that apply to ``me`` for ``direction``, by tier, each tier in its order
+    (staged policies too when ``staged``: what they would do)."""
+    out: dict[str, list[_Entry]] = {}
+    for p in view.state.policies:
+        if direction in p.types and _selects(p, me):
+            sort = policy_sort_key(K8S_POLICY_ORDER, f"{p.namespace}/knp.default.{p.name}")
+            out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
+    labels: Mapping[str, str] | None = None
+    for c in view.state.calico_policies:
+        if direction not in c.types or (c.staged and not staged):
+            continue
+        labels = labels if labels is not None else view.calico_labels(me)
+        if c.selector.matches(labels):
+            sort = policy_sort_key(c.order, c.key.removeprefix("staged:"))
+            out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
+    tiers = sorted((view.tier(t) for t in out), key=tier_sort_key)
+    return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
+
+
+def _first_match(
+    view: _View, e: _Entry, direction: Direction, ctx: _Context, logged: list[str]
+) -> tuple[Action, str] | None:
+    """The action and name of the first rule of ``e`` that decides (Log rules that match are
+    appended to ``logged`` and passed over), or None."""
+    if e.k8s is not None:
+        for i, rule in enumerate(e.k8s.rules(direction)):
+            if _rule_matches(
+                view,
+                e.k8s,
+                rule,
+                ctx.remote,
+                ctx.remote_addr,
+                ctx.protocol,
+                ctx.port,
+                ctx.dst_ports,
+            ):
+                return "Allow", f"{e.key} {direction}[{i}]"
+        return None
+    assert e.calico is not None
+    for i, crule in enumerate(e.calico.rules(direction)):
+        if rule_matches(crule, ctx.packet):
+            name = f"{e.key} {direction}[{i}]"
+            if crule.action != "Log":
+                return crule.action, name
+            logged.append(name)
+    return None
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _walk(
+    view: _View, me: _Member, direction: Direction, ctx: _Context, *, staged: bool
+) -> DirectionVerdict:
+    """The tiers in order: the first rule that decides in the first policy (order, then name)
+    that applies decides; Pass leaves the tier; a tier that applies and decides nothing ends
+    in its defaultAction; past every tier the profile allows."""
+    tiers = _entries(view, me, direction, staged=staged)
+    names = tuple(e.key for entries in tiers.values() for e in entries)
+    if not names:
+        why = f"no policy selects the pod for {direction}"
+        return DirectionVerdict(me.ident, direction, (), True, (), why)
+    logged: list[str] = []
+    passed: list[str] = []
+    for tier, entries in tiers.items():
+        decided: tuple[Action, str] | None = None
+        for e in entries:
+            decided = _first_match(view, e, direction, ctx, logged)
+            if decided is not None:
+                break
+        where = "" if tier == DEFAULT_TIER else f" in tier {tier}"
+        if decided is not None and decided[0] in ("Allow", "Deny"):
+            action, rule = decided
+            allowed = action == "Allow"
+            reason = f"by {rule}" + ("" if allowed else " (Deny)") + where
+            by = (rule,) if allowed else ()
+            return DirectionVerdict(
+                me.ident, direction, names, allowed, by, reason, tier, rule, tuple(logged)
+            )
+        if decided is not None:  # Pass: on to the next tier
+            passed.append(f"{decided[1]} passed{where}")
+            continue
+        if view.tier(tier).default_action == "Pass":
+            passed.append(f"tier {tier} passed by its defaultAction")
+            continue
+        count = sum(len(e.rules(direction)) for e in entries)
+        reason = (
+            f"isolated by {_count(len(entries), 'policy', 'policies')}{where} and none of their"
+            f" {_count(count, direction + ' rule', direction + ' rules')} matches"
+        )
+        return DirectionVerdict(
+            me.ident, direction, names, False, (), reason, tier, "", tuple(logged)
+        )
+    reason = "; ".join(passed) + ": past every tier, the profile allows"
+    return DirectionVerdict(me.ident, direction, names, True, (), reason, None, "", tuple(logged))
+
+
 def _direction_verdict(
     view: _View,
     me: _Member,
@@ -874,35 +1081,22 @@ def _direction_verdict(
     remote_addr: IPAddress,
     protocol: str,
     port: int | None,
+    packet: Packet,
 ) -> DirectionVerdict:
-    pols = [
-        p
-        for p in sorted(view.state.policies, key=lambda p: (p.namespace, p.name))
-        if direction in p.types and _selects(p, me)
-    ]
-    names = tuple(p.key for p in pols)
-    if not pols:
-        return DirectionVerdict(
-            me.ident, direction, (), True, (), f"no policy selects the pod for {direction}"
-        )
     # Named ports resolve on the destination: the selected pod on ingress, the peer on egress.
     if direction == "ingress":
         dst_ports: Sequence[ContainerPort] = me.ports
     else:
         dst_ports = remote.ports if remote is not None else ()
-    by: list[str] = []
-    for p in pols:
-        for i, rule in enumerate(p.rules(direction)):
-            if _rule_matches(view, p, rule, remote, remote_addr, protocol, port, dst_ports):
-                by.append(f"{p.key} {direction}[{i}]")
-    if by:
-        return DirectionVerdict(me.ident, direction, names, True, tuple(by), f"by {', '.join(by)}")
-    count = sum(len(p.rules(direction)) for p in pols)
-    reason = (
-        f"isolated by {len(pols)} polic{'y' if len(pols) == 1 else 'ies'}"
-        f" and none of their {count} {direction} rule{'s' if count != 1 else ''} matches"
-    )
-    return DirectionVerdict(me.ident, direction, names, False, (), reason)
+    ctx = _Context(remote, remote_addr, protocol, port, dst_ports, packet)
+    verdict = _walk(view, me, direction, ctx, staged=False)
+    if not any(c.staged for c in view.state.calico_policies):
+        return verdict
+    would = _walk(view, me, direction, ctx, staged=True)
+    if would.selecting == verdict.selecting:
+        return verdict
+    said = f"would have {'allowed' if would.allowed else 'denied'}: {would.reason}"
+    return dataclasses.replace(verdict, staged=said)
 
 
 def _resolve(view: _View, t: Target, family: int | None) -> tuple[_Member | None, IPAddress, str]:
@@ -928,31 +1122,49 @@ def explain(
     *,
     node: str | None = None,
     host_addresses: Iterable[str] = (),
+    source_port: int | None = None,
+    icmp_type: int | None = None,
+    icmp_code: int | None = None,
 ) -> Explanation:
     """Why a new connection ``src -> dst`` (``protocol``/``port``) is allowed or not:
     the source pod's egress (when the source is a pod) and the destination pod's ingress
-    (when it is one). Addresses that belong to a pod are that pod; a CIDR stands for its
-    first address. ``protocol`` is TCP, UDP, SCTP, or another name (e.g. ICMP: only rules
-    without ports match it). With ``node`` and its ``host_addresses``, traffic from those
-    addresses to a pod on that node is allowed unpoliced, as the dataplane does (kubelet
-    probes)."""
+    (when it is one), each a walk of the tiers (:mod:`policy.calico`) naming the tier,
+    policy and rule that decided. Addresses that belong to a pod are that pod; a CIDR
+    stands for its first address. ``protocol`` is TCP, UDP, SCTP, or another name or number
+    (e.g. ICMP, with ``icmp_type``/``icmp_code``: only rules without ports match it);
+    ``source_port`` for Calico rules' source ports. With ``node`` and its
+    ``host_addresses``, traffic from those addresses to a pod on that node is allowed
+    unpoliced, as the dataplane does (kubelet probes)."""
     view = _View(state)
     protocol = protocol.upper()
+    try:
+        number = protocol_number(protocol)
+    except ValueError:
+        number = -1  # a name no rule can give: only rules without a protocol match
     fam = None
     for t in (src, dst):
         if isinstance(t, str):
             fam = ipaddress.ip_interface(t).version
     s_m, s_addr, s_name = _resolve(view, src, fam)
     d_m, d_addr, d_name = _resolve(view, dst, s_addr.version)
+    packet = Packet(
+        view.party(s_m, s_addr),
+        view.party(d_m, d_addr),
+        number,
+        source_port,
+        port,
+        icmp_type,
+        icmp_code,
+    )
     egress = ingress = None
     if s_m is not None:
-        egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port)
+        egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port, packet)
     hosts = {ipaddress.ip_address(a) for a in host_addresses}
     if d_m is not None and s_m is None and d_m.ep.node == node and s_addr in hosts:
         why = f"traffic from node {node} to its own pods is not policed"
         ingress = DirectionVerdict(d_m.ident, "ingress", (), True, (), why)
     elif d_m is not None:
-        ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port)
+        ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port, packet)
     return Explanation(s_name, d_name, protocol, port, egress, ingress)
 
 

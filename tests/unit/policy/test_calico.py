@@ -1,0 +1,1023 @@
+"""Calico's policy semantics in the engine: a table of rule fields, tiers, Pass, defaultAction,
+order ties, Log, staged policies, network sets, with Kubernetes NetworkPolicy as the special
+case it is in Calico (tier ``default``, order 1000, Allow rules).
+
+Each case is one cluster (two namespaces, three pods on one node, a global and a namespaced
+network set) plus the policies of the case, and one packet; the engine's ``explain`` must
+give the verdict, and name the tier and the rule that decided it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from policy import engine
+from policy.calico import (
+    CalicoPolicy,
+    CalicoRule,
+    Direction,
+    EntityMatch,
+    IcmpMatch,
+    NetworkSet,
+    PortMatch,
+    Tier,
+    protocol_number,
+)
+from policy.engine import (
+    ClusterState,
+    ContainerPort,
+    Endpoint,
+    LabelSelector,
+    Namespace,
+    Pod,
+    Policy,
+    Rule,
+)
+from resources.selector import parse_selector, policy_selector, rule_selector
+
+TCP, UDP, ICMP = protocol_number("TCP"), protocol_number("UDP"), protocol_number("ICMP")
+
+WEB = ("a", "web")  # 10.0.0.1, app=web, port http = TCP 8080, service account web-sa
+DB = ("a", "db")  # 10.0.0.2, app=db
+CLIENT = ("b", "client")  # 10.0.1.1, app=client
+CORP = "192.168.7.7"  # in GlobalNetworkSet corp (role=corp)
+PARTNER = "172.16.0.5"  # in NetworkSet a/partners (role=partner)
+OUTSIDE = "203.0.113.9"  # in nothing
+
+
+def base() -> ClusterState:
+    namespaces = (Namespace("a", (("team", "a"),)), Namespace("b", (("team", "b"),)))
+    pods = (
+        Pod("a", "web", (("app", "web"),), (ContainerPort("http", 8080),), "web-sa"),
+        Pod("a", "db", (("app", "db"),)),
+        Pod("b", "client", (("app", "client"),)),
+    )
+    endpoints = (
+        Endpoint("a", "web", "n1", "caliweb", ("10.0.0.1",)),
+        Endpoint("a", "db", "n1", "calidb", ("10.0.0.2",)),
+        Endpoint("b", "client", "n1", "caliclient", ("10.0.1.1", "fd00::11")),
+    )
+    sets = (
+        NetworkSet("corp", None, (("role", "corp"),), ("192.168.0.0/16",)),
+        NetworkSet("partners", "a", (("role", "partner"),), ("172.16.0.0/12",)),
+    )
+    return ClusterState((), namespaces, pods, endpoints, network_sets=sets)
+
+
+def gnp(
+    name: str,
+    ingress: Sequence[CalicoRule] = (),
+    egress: Sequence[CalicoRule] = (),
+    *,
+    selector: str = "all()",
+    namespace_selector: str | None = None,
+    tier: str = "default",
+    order: float | None = None,
+    staged: bool = False,
+) -> CalicoPolicy:
+    """A GlobalNetworkPolicy (types: as Calico defaults them)."""
+    sel = policy_selector(selector, namespace_selector=namespace_selector)
+    types: frozenset[Direction] = frozenset(("ingress", "egress") if egress else ("ingress",))
+    return CalicoPolicy(
+        name,
+        None,
+        sel,
+        tier,
+        order,
+        types,
+        tuple(ingress),
+        tuple(egress),
+        staged,
+    )
+
+
+def np(
+    namespace: str,
+    name: str,
+    ingress: Sequence[CalicoRule] = (),
+    egress: Sequence[CalicoRule] = (),
+    *,
+    selector: str = "all()",
+    tier: str = "default",
+    order: float | None = None,
+) -> CalicoPolicy:
+    """A namespaced Calico NetworkPolicy."""
+    sel = policy_selector(selector, namespace=namespace)
+    types: frozenset[Direction] = frozenset(("ingress", "egress") if egress else ("ingress",))
+    return CalicoPolicy(
+        name,
+        namespace,
+        sel,
+        tier,
+        order,
+        types,
+        tuple(ingress),
+        tuple(egress),
+    )
+
+
+def src(
+    *,
+    nets: Sequence[str] = (),
+    not_nets: Sequence[str] = (),
+    selector: str | None = None,
+    not_selector: str | None = None,
+    namespace_selector: str | None = None,
+    service_accounts: Sequence[str] = (),
+    ports: Sequence[int | str] = (),
+    not_ports: Sequence[int | str] = (),
+    namespace: str | None = None,
+) -> EntityMatch:
+    rule_sel = rule_selector(
+        selector,
+        not_selector=not_selector,
+        namespace_selector=namespace_selector,
+        service_account_names=service_accounts,
+        policy_namespace=namespace,
+    )
+    return EntityMatch(
+        tuple(nets),
+        tuple(not_nets),
+        rule_sel,
+        parse_selector(not_selector) if not_selector else None,
+        tuple(PortMatch.parse(p) for p in ports),
+        tuple(PortMatch.parse(p) for p in not_ports),
+    )
+
+
+dst = src
+
+
+def allow(**kw: Any) -> CalicoRule:
+    return CalicoRule("Allow", **kw)
+
+
+def deny(**kw: Any) -> CalicoRule:
+    return CalicoRule("Deny", **kw)
+
+
+def knp(namespace: str, name: str, *rules: Rule, labels: dict[str, str] | None = None) -> Policy:
+    return Policy(namespace, name, LabelSelector.of(labels), tuple(rules))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    policies: tuple[CalicoPolicy | Policy, ...]
+    src: engine.Target
+    dst: engine.Target
+    protocol: str
+    port: int | None
+    allowed: bool
+    #: the tier and rule named for the destination's ingress (None/"": none named)
+    tier: str | None = None
+    rule: str = ""
+    tiers: tuple[Tier, ...] = ()
+    icmp: tuple[int, int] | None = None
+    sport: int | None = None
+
+
+C = Case
+web_only = "app == 'web'"
+CASES = [
+    # -- each rule field: a match allows, a miss ends the tier in Deny --------------------------
+    C(
+        "protocol",
+        (gnp("p", [allow(protocol=TCP)]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "protocol-miss",
+        (gnp("p", [allow(protocol=TCP)]),),
+        CLIENT,
+        WEB,
+        "UDP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "protocol-number",
+        (gnp("p", [allow(protocol=17)]),),
+        CLIENT,
+        WEB,
+        "UDP",
+        53,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "notProtocol",
+        (gnp("p", [allow(not_protocol=UDP)]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "notProtocol-miss",
+        (gnp("p", [allow(not_protocol=UDP)]),),
+        CLIENT,
+        WEB,
+        "UDP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "icmp",
+        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(8, 0))]),),
+        CLIENT,
+        WEB,
+        "ICMP",
+        None,
+        True,
+        "default",
+        "p ingress[0]",
+        icmp=(8, 0),
+    ),
+    C(
+        "icmp-type-miss",
+        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(8))]),),
+        CLIENT,
+        WEB,
+        "ICMP",
+        None,
+        False,
+        "default",
+        icmp=(0, 0),
+    ),
+    C(
+        "icmp-code-miss",
+        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(3, 1))]),),
+        CLIENT,
+        WEB,
+        "ICMP",
+        None,
+        False,
+        "default",
+        icmp=(3, 3),
+    ),
+    C(
+        "notICMP",
+        (gnp("p", [allow(protocol=ICMP, not_icmp=IcmpMatch(8))]),),
+        CLIENT,
+        WEB,
+        "ICMP",
+        None,
+        True,
+        "default",
+        "p ingress[0]",
+        icmp=(0, 0),
+    ),
+    C(
+        "notICMP-miss",
+        (gnp("p", [allow(protocol=ICMP, not_icmp=IcmpMatch(8))]),),
+        CLIENT,
+        WEB,
+        "ICMP",
+        None,
+        False,
+        "default",
+        icmp=(8, 0),
+    ),
+    C(
+        "ipVersion",
+        (gnp("p", [allow(ip_version=4)]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "ipVersion-miss",
+        (gnp("p", [allow(ip_version=6)]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "nets",
+        (gnp("p", [allow(source=src(nets=["10.0.1.0/24"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "nets-miss",
+        (gnp("p", [allow(source=src(nets=["10.0.1.0/24"]))]),),
+        DB,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "notNets",
+        (gnp("p", [allow(source=src(not_nets=["10.0.1.0/24"]))]),),
+        DB,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "notNets-miss",
+        (gnp("p", [allow(source=src(not_nets=["10.0.1.0/24"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "destination-nets",
+        (gnp("p", [allow(destination=dst(nets=["10.0.0.1/32"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "selector",
+        (gnp("p", [allow(source=src(selector="app == 'client'"))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "selector-miss",
+        (gnp("p", [allow(source=src(selector="app == 'client'"))]),),
+        DB,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "selector-not-an-address",
+        (gnp("p", [allow(source=src(selector="all()"))]),),
+        OUTSIDE,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "notSelector",
+        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
+        DB,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "notSelector-miss",
+        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "notSelector-outside",
+        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
+        OUTSIDE,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "namespaceSelector",
+        (gnp("p", [allow(source=src(namespace_selector="team == 'b'"))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "namespaceSelector-miss",
+        (gnp("p", [allow(source=src(namespace_selector="team == 'b'"))]),),
+        DB,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "ports",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=[80, 443]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        443,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "ports-miss",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=[80, 443]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        444,
+        False,
+        "default",
+    ),
+    C(
+        "port-range",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["8000:8100"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        8100,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "port-range-miss",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["8000:8100"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        8101,
+        False,
+        "default",
+    ),
+    C(
+        "named-port",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["http"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        8080,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "named-port-other-pod",
+        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["http"]))]),),
+        CLIENT,
+        DB,
+        "TCP",
+        8080,
+        False,
+        "default",
+    ),
+    C(
+        "notPorts",
+        (gnp("p", [allow(protocol=TCP, destination=dst(not_ports=["http"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        22,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "notPorts-miss",
+        (gnp("p", [allow(protocol=TCP, destination=dst(not_ports=["http"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        8080,
+        False,
+        "default",
+    ),
+    C(
+        "source-ports",
+        (gnp("p", [allow(protocol=TCP, source=src(ports=[5000]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+        sport=5000,
+    ),
+    C(
+        "source-ports-miss",
+        (gnp("p", [allow(protocol=TCP, source=src(ports=[5000]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        sport=5001,
+    ),
+    C(
+        "serviceAccounts",
+        (gnp("p", [allow(source=src(service_accounts=["web-sa"]))], selector="app == 'db'"),),
+        WEB,
+        DB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "serviceAccounts-miss",
+        (gnp("p", [allow(source=src(service_accounts=["web-sa"]))]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    # -- network sets: their nets are in a selector's set when their labels match ---------------
+    C(
+        "global-network-set",
+        (gnp("p", [allow(source=src(selector="role == 'corp'"))]),),
+        CORP,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "global-network-set-miss",
+        (gnp("p", [allow(source=src(selector="role == 'corp'"))]),),
+        OUTSIDE,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "network-set-in-namespace",
+        (np("a", "p", [allow(source=src(selector="role == 'partner'", namespace="a"))]),),
+        PARTNER,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "a/p ingress[0]",
+    ),
+    C(
+        "network-set-other-namespace",
+        (np("b", "p", [allow(source=src(selector="role == 'partner'", namespace="b"))]),),
+        PARTNER,
+        CLIENT,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    C(
+        "global-selector-skips-namespaced-set",
+        (
+            gnp(
+                "p",
+                [allow(source=src(selector="role == 'partner'", namespace_selector="global()"))],
+            ),
+        ),
+        PARTNER,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+    ),
+    # -- which endpoints a policy applies to ----------------------------------------------------
+    C(
+        "gnp-selector-other-pod",
+        (gnp("p", [deny()], selector="app == 'db'"),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+    ),
+    C(
+        "gnp-namespaceSelector",
+        (gnp("p", [deny()], namespace_selector="team == 'b'"),),
+        WEB,
+        CLIENT,
+        "TCP",
+        80,
+        False,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "gnp-namespaceSelector-other",
+        (gnp("p", [deny()], namespace_selector="team == 'b'"),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+    ),
+    C("np-own-namespace-only", (np("b", "p", [deny()]),), CLIENT, WEB, "TCP", 80, True),
+    # -- tiers, Pass, defaultAction, the profile ---------------------------------------------------
+    C(
+        "deny-in-earlier-tier",
+        (
+            gnp("sec", [deny(source=src(selector="app == 'client'"))], tier="security"),
+            gnp("p", [allow()]),
+        ),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "security",
+        "sec ingress[0]",
+        (Tier("security", 10),),
+    ),
+    C(
+        "pass-to-next-tier",
+        (gnp("sec", [CalicoRule("Pass")], tier="security"), gnp("p", [allow()])),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+        (Tier("security", 10),),
+    ),
+    C(
+        "pass-then-deny",
+        (gnp("sec", [CalicoRule("Pass")], tier="security"), gnp("p", [deny()])),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        "p ingress[0]",
+        (Tier("security", 10),),
+    ),
+    C(
+        "pass-skips-later-policies-of-tier",
+        (
+            gnp("a1", [CalicoRule("Pass")], tier="security", order=1),
+            gnp("a2", [deny()], tier="security", order=2),
+        ),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        None,
+        "",
+        (Tier("security", 10),),
+    ),
+    C(
+        "end-of-tier-deny",
+        (gnp("sec", [allow(protocol=UDP)], tier="security"), gnp("p", [allow()])),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "security",
+        "",
+        (Tier("security", 10),),
+    ),
+    C(
+        "tier-defaultAction-pass",
+        (gnp("sec", [allow(protocol=UDP)], tier="security"), gnp("p", [allow()])),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+        (Tier("security", 10, "Pass"),),
+    ),
+    C(
+        "tier-not-selecting-is-skipped",
+        (gnp("sec", [deny()], tier="security", selector="app == 'db'"), gnp("p", [allow()])),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "p ingress[0]",
+        (Tier("security", 10),),
+    ),
+    C(
+        "passed-by-last-tier-profile-allows",
+        (gnp("p", [CalicoRule("Pass")]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+    ),
+    C(
+        "tier-order",
+        (gnp("first", [deny()], tier="t2"), gnp("second", [allow()], tier="t1")),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "t1",
+        "second ingress[0]",
+        (Tier("t1", 1), Tier("t2", 2)),
+    ),
+    C(
+        "tier-order-reversed",
+        (gnp("first", [deny()], tier="t2"), gnp("second", [allow()], tier="t1")),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "t2",
+        "first ingress[0]",
+        (Tier("t1", 3), Tier("t2", 2)),
+    ),
+    C(
+        "default-tier-last",
+        (gnp("p", [allow()]), gnp("sec", [deny()], tier="security")),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "security",
+        "sec ingress[0]",
+        (Tier("security", 100),),
+    ),
+    C(
+        "unknown-tier-after-ordered-ones",
+        (gnp("p", [CalicoRule("Pass")]), gnp("x", [], tier="missing")),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "missing",
+        "",
+        (Tier("default", 5),),
+    ),
+    # -- order within a tier: lower first, ties by name, none last ---------------------------------
+    C(
+        "order",
+        (gnp("b", [deny()], order=1), gnp("a", [allow()], order=2)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        "b ingress[0]",
+    ),
+    C(
+        "order-tie-name",
+        (gnp("b", [deny()], order=1), gnp("a", [allow()], order=1)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "a ingress[0]",
+    ),
+    C(
+        "order-none-last",
+        (gnp("a", [deny()]), gnp("b", [allow()], order=9999)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "b ingress[0]",
+    ),
+    C(
+        "first-rule-of-policy",
+        (gnp("p", [deny(protocol=TCP), allow()]),),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        "p ingress[0]",
+    ),
+    C(
+        "no-rule-matching-goes-to-next-policy",
+        (gnp("a", [deny(protocol=UDP)], order=1), gnp("b", [allow()], order=2)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "b ingress[0]",
+    ),
+    # -- Kubernetes NetworkPolicy: tier default, order 1000 ----------------------------------------
+    C(
+        "k8s-after-calico-order-500",
+        (knp("a", "allow-all", Rule()), np("a", "deny", [deny()], order=500)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        "a/deny ingress[0]",
+    ),
+    C(
+        "k8s-before-calico-order-2000",
+        (knp("a", "allow-all", Rule()), np("a", "deny", [deny()], order=2000)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "a/allow-all ingress[0]",
+    ),
+    C(
+        "k8s-tie-knp-name-sorts-first",
+        (knp("a", "zz", Rule()), np("a", "zzz", [deny()], order=1000)),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        True,
+        "default",
+        "a/zz ingress[0]",
+    ),
+    C("k8s-isolation", (knp("a", "none"),), CLIENT, WEB, "TCP", 80, False, "default"),
+    C(
+        "k8s-after-pass",
+        (gnp("sec", [CalicoRule("Pass")], tier="security"), knp("a", "none")),
+        CLIENT,
+        WEB,
+        "TCP",
+        80,
+        False,
+        "default",
+        "",
+        (Tier("security", 10),),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_calico_semantics(case: Case) -> None:
+    k8s = tuple(p for p in case.policies if isinstance(p, Policy))
+    calico = tuple(p for p in case.policies if isinstance(p, CalicoPolicy))
+    state = dataclasses.replace(base(), policies=k8s, calico_policies=calico, tiers=case.tiers)
+    icmp_type, icmp_code = case.icmp if case.icmp is not None else (None, None)
+    got = engine.explain(
+        state,
+        case.src,
+        case.dst,
+        case.protocol,
+        case.port,
+        source_port=case.sport,
+        icmp_type=icmp_type,
+        icmp_code=icmp_code,
+    )
+    assert got.ingress is not None
+    assert got.ingress.allowed is case.allowed, got.lines()
+    assert (got.ingress.tier, got.ingress.decided_by) == (case.tier, case.rule), got.lines()
+    assert got.ingress.allowed_by == ((case.rule,) if case.allowed and case.rule else ())
+
+
+def test_log_is_logged_then_the_next_rule_decides() -> None:
+    rules = [CalicoRule("Log", protocol=TCP), CalicoRule("Log", protocol=UDP), deny()]
+    state = dataclasses.replace(base(), calico_policies=(gnp("p", rules),))
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.ingress is not None
+    assert got.ingress.logged == ("p ingress[0]",)
+    assert (got.ingress.allowed, got.ingress.decided_by) == (False, "p ingress[2]")
+    assert "    logged by p ingress[0]" in got.lines()
+
+
+def test_egress_of_the_source_is_walked_too() -> None:
+    to_a = dst(nets=["10.0.0.0/24"])
+    pol = gnp("eg", egress=[deny(destination=to_a)], selector="app == 'client'")
+    state = dataclasses.replace(base(), calico_policies=(pol,))
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.egress is not None
+    assert got.ingress is not None
+    assert (got.egress.allowed, got.egress.decided_by) == (False, "eg egress[0]")
+    assert (got.ingress.allowed, got.ingress.isolated) == (True, False)  # not selected: web
+    assert not got.allowed
+    # an egress to a network set by its labels
+    pol = gnp("eg", egress=[allow(destination=dst(selector="role == 'corp'"))])
+    state = dataclasses.replace(base(), calico_policies=(pol,))
+    assert engine.allowed(state, CLIENT, CORP)
+    assert not engine.allowed(state, CLIENT, OUTSIDE)
+
+
+def test_staged_policies_are_never_enforced_but_say_what_they_would_do() -> None:
+    staged = gnp("s", [deny()], tier="security", staged=True)
+    state = dataclasses.replace(
+        base(), calico_policies=(staged, gnp("p", [allow()])), tiers=(Tier("security", 10),)
+    )
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.ingress is not None
+    assert (got.allowed, got.ingress.selecting) == (True, ("p",))
+    assert got.ingress.staged == "would have denied: by staged:s ingress[0] (Deny) in tier security"
+    assert "    staged: would have denied: by staged:s ingress[0] (Deny) in tier security" in (
+        got.lines()
+    )
+    # a staged policy that selects nothing says nothing
+    other = dataclasses.replace(staged, selector=parse_selector("app == 'nobody'"))
+    state = dataclasses.replace(state, calico_policies=(other, gnp("p", [allow()])))
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.ingress is not None
+    assert got.ingress.staged == ""
+
+
+def test_kubernetes_only_clusters_keep_their_reasons() -> None:
+    state = dataclasses.replace(base(), policies=(knp("a", "deny-all"),))
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.ingress is not None
+    assert got.ingress.reason == "isolated by 1 policy and none of their 0 ingress rules matches"
+    assert got.ingress.tier == "default"
+    state = dataclasses.replace(state, policies=(knp("a", "all", Rule(), Rule()),))
+    got = engine.explain(state, CLIENT, WEB, "TCP", 80)
+    assert got.ingress is not None
+    assert got.ingress.reason == "by a/all ingress[0]"
+
+
+def test_rule_fields_are_checked() -> None:
+    with pytest.raises(ValueError, match="ports need protocol"):
+        CalicoRule("Allow", destination=EntityMatch(ports=(PortMatch(80, 80),)))
+    with pytest.raises(ValueError, match="need protocol ICMP"):
+        CalicoRule("Allow", protocol=TCP, icmp=IcmpMatch(8))
+    with pytest.raises(ValueError, match="unknown action"):
+        CalicoRule("Reject")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="defaultAction"):
+        Tier("t", 1, "Allow")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad port range"):
+        PortMatch.parse("90:80")
+    assert PortMatch.parse("8000:8080") == PortMatch(8000, 8080)
+    assert PortMatch.parse("http") == PortMatch(name="http")
+    assert protocol_number("icmpv6") == 58
+    with pytest.raises(ValueError, match="unknown protocol"):
+        protocol_number("GRE")
