@@ -43,10 +43,14 @@ from policy.calico import (
     K8S_POLICY_ORDER,
     Action,
     CalicoPolicy,
+    CalicoRule,
+    EntityMatch,
+    Matcher,
     NetworkSet,
     Packet,
     Party,
     Tier,
+    TierAction,
     policy_sort_key,
     protocol_number,
     rule_matches,
@@ -59,6 +63,9 @@ Direction = Literal["ingress", "egress"]
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 Family = Literal[4, 6]
 Labels = tuple[tuple[str, str], ...]
+
+_DIRECTIONS: tuple[Direction, Direction] = ("ingress", "egress")
+_ICMP: Mapping[int, int] = {4: 1, 6: 58}
 
 #: The label every namespace carries (Kubernetes sets it; tabby does too, applied or not).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -497,14 +504,25 @@ def _selects(pol: Policy, m: _Member) -> bool:
 
 # --- intermediate representation -------------------------------------------------------------
 
-SetKind = Literal["addr", "cidr", "named-port"]
+SetKind = Literal["addr", "cidr", "named-port", "sel", "selnet"]
 Element = str | tuple[str, str, int]
+#: What a Calico rule does when it matches, in the IR: ``log`` logs and goes on to the next
+#: rule, ``pass`` leaves the tier (a mark bit the endpoint's chain reads, then ``return``).
+Verdict = Literal["accept", "drop", "log", "pass"]
+VERDICTS: Mapping[Action, Verdict] = {
+    "Allow": "accept",
+    "Deny": "drop",
+    "Log": "log",
+    "Pass": "pass",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class SetDef:
-    """A named set: ``addr`` (pod addresses, plain set), ``cidr`` (interval set) or
-    ``named-port`` (``address . protocol . port``). ``comment`` says what it holds."""
+    """A named set: ``addr`` (pod addresses, plain set), ``cidr`` (interval set),
+    ``named-port`` (``address . protocol . port``), or for a Calico selector ``sel`` (the
+    addresses of the endpoints it matches, plain) and ``selnet`` (the nets of the network
+    sets it matches, an interval set). ``comment`` says what it holds."""
 
     name: str
     family: Family
@@ -516,6 +534,8 @@ class SetDef:
     scope: str | LabelSelector | None = dataclasses.field(default=None, compare=False)
     pods: LabelSelector | None = dataclasses.field(default=None, compare=False)
     port_name: str | None = dataclasses.field(default=None, compare=False)
+    #: ``sel`` / ``selnet`` sets: the Calico selector (not part of equality either).
+    selector: Matcher | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,24 +557,115 @@ class IRRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideMatch:
+    """One side (source or destination address and port) of a :class:`TierRule`, in one
+    family; every given part must hold. ``in_set``: the address is in it;
+    ``not_in_sets``: in none of them; ``named_port_set``: ``address . protocol . port`` is
+    in it; ``not_named_port_sets``: in none of them. Nets are disjoint prefixes."""
+
+    nets: tuple[str, ...] = ()
+    not_nets: tuple[str, ...] = ()
+    in_set: str | None = None
+    not_in_sets: tuple[str, ...] = ()
+    ports: tuple[tuple[int, int], ...] = ()
+    not_ports: tuple[tuple[int, int], ...] = ()
+    named_port_set: str | None = None
+    not_named_port_sets: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TierRule:
+    """One rule of a Calico policy's chain, in one family: its ``verdict`` when every part
+    matches. ``rule`` is the index of the Calico rule it comes from (one Calico rule gives
+    one TierRule per family and per alternative: a selector's endpoint and network-set
+    sets, each named port); ``icmp`` / ``not_icmp``: (type, code or None)."""
+
+    verdict: Verdict
+    family: Family
+    rule: int
+    comment: str
+    protocol: int | None = None
+    not_protocol: int | None = None
+    icmp: tuple[int, int | None] | None = None
+    not_icmp: tuple[int, int | None] | None = None
+    src: SideMatch = SideMatch()
+    dst: SideMatch = SideMatch()
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyChain:
+    """One policy's rules for one direction: a Kubernetes NetworkPolicy's accept rules
+    (:class:`IRRule`), or a Calico policy's rules with their verdicts (:class:`TierRule`;
+    ``tier`` set; ``staged``: counted, never enforced)."""
+
     name: str
     policy: str
     direction: Direction
-    rules: tuple[IRRule, ...]
+    rules: tuple[IRRule | TierRule, ...]
+    tier: str = ""
+    staged: bool = False
+    #: the kind of a Calico policy (``GlobalNetworkPolicy``, ...); "" for Kubernetes'
+    kind: str = ""
+
+    @property
+    def can_pass(self) -> bool:
+        return any(isinstance(r, TierRule) and r.verdict == "pass" for r in self.rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class TierSpan:
+    """One tier of an endpoint's program: its policy chains in order, whether each can
+    Pass, and what ends the tier when none decided (``Deny``: drop; ``Pass``: on)."""
+
+    tier: str
+    chains: tuple[str, ...]
+    passing: tuple[bool, ...]
+    default_action: TierAction
 
 
 @dataclasses.dataclass(frozen=True)
 class EndpointProgram:
     """What one local endpoint's two chains do: per direction ``None`` when no policy
     selects the pod for it (everything allowed), else the policy chains to try, in order,
-    before the drop."""
+    before the drop.
+
+    When a Calico policy (staged or not) applies to the endpoint for a direction, that
+    direction is *tiered*: ``<direction>_tiers`` holds the tiers in order (``ingress`` /
+    ``egress`` is then every tier's chains, flat), ``<direction>_staged`` the staged
+    policies' chains (jumped first: they count and return), and past the last tier the
+    profile allows. Otherwise both are empty and the Kubernetes form applies."""
 
     interface: str
     endpoint: str
     addresses: tuple[str, ...]
     ingress: tuple[str, ...] | None
     egress: tuple[str, ...] | None
+    ingress_tiers: tuple[TierSpan, ...] = ()
+    egress_tiers: tuple[TierSpan, ...] = ()
+    ingress_staged: tuple[str, ...] = ()
+    egress_staged: tuple[str, ...] = ()
+
+    def tiers(self, direction: Direction) -> tuple[TierSpan, ...]:
+        return self.ingress_tiers if direction == "ingress" else self.egress_tiers
+
+    def staged(self, direction: Direction) -> tuple[str, ...]:
+        return self.ingress_staged if direction == "ingress" else self.egress_staged
+
+    def tiered(self, direction: Direction) -> bool:
+        return bool(self.tiers(direction) or self.staged(direction))
+
+    def chains(self, direction: Direction) -> tuple[str, ...] | None:
+        return self.ingress if direction == "ingress" else self.egress
+
+
+@dataclasses.dataclass(frozen=True)
+class _IRPacket:
+    src: str
+    dst: str
+    protocol: str
+    sport: int | None
+    dport: int | None
+    icmp: tuple[int, int] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -579,16 +690,29 @@ class DesiredState:
         port: int | None,
         src_iface: str | None,
         dst_iface: str | None,
+        *,
+        source_port: int | None = None,
+        icmp: tuple[int, int] | None = None,
     ) -> bool:
         """Evaluate the IR for one new connection (as the dataplane would): the egress
         program of ``src_iface`` (when the source is a local endpoint) and the ingress
-        program of ``dst_iface`` (when the destination is one). Unknown interfaces drop."""
-        for direction, iface in (("egress", src_iface), ("ingress", dst_iface)):
+        program of ``dst_iface`` (when the destination is one). Unknown interfaces drop.
+        ``source_port`` and ``icmp`` (type, code) are read by Calico's rules only."""
+        sides: tuple[tuple[Direction, str | None], ...] = (
+            ("egress", src_iface),
+            ("ingress", dst_iface),
+        )
+        for direction, iface in sides:
             if iface is None:
                 continue
             prog = self.endpoints.get(iface)
             if prog is None:
                 return False
+            if prog.tiered(direction):
+                pkt = _IRPacket(src, dst, protocol, source_port, port, icmp)
+                if not self._tiers_allow(prog.tiers(direction), direction, pkt):
+                    return False
+                continue
             chains = prog.egress if direction == "egress" else prog.ingress
             if chains is None:
                 continue
@@ -597,13 +721,94 @@ class DesiredState:
                 return False
         return True
 
+    def _tiers_allow(self, tiers: Sequence[TierSpan], direction: Direction, pkt: _IRPacket) -> bool:
+        for span in tiers:
+            decided: Verdict | None = None
+            for chain in span.chains:
+                decided = self._chain_verdict(chain, direction, pkt)
+                if decided is not None:
+                    break
+            if decided == "accept":
+                return True
+            if decided == "drop" or (decided is None and span.default_action == "Deny"):
+                return False
+        return True  # past every tier: the profile
+
+    def _chain_verdict(self, chain: str, direction: Direction, pkt: _IRPacket) -> Verdict | None:
+        """The verdict of a chain's first deciding rule (Log rules log and go on)."""
+        c = self.chains[chain]
+        if not c.tier:  # a Kubernetes policy's chain: accept rules
+            peer = pkt.dst if direction == "egress" else pkt.src
+            accepts = self._chain_accepts(chain, peer, pkt.dst, pkt.protocol, pkt.dport)
+            return "accept" if accepts else None
+        for r in c.rules:
+            if isinstance(r, TierRule) and r.verdict != "log" and self._tier_rule_matches(r, pkt):
+                return r.verdict
+        return None
+
+    def _tier_rule_matches(self, r: TierRule, pkt: _IRPacket) -> bool:
+        if ipaddress.ip_address(pkt.src).version != r.family:
+            return False
+        try:
+            number = protocol_number(pkt.protocol)
+        except ValueError:
+            number = -1
+        if r.protocol is not None and number != r.protocol:
+            return False
+        if r.not_protocol is not None and number == r.not_protocol:
+            return False
+        icmp_type, icmp_code = pkt.icmp if pkt.icmp is not None else (None, None)
+        for want, negated in ((r.icmp, False), (r.not_icmp, True)):
+            if want is None:
+                continue
+            hit = icmp_type == want[0] and (want[1] is None or icmp_code == want[1])
+            if hit is negated:
+                return False
+        name = pkt.protocol.lower()
+        return self._side_matches(r.src, pkt.src, name, pkt.sport) and self._side_matches(
+            r.dst, pkt.dst, name, pkt.dport
+        )
+
+    def _side_matches(self, m: SideMatch, addr: str, proto: str, port: int | None) -> bool:
+        a = ipaddress.ip_address(addr)
+        if m.nets and not any(a in ipaddress.ip_network(n) for n in m.nets):
+            return False
+        if any(a in ipaddress.ip_network(n) for n in m.not_nets):
+            return False
+        if m.in_set is not None and not self._in_set(m.in_set, addr):
+            return False
+        if any(self._in_set(name, addr) for name in m.not_in_sets):
+            return False
+        if m.ports and (port is None or not any(lo <= port <= hi for lo, hi in m.ports)):
+            return False
+        if m.not_ports and (port is None or any(lo <= port <= hi for lo, hi in m.not_ports)):
+            return False
+        if (
+            m.named_port_set is not None
+            and (addr, proto, port) not in self.elements[m.named_port_set]
+        ):
+            return False
+        return not (
+            m.not_named_port_sets
+            and (
+                port is None
+                or any((addr, proto, port) in self.elements[n] for n in m.not_named_port_sets)
+            )
+        )
+
+    def _in_set(self, name: str, addr: str) -> bool:
+        if self.sets[name].kind in ("cidr", "selnet"):
+            a = ipaddress.ip_address(addr)
+            return any(a in ipaddress.ip_network(str(n)) for n in self.elements[name])
+        return addr in self.elements[name]
+
     def _chain_accepts(
         self, chain: str, peer: str, dst: str, protocol: str, port: int | None
     ) -> bool:
         fam = ipaddress.ip_address(peer).version
         proto = protocol.lower()
         for r in self.chains[chain].rules:
-            if r.family is not None and r.family != fam:
+            if not isinstance(r, IRRule) or (r.family is not None and r.family != fam):
                 continue
             if (
                 r.peer_set is not None
@@ -668,6 +873,7 @@ class _Builder:
         # selector set key -> (names per family); members computed once per key
         self._selector_sets: dict[str, dict[Family, str]] = {}
         self._named_sets: dict[str, dict[Family, str]] = {}
+        self._calico_sets: dict[str, dict[Family, tuple[str, str]]] = {}
 
     def _add_set(self, d: SetDef, elements: Iterable[Element]) -> None:
         self.sets[d.name] = d
@@ -747,6 +953,108 @@ class _Builder:
                             out.append(IRRule(nfam, pset, lproto, (), nset, comment))
         return PolicyChain(name, pol.key, direction, tuple(out))
 
+    # -- Calico ---------------------------------------------------------------------------
+
+    def calico_sets(self, sel: Matcher) -> dict[Family, tuple[str, str]]:
+        """A Calico rule selector's two sets per family: the addresses of the endpoints it
+        matches (``s4-``/``s6-``) and the nets of the network sets it matches (``w4-``/
+        ``w6-``, disjoint prefixes)."""
+        key = str(sel)
+        if key in self._calico_sets:
+            return self._calico_sets[key]
+        view = self.view
+        addrs: dict[int, list[str]] = {4: [], 6: []}
+        for m in view.members:
+            if sel.matches(view.calico_labels(m)):
+                for a in m.addresses:
+                    addrs[a.version].append(str(a))
+        nets: dict[int, list[IPNetwork]] = {4: [], 6: []}
+        for networks, labels in view.network_sets:
+            if sel.matches(labels):
+                for n in networks:
+                    nets[n.version].append(n)
+        digest = _digest("calico|" + key)
+        names: dict[Family, tuple[str, str]] = {}
+        for fam in sorted(self.families):
+            a_name, n_name = f"s{fam}-{digest}", f"w{fam}-{digest}"
+            what = f"selector [{key}]"
+            self._add_set(SetDef(a_name, fam, "sel", f"endpoints {what}", selector=sel), addrs[fam])
+            self._add_set(
+                SetDef(n_name, fam, "selnet", f"network sets {what}", selector=sel),
+                collapsed(nets[fam]),
+            )
+            names[fam] = (a_name, n_name)
+        self._calico_sets[key] = names
+        return names
+
+    def calico_chain(self, pol: CalicoPolicy, direction: Direction) -> PolicyChain:
+        out: list[TierRule] = []
+        for i, rule in enumerate(pol.rules(direction)):
+            comment = f"{pol.tier}/{pol.key} {direction}[{i}]"
+            for fam in sorted(self.families):
+                out.extend(self._tier_rules(rule, fam, i, comment))
+        name = calico_chain_name(pol, direction)
+        return PolicyChain(name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind)
+
+    def _tier_rules(self, rule: CalicoRule, fam: Family, i: int, comment: str) -> list[TierRule]:
+        if rule.ip_version is not None and rule.ip_version != fam:
+            return []
+        if rule.protocol == _ICMP[6 if fam == 4 else 4]:
+            return []  # ICMP is IPv4's, ICMPv6 IPv6's
+        srcs = self._sides(rule.source, fam, rule.protocol)
+        dsts = self._sides(rule.destination, fam, rule.protocol)
+        icmp = (rule.icmp.type, rule.icmp.code) if rule.icmp is not None else None
+        not_icmp = (rule.not_icmp.type, rule.not_icmp.code) if rule.not_icmp else None
+        verdict = VERDICTS[rule.action]
+        return [
+            TierRule(
+                verdict, fam, i, comment, rule.protocol, rule.not_protocol, icmp, not_icmp, a, b
+            )
+            for a in srcs
+            for b in dsts
+        ]
+
+    def _sides(self, e: EntityMatch, fam: Family, protocol: int | None) -> list[SideMatch]:
+        """The alternatives one side of a rule is, in one family (none: it cannot match)."""
+        nets = [n for n in (ipaddress.ip_network(x) for x in e.nets) if n.version == fam]
+        if e.nets and not nets:
+            return []
+        not_nets = [n for n in (ipaddress.ip_network(x) for x in e.not_nets) if n.version == fam]
+        in_sets: list[str | None] = [None]
+        if e.selector is not None:
+            in_sets = list(self.calico_sets(e.selector)[fam])
+        not_in: tuple[str, ...] = ()
+        if e.not_selector is not None:
+            not_in = self.calico_sets(e.not_selector)[fam]
+        numbered = [(p.first, p.last) for p in e.ports if p.name is None]
+        ports: list[tuple[tuple[tuple[int, int], ...], str | None]] = []
+        if numbered:
+            ports.append((_merge_ranges(numbered), None))
+        for p in e.ports:
+            if p.name is not None:
+                ports.append(((), self.named_port_sets(p.name).get(fam)))
+        if not e.ports:
+            ports.append(((), None))
+        not_numbered = _merge_ranges((p.first, p.last) for p in e.not_ports if p.name is None)
+        not_named = tuple(
+            self.named_port_sets(p.name)[fam] for p in e.not_ports if p.name is not None
+        )
+        base = SideMatch(
+            tuple(str(n) for n in collapsed(nets)),
+            tuple(str(n) for n in collapsed(not_nets)),
+            None,
+            not_in,
+            (),
+            not_numbered,
+            None,
+            not_named,
+        )
+        return [
+            dataclasses.replace(base, in_set=s, ports=r, named_port_set=n)
+            for s in in_sets
+            for r, n in ports
+        ]
+
     def _rule_peers(self, pol: Policy, rule: Rule) -> list[tuple[Family | None, str | None]]:
         """A rule's peer matches: (family, set) pairs; [(None, None)] = any peer."""
         peers: list[tuple[Family | None, str | None]] = []
@@ -814,14 +1122,78 @@ def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6))
     for m in local:
         sel = selecting[m.ep.interface]
         ing, egr = sel.get("ingress"), sel.get("egress")
-        endpoints[m.ep.interface] = EndpointProgram(
+        prog = EndpointProgram(
             m.ep.interface,
             f"{m.ep.namespace}/{m.ep.name}",
             m.ep.addresses,
             tuple(ing) if ing is not None else None,
             tuple(egr) if egr is not None else None,
         )
-    return DesiredState(b.sets, b.elements, chains, endpoints, len(state.policies))
+        if state.calico_policies:
+            prog = _tiered_program(view, b, m, prog, chains)
+        endpoints[m.ep.interface] = prog
+    count = len(state.policies) + len(state.calico_policies)
+    return DesiredState(b.sets, b.elements, chains, endpoints, count)
+
+
+def _tiered_program(
+    view: _View, b: _Builder, m: _Member, prog: EndpointProgram, chains: dict[str, PolicyChain]
+) -> EndpointProgram:
+    """``prog`` with the directions a Calico policy (staged or not) applies to tiered: the
+    chains of every policy that applies, by tier (as :func:`explain` walks them), the
+    staged policies' chains first."""
+    out = prog
+    for direction in _DIRECTIONS:
+        by_tier = _entries(view, m, direction, staged=True)
+        if not any(e.calico is not None for es in by_tier.values() for e in es):
+            continue
+        spans: list[TierSpan] = []
+        staged: list[str] = []
+        for tier, entries in by_tier.items():
+            names: list[str] = []
+            passing: list[bool] = []
+            for e in entries:
+                if e.k8s is not None:
+                    names.append(_policy_chain_name(e.k8s, direction))
+                    passing.append(False)
+                    continue
+                assert e.calico is not None
+                chain = b.calico_chain(e.calico, direction)
+                chains[chain.name] = chain
+                if e.calico.staged:
+                    staged.append(chain.name)
+                else:
+                    names.append(chain.name)
+                    passing.append(chain.can_pass)
+            if names:
+                action = view.tier(tier).default_action
+                spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
+        flat = tuple(n for span in spans for n in span.chains)
+        if direction == "ingress":
+            out = dataclasses.replace(
+                out, ingress=flat, ingress_tiers=tuple(spans), ingress_staged=tuple(staged)
+            )
+        else:
+            out = dataclasses.replace(
+                out, egress=flat, egress_tiers=tuple(spans), egress_staged=tuple(staged)
+            )
+    return out
+
+
+def calico_chain_name(pol: CalicoPolicy, direction: Direction) -> str:
+    """``ci-<h>`` / ``ce-<h>``: ``<h>`` hashes the policy's whole content, so an edited
+    policy is a new chain (and its per-rule counters new counters), never a changed one."""
+    return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(direction + repr(pol))}"
+
+
+def collapsed(nets: Iterable[IPNetwork]) -> list[str]:
+    """Nets as the disjoint prefixes covering exactly their union (an interval set's
+    elements: nft refuses overlapping ones)."""
+    nets = list(nets)
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    out = [str(n) for n in ipaddress.collapse_addresses(v4)]
+    return out + [str(n) for n in ipaddress.collapse_addresses(v6)]
 
 
 def _policy_chain_name(pol: Policy, direction: Direction) -> str:

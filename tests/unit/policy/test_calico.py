@@ -1021,3 +1021,42 @@ def test_rule_fields_are_checked() -> None:
     assert protocol_number("icmpv6") == 58
     with pytest.raises(ValueError, match="unknown protocol"):
         protocol_number("GRE")
+
+
+_ADDRESS = {
+    WEB: ("10.0.0.1", "caliweb"),
+    DB: ("10.0.0.2", "calidb"),
+    CLIENT: ("10.0.1.1", "caliclient"),
+}
+
+
+def _end(t: engine.Target) -> tuple[str, str | None]:
+    if isinstance(t, tuple):
+        return _ADDRESS[t]
+    return t, None
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_the_ir_decides_as_explain_does(case: Case) -> None:
+    """The IR (sets, tiered programs, chains with verdicts) evaluated as the dataplane
+    would gives the verdict of the direct evaluation, both directions."""
+    k8s = tuple(p for p in case.policies if isinstance(p, Policy))
+    calico = tuple(p for p in case.policies if isinstance(p, CalicoPolicy))
+    state = dataclasses.replace(base(), policies=k8s, calico_policies=calico, tiers=case.tiers)
+    icmp_type, icmp_code = case.icmp if case.icmp is not None else (None, None)
+    want = engine.explain(
+        state,
+        case.src,
+        case.dst,
+        case.protocol,
+        case.port,
+        source_port=case.sport,
+        icmp_type=icmp_type,
+        icmp_code=icmp_code,
+    ).allowed
+    ir = engine.compute(state, "n1")
+    (src, src_if), (dst, dst_if) = _end(case.src), _end(case.dst)
+    got = ir.evaluate(
+        src, dst, case.protocol, case.port, src_if, dst_if, source_port=case.sport, icmp=case.icmp
+    )
+    assert got is want
