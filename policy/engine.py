@@ -472,10 +472,12 @@ class _View:
 
     def tier(self, name: str) -> Tier:
         """A tier by name: a Tier resource's, ``default``'s defaults, or (a policy naming a
-        tier that does not exist) last, ending in Deny: never open by a missing tier."""
+        tier that does not exist) last, ending in Deny: never open by a missing tier. The
+        ``default`` tier always ends in Deny, as in Calico: what isolates a pod under a
+        Kubernetes NetworkPolicy cannot be passed on by a Tier resource."""
         for t in self.state.tiers:
             if t.name == name:
-                return t
+                return t if name != DEFAULT_TIER else dataclasses.replace(t, default_action="Deny")
         return Tier(name, DEFAULT_TIER_ORDER if name == DEFAULT_TIER else None, "Deny")
 
     def ns_matches(self, sel: LabelSelector, ns: str) -> bool:

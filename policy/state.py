@@ -33,7 +33,7 @@ from policy import engine
 from policy.counters import (
     DEFAULT_DENY,
     CounterKey,
-    chain_counter,
+    chain_counters,
     counted_keys,
     counters_of,
     deny_counter,
@@ -312,11 +312,16 @@ class PolicyDataplane:
         if not self._totals:
             return
         policies = self._engine.policies
+        calico = {
+            (c.namespace or "", c.name, c.staged) for c in self._engine.calico_policies.values()
+        }
         namespaces = {ns for ns, _ in policies}
+        namespaces |= {ns for ns, _, _ in calico}
         self._totals = {
             k: v
             for k, v in self._totals.items()
-            if (k.namespace, k.policy) in policies
+            if (not k.tier and (k.namespace, k.policy) in policies)
+            or (k.tier and (k.namespace, k.policy, k.staged) in calico)
             or (k.policy == DEFAULT_DENY and k.namespace in namespaces)
         }
 
@@ -330,14 +335,15 @@ class PolicyDataplane:
             return
         names = self._counter_names
         for c in d.new_chains.values():
-            name, key = chain_counter(c)
-            names[name] = key
+            names.update(chain_counters(c))
         for p in d.new_endpoints.values():
             names.update(endpoint_counters(p))
         for _, now in d.changed_endpoints.values():  # another pod on the same interface
             names.update(endpoint_counters(now))
         for name in d.gone_chains:
             names.pop(f"pkt-{name}", None)
+            for counter in d.gone_rule_counters.get(name, ()):
+                names.pop(counter, None)
         for iface in d.gone_endpoints:
             for w in ("ingress", "egress"):
                 names.pop(deny_counter(iface, w), None)

@@ -10,6 +10,8 @@ give the verdict, and name the tier and the rule that decided it.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,7 @@ from policy.engine import (
     Rule,
 )
 from resources.selector import parse_selector, policy_selector, rule_selector
+from tests import policy_fuzz as fz
 
 TCP, UDP, ICMP = protocol_number("TCP"), protocol_number("UDP"), protocol_number("ICMP")
 
@@ -1060,3 +1063,55 @@ def test_the_ir_decides_as_explain_does(case: Case) -> None:
         src, dst, case.protocol, case.port, src_if, dst_if, source_port=case.sport, icmp=case.icmp
     )
     assert got is want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_calico_worlds_the_ir_decides_as_explain_does(seed: int) -> None:
+    """Random worlds of both models (``tests/policy_fuzz.py``): for connections between
+    local endpoints (of pods with one endpoint and addresses no other endpoint has), and
+    from outside addresses, the IR evaluated decides as explain."""
+    r = random.Random(seed)
+    world = fz.World()
+    for _ in range(250):
+        world.apply(fz.random_update(r, world.state(), calico=True))
+    # the world's policies, namespaces, pods, network sets and tiers; one endpoint per pod
+    # with addresses of its own (the fuzz world's collide on purpose), two of three local
+    names = [(ns, f"pod{j}") for ns in fz.NAMESPACES for j in range(12)]
+    endpoints = tuple(
+        Endpoint(
+            ns,
+            pod,
+            fz.NODE if i % 3 else "n2",
+            f"calx{i}",
+            (f"10.1.{i // 200}.{i % 200 + 1}", f"fd01::{i + 1:x}"),
+            labels=fz.labels(r),  # read when the world has no Pod of that name
+        )
+        for i, (ns, pod) in enumerate(names)
+    )
+    state = dataclasses.replace(world.state(), endpoints=endpoints)
+    ir = engine.compute(state, fz.NODE)
+    usable = [e for e in endpoints if e.node == fz.NODE]
+    assert len(usable) >= 4
+    packets = [("TCP", 80, None), ("TCP", 8080, None), ("UDP", 53, None), ("ICMP", None, (8, 0))]
+    checked = 0
+    for _ in range(300):
+        a, b = r.choice(usable), r.choice(usable)
+        proto, port, icmp = r.choice(packets)
+        fam = r.choice([4, 6])
+        sa = [x for x in a.addresses if ipaddress.ip_address(x).version == fam]
+        da = [x for x in b.addresses if ipaddress.ip_address(x).version == fam]
+        if not sa or not da:
+            continue
+        outside = r.choice(("192.168.0.9", "10.0.0.9")) if fam == 4 else "fd00::5"
+        src = sa[0] if r.random() < 0.8 else outside
+        src_if = a.interface if src == sa[0] else None
+        if proto == "ICMP" and fam == 6:
+            proto = "ICMPV6"
+        icmp_type, icmp_code = icmp if icmp is not None else (None, None)
+        want = engine.explain(
+            state, src, da[0], proto, port, icmp_type=icmp_type, icmp_code=icmp_code
+        )
+        got = ir.evaluate(src, da[0], proto, port, src_if, b.interface, icmp=icmp)
+        assert got is want.allowed, (seed, src, da[0], proto, port, want.lines())
+        checked += 1
+    assert checked > 100
