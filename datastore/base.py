@@ -86,7 +86,19 @@ RESOURCE_KINDS = (
     "pod",
     "workloadendpoint",
 )
-KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, "heartbeat", "trace")
+#: Calico's policy model (``resources.calico``): one key range of its own in etcd
+CALICO_KINDS = (
+    "calico-networkpolicy",
+    "globalnetworkpolicy",
+    "stagednetworkpolicy",
+    "stagedglobalnetworkpolicy",
+    "stagedkubernetesnetworkpolicy",
+    "tier",
+    "networkset",
+    "globalnetworkset",
+    "hostendpoint",
+)
+KINDS = (*IPAM_KINDS, *RESOURCE_KINDS, *CALICO_KINDS, "heartbeat", "trace")
 _KIND_SET = frozenset(KINDS)
 
 

@@ -13,6 +13,10 @@ Layout (``data_dir`` and every directory 0700, files 0600)::
     <data_dir>/affinities/<key>.json     kind "affinity"  key: node name
     <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/, pods/,
         workloadendpoints/               resources (keys: name, or "<namespace>/<name>")
+    <data_dir>/calico-networkpolicies/, globalnetworkpolicies/, stagednetworkpolicies/,
+        stagedglobalnetworkpolicies/, stagedkubernetesnetworkpolicies/, tiers/,
+        networksets/, globalnetworksets/,
+        hostendpoints/                   Calico's policy kinds (keys as resources')
     <data_dir>/heartbeats/<key>.json     kind "heartbeat" key: node name (written with a ttl)
     <data_dir>/traces/<key>.json         kind "trace"     key: "<id>" or "<id>.<node>" (ttl)
 

@@ -45,15 +45,19 @@ from datastore.base import Doc, Store
 from datastore.cas import cas
 from ipam.core.block import Block
 from resources import mirror, wep
+from resources.calico import DEFAULT_TIER, Tier, default_tier
 from resources.errors import Conflict, InvalidDocument, NotFound, NotOwned
 from resources.meta import Resource, effective_namespace, problems, show
 from resources.names import namespaced_key, split_namespaced_key
 from resources.poolform import pool_name
 from resources.storage import (
-    BY_KIND,
+    BY_MODEL,
+    BY_STORE_KIND,
     RESOURCE_KINDS,
+    TIERED_STORE_KINDS,
     KindInfo,
     document,
+    document_kind,
     key_of,
     resolve_kind,
     stored_data,
@@ -196,6 +200,8 @@ class ResourceClient:
         ns = effective_namespace(info.namespaced, {"namespace": namespace})
         found = self._find(_Tx(self.store), info, name, ns)
         if found is None:
+            if info.model is Tier and name == DEFAULT_TIER:
+                return default_tier()  # always there, applied or not
             raise NotFound(_missing(info, name, ns))
         return self._resource(info, found.key, found.data, found.revision)
 
@@ -213,6 +219,8 @@ class ResourceClient:
             if info.store_kind == wep.KIND:
                 data = _with_effective_labels(data, pods.get(_pod_key(key, data)))
             out.append(to_resource(info, key, doc._replace(data=data), self._where(info, key)))
+        if info.model is Tier and all(r.name != DEFAULT_TIER for r in out):
+            out = sorted([*out, default_tier()], key=lambda r: r.name)
         return out
 
     def _resource(self, info: KindInfo, key: str, data: JSON, revision: int | None) -> Resource:
@@ -312,6 +320,7 @@ class ResourceClient:
         except ValidationError as e:
             raise InvalidDocument(label, problems(e)) from None
 
+        _check_tier_exists(tx, label, resource)
         if isinstance(resource, IPPool):
             key = self._pool_key(tx, label, resource, found)
         else:
@@ -423,7 +432,7 @@ class ResourceClient:
         self, documents: Sequence[object], *, ignore_not_found: bool = False
     ) -> builtins.list[Deleted]:
         """Delete the resource each document names (each checked first, then each
-        deleted on its own)."""
+        deleted on its own; Tiers last, after the policies they may hold)."""
 
         def one(i: int, doc: object) -> Callable[[_Tx], Deleted | None]:
             label = document_label(i, doc)
@@ -438,7 +447,9 @@ class ResourceClient:
             ns = effective_namespace(info.namespaced, meta)
             return lambda tx: self._delete_one(tx, info, label, name, ns, rv, ignore_not_found)
 
-        changes = [one(i, doc) for i, doc in enumerate(documents, 1)]
+        # a Tier after the policies of the same call (it cannot go while it holds one)
+        ordered = sorted(enumerate(documents, 1), key=lambda d: _is_tier(d[1]))
+        changes = [one(i, doc) for i, doc in ordered]
         self._check(changes)
         out = []
         for change in changes:
@@ -458,6 +469,8 @@ class ResourceClient:
         ignore_not_found: bool,
     ) -> Deleted | None:
         self._check_kubernetes_own(label, info)
+        if info.model is Tier and name == DEFAULT_TIER:
+            raise Conflict(f"{label}: the default tier always exists: it cannot be deleted")
         found = self._find(tx, info, name, namespace)
         if found is None:
             if ignore_not_found:
@@ -469,6 +482,8 @@ class ResourceClient:
         if info.model is IPPool:
             self._delete_pool(tx, label, found)
         else:
+            if info.model is Tier:
+                _check_tier_unused(tx, label, name)
             tx.delete(info.store_kind, found.key)
         return Deleted(label, resource)
 
@@ -499,13 +514,49 @@ def _document_kind(label: str, doc: JSON) -> KindInfo:
     kind = doc.get("kind")
     if kind is None:
         raise InvalidDocument(label, [("kind", "Required value")])
-    info = BY_KIND.get(kind) if isinstance(kind, str) else None
+    info = document_kind(doc.get("apiVersion"), kind) if isinstance(kind, str) else None
     if info is None:
-        known = ", ".join(i.kind for i in RESOURCE_KINDS)
+        known = ", ".join(dict.fromkeys(i.kind for i in RESOURCE_KINDS))
         raise InvalidDocument(
             label, [("kind", f"Unsupported value: {show(kind)}: supported kinds: {known}")]
         )
     return info
+
+
+# -- Calico's tiers ---------------------------------------------------------------------------
+
+
+def _is_tier(doc: object) -> bool:
+    return isinstance(doc, dict) and doc.get("kind") == Tier.KIND
+
+
+def _tier_of(data: JSON) -> str:
+    spec = data.get("spec")
+    tier = spec.get("tier") if isinstance(spec, dict) else None
+    return tier if isinstance(tier, str) and tier else DEFAULT_TIER
+
+
+def _check_tier_exists(tx: _Tx, label: str, resource: Resource) -> None:
+    """A Calico policy's tier must exist (Calico's rule): ``default``, or a Tier stored or
+    applied before it in the same call."""
+    if BY_MODEL[type(resource)].store_kind not in TIERED_STORE_KINDS:
+        return
+    tier = _tier_of(resource.wire())
+    if tier != DEFAULT_TIER and tx.get("tier", tier)[0] is None:
+        raise InvalidDocument(
+            label, [("spec.tier", f"Not found: tier {show(tier)} does not exist (apply it first)")]
+        )
+
+
+def _check_tier_unused(tx: _Tx, label: str, name: str) -> None:
+    """A tier that holds a policy cannot be deleted (Calico's rule)."""
+    for kind in TIERED_STORE_KINDS:
+        for key, data in tx.list(kind):
+            if _tier_of(data) == name:
+                raise Conflict(
+                    f"{label}: the tier holds {BY_STORE_KIND[kind].kind} {key}: delete its "
+                    "policies first"
+                )
 
 
 def _check_resource_version(info: KindInfo, label: str, rv: object, found: _Found | None) -> None:

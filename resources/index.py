@@ -12,7 +12,8 @@ a :class:`Documents` snapshot and ask it for a kind by its typed handle::
 
 Kinds and what they parse into: resources through their models (``IPPool``, ``Node``,
 ``BGPConfiguration``, ``BGPPeer``, ``NetworkPolicy``, ``Namespace``, ``Pod``,
-``WorkloadEndpoint``: defaults applied, validated), blocks through the IPAM core
+``WorkloadEndpoint``, and Calico's policy kinds of ``resources.calico``: defaults applied,
+validated), blocks through the IPAM core
 (:class:`~ipam.core.block.Block`), heartbeats as :class:`~resources.heartbeat.Heartbeat`,
 policy traces as :mod:`resources.trace`'s request and answer. A
 document that does not parse is left out of the typed view and logged once per revision
@@ -36,6 +37,17 @@ from datastore.errors import StoreCorrupt
 if TYPE_CHECKING:
     from datastore.base import Store
     from ipam.core.block import Block
+    from resources.calico import (
+        CalicoNetworkPolicy,
+        GlobalNetworkPolicy,
+        GlobalNetworkSet,
+        HostEndpoint,
+        NetworkSet,
+        StagedGlobalNetworkPolicy,
+        StagedKubernetesNetworkPolicy,
+        StagedNetworkPolicy,
+        Tier,
+    )
     from resources.heartbeat import Heartbeat
     from resources.k8s import Namespace, NetworkPolicy, Pod
     from resources.remote import RemoteEndpoint, RemotePod
@@ -87,9 +99,9 @@ def _resource(label: str, store_kind: str) -> Kind[Any]:
     does not import pydantic; its annotation below says which model it is)."""
 
     def parse(key: str, doc: Doc) -> object:
-        from resources.storage import BY_KIND, to_resource
+        from resources.storage import BY_STORE_KIND, to_resource
 
-        return to_resource(BY_KIND[label], key, doc, f"{store_kind} {key}")
+        return to_resource(BY_STORE_KIND[store_kind], key, doc, f"{store_kind} {key}")
 
     return Kind(store_kind, parse, label)
 
@@ -126,6 +138,20 @@ ENDPOINTS: Kind[WorkloadEndpoint | RemoteEndpoint] = _resource(
     "WorkloadEndpoint", "workloadendpoint"
 )
 TRACES: Kind[TraceRequest | TraceAnswer] = Kind("trace", _trace)
+# Calico's policy model (resources.calico)
+CALICO_POLICIES: Kind[CalicoNetworkPolicy] = _resource("NetworkPolicy", "calico-networkpolicy")
+GLOBAL_POLICIES: Kind[GlobalNetworkPolicy] = _resource("GlobalNetworkPolicy", "globalnetworkpolicy")
+STAGED_POLICIES: Kind[StagedNetworkPolicy] = _resource("StagedNetworkPolicy", "stagednetworkpolicy")
+STAGED_GLOBAL_POLICIES: Kind[StagedGlobalNetworkPolicy] = _resource(
+    "StagedGlobalNetworkPolicy", "stagedglobalnetworkpolicy"
+)
+STAGED_KUBERNETES_POLICIES: Kind[StagedKubernetesNetworkPolicy] = _resource(
+    "StagedKubernetesNetworkPolicy", "stagedkubernetesnetworkpolicy"
+)
+TIERS: Kind[Tier] = _resource("Tier", "tier")
+NETWORK_SETS: Kind[NetworkSet] = _resource("NetworkSet", "networkset")
+GLOBAL_NETWORK_SETS: Kind[GlobalNetworkSet] = _resource("GlobalNetworkSet", "globalnetworkset")
+HOST_ENDPOINTS: Kind[HostEndpoint] = _resource("HostEndpoint", "hostendpoint")
 
 ALL: tuple[Kind[object], ...] = (
     NODES,
@@ -139,6 +165,15 @@ ALL: tuple[Kind[object], ...] = (
     PODS,
     ENDPOINTS,
     TRACES,
+    CALICO_POLICIES,
+    GLOBAL_POLICIES,
+    STAGED_POLICIES,
+    STAGED_GLOBAL_POLICIES,
+    STAGED_KUBERNETES_POLICIES,
+    TIERS,
+    NETWORK_SETS,
+    GLOBAL_NETWORK_SETS,
+    HOST_ENDPOINTS,
 )
 BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 #: What routing reads, and what policy reads (tabby-node watches both).
@@ -147,6 +182,20 @@ ROUTING: tuple[Kind[object], ...] = tuple(
 )
 POLICY: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
+)
+#: What Calico's policy model adds to POLICY (the Kinds above; the same store kinds as
+#: ``datastore.base.CALICO_KINDS``). Not yet watched by tabby-node: wired in with the
+#: engine that enforces them.
+CALICO_POLICY: tuple[Kind[object], ...] = (
+    CALICO_POLICIES,
+    GLOBAL_POLICIES,
+    STAGED_POLICIES,
+    STAGED_GLOBAL_POLICIES,
+    STAGED_KUBERNETES_POLICIES,
+    TIERS,
+    NETWORK_SETS,
+    GLOBAL_NETWORK_SETS,
+    HOST_ENDPOINTS,
 )
 
 

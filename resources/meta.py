@@ -181,10 +181,13 @@ class Resource(StrictModel):
     """One resource document: ``apiVersion``, ``kind``, ``metadata`` (+ ``spec``).
 
     Subclasses set the class constants; the name and namespace rules are checked here once.
-    A namespaced resource without ``metadata.namespace`` is in ``default``.
+    A namespaced resource without ``metadata.namespace`` is in ``default``. A document of
+    one of ``ACCEPTED_API_VERSIONS`` (Calico's ``projectcalico.org/v3`` for the Calico
+    kinds) is taken as ``API_VERSION``'s: the model holds ``API_VERSION``.
     """
 
     API_VERSION: ClassVar[str]
+    ACCEPTED_API_VERSIONS: ClassVar[tuple[str, ...]] = ()
     KIND: ClassVar[str]
     NAMESPACED: ClassVar[bool] = False
     NAME_RULE: ClassVar[Callable[[str], str | None]] = staticmethod(names.dns1123_subdomain)
@@ -205,6 +208,8 @@ class Resource(StrictModel):
 
     @model_validator(mode="after")
     def _identity(self) -> Resource:
+        if self.apiVersion in self.ACCEPTED_API_VERSIONS:
+            self.apiVersion = self.API_VERSION
         if self.apiVersion != self.API_VERSION:
             raise FieldError(
                 f"Unsupported value: {show(self.apiVersion)}: {self.KIND} is {self.API_VERSION}",

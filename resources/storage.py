@@ -30,6 +30,18 @@ from pydantic import ValidationError
 from bundle.types import JSON
 from datastore.base import Doc
 from datastore.errors import StoreCorrupt
+from resources.calico import (
+    CALICO_MODELS,
+    CalicoNetworkPolicy,
+    GlobalNetworkPolicy,
+    GlobalNetworkSet,
+    HostEndpoint,
+    NetworkSet,
+    StagedGlobalNetworkPolicy,
+    StagedKubernetesNetworkPolicy,
+    StagedNetworkPolicy,
+    Tier,
+)
 from resources.errors import UnknownKind
 from resources.k8s import Namespace, NetworkPolicy, Pod
 from resources.meta import Resource, problems
@@ -39,10 +51,15 @@ from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEnd
 
 
 class KindInfo(NamedTuple):
+    """A resource kind: its model, store kind, plural and other names tabbyctl takes."""
+
     model: type[Resource]
     store_kind: str
     plural: str
     short: tuple[str, ...] = ()
+    #: when the kind name alone is another kind's (Calico's NetworkPolicy): how tabbyctl
+    #: names it (``get``'s singular), else its kind in lower case
+    singular: str = ""
 
     @property
     def kind(self) -> str:
@@ -56,6 +73,16 @@ class KindInfo(NamedTuple):
     def namespaced(self) -> bool:
         return self.model.NAMESPACED
 
+    @property
+    def name(self) -> str:
+        """How tabbyctl names the kind (``get`` takes this, the plural and short names)."""
+        return self.singular or self.kind.lower()
+
+    @property
+    def api_versions(self) -> tuple[str, ...]:
+        """The apiVersions a document of the kind may carry (the first is stored)."""
+        return (self.api_version, *self.model.ACCEPTED_API_VERSIONS)
+
 
 RESOURCE_KINDS: tuple[KindInfo, ...] = (
     KindInfo(IPPool, "pool", "ippools"),
@@ -66,9 +93,74 @@ RESOURCE_KINDS: tuple[KindInfo, ...] = (
     KindInfo(Namespace, "namespace", "namespaces", ("ns",)),
     KindInfo(Pod, "pod", "pods", ("po",)),
     KindInfo(WorkloadEndpoint, "workloadendpoint", "workloadendpoints", ("wep", "weps")),
+    # Calico's policy kinds (resources.calico). Calico's NetworkPolicy shares its kind name
+    # with Kubernetes': tabbyctl calls it by its group-qualified names (``networkpolicy`` and
+    # ``netpol`` stay Kubernetes', as for kubectl) and stores it apart.
+    KindInfo(
+        CalicoNetworkPolicy,
+        "calico-networkpolicy",
+        "networkpolicies.tabby.io",
+        (
+            "networkpolicy.tabby.io",
+            "networkpolicy.projectcalico.org",
+            "networkpolicies.projectcalico.org",
+            "cnp",
+            "caliconetworkpolicy",
+            "caliconetworkpolicies",
+        ),
+        singular="networkpolicy.tabby.io",
+    ),
+    KindInfo(GlobalNetworkPolicy, "globalnetworkpolicy", "globalnetworkpolicies", ("gnp",)),
+    KindInfo(StagedNetworkPolicy, "stagednetworkpolicy", "stagednetworkpolicies", ("snp",)),
+    KindInfo(
+        StagedGlobalNetworkPolicy,
+        "stagedglobalnetworkpolicy",
+        "stagedglobalnetworkpolicies",
+        ("sgnp",),
+    ),
+    KindInfo(
+        StagedKubernetesNetworkPolicy,
+        "stagedkubernetesnetworkpolicy",
+        "stagedkubernetesnetworkpolicies",
+        ("sknp",),
+    ),
+    KindInfo(Tier, "tier", "tiers"),
+    KindInfo(NetworkSet, "networkset", "networksets", ("netset",)),
+    KindInfo(GlobalNetworkSet, "globalnetworkset", "globalnetworksets", ("gns",)),
+    KindInfo(HostEndpoint, "hostendpoint", "hostendpoints", ("hep", "heps")),
 )
-BY_KIND = {i.kind: i for i in RESOURCE_KINDS}
-_ALIASES = {alias: i for i in RESOURCE_KINDS for alias in (i.kind.lower(), i.plural, *i.short)}
+#: by kind name; Kubernetes' NetworkPolicy for ``NetworkPolicy`` (Calico's is found by its
+#: apiVersion: :func:`document_kind`)
+BY_KIND: dict[str, KindInfo] = {}
+for _info in RESOURCE_KINDS:
+    BY_KIND.setdefault(_info.kind, _info)
+BY_STORE_KIND = {i.store_kind: i for i in RESOURCE_KINDS}
+BY_MODEL = {i.model: i for i in RESOURCE_KINDS}
+_BY_API_KIND = {(v, i.kind): i for i in RESOURCE_KINDS for v in i.api_versions}
+_ALIASES = {alias: i for i in RESOURCE_KINDS for alias in (i.name, i.plural, *i.short)}
+#: the store kinds of Calico's policy model
+CALICO_STORE_KINDS = tuple(i.store_kind for i in RESOURCE_KINDS if i.model in CALICO_MODELS)
+#: the store kinds of the policies that sit in a tier (``spec.tier``)
+TIERED_STORE_KINDS = tuple(
+    BY_MODEL[m].store_kind
+    for m in (
+        CalicoNetworkPolicy,
+        GlobalNetworkPolicy,
+        StagedNetworkPolicy,
+        StagedGlobalNetworkPolicy,
+    )
+)
+
+
+def document_kind(api_version: object, kind: str) -> KindInfo | None:
+    """The kind of a document: by its apiVersion and kind (``NetworkPolicy`` of
+    ``tabby.io/v1`` or ``projectcalico.org/v3`` is Calico's), else by kind alone (its model
+    then names a wrong apiVersion)."""
+    if isinstance(api_version, str):
+        found = _BY_API_KIND.get((api_version, kind))
+        if found is not None:
+            return found
+    return BY_KIND.get(kind)
 
 
 def resolve_kind(name: str) -> KindInfo:

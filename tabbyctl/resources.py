@@ -211,6 +211,7 @@ def _rows(model: type[M], cells: Callable[[M], list[object]]) -> Callable[[Resou
 
 def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[object]]]:
     """Table headers and row of each kind."""
+    from resources.calico import CALICO_MODELS
     from resources.k8s import Namespace, NetworkPolicy, Pod
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
 
@@ -273,7 +274,9 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[objec
                 r.spec.nodeSelector or ("-" if r.spec.node else "(all nodes)"),
             ],
         )
-    if kind == "NetworkPolicy":
+    if info.model in CALICO_MODELS:
+        return _calico_columns(info)
+    if info.model is NetworkPolicy:
         return ["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY TYPES"], _rows(
             NetworkPolicy,
             lambda r: [
@@ -314,6 +317,70 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[objec
             r.spec.interface,
             r.spec.hostInterface,
             ",".join(r.spec.ipNetworks) or "-",
+            _labels(r),
+        ],
+    )
+
+
+def _calico_columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[object]]]:
+    """Table headers and row of Calico's kinds (a Calico policy shows its tier: no table of
+    it reads like one of Kubernetes' NetworkPolicies)."""
+    from resources import calico
+
+    def policy(r: calico.CalicoPolicy) -> list[object]:
+        order = "-" if r.spec.order is None else f"{r.spec.order:g}"
+        types = ",".join(r.spec.types or ())
+        return [r.spec.tier, r.name, order, r.spec.selector or "all()", types]
+
+    headers = ["TIER", "NAME", "ORDER", "SELECTOR", "TYPES"]
+    model = info.model
+    if model is calico.CalicoNetworkPolicy:
+        return ["NAMESPACE", *headers], _rows(model, lambda r: [r.namespace, *policy(r)])
+    if model is calico.GlobalNetworkPolicy:
+        return headers, _rows(model, policy)
+    if model is calico.StagedNetworkPolicy:
+        return ["NAMESPACE", *headers, "STAGED ACTION"], _rows(
+            model, lambda r: [r.namespace, *policy(r), r.spec.stagedAction]
+        )
+    if model is calico.StagedGlobalNetworkPolicy:
+        return [*headers, "STAGED ACTION"], _rows(
+            model, lambda r: [*policy(r), r.spec.stagedAction]
+        )
+    if model is calico.StagedKubernetesNetworkPolicy:
+        return ["NAMESPACE", "NAME", "POD-SELECTOR", "POLICY TYPES", "STAGED ACTION"], _rows(
+            model,
+            lambda r: [
+                r.namespace,
+                r.name,
+                _selector(r.spec.podSelector),
+                ",".join(r.spec.policyTypes or ()),
+                r.spec.stagedAction,
+            ],
+        )
+    if model is calico.Tier:
+        return ["NAME", "ORDER", "DEFAULT ACTION"], _rows(
+            model,
+            lambda r: [
+                r.name,
+                "-" if r.spec.order is None else f"{r.spec.order:g}",
+                r.spec.defaultAction,
+            ],
+        )
+    if model is calico.NetworkSet:
+        return ["NAMESPACE", "NAME", "NETS", "LABELS"], _rows(
+            model, lambda r: [r.namespace, r.name, ",".join(r.spec.nets or ()) or "-", _labels(r)]
+        )
+    if model is calico.GlobalNetworkSet:
+        return ["NAME", "NETS", "LABELS"], _rows(
+            model, lambda r: [r.name, ",".join(r.spec.nets or ()) or "-", _labels(r)]
+        )
+    return ["NAME", "NODE", "INTERFACE", "EXPECTED IPS", "LABELS"], _rows(
+        calico.HostEndpoint,
+        lambda r: [
+            r.name,
+            r.spec.node,
+            r.spec.interfaceName or "-",
+            ",".join(r.spec.expectedIPs or ()) or "-",
             _labels(r),
         ],
     )

@@ -7,6 +7,11 @@ module keeps keys, txns, leases and the watch.
 Key layout (``<p>`` = the prefix without a trailing ``/``, default ``/tabby``; a document's
 key is appended as is, UTF-8)::
 
+    <p>/calico/v1/<plural>/<key>                 Calico's policy kinds: calico-networkpolicies,
+                                                 globalnetworkpolicies, staged*, tiers,
+                                                 networksets, globalnetworksets, hostendpoints
+                                                 (before heartbeats: a range of their own that
+                                                 splits no run tabby-node watches)
     <p>/heartbeats/<node>                        kind "heartbeat" (written with a ttl: a lease)
     <p>/ipam/v1/affinities/<node>                kind "affinity"
     <p>/ipam/v1/blocks/<block cidr>              kind "block"      e.g. .../blocks/10.244.0.64/26
@@ -76,6 +81,7 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from datastore.base import (
+    CALICO_KINDS,
     IPAM_KINDS,
     KINDS,
     RESOURCE_KINDS,
@@ -131,6 +137,7 @@ if TYPE_CHECKING:
 _GROUPS = {
     **dict.fromkeys(IPAM_KINDS, "ipam/v1/"),
     **dict.fromkeys(RESOURCE_KINDS, "resources/v1/"),
+    **dict.fromkeys(CALICO_KINDS, "calico/v1/"),
     "heartbeat": "",
     "trace": "",
 }

@@ -528,6 +528,15 @@ def test_kinds_are_the_documented_ones() -> None:
         "namespace",
         "pod",
         "workloadendpoint",
+        "calico-networkpolicy",
+        "globalnetworkpolicy",
+        "stagednetworkpolicy",
+        "stagedglobalnetworkpolicy",
+        "stagedkubernetesnetworkpolicy",
+        "tier",
+        "networkset",
+        "globalnetworkset",
+        "hostendpoint",
         "heartbeat",
         "trace",
     )
@@ -548,9 +557,29 @@ def test_layouts_are_the_documented_ones(tmp_path: Path) -> None:
         "pod": "pods",
         "workloadendpoint": "workloadendpoints",
     }
-    for kind, plural in {**ipam, **resources, "heartbeat": "heartbeats", "trace": "traces"}.items():
+    calico = {
+        "calico-networkpolicy": "calico-networkpolicies",
+        "globalnetworkpolicy": "globalnetworkpolicies",
+        "stagednetworkpolicy": "stagednetworkpolicies",
+        "stagedglobalnetworkpolicy": "stagedglobalnetworkpolicies",
+        "stagedkubernetesnetworkpolicy": "stagedkubernetesnetworkpolicies",
+        "tier": "tiers",
+        "networkset": "networksets",
+        "globalnetworkset": "globalnetworksets",
+        "hostendpoint": "hostendpoints",
+    }
+    others = {"heartbeat": "heartbeats", "trace": "traces"}
+    for kind, plural in {**ipam, **resources, **calico, **others}.items():
         assert files.location(kind, "k") == f"{tmp_path}/{plural}/k.json"
-        group = "ipam/v1/" if kind in ipam else "resources/v1/" if kind in resources else ""
+        group = (
+            "ipam/v1/"
+            if kind in ipam
+            else "resources/v1/"
+            if kind in resources
+            else "calico/v1/"
+            if kind in calico
+            else ""
+        )
         assert etcd.location(kind, "k") == f"etcd:/p/{group}{plural}/k"
 
 
@@ -568,6 +597,15 @@ KEY_OF = {
     "namespace": "kube-system",
     "pod": "default/web-0",
     "workloadendpoint": "default/web-0",
+    "calico-networkpolicy": "default/deny-all",
+    "globalnetworkpolicy": "deny-all",
+    "stagednetworkpolicy": "default/deny-all",
+    "stagedglobalnetworkpolicy": "deny-all",
+    "stagedkubernetesnetworkpolicy": "default/deny-all",
+    "tier": "security",
+    "networkset": "default/external",
+    "globalnetworkset": "external",
+    "hostendpoint": "node-a.eth0",
     "heartbeat": "node-a",
     "trace": "0123456789abcdef.node-a",
 }

@@ -24,6 +24,7 @@ from resources.migrate import MIGRATED_KINDS, TargetNotEmpty, copy_store
 from resources.tabby import IPPool, WorkloadEndpoint
 from tests.unit.store_makers import EVERY_KIND, make_store
 
+from .test_calico import CALICO_VALID
 from .test_models import VALID
 
 
@@ -664,6 +665,7 @@ def test_endpoint_names() -> None:
 
 def populate(store: Store) -> dict[tuple[str, str], Any]:
     ResourceClient(store).apply([VALID[k] for k in VALID if k != "WorkloadEndpoint"])
+    ResourceClient(store).apply(list(CALICO_VALID.values()))
     ipam = Ipam(store, "node-a")
     ipam.ensure_pools([PoolSpec("10.244.0.0/16")])
     ipam.assign(AssignRequest(handle_id("net", "c1", "eth0"), v4_pools=["10.244.0.0/16"]))
