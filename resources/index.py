@@ -180,12 +180,7 @@ BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 ROUTING: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
 )
-POLICY: tuple[Kind[object], ...] = tuple(
-    BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
-)
-#: What Calico's policy model adds to POLICY (the Kinds above; the same store kinds as
-#: ``datastore.base.CALICO_KINDS``). Not yet watched by tabby-node: wired in with the
-#: engine that enforces them.
+#: What Calico's policy model adds (the same store kinds as ``datastore.base.CALICO_KINDS``).
 CALICO_POLICY: tuple[Kind[object], ...] = (
     CALICO_POLICIES,
     GLOBAL_POLICIES,
@@ -196,6 +191,19 @@ CALICO_POLICY: tuple[Kind[object], ...] = (
     NETWORK_SETS,
     GLOBAL_NETWORK_SETS,
     HOST_ENDPOINTS,
+)
+#: What the policy engine reads (tabby-node watches it; ``tabbyctl policy`` reads it): the
+#: Kubernetes kinds and Calico's policies, network sets and tiers. (Host endpoints and staged
+#: Kubernetes policies are Calico's too, but not read by the engine yet.)
+POLICY: tuple[Kind[object], ...] = (
+    *(BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")),
+    CALICO_POLICIES,
+    GLOBAL_POLICIES,
+    STAGED_POLICIES,
+    STAGED_GLOBAL_POLICIES,
+    TIERS,
+    NETWORK_SETS,
+    GLOBAL_NETWORK_SETS,
 )
 
 
