@@ -1390,7 +1390,7 @@ def _first_match(
     assert e.calico is not None
     for i, crule in enumerate(e.calico.rules(direction)):
         if rule_matches(crule, ctx.packet):
-            name = f"{e.key} {direction}[{i}]"
+            name = f"{e.calico.tier}/{e.key} {direction}[{i}]"  # as the rule's nft comment
             if crule.action != "Log":
                 return crule.action, name
             logged.append(name)
@@ -1424,7 +1424,7 @@ def _walk(
         if decided is not None and decided[0] in ("Allow", "Deny"):
             action, rule = decided
             allowed = action == "Allow"
-            reason = f"by {rule}" + ("" if allowed else " (Deny)") + where
+            reason = f"by {rule}" + ("" if allowed else " (Deny)")
             by = (rule,) if allowed else ()
             return DirectionVerdict(
                 me.ident, direction, names, allowed, by, reason, tier, rule, tuple(logged)

@@ -945,8 +945,19 @@ def test_calico_semantics(case: Case) -> None:
     )
     assert got.ingress is not None
     assert got.ingress.allowed is case.allowed, got.lines()
-    assert (got.ingress.tier, got.ingress.decided_by) == (case.tier, case.rule), got.lines()
-    assert got.ingress.allowed_by == ((case.rule,) if case.allowed and case.rule else ())
+    rule = _label(case)
+    assert (got.ingress.tier, got.ingress.decided_by) == (case.tier, rule), got.lines()
+    assert got.ingress.allowed_by == ((rule,) if case.allowed and rule else ())
+
+
+def _label(case: Case) -> str:
+    """A case's deciding rule as explain names it: ``<tier>/<policy> <direction>[<i>]`` for
+    a Calico policy's (the nft comment of the rule), ``<ns>/<name> ...`` for Kubernetes'."""
+    key = case.rule.partition(" ")[0]
+    for p in case.policies:
+        if isinstance(p, CalicoPolicy) and p.key == key:
+            return f"{p.tier}/{case.rule}"
+    return case.rule
 
 
 def test_log_is_logged_then_the_next_rule_decides() -> None:
@@ -954,9 +965,9 @@ def test_log_is_logged_then_the_next_rule_decides() -> None:
     state = dataclasses.replace(base(), calico_policies=(gnp("p", rules),))
     got = engine.explain(state, CLIENT, WEB, "TCP", 80)
     assert got.ingress is not None
-    assert got.ingress.logged == ("p ingress[0]",)
-    assert (got.ingress.allowed, got.ingress.decided_by) == (False, "p ingress[2]")
-    assert "    logged by p ingress[0]" in got.lines()
+    assert got.ingress.logged == ("default/p ingress[0]",)
+    assert (got.ingress.allowed, got.ingress.decided_by) == (False, "default/p ingress[2]")
+    assert "    logged by default/p ingress[0]" in got.lines()
 
 
 def test_egress_of_the_source_is_walked_too() -> None:
@@ -966,7 +977,7 @@ def test_egress_of_the_source_is_walked_too() -> None:
     got = engine.explain(state, CLIENT, WEB, "TCP", 80)
     assert got.egress is not None
     assert got.ingress is not None
-    assert (got.egress.allowed, got.egress.decided_by) == (False, "eg egress[0]")
+    assert (got.egress.allowed, got.egress.decided_by) == (False, "default/eg egress[0]")
     assert (got.ingress.allowed, got.ingress.isolated) == (True, False)  # not selected: web
     assert not got.allowed
     # an egress to a network set by its labels
@@ -984,10 +995,8 @@ def test_staged_policies_are_never_enforced_but_say_what_they_would_do() -> None
     got = engine.explain(state, CLIENT, WEB, "TCP", 80)
     assert got.ingress is not None
     assert (got.allowed, got.ingress.selecting) == (True, ("p",))
-    assert got.ingress.staged == "would have denied: by staged:s ingress[0] (Deny) in tier security"
-    assert "    staged: would have denied: by staged:s ingress[0] (Deny) in tier security" in (
-        got.lines()
-    )
+    assert got.ingress.staged == "would have denied: by security/staged:s ingress[0] (Deny)"
+    assert "    staged: would have denied: by security/staged:s ingress[0] (Deny)" in (got.lines())
     # a staged policy that selects nothing says nothing
     other = dataclasses.replace(staged, selector=parse_selector("app == 'nobody'"))
     state = dataclasses.replace(state, calico_policies=(other, gnp("p", [allow()])))

@@ -104,18 +104,22 @@ def test_the_documents_decide_with_calicos_semantics() -> None:
 
     # y is denied in tier security, whatever tier default would say
     v = ingress(YA, "TCP", 80)
-    assert (v.allowed, v.tier, v.decided_by) == (False, "security", "security.guard ingress[1]")
-    assert v.logged == ("security.guard ingress[0]",)
+    assert (v.allowed, v.tier, v.decided_by) == (
+        False,
+        "security",
+        "security/security.guard ingress[1]",
+    )
+    assert v.logged == ("security/security.guard ingress[0]",)
     # z: the guard decides nothing, its tier passes; x/web allows 80 and 81, not 82
     v = ingress(ZB, "TCP", 81)
-    assert (v.allowed, v.tier, v.decided_by) == (True, "default", "x/web ingress[0]")
+    assert (v.allowed, v.tier, v.decided_by) == (True, "default", "default/x/web ingress[0]")
     v = ingress(ZB, "TCP", 82)
     assert (v.allowed, v.tier) == (False, "default")
     # UDP 53: allowed in tier security
-    assert ingress(ZB, "UDP", 53).decided_by == "security.guard ingress[3]"
+    assert ingress(ZB, "UDP", 53).decided_by == "security/security.guard ingress[3]"
     # the corp network set: passed by the guard, allowed by x/web's global() rule
     v = ingress(tt.address("z/b").replace("10.244.3", "192.0.2"), "TCP", 9)
-    assert (v.allowed, v.decided_by) == (True, "x/web ingress[1]")
+    assert (v.allowed, v.decided_by) == (True, "default/x/web ingress[1]")
     # the staged policy says what it would have done, without deciding
     assert ingress(ZB, "TCP", 80).staged.startswith("would have denied")
     # the IR programs the same
