@@ -197,13 +197,7 @@ CALICO_POLICY: tuple[Kind[object], ...] = (
 #: Kubernetes policies are Calico's too, but not read by the engine yet.)
 POLICY: tuple[Kind[object], ...] = (
     *(BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")),
-    CALICO_POLICIES,
-    GLOBAL_POLICIES,
-    STAGED_POLICIES,
-    STAGED_GLOBAL_POLICIES,
-    TIERS,
-    NETWORK_SETS,
-    GLOBAL_NETWORK_SETS,
+    *(k for k in CALICO_POLICY if k not in (STAGED_KUBERNETES_POLICIES, HOST_ENDPOINTS)),
 )
 
 

@@ -20,16 +20,15 @@ from policy import engine
 from policy.calico import (
     CalicoPolicy,
     CalicoRule,
-    Direction,
     EntityMatch,
     NetworkSet,
     PortMatch,
     Tier,
 )
 from policy.engine import ClusterState
-from resources.selector import policy_selector, rule_selector
 from tests import policy_truth_table as tt
 from tests.privileged.test_policy_nft import PROBE_PROTOCOLS, Cluster, _cluster
+from tests.unit.policy.test_calico import gnp, src
 
 pytestmark = pytest.mark.privileged
 
@@ -42,24 +41,8 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-def gnp(
-    name: str,
-    ingress: tuple[CalicoRule, ...] = (),
-    egress: tuple[CalicoRule, ...] = (),
-    *,
-    selector: str = "all()",
-    namespace_selector: str | None = None,
-    tier: str = "default",
-    order: float | None = None,
-    staged: bool = False,
-) -> CalicoPolicy:
-    types: frozenset[Direction] = frozenset(("ingress", "egress") if egress else ("ingress",))
-    sel = policy_selector(selector, namespace_selector=namespace_selector)
-    return CalicoPolicy(name, None, sel, tier, order, types, ingress, egress, staged)
-
-
 def source(selector: str | None = None, namespaces: str | None = None) -> EntityMatch:
-    return EntityMatch(selector=rule_selector(selector, namespace_selector=namespaces))
+    return src(selector=selector, namespace_selector=namespaces)
 
 
 SECURITY = Tier("security", 10)

@@ -81,46 +81,19 @@ def gnp(
     tier: str = "default",
     order: float | None = None,
     staged: bool = False,
+    namespace: str | None = None,
 ) -> CalicoPolicy:
-    """A GlobalNetworkPolicy (types: as Calico defaults them)."""
-    sel = policy_selector(selector, namespace_selector=namespace_selector)
+    """A GlobalNetworkPolicy, or with ``namespace`` a NetworkPolicy (types: as Calico
+    defaults them)."""
+    sel = policy_selector(selector, namespace=namespace, namespace_selector=namespace_selector)
     types: frozenset[Direction] = frozenset(("ingress", "egress") if egress else ("ingress",))
-    return CalicoPolicy(
-        name,
-        None,
-        sel,
-        tier,
-        order,
-        types,
-        tuple(ingress),
-        tuple(egress),
-        staged,
-    )
+    ing, eg = tuple(ingress), tuple(egress)
+    return CalicoPolicy(name, namespace, sel, tier, order, types, ing, eg, staged)
 
 
-def np(
-    namespace: str,
-    name: str,
-    ingress: Sequence[CalicoRule] = (),
-    egress: Sequence[CalicoRule] = (),
-    *,
-    selector: str = "all()",
-    tier: str = "default",
-    order: float | None = None,
-) -> CalicoPolicy:
+def np(namespace: str, name: str, ingress: Sequence[CalicoRule] = (), **kw: Any) -> CalicoPolicy:
     """A namespaced Calico NetworkPolicy."""
-    sel = policy_selector(selector, namespace=namespace)
-    types: frozenset[Direction] = frozenset(("ingress", "egress") if egress else ("ingress",))
-    return CalicoPolicy(
-        name,
-        namespace,
-        sel,
-        tier,
-        order,
-        types,
-        tuple(ingress),
-        tuple(egress),
-    )
+    return gnp(name, ingress, namespace=namespace, **kw)
 
 
 def src(
@@ -183,443 +156,151 @@ class Case:
     icmp: tuple[int, int] | None = None
     sport: int | None = None
 
+    def state(self) -> ClusterState:
+        k8s = tuple(p for p in self.policies if isinstance(p, Policy))
+        calico = tuple(p for p in self.policies if isinstance(p, CalicoPolicy))
+        return dataclasses.replace(base(), policies=k8s, calico_policies=calico, tiers=self.tiers)
+
+    def explain(self) -> engine.Explanation:
+        icmp_type, icmp_code = self.icmp if self.icmp is not None else (None, None)
+        return engine.explain(
+            self.state(),
+            self.src,
+            self.dst,
+            self.protocol,
+            self.port,
+            source_port=self.sport,
+            icmp_type=icmp_type,
+            icmp_code=icmp_code,
+        )
+
 
 C = Case
 web_only = "app == 'web'"
+
+
+def F(
+    id: str,
+    rule: CalicoRule,
+    src: engine.Target,
+    dst: engine.Target,
+    protocol: str,
+    port: int | None,
+    allowed: bool,
+    **kw: Any,
+) -> Case:
+    """A case of one rule field: a GlobalNetworkPolicy ``p`` (tier default) of that one
+    rule, which decides when it matches, else the tier's end denies."""
+    decided = "p ingress[0]" if allowed else ""
+    return Case(
+        id, (gnp("p", [rule]),), src, dst, protocol, port, allowed, "default", decided, **kw
+    )
+
+
+def P(id: str, policy: CalicoPolicy, src: engine.Target, allowed: bool) -> Case:
+    """A case of one policy (tier default) and a TCP/80 connection to web."""
+    decided = f"{policy.key} ingress[0]" if allowed else ""
+    return Case(id, (policy,), src, WEB, "TCP", 80, allowed, "default", decided)
+
+
+TCP80 = allow(protocol=TCP, destination=dst(ports=[80, 443]))
+RANGE = allow(protocol=TCP, destination=dst(ports=["8000:8100"]))
+NAMED = allow(protocol=TCP, destination=dst(ports=["http"]))
+NOT_NAMED = allow(protocol=TCP, destination=dst(not_ports=["http"]))
+FROM_B = allow(source=src(nets=["10.0.1.0/24"]))
+NOT_FROM_B = allow(source=src(not_nets=["10.0.1.0/24"]))
+CLIENTS = allow(source=src(selector="app == 'client'"))
+NOT_CLIENTS = allow(source=src(not_selector="app == 'client'"))
+TEAM_B = allow(source=src(namespace_selector="team == 'b'"))
+SPORT = allow(protocol=TCP, source=src(ports=[5000]))
+IS_ECHO = allow(protocol=ICMP, icmp=IcmpMatch(8, 0))
+NOT_ECHO = allow(protocol=ICMP, not_icmp=IcmpMatch(8, 0))
+IS_UNREACHABLE = allow(protocol=ICMP, icmp=IcmpMatch(3))
+TO_WEB = allow(destination=dst(nets=["10.0.0.1/32"]))
+ANY_ENDPOINT = allow(source=src(selector="all()"))
+WEB_SA = allow(source=src(service_accounts=["web-sa"]))
+CORP_SEL = allow(source=src(selector="role == 'corp'"))
+PARTNERS_A = allow(source=src(selector="role == 'partner'", namespace="a"))
+PARTNERS_B = allow(source=src(selector="role == 'partner'", namespace="b"))
+GLOBAL_PARTNERS = allow(source=src(selector="role == 'partner'", namespace_selector="global()"))
+
+DEF, SEC = "default", "security"
+S10, S10_PASS, S100 = Tier(SEC, 10), Tier(SEC, 10, "Pass"), Tier(SEC, 100)
+T1_1, T1_3, T2_2 = Tier("t1", 1), Tier("t1", 3), Tier("t2", 2)
+PASS = CalicoRule("Pass")
+ALLOW_ALL = gnp("p", [allow()])
+TEAM_B_DENY = gnp("p", [deny()], namespace_selector="team == 'b'")
+SEC_DENY = gnp("sec", [deny()], tier=SEC)
+SEC_DENY_CLIENTS = gnp("sec", [deny(source=src(selector="app == 'client'"))], tier=SEC)
+SEC_PASS = gnp("sec", [PASS], tier=SEC)
+SEC_PASS_1 = gnp("a1", [PASS], tier=SEC, order=1)
+SEC_DENY_2 = gnp("a2", [deny()], tier=SEC, order=2)
+SEC_UDP = gnp("sec", [allow(protocol=UDP)], tier=SEC)
+SEC_DENY_DB = gnp("sec", [deny()], tier=SEC, selector="app == 'db'")
+T2_DENY = gnp("first", [deny()], tier="t2")
+T1_ALLOW = gnp("second", [allow()], tier="t1")
+ALLOW_A = knp("a", "allow-all", Rule())
+
+
+def T(
+    id: str,
+    policies: tuple[CalicoPolicy | Policy, ...],
+    allowed: bool,
+    tier: str | None = None,
+    rule: str = "",
+    tiers: tuple[Tier, ...] = (),
+) -> Case:
+    """A case of a TCP/80 connection from the client to web."""
+    return Case(id, policies, CLIENT, WEB, "TCP", 80, allowed, tier, rule, tiers)
+
+
 CASES = [
     # -- each rule field: a match allows, a miss ends the tier in Deny --------------------------
-    C(
-        "protocol",
-        (gnp("p", [allow(protocol=TCP)]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "protocol-miss",
-        (gnp("p", [allow(protocol=TCP)]),),
-        CLIENT,
-        WEB,
-        "UDP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "protocol-number",
-        (gnp("p", [allow(protocol=17)]),),
-        CLIENT,
-        WEB,
-        "UDP",
-        53,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "notProtocol",
-        (gnp("p", [allow(not_protocol=UDP)]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "notProtocol-miss",
-        (gnp("p", [allow(not_protocol=UDP)]),),
-        CLIENT,
-        WEB,
-        "UDP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "icmp",
-        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(8, 0))]),),
-        CLIENT,
-        WEB,
-        "ICMP",
-        None,
-        True,
-        "default",
-        "p ingress[0]",
-        icmp=(8, 0),
-    ),
-    C(
-        "icmp-type-miss",
-        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(8))]),),
-        CLIENT,
-        WEB,
-        "ICMP",
-        None,
-        False,
-        "default",
-        icmp=(0, 0),
-    ),
-    C(
-        "icmp-code-miss",
-        (gnp("p", [allow(protocol=ICMP, icmp=IcmpMatch(3, 1))]),),
-        CLIENT,
-        WEB,
-        "ICMP",
-        None,
-        False,
-        "default",
-        icmp=(3, 3),
-    ),
-    C(
-        "notICMP",
-        (gnp("p", [allow(protocol=ICMP, not_icmp=IcmpMatch(8))]),),
-        CLIENT,
-        WEB,
-        "ICMP",
-        None,
-        True,
-        "default",
-        "p ingress[0]",
-        icmp=(0, 0),
-    ),
-    C(
-        "notICMP-miss",
-        (gnp("p", [allow(protocol=ICMP, not_icmp=IcmpMatch(8))]),),
-        CLIENT,
-        WEB,
-        "ICMP",
-        None,
-        False,
-        "default",
-        icmp=(8, 0),
-    ),
-    C(
-        "ipVersion",
-        (gnp("p", [allow(ip_version=4)]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "ipVersion-miss",
-        (gnp("p", [allow(ip_version=6)]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "nets",
-        (gnp("p", [allow(source=src(nets=["10.0.1.0/24"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "nets-miss",
-        (gnp("p", [allow(source=src(nets=["10.0.1.0/24"]))]),),
-        DB,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "notNets",
-        (gnp("p", [allow(source=src(not_nets=["10.0.1.0/24"]))]),),
-        DB,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "notNets-miss",
-        (gnp("p", [allow(source=src(not_nets=["10.0.1.0/24"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "destination-nets",
-        (gnp("p", [allow(destination=dst(nets=["10.0.0.1/32"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "selector",
-        (gnp("p", [allow(source=src(selector="app == 'client'"))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "selector-miss",
-        (gnp("p", [allow(source=src(selector="app == 'client'"))]),),
-        DB,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "selector-not-an-address",
-        (gnp("p", [allow(source=src(selector="all()"))]),),
-        OUTSIDE,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "notSelector",
-        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
-        DB,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "notSelector-miss",
-        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "notSelector-outside",
-        (gnp("p", [allow(source=src(not_selector="app == 'client'"))]),),
-        OUTSIDE,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "namespaceSelector",
-        (gnp("p", [allow(source=src(namespace_selector="team == 'b'"))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "namespaceSelector-miss",
-        (gnp("p", [allow(source=src(namespace_selector="team == 'b'"))]),),
-        DB,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "ports",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=[80, 443]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        443,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "ports-miss",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=[80, 443]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        444,
-        False,
-        "default",
-    ),
-    C(
-        "port-range",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["8000:8100"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        8100,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "port-range-miss",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["8000:8100"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        8101,
-        False,
-        "default",
-    ),
-    C(
-        "named-port",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["http"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        8080,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "named-port-other-pod",
-        (gnp("p", [allow(protocol=TCP, destination=dst(ports=["http"]))]),),
-        CLIENT,
-        DB,
-        "TCP",
-        8080,
-        False,
-        "default",
-    ),
-    C(
-        "notPorts",
-        (gnp("p", [allow(protocol=TCP, destination=dst(not_ports=["http"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        22,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "notPorts-miss",
-        (gnp("p", [allow(protocol=TCP, destination=dst(not_ports=["http"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        8080,
-        False,
-        "default",
-    ),
-    C(
-        "source-ports",
-        (gnp("p", [allow(protocol=TCP, source=src(ports=[5000]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-        sport=5000,
-    ),
-    C(
-        "source-ports-miss",
-        (gnp("p", [allow(protocol=TCP, source=src(ports=[5000]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-        sport=5001,
-    ),
-    C(
-        "serviceAccounts",
-        (gnp("p", [allow(source=src(service_accounts=["web-sa"]))], selector="app == 'db'"),),
-        WEB,
-        DB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "serviceAccounts-miss",
-        (gnp("p", [allow(source=src(service_accounts=["web-sa"]))]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
+    F("protocol", allow(protocol=TCP), CLIENT, WEB, "TCP", 80, True),
+    F("protocol-miss", allow(protocol=TCP), CLIENT, WEB, "UDP", 80, False),
+    F("protocol-number", allow(protocol=17), CLIENT, WEB, "UDP", 53, True),
+    F("notProtocol", allow(not_protocol=UDP), CLIENT, WEB, "TCP", 80, True),
+    F("notProtocol-miss", allow(not_protocol=UDP), CLIENT, WEB, "UDP", 80, False),
+    F("icmp", IS_ECHO, CLIENT, WEB, "ICMP", None, True, icmp=(8, 0)),
+    F("icmp-type-miss", IS_ECHO, CLIENT, WEB, "ICMP", None, False, icmp=(0, 0)),
+    F("icmp-code-miss", IS_ECHO, CLIENT, WEB, "ICMP", None, False, icmp=(8, 3)),
+    F("icmp-any-code", IS_UNREACHABLE, CLIENT, WEB, "ICMP", None, True, icmp=(3, 3)),
+    F("notICMP", NOT_ECHO, CLIENT, WEB, "ICMP", None, True, icmp=(8, 1)),
+    F("notICMP-miss", NOT_ECHO, CLIENT, WEB, "ICMP", None, False, icmp=(8, 0)),
+    F("ipVersion", allow(ip_version=4), CLIENT, WEB, "TCP", 80, True),
+    F("ipVersion-miss", allow(ip_version=6), CLIENT, WEB, "TCP", 80, False),
+    F("nets", FROM_B, CLIENT, WEB, "TCP", 80, True),
+    F("nets-miss", FROM_B, DB, WEB, "TCP", 80, False),
+    F("notNets", NOT_FROM_B, DB, WEB, "TCP", 80, True),
+    F("notNets-miss", NOT_FROM_B, CLIENT, WEB, "TCP", 80, False),
+    F("destination-nets", TO_WEB, CLIENT, WEB, "TCP", 80, True),
+    F("selector", CLIENTS, CLIENT, WEB, "TCP", 80, True),
+    F("selector-miss", CLIENTS, DB, WEB, "TCP", 80, False),
+    F("selector-not-an-address", ANY_ENDPOINT, OUTSIDE, WEB, "TCP", 80, False),
+    F("notSelector", NOT_CLIENTS, DB, WEB, "TCP", 80, True),
+    F("notSelector-miss", NOT_CLIENTS, CLIENT, WEB, "TCP", 80, False),
+    F("notSelector-outside", NOT_CLIENTS, OUTSIDE, WEB, "TCP", 80, True),
+    F("namespaceSelector", TEAM_B, CLIENT, WEB, "TCP", 80, True),
+    F("namespaceSelector-miss", TEAM_B, DB, WEB, "TCP", 80, False),
+    F("ports", TCP80, CLIENT, WEB, "TCP", 443, True),
+    F("ports-miss", TCP80, CLIENT, WEB, "TCP", 444, False),
+    F("port-range", RANGE, CLIENT, WEB, "TCP", 8100, True),
+    F("port-range-miss", RANGE, CLIENT, WEB, "TCP", 8101, False),
+    F("named-port", NAMED, CLIENT, WEB, "TCP", 8080, True),
+    F("named-port-other-pod", NAMED, CLIENT, DB, "TCP", 8080, False),
+    F("notPorts", NOT_NAMED, CLIENT, WEB, "TCP", 22, True),
+    F("notPorts-miss", NOT_NAMED, CLIENT, WEB, "TCP", 8080, False),
+    F("source-ports", SPORT, CLIENT, WEB, "TCP", 80, True, sport=5000),
+    F("source-ports-miss", SPORT, CLIENT, WEB, "TCP", 80, False, sport=5001),
+    F("serviceAccounts", WEB_SA, WEB, DB, "TCP", 80, True),
+    F("serviceAccounts-miss", WEB_SA, CLIENT, WEB, "TCP", 80, False),
     # -- network sets: their nets are in a selector's set when their labels match ---------------
+    F("global-network-set", CORP_SEL, CORP, WEB, "TCP", 80, True),
+    F("global-network-set-miss", CORP_SEL, OUTSIDE, WEB, "TCP", 80, False),
+    P("network-set-in-namespace", np("a", "p", [PARTNERS_A]), PARTNER, True),
     C(
-        "global-network-set",
-        (gnp("p", [allow(source=src(selector="role == 'corp'"))]),),
-        CORP,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "global-network-set-miss",
-        (gnp("p", [allow(source=src(selector="role == 'corp'"))]),),
-        OUTSIDE,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
-    C(
-        "network-set-in-namespace",
-        (np("a", "p", [allow(source=src(selector="role == 'partner'", namespace="a"))]),),
-        PARTNER,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "a/p ingress[0]",
-    ),
-    C(
-        "network-set-other-namespace",
-        (np("b", "p", [allow(source=src(selector="role == 'partner'", namespace="b"))]),),
+        "network-set-other-ns",
+        (np("b", "p", [PARTNERS_B]),),
         PARTNER,
         CLIENT,
         "TCP",
@@ -627,322 +308,91 @@ CASES = [
         False,
         "default",
     ),
-    C(
-        "global-selector-skips-namespaced-set",
-        (
-            gnp(
-                "p",
-                [allow(source=src(selector="role == 'partner'", namespace_selector="global()"))],
-            ),
-        ),
-        PARTNER,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-    ),
+    F("global-skips-namespaced-set", GLOBAL_PARTNERS, PARTNER, WEB, "TCP", 80, False),
     # -- which endpoints a policy applies to ----------------------------------------------------
-    C(
-        "gnp-selector-other-pod",
-        (gnp("p", [deny()], selector="app == 'db'"),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-    ),
-    C(
-        "gnp-namespaceSelector",
-        (gnp("p", [deny()], namespace_selector="team == 'b'"),),
-        WEB,
-        CLIENT,
-        "TCP",
-        80,
-        False,
-        "default",
-        "p ingress[0]",
-    ),
-    C(
-        "gnp-namespaceSelector-other",
-        (gnp("p", [deny()], namespace_selector="team == 'b'"),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-    ),
-    C("np-own-namespace-only", (np("b", "p", [deny()]),), CLIENT, WEB, "TCP", 80, True),
+    T("gnp-selector-other-pod", (gnp("p", [deny()], selector="app == 'db'"),), True),
+    C("gnp-namespaceSelector", (TEAM_B_DENY,), WEB, CLIENT, "TCP", 80, False, DEF, "p ingress[0]"),
+    T("gnp-namespaceSelector-other", (TEAM_B_DENY,), True),
+    T("np-own-namespace-only", (np("b", "p", [deny()]),), True),
     # -- tiers, Pass, defaultAction, the profile ---------------------------------------------------
-    C(
-        "deny-in-earlier-tier",
-        (
-            gnp("sec", [deny(source=src(selector="app == 'client'"))], tier="security"),
-            gnp("p", [allow()]),
-        ),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "security",
-        "sec ingress[0]",
-        (Tier("security", 10),),
-    ),
-    C(
-        "pass-to-next-tier",
-        (gnp("sec", [CalicoRule("Pass")], tier="security"), gnp("p", [allow()])),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-        (Tier("security", 10),),
-    ),
-    C(
-        "pass-then-deny",
-        (gnp("sec", [CalicoRule("Pass")], tier="security"), gnp("p", [deny()])),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-        "p ingress[0]",
-        (Tier("security", 10),),
-    ),
-    C(
-        "pass-skips-later-policies-of-tier",
-        (
-            gnp("a1", [CalicoRule("Pass")], tier="security", order=1),
-            gnp("a2", [deny()], tier="security", order=2),
-        ),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        None,
-        "",
-        (Tier("security", 10),),
-    ),
-    C(
-        "end-of-tier-deny",
-        (gnp("sec", [allow(protocol=UDP)], tier="security"), gnp("p", [allow()])),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "security",
-        "",
-        (Tier("security", 10),),
-    ),
-    C(
-        "tier-defaultAction-pass",
-        (gnp("sec", [allow(protocol=UDP)], tier="security"), gnp("p", [allow()])),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-        (Tier("security", 10, "Pass"),),
-    ),
-    C(
-        "tier-not-selecting-is-skipped",
-        (gnp("sec", [deny()], tier="security", selector="app == 'db'"), gnp("p", [allow()])),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "default",
-        "p ingress[0]",
-        (Tier("security", 10),),
-    ),
-    C(
-        "passed-by-last-tier-profile-allows",
-        (gnp("p", [CalicoRule("Pass")]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-    ),
-    C(
-        "tier-order",
-        (gnp("first", [deny()], tier="t2"), gnp("second", [allow()], tier="t1")),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        True,
-        "t1",
-        "second ingress[0]",
-        (Tier("t1", 1), Tier("t2", 2)),
-    ),
-    C(
-        "tier-order-reversed",
-        (gnp("first", [deny()], tier="t2"), gnp("second", [allow()], tier="t1")),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "t2",
-        "first ingress[0]",
-        (Tier("t1", 3), Tier("t2", 2)),
-    ),
-    C(
-        "default-tier-last",
-        (gnp("p", [allow()]), gnp("sec", [deny()], tier="security")),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "security",
-        "sec ingress[0]",
-        (Tier("security", 100),),
-    ),
-    C(
-        "unknown-tier-after-ordered-ones",
-        (gnp("p", [CalicoRule("Pass")]), gnp("x", [], tier="missing")),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "missing",
-        "",
-        (Tier("default", 5),),
-    ),
+    T("deny-in-earlier-tier", (SEC_DENY_CLIENTS, ALLOW_ALL), False, SEC, "sec ingress[0]", (S10,)),
+    T("pass-to-next-tier", (SEC_PASS, ALLOW_ALL), True, DEF, "p ingress[0]", (S10,)),
+    T("pass-then-deny", (SEC_PASS, gnp("p", [deny()])), False, DEF, "p ingress[0]", (S10,)),
+    T("pass-skips-rest-of-tier", (SEC_PASS_1, SEC_DENY_2), True, None, "", (S10,)),
+    T("end-of-tier-deny", (SEC_UDP, ALLOW_ALL), False, SEC, "", (S10,)),
+    T("tier-defaultAction-pass", (SEC_UDP, ALLOW_ALL), True, DEF, "p ingress[0]", (S10_PASS,)),
+    T("tier-not-selecting-is-skipped", (SEC_DENY_DB, ALLOW_ALL), True, DEF, "p ingress[0]", (S10,)),
+    T("passed-by-last-tier-profile-allows", (gnp("p", [PASS]),), True),
+    T("tier-order", (T2_DENY, T1_ALLOW), True, "t1", "second ingress[0]", (T1_1, T2_2)),
+    T("tier-order-reversed", (T2_DENY, T1_ALLOW), False, "t2", "first ingress[0]", (T1_3, T2_2)),
+    T("default-tier-last", (ALLOW_ALL, SEC_DENY), False, SEC, "sec ingress[0]", (S100,)),
+    T("unknown-tier-last", (gnp("p", [PASS]), gnp("x", [], tier="missing")), False, "missing"),
     # -- order within a tier: lower first, ties by name, none last ---------------------------------
-    C(
+    T(
         "order",
         (gnp("b", [deny()], order=1), gnp("a", [allow()], order=2)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         False,
-        "default",
+        DEF,
         "b ingress[0]",
     ),
-    C(
+    T(
         "order-tie-name",
         (gnp("b", [deny()], order=1), gnp("a", [allow()], order=1)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         True,
-        "default",
+        DEF,
         "a ingress[0]",
     ),
-    C(
+    T(
         "order-none-last",
         (gnp("a", [deny()]), gnp("b", [allow()], order=9999)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         True,
-        "default",
+        DEF,
         "b ingress[0]",
     ),
-    C(
+    T(
         "first-rule-of-policy",
         (gnp("p", [deny(protocol=TCP), allow()]),),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         False,
-        "default",
+        DEF,
         "p ingress[0]",
     ),
-    C(
-        "no-rule-matching-goes-to-next-policy",
+    T(
+        "no-match-next-policy",
         (gnp("a", [deny(protocol=UDP)], order=1), gnp("b", [allow()], order=2)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         True,
-        "default",
+        DEF,
         "b ingress[0]",
     ),
     # -- Kubernetes NetworkPolicy: tier default, order 1000 ----------------------------------------
-    C(
-        "k8s-after-calico-order-500",
-        (knp("a", "allow-all", Rule()), np("a", "deny", [deny()], order=500)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
+    T(
+        "k8s-after-calico-500",
+        (ALLOW_A, np("a", "deny", [deny()], order=500)),
         False,
-        "default",
+        DEF,
         "a/deny ingress[0]",
     ),
-    C(
-        "k8s-before-calico-order-2000",
-        (knp("a", "allow-all", Rule()), np("a", "deny", [deny()], order=2000)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
+    T(
+        "k8s-before-calico-2000",
+        (ALLOW_A, np("a", "deny", [deny()], order=2000)),
         True,
-        "default",
+        DEF,
         "a/allow-all ingress[0]",
     ),
-    C(
-        "k8s-tie-knp-name-sorts-first",
+    T(
+        "k8s-tie-knp-name-first",
         (knp("a", "zz", Rule()), np("a", "zzz", [deny()], order=1000)),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
         True,
-        "default",
+        DEF,
         "a/zz ingress[0]",
     ),
-    C("k8s-isolation", (knp("a", "none"),), CLIENT, WEB, "TCP", 80, False, "default"),
-    C(
-        "k8s-after-pass",
-        (gnp("sec", [CalicoRule("Pass")], tier="security"), knp("a", "none")),
-        CLIENT,
-        WEB,
-        "TCP",
-        80,
-        False,
-        "default",
-        "",
-        (Tier("security", 10),),
-    ),
+    T("k8s-isolation", (knp("a", "none"),), False, DEF),
+    T("k8s-after-pass", (SEC_PASS, knp("a", "none")), False, DEF, "", (S10,)),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_calico_semantics(case: Case) -> None:
-    k8s = tuple(p for p in case.policies if isinstance(p, Policy))
-    calico = tuple(p for p in case.policies if isinstance(p, CalicoPolicy))
-    state = dataclasses.replace(base(), policies=k8s, calico_policies=calico, tiers=case.tiers)
-    icmp_type, icmp_code = case.icmp if case.icmp is not None else (None, None)
-    got = engine.explain(
-        state,
-        case.src,
-        case.dst,
-        case.protocol,
-        case.port,
-        source_port=case.sport,
-        icmp_type=icmp_type,
-        icmp_code=icmp_code,
-    )
+    got = case.explain()
     assert got.ingress is not None
     assert got.ingress.allowed is case.allowed, got.lines()
     rule = _label(case)
@@ -1052,21 +502,8 @@ def _end(t: engine.Target) -> tuple[str, str | None]:
 def test_the_ir_decides_as_explain_does(case: Case) -> None:
     """The IR (sets, tiered programs, chains with verdicts) evaluated as the dataplane
     would gives the verdict of the direct evaluation, both directions."""
-    k8s = tuple(p for p in case.policies if isinstance(p, Policy))
-    calico = tuple(p for p in case.policies if isinstance(p, CalicoPolicy))
-    state = dataclasses.replace(base(), policies=k8s, calico_policies=calico, tiers=case.tiers)
-    icmp_type, icmp_code = case.icmp if case.icmp is not None else (None, None)
-    want = engine.explain(
-        state,
-        case.src,
-        case.dst,
-        case.protocol,
-        case.port,
-        source_port=case.sport,
-        icmp_type=icmp_type,
-        icmp_code=icmp_code,
-    ).allowed
-    ir = engine.compute(state, "n1")
+    want = case.explain().allowed
+    ir = engine.compute(case.state(), "n1")
     (src, src_if), (dst, dst_if) = _end(case.src), _end(case.dst)
     got = ir.evaluate(
         src, dst, case.protocol, case.port, src_if, dst_if, source_port=case.sport, icmp=case.icmp
