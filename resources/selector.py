@@ -39,14 +39,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NoReturn, TypeAlias
 
-from bundle.calico_labels import (
-    NAME_LABEL,  # noqa: F401 (re-exported with the other labels)
-    NAMESPACE_LABEL,
-    NAMESPACE_PREFIX,
-    SERVICE_ACCOUNT_LABEL,
-    SERVICE_ACCOUNT_PREFIX,
-    endpoint_labels,  # noqa: F401 (re-exported: the language's scopes, documented here)
-)
+# Calico's label scheme, defined in bundle (the engine builds endpoints' labels with it too),
+# and part of this module's interface: re-exported explicitly.
+from bundle.calico_labels import NAME_LABEL as NAME_LABEL
+from bundle.calico_labels import NAMESPACE_LABEL as NAMESPACE_LABEL
+from bundle.calico_labels import NAMESPACE_PREFIX as NAMESPACE_PREFIX
+from bundle.calico_labels import SERVICE_ACCOUNT_LABEL as SERVICE_ACCOUNT_LABEL
+from bundle.calico_labels import SERVICE_ACCOUNT_PREFIX as SERVICE_ACCOUNT_PREFIX
+from bundle.calico_labels import endpoint_labels as endpoint_labels
 
 Labels: TypeAlias = Mapping[str, str]
 Predicate: TypeAlias = Callable[[Labels], bool]
