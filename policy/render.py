@@ -100,8 +100,11 @@ PASS_MARK = 0x01000000
 _PASS_SET = f"meta mark and {PASS_MARK:#010x} == {PASS_MARK:#010x}"
 _PASS_CLEAR = f"meta mark and {PASS_MARK:#010x} == 0x00000000 "
 _CLEAR = f"meta mark set meta mark and {0xFFFFFFFF ^ PASS_MARK:#010x}"
-#: What a Calico Log rule's packets carry to NFLOG group LOG_GROUP (the next rule decides).
+#: What a Calico Log rule's packets carry to NFLOG group LOG_GROUP (the next rule decides),
+#: and a staged policy's rule that would have denied them: ``<prefix><direction> <counter>``
+#: (the rule's counter names it). Both within the node-wide limit of the denied-flow log.
 RULE_LOG_PREFIX = "tabby-log "
+STAGED_LOG_PREFIX = "tabby-staged "
 
 
 #: The NFLOG group denied packets go to (tabby's route protocol number, for memory).
@@ -283,21 +286,32 @@ class Renderer:
             alternatives = [[*parts, f"{icmp} type != {t}"]]
             if code is not None:
                 alternatives.append([*parts, f"{icmp} type {t}", f"{icmp} code != {code}"])
-        tail = []
-        if self.visibility:
-            tail.append(f'counter name "{rule_counter(c, r)[0]}"')
+        counter = rule_counter(c, r)[0]
+        count = f'counter name "{counter}"' if self.visibility else ""
+
+        def log(prefix: str) -> str:
+            what = _quote(f"{prefix}{c.direction} {counter}")
+            limit = 'limit name "log-denied"'
+            return f"{limit} log prefix {what} group {LOG_GROUP} snaplen {LOG_SNAPLEN}"
+
+        first: str | None = None  # a rule before the deciding one: a staged denial's log
         if c.staged:
-            tail.append("" if r.verdict == "log" else "return")
+            stmts = [count] if r.verdict == "log" else [count, "return"]
+            if r.verdict == "drop" and self.visibility:
+                first = log(STAGED_LOG_PREFIX)
         elif r.verdict == "log":
-            what = f"{RULE_LOG_PREFIX}{c.direction}"
-            tail.append(f"log prefix {_quote(what)} group {LOG_GROUP} snaplen {LOG_SNAPLEN}")
+            stmts = [count, log(RULE_LOG_PREFIX) if self.visibility else ""]
         elif r.verdict == "pass":
-            tail.append(f"meta mark set meta mark or {PASS_MARK:#010x} return")
+            stmts = [count, f"meta mark set meta mark or {PASS_MARK:#010x} return"]
         else:
-            tail.append(r.verdict)
-        tail.append(f"comment {_quote(r.comment)}")
-        end = " ".join(t for t in tail if t)
-        return [f"add rule {self.t} {c.name} {' '.join(a)} {end}" for a in alternatives]
+            stmts = [count, r.verdict]
+        comment = f"comment {_quote(r.comment)}"
+        out = []
+        for a in alternatives:
+            if first is not None:
+                out.append(" ".join((*a, first, comment)))
+            out.append(" ".join((*a, *(x for x in stmts if x), comment)))
+        return [f"add rule {self.t} {c.name} {line}" for line in out]
 
     # endpoint chains
     @staticmethod

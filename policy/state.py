@@ -48,6 +48,7 @@ from policy.engine import (
     NatConfig,
     Pod,
     Target,
+    TierRule,
 )
 from policy.incremental import Delta, IncrementalPolicy, Update, differences
 from policy.render import DEFAULT_PREFIX, DEFAULT_TABLE, Renderer, Snapshot
@@ -283,6 +284,19 @@ class PolicyDataplane:
                 return ()
             jumps = prog.ingress if direction == "ingress" else prog.egress
             return tuple(chains[c].policy for c in jumps or () if c in chains)
+
+    def rule_of_counter(self, counter: str) -> str | None:
+        """The Calico rule (``<tier>/<policy> <direction>[<i>]``) whose named counter is
+        ``counter`` (``pkt-<chain>-<i>``), as programmed; None when there is none."""
+        chain, _, index = counter.removeprefix("pkt-").rpartition("-")
+        with self._lock:
+            c = self._engine.chains.get(chain)
+            if c is None or not index.isdigit():
+                return None
+            for r in c.rules:
+                if isinstance(r, TierRule) and r.rule == int(index):
+                    return r.comment
+        return None
 
     def _harvest(self, only: Collection[str] | None = None) -> None:
         """Add the kernel's counters to the totals and zero them (``reset counters``):

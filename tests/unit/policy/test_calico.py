@@ -29,6 +29,7 @@ from policy.calico import (
     Tier,
     protocol_number,
 )
+from policy.counters import CounterKey
 from policy.engine import (
     ClusterState,
     ContainerPort,
@@ -561,3 +562,48 @@ def test_random_calico_worlds_the_ir_decides_as_explain_does(seed: int) -> None:
         assert got is want.allowed, (seed, src, da[0], proto, port, want.lines())
         checked += 1
     assert checked > 100
+
+
+def test_log_rules_and_staged_denials_reach_the_policy_log_naming_the_rule() -> None:
+    """A Log rule's packet and one a staged policy would have denied go to NFLOG with the
+    rule's counter in the prefix (within the log's rate limit); tabby-node's policy log
+    names the rule and says ``log`` / ``would-deny``; the counters carry tier, rule, staged."""
+    from dataplane import nfnetlink as nfl
+    from policy.counters import counters_of
+    from policy.state import PolicyDataplane
+    from tabby_node import policylog
+    from tests.unit.policy.test_visibility import Recorder
+
+    rec = Recorder()
+    dp = PolicyDataplane("n1", backend=rec, families=(4,), counter_reader=rec.reset_counters)
+    logs = gnp("p", [CalicoRule("Log", protocol=TCP), allow()], selector="app == 'web'")
+    staged = gnp("s", [allow(protocol=UDP), deny()], tier=SEC, staged=True)
+    state = dataclasses.replace(base(), calico_policies=(logs, staged), tiers=(S10,))
+    dp.sync(state)
+    text = rec.sent[-1]  # the full table: the first sync replaces it
+    keys = counters_of(dp.desired())
+    (log_counter,) = [n for n, k in keys.items() if k.policy == "p" and k.verdict == "log"]
+    (deny_counter,) = [n for n, k in keys.items() if k.staged and k.verdict == "deny"]
+    assert keys[deny_counter] == CounterKey("", "s", "ingress", "deny", SEC, "ingress[1]", True)
+    assert f'log prefix "tabby-log ingress {log_counter}" group 116' in text
+    assert f'log prefix "tabby-staged ingress {deny_counter}" group 116' in text
+    assert text.count('limit name "log-denied" log prefix "tabby-') == 2  # IPv4 only
+
+    flows = policylog.DeniedFlows("n1")
+    namer = policylog.Namer(dp)
+    tcp = nfl.Packet(4, "10.0.1.1", "10.0.0.1", 6, 40000, 80)
+    at = 1_700_000_000.0
+    got = policylog.record(
+        flows, namer, nfl.LoggedPacket(f"tabby-log ingress {log_counter}", 0, 9, tcp, at)
+    )
+    assert got is not None
+    assert (got.verdict, got.policies, got.src_pod) == (
+        "log",
+        ("default/p ingress[0]",),
+        "b/client",
+    )
+    got = policylog.record(
+        flows, namer, nfl.LoggedPacket(f"tabby-staged ingress {deny_counter}", 0, 9, tcp, at)
+    )
+    assert got is not None
+    assert (got.verdict, got.policies) == ("would-deny", ("security/staged:s ingress[1]",))
