@@ -1185,7 +1185,10 @@ def _tiered_program(
 def calico_chain_name(pol: CalicoPolicy, direction: Direction) -> str:
     """``ci-<h>`` / ``ce-<h>``: ``<h>`` hashes the policy's whole content, so an edited
     policy is a new chain (and its per-rule counters new counters), never a changed one."""
-    return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(direction + repr(pol))}"
+    # (every part's text is canonical: no set's iteration order, so no hash seed, in it)
+    content = (direction, pol.key, pol.tier, pol.order, sorted(pol.types), str(pol.selector))
+    text = repr((content, pol.rules(direction)))
+    return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(text)}"
 
 
 def collapsed(nets: Iterable[IPNetwork]) -> list[str]:
@@ -1550,7 +1553,20 @@ def allowed(
 
 def selecting_policies(state: ClusterState, namespace: str, pod: str) -> dict[Direction, list[str]]:
     """Which policies select a pod, per direction (``tabbyctl policy explain POD``): by the
-    labels of its Pod resource, else of its endpoints."""
+    labels of its Pod resource, else of its endpoints. With an endpoint, in the order the
+    tiers are walked, a Calico policy as ``<tier>/<policy>`` (staged ones too, named
+    ``staged:...``); a pod without one is matched by Kubernetes' policies alone."""
+    view = _View(state)
+    member = next((m for m in view.by_ns.get(namespace, ()) if m.ep.pod == pod), None)
+    if member is not None:
+        return {
+            d: [
+                e.key if e.k8s is not None else f"{e.tier}/{e.key}"
+                for entries in _entries(view, member, d, staged=True).values()
+                for e in entries
+            ]
+            for d in _DIRECTIONS
+        }
     known = next((p for p in state.pods if (p.namespace, p.name) == (namespace, pod)), None)
     label_sets = [known.labels] if known is not None else []
     label_sets += [e.labels for e in state.endpoints if (e.namespace, e.pod) == (namespace, pod)]

@@ -607,3 +607,22 @@ def test_log_rules_and_staged_denials_reach_the_policy_log_naming_the_rule() -> 
     )
     assert got is not None
     assert (got.verdict, got.policies) == ("would-deny", ("security/staged:s ingress[1]",))
+
+
+def test_the_policies_selecting_a_pod_in_the_order_they_are_walked() -> None:
+    state = dataclasses.replace(
+        base(),
+        policies=(knp("a", "k8s"),),
+        calico_policies=(
+            gnp("late", [allow()], order=2000),
+            gnp("sec", [deny()], tier=SEC),
+            np("a", "early", [allow()], order=5, egress=[allow()]),
+            gnp("s", [deny()], staged=True, selector="app == 'db'"),
+        ),
+        tiers=(S10,),
+    )
+    assert engine.selecting_policies(state, "a", "web") == {
+        "ingress": ["security/sec", "default/a/early", "a/k8s", "default/late"],
+        "egress": ["default/a/early"],
+    }
+    assert engine.selecting_policies(state, "a", "db")["ingress"][-1] == "default/staged:s"
