@@ -44,15 +44,17 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated, ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from bundle.types import IPNetwork
 from resources import names
+from resources.k8s import IntOrString
 from resources.k8s import NetworkPolicySpec as KubernetesNetworkPolicySpec
 from resources.meta import Annotations, FieldError, PathPart, Resource, StrictModel, show
-from resources.selector import NAMESPACE_LABEL, SelectorError, parse_selector
+from resources.selector import NAMESPACE_LABEL
+from resources.tabby import check_selector as _selector
 
 #: the apiVersion Calico's own documents carry; ``tabbyctl apply`` takes them unchanged
 CALICO_API_VERSION = "projectcalico.org/v3"
@@ -85,14 +87,8 @@ _NUMBER = re.compile(r"[0-9]{1,5}")
 # -- scalars -----------------------------------------------------------------------------------
 
 
-def _int_or_string(value: object) -> object:
-    """Calico's NumOrString: a JSON number or a string, never a bool."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise FieldError("must be an integer or a string", value=value)
-    return value
-
-
-NumOrString = Annotated[int | str, BeforeValidator(_int_or_string)]
+#: Calico's NumOrString: a JSON number or a string, never a bool (Kubernetes' IntOrString)
+NumOrString = IntOrString
 
 
 def protocol_number(value: int | str) -> int:
@@ -165,18 +161,6 @@ def _network(text: str, *path: PathPart) -> IPNetwork:
             "must be a CIDR without host bits (e.g. 10.0.0.0/8, fd00::/8) or an IP address",
             *path,
             value=text,
-        ) from None
-
-
-def _selector(text: str | None, *path: PathPart, allow_global: bool = False) -> None:
-    """A selector in Calico's language; ``global()`` only where ``allow_global``."""
-    if text is None:
-        return
-    try:
-        parse_selector(text, allow_global=allow_global)
-    except SelectorError as e:
-        raise FieldError(
-            f"invalid selector at offset {e.offset}: {e.reason}", *path, value=text
         ) from None
 
 

@@ -153,6 +153,18 @@ NETWORK_SETS: Kind[NetworkSet] = _resource("NetworkSet", "networkset")
 GLOBAL_NETWORK_SETS: Kind[GlobalNetworkSet] = _resource("GlobalNetworkSet", "globalnetworkset")
 HOST_ENDPOINTS: Kind[HostEndpoint] = _resource("HostEndpoint", "hostendpoint")
 
+#: What Calico's policy model adds (the same store kinds as ``datastore.base.CALICO_KINDS``).
+CALICO_POLICY: tuple[Kind[object], ...] = (
+    CALICO_POLICIES,
+    GLOBAL_POLICIES,
+    STAGED_POLICIES,
+    STAGED_GLOBAL_POLICIES,
+    STAGED_KUBERNETES_POLICIES,
+    TIERS,
+    NETWORK_SETS,
+    GLOBAL_NETWORK_SETS,
+    HOST_ENDPOINTS,
+)
 ALL: tuple[Kind[object], ...] = (
     NODES,
     HEARTBEATS,
@@ -165,32 +177,12 @@ ALL: tuple[Kind[object], ...] = (
     PODS,
     ENDPOINTS,
     TRACES,
-    CALICO_POLICIES,
-    GLOBAL_POLICIES,
-    STAGED_POLICIES,
-    STAGED_GLOBAL_POLICIES,
-    STAGED_KUBERNETES_POLICIES,
-    TIERS,
-    NETWORK_SETS,
-    GLOBAL_NETWORK_SETS,
-    HOST_ENDPOINTS,
+    *CALICO_POLICY,
 )
 BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 #: What routing reads, and what policy reads (tabby-node watches both).
 ROUTING: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
-)
-#: What Calico's policy model adds (the same store kinds as ``datastore.base.CALICO_KINDS``).
-CALICO_POLICY: tuple[Kind[object], ...] = (
-    CALICO_POLICIES,
-    GLOBAL_POLICIES,
-    STAGED_POLICIES,
-    STAGED_GLOBAL_POLICIES,
-    STAGED_KUBERNETES_POLICIES,
-    TIERS,
-    NETWORK_SETS,
-    GLOBAL_NETWORK_SETS,
-    HOST_ENDPOINTS,
 )
 #: What the policy engine reads (tabby-node watches it; ``tabbyctl policy`` reads it): the
 #: Kubernetes kinds and Calico's policies, network sets and tiers. (Host endpoints and staged

@@ -15,7 +15,8 @@ address unique is that at any time at most one store hands addresses out:
    (a CNI call's store operations end within the lock timeout).
 2. **copy**: pools (into the API disabled and marked until the copy is done),
    BGPConfigurations, BGPPeers, tabby Nodes (their spec: their labels are the Kubernetes
-   Node's there), then IPAM state, in passes: every node's index (legacy handle documents
+   Node's there), Calico's policy kinds (Tiers, policies, network sets, host endpoints),
+   then IPAM state, in passes: every node's index (legacy handle documents
    folded in), then every block (``copy_ipam``), each merged into the API's by one
    compare-and-swap of it.
    A merge keeps every allocation present on either side (never drops one); where both hold
@@ -50,7 +51,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from datastore.base import CALICO_KINDS
 from datastore.cas import DELETE, Delete, update
+from datastore.engine import PLURALS
 from ipam.core.block import Block
 from ipam.core.model import AFFINITY_FORMAT, Affinity, Handle
 from resources import mirror
@@ -69,8 +72,9 @@ WAS_DISABLED = "kubernetes (disabled before)"
 #: Passes over the source's blocks before the copy gives up (each after the first re-reads
 #: only what changed: a frozen source stops adding within the first few).
 MAX_PASSES = 10
-#: The resources copied (a tabby Node without its labels), in order.
-RESOURCE_KINDS = ("bgpconfiguration", "bgppeer", "node")
+#: The resources copied (a tabby Node without its labels), in order: Calico's policy kinds
+#: are custom resources of tabby's there too.
+RESOURCE_KINDS = ("bgpconfiguration", "bgppeer", "node", *CALICO_KINDS)
 #: What the target never gets: Kubernetes' own there, or made of other documents.
 NOT_COPIED = ("namespace", "pod", "networkpolicy")
 
@@ -247,7 +251,7 @@ def _copy_resources(source: Store, target: Store, report: Report) -> None:
                 return data if got is None else None
 
             if _write(target, kind, key, create):
-                report.count(f"{kind}s")
+                report.count(PLURALS[kind])
     for kind in NOT_COPIED:
         for key, doc in source.list(kind):
             if not mirror.is_mirrored(doc.data):

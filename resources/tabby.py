@@ -31,11 +31,12 @@ def _as_number(value: int | None, *path: str) -> None:
         raise FieldError(f"must be between 1 and {AS_NUMBER_MAX}", *path, value=value)
 
 
-def _selector(text: str | None, *path: str) -> None:
-    """A node or peer selector: Calico's language without ``global()`` (rules only)."""
+def check_selector(text: str | None, *path: str | int, allow_global: bool = False) -> None:
+    """A selector field in Calico's language (``global()`` only where ``allow_global``: a
+    rule's namespaceSelector), refused with the offset of its error."""
     if text is not None:
         try:
-            parse_selector(text, allow_global=False)
+            parse_selector(text, allow_global=allow_global)
         except SelectorError as e:
             raise FieldError(
                 f"invalid selector at offset {e.offset}: {e.reason}", *path, value=text
@@ -107,7 +108,7 @@ class IPPoolSpec(StrictModel):
             )
         if net.version == 6 and self.ipipMode not in (None, "Never"):
             raise FieldError("Forbidden: IP-in-IP is not supported on an IPv6 pool", "ipipMode")
-        _selector(self.nodeSelector, "nodeSelector")
+        check_selector(self.nodeSelector, "nodeSelector")
         return self
 
     @property
@@ -176,8 +177,8 @@ class BGPPeerSpec(StrictModel):
                 raise FieldError(
                     "Forbidden: node and nodeSelector cannot both be specified", "nodeSelector"
                 )
-        _selector(self.nodeSelector, "nodeSelector")
-        _selector(self.peerSelector, "peerSelector")
+        check_selector(self.nodeSelector, "nodeSelector")
+        check_selector(self.peerSelector, "peerSelector")
         _address(self.peerIP, None, "peerIP")
         _as_number(self.asNumber, "asNumber")
         if self.peerSelector is not None:

@@ -1,5 +1,6 @@
-"""Documents of tabby's kinds and what ``tabbyctl apply`` (the models of ``resources.tabby``)
-and the API server (the CRDs of ``stores.kube.crds``) each say of them: the unit tier checks
+"""Documents of tabby's kinds and what ``tabbyctl apply`` (the models of ``resources.tabby``
+and ``resources.calico``) and the API server (the CRDs of ``stores.kube.crds``) each say of
+them: the unit tier checks
 the models and the schemas (tests/unit/stores/test_kube_crds.py, the schemas through
 tests/structural.py), the Kubernetes tier sends the same documents to a real API server
 (tests/kubernetes/test_manifest.py).
@@ -50,6 +51,16 @@ def _pool(**spec: Any) -> dict[str, Any]:
 
 
 PEER = {"peerIP": "192.0.2.1", "asNumber": 65000}
+
+
+def _rule(**rule: Any) -> dict[str, Any]:
+    """A GlobalNetworkPolicy spec with one ingress rule."""
+    return {"ingress": [{"action": "Allow", **rule}]}
+
+
+TCP_80 = {"protocol": "TCP", "destination": {"ports": [80]}}
+G = "GlobalNetworkPolicy"
+HEP = {"node": "node-a", "interfaceName": "eth0"}
 
 REFUSED = [
     # IPPool: the CIDR
@@ -128,6 +139,72 @@ REFUSED = [
     Case("Node", {"bgp": {"ipv4IPIPTunnelAddr": "fd00::1"}}, "spec.bgp.ipv4IPIPTunnelAddr"),
     Case("Node", {"bgp": {"asNumber": -1}}, "spec.bgp.asNumber", why="negative AS"),
     Case("Node", {"bgp": "65000"}, "spec.bgp", why="bgp not an object"),
+    # Calico's policy kinds (resources.calico)
+    Case(G, {"ingress": [{"action": "Accept"}]}, "spec.ingress[0].action", why="action"),
+    Case(G, _rule(protocol="TCPX"), "spec.ingress[0].protocol", why="protocol name"),
+    Case(G, _rule(protocol=256), "spec.ingress[0].protocol", why="protocol over 255"),
+    Case(G, _rule(destination={"ports": [80]}), "spec.ingress[0].destination.ports", why="ports"),
+    Case(
+        G,
+        _rule(protocol="TCP", destination={"ports": [70000]}),
+        "spec.ingress[0].destination.ports[0]",
+        why="port over 65535",
+    ),
+    Case(
+        G,
+        _rule(protocol="UDP", source={"notPorts": ["no_such_port"]}),
+        "spec.ingress[0].source.notPorts[0]",
+        why="port text",
+    ),
+    Case(G, _rule(icmp={"type": 8}), "spec.ingress[0].icmp", why="icmp without ICMP"),
+    Case(G, _rule(protocol="ICMP", icmp={"type": 255}), "spec.ingress[0].icmp.type", why="type"),
+    Case(G, _rule(protocol="ICMP", icmp={"code": 1}), "spec.ingress[0].icmp.code", why="no type"),
+    Case(G, _rule(ipVersion=5), "spec.ingress[0].ipVersion", why="ipVersion"),
+    Case(G, _rule(source={"nets": ["10.0.0.0/33"]}), "spec.ingress[0].source.nets[0]", why="net"),
+    Case(G, _rule(http={"methods": ["GET"]}), "spec.ingress[0].http", why="http"),
+    Case(
+        G,
+        _rule(destination={"services": {"name": "x"}}),
+        "spec.ingress[0].destination.services",
+        why="services",
+    ),
+    Case(G, {"types": ["Inbound"]}, "spec.types[0]", why="types"),
+    Case(G, {"order": "10"}, "spec.order", why="order a string"),
+    Case(G, {"preDNAT": True}, "spec.applyOnForward", why="preDNAT alone"),
+    Case(G, {"doNotTrack": True}, "spec.applyOnForward", why="doNotTrack alone"),
+    Case(
+        G,
+        {"preDNAT": True, "doNotTrack": True, "applyOnForward": True},
+        "spec.preDNAT",
+        why="preDNAT and doNotTrack",
+    ),
+    Case(
+        G,
+        {"preDNAT": True, "applyOnForward": True, "egress": [{"action": "Allow"}]},
+        "spec.egress",
+        why="preDNAT egress",
+    ),
+    Case("NetworkPolicy", {"tier": "Bad_Tier"}, "spec.tier", why="tier name"),
+    Case("StagedGlobalNetworkPolicy", {"stagedAction": "Learn"}, "spec.stagedAction"),
+    Case("Tier", {"defaultAction": "Allow"}, "spec.defaultAction", why="defaultAction"),
+    Case("Tier", {"order": True}, "spec.order", why="order a boolean"),
+    Case("GlobalNetworkSet", {"nets": ["10.0.0.300/8"]}, "spec.nets[0]", why="net"),
+    Case("NetworkSet", {"nets": "10.0.0.0/8"}, "spec.nets", why="nets not a list"),
+    Case("HostEndpoint", {"interfaceName": "eth0"}, "spec.node", why="no node"),
+    Case("HostEndpoint", {**HEP, "interfaceName": "a" * 16}, "spec.interfaceName"),
+    Case("HostEndpoint", {**HEP, "expectedIPs": ["10.0.0.1/32"]}, "spec.expectedIPs[0]"),
+    Case(
+        "HostEndpoint",
+        {**HEP, "ports": [{"name": "web", "protocol": "ICMP", "port": 80}]},
+        "spec.ports[0].protocol",
+        why="port protocol",
+    ),
+    Case(
+        "StagedKubernetesNetworkPolicy",
+        {"policyTypes": ["Inbound"]},
+        "spec.policyTypes[0]",
+        why="policyTypes",
+    ),
 ]
 
 ACCEPTED = [
@@ -170,6 +247,78 @@ ACCEPTED = [
             },
         },
     ),
+    Case(
+        "GlobalNetworkPolicy",
+        {
+            "order": 10.5,
+            "selector": "role == 'db'",
+            "namespaceSelector": "has(team)",
+            "types": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "action": "Allow",
+                    "protocol": "TCP",
+                    "source": {
+                        "nets": ["10.0.0.0/8", "192.0.2.1"],
+                        "selector": "role == 'fe'",
+                        "serviceAccounts": {"names": ["api"], "selector": "a == 'b'"},
+                    },
+                    "destination": {"ports": [80, "8000:8080", "http"], "notPorts": [8001]},
+                    "metadata": {"annotations": {"from": "frontend"}},
+                },
+                {"action": "Allow", "protocol": "ICMPv6", "icmp": {"type": 128, "code": 0}},
+                {"action": "Log", "protocol": 132, "ipVersion": 6},
+                {"action": "Deny", "notProtocol": "UDPLite"},
+            ],
+            "egress": [{"action": "Pass", "destination": {"namespaceSelector": "global()"}}],
+        },
+    ),
+    Case(
+        "GlobalNetworkPolicy",
+        {
+            "preDNAT": True,
+            "applyOnForward": True,
+            "selector": "has(host-endpoint)",
+            "ingress": [{"action": "Allow", "source": {"nets": ["10.240.0.0/16"]}}],
+        },
+    ),
+    Case(
+        "GlobalNetworkPolicy",
+        {"doNotTrack": True, "applyOnForward": True, "egress": [{"action": "Allow", **TCP_80}]},
+    ),
+    Case("NetworkPolicy", {"selector": "app == 'web'", "ingress": [{"action": "Allow", **TCP_80}]}),
+    Case("NetworkPolicy", {"tier": "security"}, name="security.case"),
+    Case("StagedNetworkPolicy", {"stagedAction": "Delete"}),
+    Case("StagedGlobalNetworkPolicy", {"stagedAction": "Set", "egress": [{"action": "Deny"}]}),
+    Case(
+        "StagedKubernetesNetworkPolicy",
+        {
+            "stagedAction": "Set",
+            "podSelector": {"matchLabels": {"app": "db"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"ipBlock": {"cidr": "172.17.0.0/16", "except": ["172.17.1.0/24"]}}],
+                    "ports": [{"protocol": "TCP", "port": 6379}],
+                }
+            ],
+        },
+    ),
+    Case("Tier", {"order": 100, "defaultAction": "Pass"}),
+    Case("Tier", {}),
+    Case("NetworkSet", {"nets": ["198.51.100.0/28", "10.1.2.3"]}),
+    Case("GlobalNetworkSet", {"nets": ["fd00::/8"]}),
+    Case(
+        "HostEndpoint",
+        {
+            **HEP,
+            "expectedIPs": ["192.168.0.1", "fd00::1"],
+            "profiles": ["p1"],
+            "ports": [{"name": "some-port", "protocol": "TCP", "port": 1234}],
+        },
+    ),
+    Case("HostEndpoint", {"node": "node-a", "interfaceName": "*"}),
+    Case("HostEndpoint", {"node": "node-a", "expectedIPs": ["10.0.0.1"]}),
 ]
 
 STRICTER = [
@@ -183,4 +332,24 @@ LAXER = [
     Case("IPPool", _pool(nodeSelector="rack == "), "spec.nodeSelector", why="selector syntax"),
     Case("BGPPeer", {**PEER, "nodeSelector": "rack =="}, "spec.nodeSelector", why="selector"),
     Case("IPPool", _pool(blockSzie=24), "spec.blockSzie", why="unknown field (dropped)"),
+    Case(
+        "GlobalNetworkPolicy",
+        _rule(source={"selector": "a =="}),
+        "spec.ingress[0].source.selector",
+        why="rule selector",
+    ),
+    Case(
+        "GlobalNetworkPolicy",
+        _rule(protocol="TCP", destination={"ports": ["90:80"]}),
+        "spec.ingress[0].destination.ports[0]",
+        why="port range order",
+    ),
+    Case(
+        "GlobalNetworkPolicy",
+        _rule(source={"nets": ["10.0.0.0/8"]}, destination={"nets": ["fd00::/8"]}),
+        "spec.ingress[0].destination.nets",
+        why="two IP versions",
+    ),
+    Case("GlobalNetworkPolicy", {"tier": "security"}, "metadata.name", why="tier prefix"),
+    Case("Tier", {"ordre": 1}, "spec.ordre", why="unknown field (dropped)"),
 ]

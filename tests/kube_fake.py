@@ -44,8 +44,8 @@ COLLECTIONS = {
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
     "/apis/apps/v1/daemonsets": ("DaemonSet", True),
     CRD_COLLECTION: ("CustomResourceDefinition", False),
-    # tabby's CustomResourceDefinitions (cluster-scoped)
-    **{crd.path: (crd.kind, False) for crd in CRDS.values()},
+    # tabby's CustomResourceDefinitions (cluster-scoped, but Calico's namespaced kinds)
+    **{crd.path: (crd.kind, crd.namespaced) for crd in CRDS.values()},
 }
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -53,12 +53,6 @@ ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 #: collection path -> its CRD's schema
 SCHEMAS = {crd.path: schema(kind) for kind, crd in CRDS.items()}
-_NAMESPACED_PATHS = {
-    "pods": "/api/v1/pods",
-    "networkpolicies": "/apis/networking.k8s.io/v1/networkpolicies",
-    "leases": "/apis/coordination.k8s.io/v1/leases",
-    "daemonsets": "/apis/apps/v1/daemonsets",
-}
 
 
 class FakeApi:
@@ -203,7 +197,9 @@ class FakeApi:
             if len(parts) > i + 2:
                 namespace, plural = parts[i + 1], parts[i + 2]
                 name = parts[i + 3] if len(parts) > i + 3 else None
-                return _NAMESPACED_PATHS[plural], namespace, name
+                collection = "/" + "/".join([*parts[:i], plural])
+                if COLLECTIONS.get(collection, ("", False))[1]:
+                    return collection, namespace, name
         raise KeyError(path)
 
     def serve(self) -> str:
@@ -385,6 +381,8 @@ class FakeApi:
                 if admitted is None:
                     return
                 obj = admitted
+                if namespace:
+                    obj["metadata"]["namespace"] = namespace
                 key = f"{namespace}/{name}" if namespace else str(name)
                 with api.lock:
                     current = api.objects[collection].get(key)

@@ -11,7 +11,10 @@ table of documents there). Where this model is simpler than the API server:
   the alternative that examined the most (go-openapi's ``MatchCount``, ties to the first);
   here, of the first one (tabby's schemas are written so that these agree: the rule first,
   its escape second);
-- formats are not checked (tabby's schemas use none).
+- formats are not checked (tabby's schemas use none);
+- ``x-kubernetes-int-or-string`` takes only its own form (``anyOf`` of ``type: integer``
+  and ``type: string``, value checks in ``allOf``), and ``additionalProperties`` only a
+  schema (a map's values), as tabby's schemas write them.
 
 Patterns are Go regular expressions searched in the value: ``$`` is the end of the text
 (Python's ``\\Z``), and what RE2 does not have (look-arounds, back-references) is refused.
@@ -98,7 +101,10 @@ def _outer(node: dict[str, Any], path: str, out: list[str], *, root: bool = Fals
     if unknown:
         out.append(f"{path or '<root>'}: unknown keys {sorted(unknown)}")
     preserved = node.get("x-kubernetes-preserve-unknown-fields") is True
-    if "type" not in node and not preserved:
+    int_or_string = node.get("x-kubernetes-int-or-string") is True
+    if int_or_string and node.get("anyOf") != [{"type": "integer"}, {"type": "string"}]:
+        out.append(f"{path}: x-kubernetes-int-or-string needs anyOf of integer and string")
+    if "type" not in node and not preserved and not int_or_string:
         out.append(f"{path or '<root>'}: no type")
     elif "type" in node and node["type"] not in TYPES:
         out.append(f"{path}: unknown type {node['type']}")
@@ -109,8 +115,12 @@ def _outer(node: dict[str, Any], path: str, out: list[str], *, root: bool = Fals
         _outer(sub, f"{path}.{name}" if path else name, out)
     if "items" in node:
         _outer(node["items"], f"{path}[*]", out)
+    if isinstance(node.get("additionalProperties"), dict):
+        _outer(node["additionalProperties"], f"{path}[*]", out)
     for junctor in JUNCTORS:
         for i, sub in enumerate(_alternatives(node, junctor)):
+            if int_or_string and junctor == "anyOf":
+                continue  # its two types (checked above)
             _inner(sub, node, f"{path}.{junctor}[{i}]", out)
 
 
@@ -169,10 +179,13 @@ def prune(value: Any, schema: dict[str, Any], *, root: bool = False) -> Any:
     if isinstance(value, dict) and (schema.get("type") == "object" or "properties" in schema):
         declared = schema.get("properties") or {}
         keep = schema.get("x-kubernetes-preserve-unknown-fields") is True
+        values = schema.get("additionalProperties")
         out = {}
         for key, item in value.items():
             if root and key in ("apiVersion", "kind", "metadata"):
                 out[key] = item
+            elif isinstance(values, dict):
+                out[key] = prune(item, values)
             elif key in declared:
                 sub = declared[key]
                 if item is None and not sub.get("nullable"):
@@ -207,6 +220,10 @@ def validate(value: Any, schema: dict[str, Any], path: str = "") -> Errors:
         for name, sub in (schema.get("properties") or {}).items():
             if name in value:
                 errors += validate(value[name], sub, _join(path, name))
+        values = schema.get("additionalProperties")
+        if isinstance(values, dict):
+            for name, item in value.items():
+                errors += validate(item, values, f"{path}[{name}]")
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             errors += validate(item, schema["items"], f"{path}[{i}]")

@@ -2,14 +2,17 @@
 they are written. ``manifests/tabby.yaml`` carries what :func:`definitions` gives (a unit
 test compares them); ``python -m stores.kube.crds`` prints them, for pasting there.
 
-Every kind of ``kinds.CRDS`` is cluster-scoped, group ``tabby.io``, version ``v1``, with a
-structural schema (Kubernetes 1.20: no CEL rules, so only ``type``, ``pattern``, ``enum``,
-``minimum``/``maximum``, ``maxLength``, ``required`` and value validations in ``oneOf``,
-``anyOf``, ``allOf`` and ``not``, whose types are declared outside them). The resources an
-operator writes (IPPool, Node, BGPConfiguration, BGPPeer) are held to what ``tabbyctl
-apply`` holds them to (``resources.tabby``'s models), so that ``kubectl apply`` of a pool
-with ``cidr: 10.0.0.0/33`` fails at the API server, naming ``spec.cidr``. What a schema of
-Kubernetes 1.20 cannot say (docs/kubernetes.md "tabby's kinds as CustomResourceDefinitions"):
+Every kind of ``kinds.CRDS`` is of group ``tabby.io``, version ``v1``, cluster-scoped (but
+Calico's namespaced kinds: ``kinds.Crd.namespaced``), with a structural schema (Kubernetes
+1.20: no CEL rules, so only ``type``, ``pattern``, ``enum``, ``minimum``/``maximum``,
+``maxLength``, ``required`` and value validations in ``oneOf``, ``anyOf``, ``allOf`` and
+``not``, whose types are declared outside them). The resources an operator writes (IPPool,
+Node, BGPConfiguration, BGPPeer, and Calico's policy kinds: ``stores.kube.calico_crds``) are
+held to what ``tabbyctl apply`` holds them to (``resources.tabby``'s and
+``resources.calico``'s models), so that ``kubectl apply`` of a pool with ``cidr:
+10.0.0.0/33`` fails at the API server, naming ``spec.cidr``. What a schema of Kubernetes 1.20
+cannot say (docs/kubernetes.md "tabby's kinds as CustomResourceDefinitions"; Calico's kinds:
+``stores.kube.calico_crds``):
 
 - an unknown field is dropped by the API server (it prunes), not refused;
 - a selector's syntax (``nodeSelector``, ``peerSelector``) is not checked;
@@ -31,6 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ipam.core.model import BLOCK_SIZE_LIMITS, DEFAULT_BLOCK_SIZE
+from stores.kube.calico_crds import CALICO_SPECS
 from stores.kube.kinds import CRDS, GROUP, VERSION
 
 if TYPE_CHECKING:
@@ -399,6 +403,7 @@ SPECS = {
                                      ("Node", ".spec.node", "string"),
                                      ("Peer selector", ".spec.peerSelector", "string")]),
     "trace": (policytrace_spec, None, [("Node", ".spec.node", "string")]),
+    **CALICO_SPECS,
 }  # fmt: skip
 
 
@@ -438,7 +443,7 @@ def definition(kind: str) -> JSON:
         "metadata": {"name": crd.name, "labels": {"app.kubernetes.io/part-of": "tabby"}},
         "spec": {
             "group": GROUP,
-            "scope": "Cluster",
+            "scope": "Namespaced" if crd.namespaced else "Cluster",
             "names": {
                 "kind": crd.kind,
                 "listKind": f"{crd.kind}List",

@@ -20,6 +20,10 @@ store kind             on the API                        the document
 ``bgppeer``            ``bgppeers.tabby.io``
 ``trace``              ``policytraces.tabby.io``         the object's ``spec`` (a lease: its
                                                          ``tabby.io/expires`` annotation)
+Calico's kinds         one CRD each (``CRDS``):          ``metadata`` + ``spec``; the
+(``CALICO_KINDS``)     ``networkpolicies.tabby.io``      namespaced ones (NetworkPolicy,
+                       (``calico-networkpolicy``),       NetworkSet, the staged namespaced
+                       ``tiers.tabby.io``, ...           ones) keyed ``<namespace>/<name>``
 ``namespace``,         v1 Namespaces, v1 Pods,           what the controllers mirror in etcd
 ``pod``,               networking.k8s.io/v1              mode (``project_*``), read only:
 ``networkpolicy``      NetworkPolicies                   Kubernetes owns them
@@ -33,7 +37,8 @@ store kind             on the API                        the document
 =====================  ================================  ====================================
 
 The Kubernetes objects of tabby's own kinds are CustomResourceDefinitions of group
-``tabby.io``, version ``v1``, cluster-scoped, with structural schemas (``stores.kube.crds``).
+``tabby.io``, version ``v1``, with structural schemas (``stores.kube.crds``): cluster-scoped,
+but for Calico's namespaced kinds.
 """
 
 from __future__ import annotations
@@ -68,10 +73,23 @@ class Crd(NamedTuple):
 
     kind: str  #: the Kubernetes kind
     plural: str
+    namespaced: bool = False  #: its document key is ``<namespace>/<name>``
 
     @property
     def path(self) -> str:
+        """The collection (of every namespace, for a namespaced kind)."""
         return f"/apis/{API_VERSION}/{self.plural}"
+
+    def object_path(self, key: str, name: str | None = None) -> str:
+        """The object holding document ``key`` (named ``name``, else the key's name)."""
+        return f"{self.create_path(key)}/{name or key.rpartition('/')[2]}"
+
+    def create_path(self, key: str) -> str:
+        """Where the object of document ``key`` is created (its namespace's collection)."""
+        if not self.namespaced:
+            return self.path
+        namespace = key.partition("/")[0]
+        return f"/apis/{API_VERSION}/namespaces/{namespace}/{self.plural}"
 
     @property
     def name(self) -> str:
@@ -87,9 +105,26 @@ CRDS: dict[str, Crd] = {
     "bgpconfiguration": Crd("BGPConfiguration", "bgpconfigurations"),
     "bgppeer": Crd("BGPPeer", "bgppeers"),
     "trace": Crd("PolicyTrace", "policytraces"),
+    # Calico's policy model (resources.calico); the group keeps kubectl's ``networkpolicies``
+    # meaning Kubernetes' own (``networkpolicies.tabby.io`` is Calico's)
+    "calico-networkpolicy": Crd("NetworkPolicy", "networkpolicies", True),
+    "globalnetworkpolicy": Crd("GlobalNetworkPolicy", "globalnetworkpolicies"),
+    "stagednetworkpolicy": Crd("StagedNetworkPolicy", "stagednetworkpolicies", True),
+    "stagedglobalnetworkpolicy": Crd("StagedGlobalNetworkPolicy", "stagedglobalnetworkpolicies"),
+    "stagedkubernetesnetworkpolicy": Crd(
+        "StagedKubernetesNetworkPolicy", "stagedkubernetesnetworkpolicies", True
+    ),
+    "tier": Crd("Tier", "tiers"),
+    "networkset": Crd("NetworkSet", "networksets", True),
+    "globalnetworkset": Crd("GlobalNetworkSet", "globalnetworksets"),
+    "hostendpoint": Crd("HostEndpoint", "hostendpoints"),
 }
+#: Calico's kinds (documents: metadata and spec, as tabby's resources)
+CALICO_KINDS = frozenset(CRDS) - {
+    "pool", "block", "affinity", "node", "bgpconfiguration", "bgppeer", "trace"
+}  # fmt: skip
 #: the kinds whose document is the object's metadata and spec (tabby's resources)
-RESOURCE_KINDS = frozenset({"node", "bgpconfiguration", "bgppeer"})
+RESOURCE_KINDS = frozenset({"node", "bgpconfiguration", "bgppeer"}) | CALICO_KINDS
 #: the kinds whose document is the object's spec alone (IPAM state, traces)
 SPEC_KINDS = frozenset({"block", "affinity", "trace"})
 
@@ -255,7 +290,7 @@ def object_name(kind: str, key: str, data: JSON | None) -> str:
         return pool_name(data or {}, key)
     if kind == "block":
         return block_name(key)
-    return key
+    return key.rpartition("/")[2] if CRDS[kind].namespaced else key
 
 
 # -- document <-> object -----------------------------------------------------------------------
@@ -276,6 +311,8 @@ def to_object(kind: str, key: str, data: JSON, revision: int | None) -> JSON:
         kept = ("annotations",) if kind == "node" else ("labels", "annotations")
         meta = {k: v for k, v in dict(data.get("metadata") or {}).items() if k in kept}
         spec = dict(data.get("spec") or {})
+        if crd.namespaced:
+            meta["namespace"] = key.partition("/")[0]
     else:
         meta, spec = {}, dict(data)
     meta["name"] = object_name(kind, key, data)
@@ -297,7 +334,12 @@ def key_of(kind: str, obj: JSON) -> str | None:
     if kind in ("pool", "block"):
         return canonical_cidr(spec.get("cidr"))
     name = meta.get("name")
-    return name if isinstance(name, str) and name else None
+    if not isinstance(name, str) or not name:
+        return None
+    if CRDS[kind].namespaced:
+        namespace = meta.get("namespace")
+        return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else None
+    return name
 
 
 def canonical_cidr(cidr: object) -> str | None:
@@ -326,7 +368,7 @@ def to_data(kind: str, obj: JSON) -> JSON:
             data["cidr"] = cidr
         return data
     if kind in RESOURCE_KINDS:
-        keep = ("name", "labels", "annotations", "uid", "creationTimestamp")
+        keep = ("name", "namespace", "labels", "annotations", "uid", "creationTimestamp")
         return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec}
     return spec
 

@@ -194,7 +194,7 @@ class KubeStore(Engine):
         if kind == "pool":
             obj = self._pool_object(key)
         else:
-            obj = self._get_object(f"{crd.path}/{kinds.object_name(kind, key, None)}", where)
+            obj = self._get_object(crd.object_path(key, kinds.object_name(kind, key, None)), where)
         if obj is None or kinds.key_of(kind, obj) != key:
             return None
         if kind == "trace" and kinds.expired(obj):
@@ -349,10 +349,12 @@ class KubeStore(Engine):
         name = obj["metadata"]["name"]
         try:
             if expected is None:
-                written = self._call("writes", lambda: self.client.create(crd.path, obj), where)
+                written = self._call(
+                    "writes", lambda: self.client.create(crd.create_path(w.key), obj), where
+                )
             else:
                 written = self._call(
-                    "writes", lambda: self.client.update(f"{crd.path}/{name}", obj), where
+                    "writes", lambda: self.client.update(crd.object_path(w.key, name), obj), where
                 )
         except Conflict as e:
             self._count("conflicts")
@@ -382,7 +384,7 @@ class KubeStore(Engine):
             self._call(
                 "writes",
                 lambda: self.client.delete(
-                    f"{crd.path}/{name}",
+                    crd.object_path(w.key, name),
                     resource_version=None if expected is None else str(expected),
                 ),
                 where,

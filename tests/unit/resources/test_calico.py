@@ -12,36 +12,20 @@ import yaml
 from pydantic import ValidationError
 
 from resources.calico import (
+    CALICO_MODELS,
     DEFAULT_TIER_ORDER,
     CalicoNetworkPolicy,
     GlobalNetworkPolicy,
-    GlobalNetworkSet,
     HostEndpoint,
     NetworkSet,
     PortMatch,
-    StagedGlobalNetworkPolicy,
-    StagedKubernetesNetworkPolicy,
-    StagedNetworkPolicy,
     Tier,
     default_tier,
     parse_port,
 )
 from resources.meta import Resource, problems
 
-MODELS: dict[str, type[Resource]] = {
-    m.KIND: m
-    for m in (
-        CalicoNetworkPolicy,
-        GlobalNetworkPolicy,
-        StagedNetworkPolicy,
-        StagedGlobalNetworkPolicy,
-        StagedKubernetesNetworkPolicy,
-        Tier,
-        NetworkSet,
-        GlobalNetworkSet,
-        HostEndpoint,
-    )
-}
+MODELS: dict[str, type[Resource]] = {m.KIND: m for m in CALICO_MODELS}
 
 # Calico's documentation examples (reference pages of each kind, host protection, ICMP and
 # service-account how-tos), as an operator would paste them.
