@@ -26,6 +26,7 @@ from policy.calico import (
     Tier,
 )
 from policy.engine import ClusterState
+from policy.incremental import Update
 from tests import policy_truth_table as tt
 from tests.privileged.test_policy_nft import PROBE_PROTOCOLS, Cluster, _cluster
 from tests.unit.policy.test_calico import gnp, src
@@ -188,3 +189,51 @@ def test_network_sets_and_the_staged_counters(cluster: Cluster) -> None:
         assert sum(staged.values()) > 0
     finally:
         cluster.apply(cluster.state(tt.Step((), tt.everything)))
+
+
+def test_changes_of_calicos_kinds_are_differences_in_the_kernel(cluster: Cluster) -> None:
+    """Past the first Calico policy (a replacement), a policy edited, a tier's defaultAction
+    flipped and a policy removed are each one difference nft takes (a refused one would
+    replace the table: ``full``), and the kernel then decides as explain; the last Calico
+    policy gone replaces the table again and the Kubernetes policies alone decide."""
+    state = _state(cluster, "deny-pass-and-kubernetes")
+    calico = state.calico_policies
+    try:
+        cluster.apply(state)
+        steps = [
+            dataclasses.replace(state, tiers=(Tier("security", 10, "Pass"),)),
+            dataclasses.replace(
+                state, calico_policies=(dataclasses.replace(calico[0], order=3.0), calico[1])
+            ),
+            dataclasses.replace(state, calico_policies=calico[1:]),
+        ]
+        for i, step in enumerate(steps):
+            updates = cluster.node.run(_updates, cluster, step)
+            res = cluster.node.run(cluster.dp.update, updates)
+            assert not res.full, f"step {i}: a replacement"
+            assert cluster.dp.counters.apply_errors == 0
+            bad = cluster.matrix(_expected(step))
+            assert not bad, f"step {i}: {len(bad)} mismatches:\n" + "\n".join(bad[:30])
+        last = dataclasses.replace(state, calico_policies=())
+        res = cluster.node.run(cluster.dp.update, cluster.node.run(_updates, cluster, last))
+        assert res.full
+        assert not cluster.matrix(_expected(last))
+    finally:
+        cluster.apply(cluster.state(tt.Step((), tt.everything)))
+
+
+def _updates(cluster: Cluster, want: ClusterState) -> list[Update]:
+    """The updates that turn the dataplane's Calico inputs into ``want``'s."""
+    have = cluster.dp.state
+    assert have is not None
+    out: list[Update] = []
+    for kind, old, new, key in (
+        ("calico-policy", have.calico_policies, want.calico_policies, lambda v: v.key),
+        ("tier", have.tiers, want.tiers, lambda v: v.name),
+        ("network-set", have.network_sets, want.network_sets, lambda v: v.key),
+    ):
+        olds = {key(v): v for v in old}
+        news = {key(v): v for v in new}
+        out += [Update(kind, k, None) for k in olds.keys() - news.keys()]  # type: ignore[arg-type]
+        out += [Update(kind, k, v) for k, v in news.items() if olds.get(k) != v]  # type: ignore[arg-type]
+    return out
