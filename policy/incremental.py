@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
+from bundle.calico_labels import endpoint_labels
 from policy import engine
 from policy.calico import CalicoPolicy, NetworkSet, Tier
 from policy.counters import chain_counters
@@ -278,6 +279,11 @@ class IncrementalPolicy:
         self._network_sets: dict[str, NetworkSet] = {}
         self._tiers: dict[str, Tier] = {}
         self._exported: DesiredState | None = None
+        # what changed since the last take_delta, for Calico's model: only remote
+        # endpoints (their addresses), or anything else (a full computation)
+        self._calico_full = True
+        self._calico_addrs: set[str] = set()
+        self._eps_by_addr: dict[str, set[_Key]] = {}
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -438,6 +444,7 @@ class IncrementalPolicy:
 
     def _put_calico(self, inputs: dict[str, V], key: str, value: object, kind: type[V]) -> bool:
         """A Calico input put (``value`` of ``kind``) or removed (anything else)."""
+        self._calico_full = True
         if isinstance(value, kind):
             if inputs.get(key) == value:
                 return False
@@ -448,6 +455,7 @@ class IncrementalPolicy:
         return True
 
     def set_nat(self, nat: NatConfig) -> bool:
+        self._calico_full = True
         if nat == self._nat:
             return False
         if self._d_nat is None:
@@ -456,6 +464,7 @@ class IncrementalPolicy:
         return True
 
     def put_namespace(self, ns: Namespace) -> bool:
+        self._calico_full = True
         old = self._namespaces.get(ns.name)
         if old == ns:
             return False
@@ -464,6 +473,7 @@ class IncrementalPolicy:
         return True
 
     def remove_namespace(self, name: str) -> bool:
+        self._calico_full = True
         old = self._namespaces.pop(name, None)
         if old is None:
             return False
@@ -472,8 +482,11 @@ class IncrementalPolicy:
 
     def put_pod(self, pod: Pod) -> bool:
         key = (pod.namespace, pod.name)
-        if self._pods.get(key) == pod:
+        old = self._pods.get(key)
+        if old == pod:
             return False
+        if (old.service_account if old is not None else "") != pod.service_account:
+            self._calico_full = True  # in Calico's labels only: no set of the endpoints' moves
         self._pods[key] = pod
         self._state = None
         self._repod(key)
@@ -481,8 +494,11 @@ class IncrementalPolicy:
 
     def remove_pod(self, namespace: str, name: str) -> bool:
         key = (namespace, name)
-        if self._pods.pop(key, None) is None:
+        old = self._pods.pop(key, None)
+        if old is None:
             return False
+        if old.service_account:
+            self._calico_full = True
         self._state = None
         self._repod(key)
         return True
@@ -503,6 +519,7 @@ class IncrementalPolicy:
         return True
 
     def put_policy(self, pol: Policy) -> bool:
+        self._calico_full = True
         key = (pol.namespace, pol.name)
         old = self._policies.get(key)
         if old == pol:
@@ -511,6 +528,7 @@ class IncrementalPolicy:
         return True
 
     def remove_policy(self, namespace: str, name: str) -> bool:
+        self._calico_full = True
         key = (namespace, name)
         old = self._policies.get(key)
         if old is None:
@@ -530,11 +548,60 @@ class IncrementalPolicy:
         if not self._calico:
             self._exported = None
             return Delta(nat=k8s.nat, replace=True)
-        now = engine.compute(self.state(), self.node, self.families)
-        was, self._exported = self._exported, now
+        was = self._exported
+        if was is None or self._calico_full or _structural(k8s):
+            now = engine.compute(self.state(), self.node, self.families)
+        else:
+            now = self._remote_changes(was, k8s)
+        self._exported = now
+        self._calico_full, self._calico_addrs = False, set()
         if was is None:
             return Delta(nat=k8s.nat, replace=True)
         return ir_difference(was, now, k8s.nat)
+
+    def _remote_changes(self, was: DesiredState, k8s: Delta) -> DesiredState:
+        """The IR after changes of remote endpoints only (no program, no chain changes):
+        the Kubernetes sets as the structures above changed them (``k8s``), Calico's
+        selector sets and the named-port sets only Calico's rules use tested again for
+        the addresses the changed endpoints had or have. Equal to ``engine.compute``."""
+        elements = dict(was.elements)
+        for name in k8s.added.keys() | k8s.removed.keys():
+            gone = k8s.removed.get(name, frozenset())
+            elements[name] = (elements[name] - gone) | k8s.added.get(name, frozenset())
+        addrs = self._calico_addrs
+        for name, sd in was.sets.items():
+            if name in self._sets or not addrs or sd.kind not in ("sel", "named-port"):
+                continue
+            mine = {a for a in addrs if (":" in a) == (sd.family == 6)}
+            if sd.kind == "sel":
+                assert sd.selector is not None
+                sel = sd.selector
+                held = set(elements[name])
+                for a in mine:
+                    keys = self._eps_by_addr.get(a, ())
+                    if any(sel.matches(self._calico_labels(self._endpoints[k])) for k in keys):
+                        held.add(a)
+                    else:
+                        held.discard(a)
+            else:
+                held = {e for e in elements[name] if not (isinstance(e, tuple) and e[0] in mine)}
+                for a in mine:
+                    for k in self._eps_by_addr.get(a, ()):
+                        for cp in self._endpoints[k].ports:
+                            if cp.name == sd.port_name:
+                                held.add((a, cp.protocol.lower(), cp.port))
+            if held != elements[name]:
+                elements[name] = frozenset(held)
+        return DesiredState(was.sets, elements, was.chains, was.endpoints, was.policies)
+
+    def _calico_labels(self, m: _Member) -> Mapping[str, str]:
+        """The labels Calico's selectors read on an endpoint, as the engine builds them."""
+        pod = self._pods.get((m.ns, m.ep.pod))
+        account = pod.service_account if pod is not None else ""
+        ns_labels = _ns_view(self._namespaces.get(m.ns), m.ns)[0]
+        return endpoint_labels(
+            m.labels, namespace=m.ns, namespace_labels=ns_labels, service_account=account or None
+        )
 
     def _take_k8s_delta(self) -> Delta:
         new_sets: dict[str, SetDef] = {}
@@ -620,6 +687,8 @@ class IncrementalPolicy:
         )
 
     def _index(self, key: _Key, m: _Member) -> None:
+        for a in (*m.v4, *m.v6):
+            self._eps_by_addr.setdefault(a, set()).add(key)
         self._eps_by_ns.setdefault(m.ns, set()).add(key)
         self._eps_by_pod.setdefault((m.ns, m.ep.pod), []).append(key)
         if m.local:
@@ -627,6 +696,8 @@ class IncrementalPolicy:
             self._iface_eps.setdefault(m.ep.interface, set()).add(key)
 
     def _unindex(self, key: _Key, m: _Member) -> None:
+        for a in (*m.v4, *m.v6):
+            _discard(self._eps_by_addr, a, key)
         _discard(self._eps_by_ns, m.ns, key)
         pod = (m.ns, m.ep.pod)
         same_pod = self._eps_by_pod[pod]
@@ -647,6 +718,11 @@ class IncrementalPolicy:
 
     def _replace(self, key: _Key, old: _Member | None, new: _Member | None) -> None:
         """One endpoint changes from ``old`` to ``new`` (either may be None)."""
+        for m in (old, new):
+            if m is not None:
+                if m.local:
+                    self._calico_full = True  # a program may change
+                self._calico_addrs.update(m.v4, m.v6)
         self._state = None
         if old is not None:
             self._unindex(key, old)
@@ -1039,11 +1115,28 @@ class IncrementalPolicy:
             self._n_program_rules += _program_rules(prog)
 
 
+def _structural(d: Delta) -> bool:
+    """Whether a delta of the Kubernetes structures made or removed anything but set
+    elements (what only a full computation follows in Calico's model)."""
+    return bool(
+        d.new_sets
+        or d.gone_sets
+        or d.new_chains
+        or d.changed_chains
+        or d.gone_chains
+        or d.new_endpoints
+        or d.changed_endpoints
+        or d.gone_endpoints
+    )
+
+
 def ir_difference(
     was: DesiredState, now: DesiredState, nat: tuple[NatConfig, NatConfig] | None = None
 ) -> Delta:
     """The :class:`Delta` from one IR to another (and the NAT pools' change)."""
-    common = was.sets.keys() & now.sets.keys()
+    common = [
+        n for n in was.sets.keys() & now.sets.keys() if was.elements[n] is not now.elements[n]
+    ]
     added = {n: now.elements[n] - was.elements[n] for n in common}
     removed = {n: was.elements[n] - now.elements[n] for n in common}
     gone_chains = sorted(was.chains.keys() - now.chains.keys())

@@ -118,20 +118,25 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int, cali
     assert model.redundant == 0
 
 
+@pytest.mark.parametrize("calico", [False, True], ids=["k8s", "calico"])
 @pytest.mark.parametrize("seed", quick_first(max(1, SEEDS // 3), 1))
-def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -> None:
+def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(
+    seed: int, calico: bool
+) -> None:
     """Through PolicyDataplane: ``update`` batches, the CNI path (``add_endpoint`` /
-    ``remove_endpoint``) and the periodic check (``sync``, which must find nothing)."""
+    ``remove_endpoint``) and the periodic check (``sync``, which must find nothing). With
+    ``calico``, Calico's kinds too: entering or leaving their model replaces the table."""
     r = random.Random(10_000 + seed)
     fams = r.choice(((4,), (4, 6)))
     world = fz.World()
     for _ in range(80):
-        world.apply(fz.random_update(r, world.state()))
+        world.apply(fz.random_update(r, world.state(), calico=calico))
     model = NftModel()
     dp = PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t, names: [])
     assert dp.sync(world.state(), world.nat).full
     for i in range(OPS):
-        u = fz.random_update(r, world.state())
+        u = fz.random_update(r, world.state(), calico=calico)
+        before_calico = bool(world.calico)
         world.apply(u)
         before_nat = dp.state is not None and dp._engine.nat.enabled
         if u.kind == "endpoint" and isinstance(u.value, Endpoint) and r.random() < 0.5:
@@ -142,7 +147,8 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
         else:
             res = dp.update([u])
         nat_flip = before_nat != world.nat.enabled
-        assert res.full == nat_flip, f"seed {seed} op {i}: {u}"
+        calico_flip = before_calico != bool(world.calico)
+        assert res.full == (nat_flip or calico_flip), f"seed {seed} op {i}: {u}"
         want = Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
         assert model.canonical() == full_table(want), f"seed {seed} op {i}: {u}"
         if i % 50 == 49:
