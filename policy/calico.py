@@ -12,7 +12,7 @@ The engine's inputs for Calico's kinds (``policy.inputs`` converts the resource 
 
 Selectors are taken compiled (:class:`Matcher`: anything with ``matches(labels)`` and a
 canonical ``str()``, i.e. ``resources.selector.Selector``) and read the combined labels
-Calico gives an endpoint or network set (``bundle.calico_labels.endpoint_labels``): a
+Calico gives an endpoint or network set (``bundle.calico.endpoint_labels``): a
 policy's ``selector`` here is the whole of which endpoints it applies to (its own selector,
 its namespace, its ``namespaceSelector`` and ``serviceAccountSelector`` folded in by
 ``resources.selector.policy_selector``), a rule side's ``selector`` likewise
@@ -33,6 +33,9 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
+from bundle.calico import DEFAULT_TIER as DEFAULT_TIER
+from bundle.calico import DEFAULT_TIER_ORDER as DEFAULT_TIER_ORDER
+from bundle.calico import PROTOCOLS
 from bundle.types import IPAddress, IPNetwork
 
 Action = Literal["Allow", "Deny", "Log", "Pass"]
@@ -40,25 +43,11 @@ ACTIONS: tuple[Action, ...] = ("Allow", "Deny", "Log", "Pass")
 TierAction = Literal["Deny", "Pass"]
 Direction = Literal["ingress", "egress"]
 
-#: Calico's protocol names and their numbers (a rule may also give a number, 1-255).
-PROTOCOL_NUMBERS: Mapping[str, int] = {
-    "ICMP": 1,
-    "TCP": 6,
-    "UDP": 17,
-    "ICMPV6": 58,
-    "SCTP": 132,
-    "UDPLITE": 136,
-}
+#: Calico's protocol names (any case here: ``explain`` takes a user's) and their numbers.
+PROTOCOL_NUMBERS: Mapping[str, int] = {name.upper(): n for name, n in PROTOCOLS.items()}
 #: The protocols with ports (``ports`` / ``notPorts`` need one of them).
 PORTED = frozenset({6, 17, 132, 136})
 ICMP_NUMBERS = frozenset({1, 58})
-
-#: The tier Kubernetes NetworkPolicies and untiered Calico policies are in.
-DEFAULT_TIER = "default"
-#: Its order when no Tier resource gives one (Calico's: after every tier an admin makes).
-DEFAULT_TIER_ORDER = 1_000_000.0
-#: The order of a Kubernetes NetworkPolicy in tier ``default`` (Calico's conversion).
-K8S_POLICY_ORDER = 1000.0
 
 
 def protocol_number(value: str | int) -> int:
@@ -356,7 +345,6 @@ __all__ = [
     "ANY",
     "DEFAULT_TIER",
     "DEFAULT_TIER_ORDER",
-    "K8S_POLICY_ORDER",
     "PROTOCOL_NUMBERS",
     "Action",
     "CalicoPolicy",

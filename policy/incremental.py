@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
-from bundle.calico_labels import endpoint_labels
+from bundle.calico import endpoint_labels
 from policy import engine
 from policy.calico import CalicoPolicy, NetworkSet, Tier
 from policy.counters import chain_counters

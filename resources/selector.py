@@ -41,12 +41,12 @@ from typing import ClassVar, NoReturn, TypeAlias
 
 # Calico's label scheme, defined in bundle (the engine builds endpoints' labels with it too),
 # and part of this module's interface: re-exported explicitly.
-from bundle.calico_labels import NAME_LABEL as NAME_LABEL
-from bundle.calico_labels import NAMESPACE_LABEL as NAMESPACE_LABEL
-from bundle.calico_labels import NAMESPACE_PREFIX as NAMESPACE_PREFIX
-from bundle.calico_labels import SERVICE_ACCOUNT_LABEL as SERVICE_ACCOUNT_LABEL
-from bundle.calico_labels import SERVICE_ACCOUNT_PREFIX as SERVICE_ACCOUNT_PREFIX
-from bundle.calico_labels import endpoint_labels as endpoint_labels
+from bundle.calico import NAME_LABEL as NAME_LABEL
+from bundle.calico import NAMESPACE_LABEL as NAMESPACE_LABEL
+from bundle.calico import NAMESPACE_PREFIX as NAMESPACE_PREFIX
+from bundle.calico import SERVICE_ACCOUNT_LABEL as SERVICE_ACCOUNT_LABEL
+from bundle.calico import SERVICE_ACCOUNT_PREFIX as SERVICE_ACCOUNT_PREFIX
+from bundle.calico import endpoint_labels as endpoint_labels
 
 Labels: TypeAlias = Mapping[str, str]
 Predicate: TypeAlias = Callable[[Labels], bool]

@@ -1,9 +1,10 @@
-"""The labels Calico's selectors see on an endpoint or a network set, defined once.
+"""Calico's vocabulary, defined once: the labels its selectors see on an endpoint or a
+network set, its protocol names, its default tier and where Kubernetes policies go in it.
 
-Standard library only (layer 0): the selector language (``resources.selector``) folds
-namespace and service-account selectors into selectors over these labels, and the policy
-engine (``policy.engine``, which imports no resource) builds them for the endpoints and
-network sets it matches.
+Standard library only (layer 0): the resources (``resources.selector`` folds namespace and
+service-account selectors into selectors over these labels; ``resources.calico`` validates
+with these names) and the policy engine (``policy.engine`` and ``policy.calico``, which
+import no resource) share them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,16 @@ NAME_LABEL = "projectcalico.org/name"
 NAMESPACE_PREFIX = "pcns."
 #: Prefix of a service account's labels among its endpoints' labels (``serviceAccountSelector``).
 SERVICE_ACCOUNT_PREFIX = "pcsa."
+
+#: The protocol names Calico takes (as it spells them), and their numbers.
+PROTOCOLS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMPv6": 58, "SCTP": 132, "UDPLite": 136}
+#: The tier every policy without ``tier`` is in (and every Kubernetes NetworkPolicy); it
+#: always exists.
+DEFAULT_TIER = "default"
+#: The default tier's order (Calico's): after every tier an administrator orders.
+DEFAULT_TIER_ORDER = 1_000_000.0
+#: The order of a Kubernetes NetworkPolicy in the default tier (Calico's conversion).
+KUBERNETES_POLICY_ORDER = 1000.0
 
 
 def endpoint_labels(
