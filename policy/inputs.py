@@ -280,6 +280,10 @@ def _engine_key(value: object) -> str:
     raise TypeError(f"not an engine input: {value!r}")
 
 
+#: The update kinds whose engine key is their document's store key (not Calico's: a staged
+#: policy's engine key is ``staged:<key>``).
+_SAME_KEYS: frozenset[UpdateKind] = frozenset({"policy", "namespace", "pod", "endpoint"})
+
 #: store kind -> (engine update kind, conversion)
 _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
     POLICIES.name: ("policy", lambda m: policy(m)),
@@ -362,10 +366,14 @@ class PolicyInputs:
         for ch, kind, value in converted:  # every conversion succeeded: now record them
             memo = self._memo.setdefault(ch.kind, {})
             held = memo.get(ch.key)
-            old_key = _engine_key(held[1]) if held is not None else None
-            if value is None:
+            # (a staged Delete converts to None: held as such, never an engine input)
+            old_key = _engine_key(held[1]) if held is not None and held[1] is not None else None
+            if value is None:  # deleted, or no engine input (a staged Delete)
                 memo.pop(ch.key, None)
-                out.append(Update(kind, old_key if old_key is not None else ch.key, None))
+                if old_key is not None:
+                    out.append(Update(kind, old_key, None))
+                elif kind in _SAME_KEYS:  # not held: its store key is the engine's
+                    out.append(Update(kind, ch.key, None))
                 continue
             memo[ch.key] = (-1, value)  # no revision: the next convert converts it again
             key = _engine_key(value)

@@ -161,3 +161,20 @@ def test_changes_of_calicos_kinds_become_engine_updates() -> None:
     del w.docs["globalnetworkpolicy"]["security.guard"]
     assert eng.desired() == engine.compute(_state(w), NODE)
     assert "security.guard" not in eng.calico_policies
+
+
+def test_a_staged_delete_changed_or_deleted_never_removes_the_enforced_policy() -> None:
+    """A staged Delete converts to nothing; changing or deleting it later removes nothing
+    (its store key, ``x/web``, is the enforced policy's engine key)."""
+    w = world()
+    memo = inputs.PolicyInputs()
+    memo.convert(Documents.from_raw(w.docs))
+    w.put("stagednetworkpolicy", "x/web", STAGED_DELETE)
+    model: Any = Documents.from_raw(w.docs).of(BY_NAME["stagednetworkpolicy"])["x/web"].value
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", None)]) == []
+    # a staged Set deleted removes the staged policy, by its engine key
+    memo.convert(Documents.from_raw(world().docs))
+    (u,) = memo.updates([Change("stagednetworkpolicy", "x/would-deny", None)])
+    assert (u.kind, u.key, u.value) == ("calico-policy", "staged:x/would-deny", None)
