@@ -422,6 +422,7 @@ class IncrementalPolicy:
                 inputs.clear()
                 inputs.update(want)  # type: ignore[arg-type]
                 self._state = None
+                self._calico_full = True
         for pk in [k for k in self._policies if k not in want_pol]:
             n += self.remove_policy(*pk)
         for ek in [k for k in self._endpoints if k not in want_eps]:

@@ -4,9 +4,10 @@ semantics, through a full conversion and through changes (``PolicyInputs.updates
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from policy import engine, inputs
+from policy import calico, engine, inputs
 from policy.incremental import IncrementalPolicy
 from resources.index import BY_NAME, POLICY, Change, Documents
 from tests import policy_truth_table as tt
@@ -178,3 +179,17 @@ def test_a_staged_delete_changed_or_deleted_never_removes_the_enforced_policy() 
     memo.convert(Documents.from_raw(world().docs))
     (u,) = memo.updates([Change("stagednetworkpolicy", "x/would-deny", None)])
     assert (u.kind, u.key, u.value) == ("calico-policy", "staged:x/would-deny", None)
+
+
+def test_load_of_other_calico_inputs_is_followed() -> None:
+    """``load`` (tabby-node's periodic check) with other Calico inputs and nothing else
+    changed: the next delta is the full computation's."""
+    state = _state(world())
+    eng = IncrementalPolicy(NODE)
+    eng.load(state)
+    eng.take_delta()
+    other = dataclasses.replace(state, tiers=(calico.Tier("security", 10, "Deny"),))
+    assert eng.load(other) == 1
+    d = eng.take_delta()
+    assert not d.empty
+    assert eng.programs == engine.compute(other, NODE).endpoints
