@@ -445,7 +445,6 @@ class IncrementalPolicy:
 
     def _put_calico(self, inputs: dict[str, V], key: str, value: object, kind: type[V]) -> bool:
         """A Calico input put (``value`` of ``kind``) or removed (anything else)."""
-        self._calico_full = True
         if isinstance(value, kind):
             if inputs.get(key) == value:
                 return False
@@ -453,31 +452,32 @@ class IncrementalPolicy:
         elif inputs.pop(key, None) is None:
             return False
         self._state = None
+        self._calico_full = True
         return True
 
     def set_nat(self, nat: NatConfig) -> bool:
-        self._calico_full = True
         if nat == self._nat:
             return False
+        self._calico_full = True
         if self._d_nat is None:
             self._d_nat = self._nat
         self._nat = nat
         return True
 
     def put_namespace(self, ns: Namespace) -> bool:
-        self._calico_full = True
         old = self._namespaces.get(ns.name)
         if old == ns:
             return False
+        self._calico_full = True
         self._namespaces[ns.name] = ns
         self._relabel_namespace(ns.name, old, ns)
         return True
 
     def remove_namespace(self, name: str) -> bool:
-        self._calico_full = True
         old = self._namespaces.pop(name, None)
         if old is None:
             return False
+        self._calico_full = True
         self._relabel_namespace(name, old, None)
         return True
 
@@ -520,20 +520,20 @@ class IncrementalPolicy:
         return True
 
     def put_policy(self, pol: Policy) -> bool:
-        self._calico_full = True
         key = (pol.namespace, pol.name)
         old = self._policies.get(key)
         if old == pol:
             return False
+        self._calico_full = True
         self._repolicy(key, old, pol)
         return True
 
     def remove_policy(self, namespace: str, name: str) -> bool:
-        self._calico_full = True
         key = (namespace, name)
         old = self._policies.get(key)
         if old is None:
             return False
+        self._calico_full = True
         self._repolicy(key, old, None)
         return True
 
