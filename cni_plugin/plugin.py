@@ -15,7 +15,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from bundle.types import JSON
 from bundle.types import IPAddress as Address
@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from cni_config.teardown import Teardown
     from cni_plugin.values import PluginValues
     from dataplane.model import Dataplane, SetupResult, SetupSpec
-    from datastore.base import Store
+    from datastore.base import Store, StoreSettings
     from stores import Stores
 
 logger = logging.getLogger("tabby.plugin")
+T = TypeVar("T")
 Pending = Callable[[], "JSON | None"]
 
 IPV4_GATEWAY = "169.254.1.1"
@@ -86,12 +87,15 @@ def pod_identity(args: skel.CmdArgs) -> tuple[str, str]:
 class DatastoreEndpoints:
     """Records each attachment as a WorkloadEndpoint in the datastore the ``ipam`` section
     names (the one tabby-ipam allocates from), with its Pod's labels; ``stores`` runs the
-    datastore work (the binary: a store of the call's own; tabby-node: its served one)."""
+    datastore work (the binary: a store of the call's own; tabby-node: its served one), each
+    write in a lock session of its own, or, given ``group`` (tabby-node), in the session of
+    its batch (:class:`EndpointGroup`)."""
 
-    def __init__(self, stores: Stores | None = None) -> None:
+    def __init__(self, stores: Stores | None = None, group: EndpointGroup | None = None) -> None:
         from stores import STANDALONE
 
         self.stores: Stores = stores if stores is not None else STANDALONE
+        self.group = group
 
     def added(
         self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
@@ -100,6 +104,14 @@ class DatastoreEndpoints:
 
     def removed(self, args: skel.CmdArgs, conf: PluginValues) -> None:
         self.erase(args, conf)
+
+    def _run(self, settings: StoreSettings, op: Callable[[Store], T]) -> T:
+        """``op`` (one compare-and-swap, no lock taken) under the node's lock: in its
+        batch's session, or in a session of its own."""
+        with _store_errors():
+            if self.group is not None:
+                return self.group.run(settings, op)
+            return self.stores.run(settings, locked(op))
 
     def record(
         self, args: skel.CmdArgs, conf: PluginValues, addresses: list[Address], host_ifname: str
@@ -115,20 +127,18 @@ class DatastoreEndpoints:
             return endpoint_key(namespace, node, pod, args.ifname)
 
         def write(store: Store) -> str:
-            with store.lock():
-                return write_endpoint(
-                    store,
-                    namespace=namespace,
-                    node=node,
-                    pod=pod,
-                    container_id=args.container_id,
-                    interface=args.ifname,
-                    host_interface=host_ifname,
-                    ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
-                )
+            return write_endpoint(
+                store,
+                namespace=namespace,
+                node=node,
+                pod=pod,
+                container_id=args.container_id,
+                interface=args.ifname,
+                host_interface=host_ifname,
+                ip_networks=[f"{a}/{a.max_prefixlen}" for a in addresses],
+            )
 
-        with _store_errors():
-            return self.stores.run(conf.ipam, write)
+        return self._run(conf.ipam, write)
 
     def erase(self, args: skel.CmdArgs, conf: PluginValues) -> str | None:
         """Remove this container's endpoint; its key if one was removed."""
@@ -138,13 +148,83 @@ class DatastoreEndpoints:
         key = endpoint_key(namespace, conf.node_name(), pod, args.ifname)
         if conf.ipam.datastore_type == "kubernetes":
             return key  # made of the allocations: gone with them
+        removed = self._run(conf.ipam, lambda store: remove_endpoint(store, key, args.container_id))
+        return key if removed else None
 
-        def remove(store: Store) -> bool:
-            with store.lock():
-                return remove_endpoint(store, key, args.container_id)
 
-        with _store_errors():
-            return key if self.stores.run(conf.ipam, remove) else None
+def locked(op: Callable[[Store], T]) -> Callable[[Store], T]:
+    """``op`` in a lock session of its own."""
+
+    def run(store: Store) -> T:
+        with store.lock():
+            return op(store)
+
+    return run
+
+
+class EndpointGroup:
+    """tabby-node's: the endpoint writes (and removals) of concurrent calls on one datastore
+    run in batches (``datastore.group``), a batch in ONE lock session of the node: a burst
+    of ADDs takes the node's lock once per batch, not once per pod, and queues behind it once,
+    and the batch's documents are made durable together at its end
+    (``datastore.base.write_batch``: the file store fsyncs the directory once, not once per
+    pod). Each write is still its own compare-and-swap of its own document, as alone (the
+    store protocol has nothing else), durable before its call answers; one that failed in the batch
+    is run again alone (``Stores.run``: of the store itself when the view may have been
+    stale), unless the store itself failed (unreachable, the lock not had in time)."""
+
+    def __init__(self, stores: Stores) -> None:
+        from datastore.group import Batches
+
+        self.stores = stores
+        self.batches: Batches[Callable[[Store], object], object] = Batches()
+
+    def run(self, settings: StoreSettings, op: Callable[[Store], T]) -> T:
+        from datastore.errors import LockTimeout
+        from stores import identity
+
+        got = self.batches.submit(
+            identity(settings),
+            op,
+            lambda ops: self._session(settings, ops),
+            wait=settings.lock_timeout_seconds * 2 + 5,
+            timeout_error=lambda: LockTimeout(
+                settings.datastore_type, "no batch took this endpoint write in time"
+            ),
+        )
+        return cast("T", got)
+
+    def _session(
+        self, settings: StoreSettings, ops: list[Callable[[Store], object]]
+    ) -> list[object]:
+        from datastore.base import write_batch
+        from datastore.errors import DatastoreError, LockTimeout, StoreUnavailable
+
+        def session(store: Store) -> list[object]:
+            out: list[object] = []
+            # endpoints are independent documents, and each call answers after the batch:
+            # durable together at its end (the file store: one directory fsync, not one each)
+            with store.lock(), write_batch(store):
+                for op in ops:
+                    try:
+                        out.append(op(store))
+                    except (StoreUnavailable, LockTimeout):
+                        raise  # the store itself: the whole batch fails
+                    except DatastoreError as e:  # this one alone: asked again below
+                        out.append(e)
+            return out
+
+        try:
+            results = self.stores.run(settings, session)
+        except (StoreUnavailable, LockTimeout) as e:  # asking again would double the wait
+            return [e] * len(ops)
+        for i, got in enumerate(results):
+            if isinstance(got, DatastoreError):
+                try:
+                    results[i] = self.stores.run(settings, locked(ops[i]))
+                except DatastoreError as e:
+                    results[i] = e
+        return results
 
 
 def _store_errors() -> AbstractContextManager[None]:
@@ -577,6 +657,17 @@ class Plugin:
             host = host_ifname(args, conf)
         except Unknown as e:
             logger.warning("no host veth of that name can exist (%s): pod side only", e)
+        # The endpoint (and in tabby-node the pod's policy) is removed while the kernel
+        # side is torn down, as an ADD records it: the teardown waits for no store (DEL-7),
+        # and the addresses are released only after both (DEL-3, below).
+        erased: _InBackground | None = None
+        try:
+            read.store(conf.ipam)
+            read.node_name(conf)
+        except Unknown as e:
+            logger.warning("no workload endpoint of that key or store (%s): none removed", e)
+        else:
+            erased = _InBackground(lambda: self.endpoints.removed(args, conf), "endpoint")
         local_error: CniError | None = None
         try:
             with phases.timed("netlink"):
@@ -589,22 +680,13 @@ class Plugin:
         except CniError as e:
             logger.error("local teardown failed: %s", e)
             local_error = e
-        try:
-            read.store(conf.ipam)
-            read.node_name(conf)
-        except Unknown as e:
-            logger.warning("no workload endpoint of that key or store (%s): none removed", e)
-        else:
-            started = time.perf_counter()
-            try:
-                self.endpoints.removed(args, conf)
-            except CniError as e:
-                logger.error("cannot remove the workload endpoint: %s", e)
-                local_error = local_error or e
-            finally:  # in line: all of it is on the call's path
-                seconds = time.perf_counter() - started
-                phases.add("endpoint", seconds)
-                phases.add("endpoint_wait", seconds)
+        finally:
+            failure = erased.wait() if erased is not None else None
+        if isinstance(failure, CniError):
+            logger.error("cannot remove the workload endpoint: %s", failure)
+            local_error = local_error or failure
+        elif failure is not None:
+            raise failure
         # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
         with phases.timed("ipam"):
             self._ipam(args, conf, "DEL")()

@@ -10,9 +10,9 @@ Phases (``PHASES``):
 
 * ``ipam``: the IPAM verb, its durable write included.
 * ``netlink``: the kernel side of the attachment (veth, addresses, routes, sysctls).
-* ``endpoint``: the WorkloadEndpoint write and, in tabby-node, the pod's policy. An ADD
-  runs it beside ``netlink``: only ``endpoint_wait``, the time the ADD waited for it once
-  the kernel side was done, is on the call's path; a DEL runs it in line.
+* ``endpoint``: the WorkloadEndpoint write (a DEL: its removal) and, in tabby-node, the
+  pod's policy. An ADD and a DEL run it beside ``netlink``: only ``endpoint_wait``, the
+  time the call waited for it once the kernel side was done, is on the call's path.
 * ``server``: the rest of the call (:func:`end` computes it).
 """
 

@@ -263,6 +263,21 @@ class Leases(Store, Protocol):
     def keepalive(self, kind: str, key: str) -> bool: ...
 
 
+def write_batch(store: Store) -> AbstractContextManager[None]:
+    """Inside ``store.lock()``: the independent documents written in the block are durable
+    when it exits, not each when its write returns (the file store: one fsync of each
+    directory for them all, ``FileStore.write_batch``; every other store: each write as
+    always). Each write is still its own compare-and-swap and visible at once; only for
+    writes no invariant orders against each other, whose callers answer after the block."""
+    batch = getattr(store, "write_batch", None)
+    if callable(batch):
+        got: AbstractContextManager[None] = batch()
+        return got
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def leases(store: Store) -> Leases:
     """``store`` as a ``Leases`` (``TypeError`` for a store without leases: a caller that
     needs them runs only on the stores that have them)."""

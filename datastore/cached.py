@@ -169,6 +169,11 @@ class Cached:
     def lock(self) -> AbstractContextManager[None]:
         return self.store.lock()
 
+    def write_batch(self) -> AbstractContextManager[None]:
+        from datastore.base import write_batch
+
+        return write_batch(self.store)
+
     def sync(self, kinds: Iterable[str], stop: threading.Event) -> Iterator[SyncEvent]:
         return self.store.sync(kinds, stop)
 

@@ -222,16 +222,18 @@ def _names(path: str, fd: int) -> bool:
 
 class StoreLock:
     """One ``lock()`` session (a context manager): the thread lock, the lock file's fd (None
-    without a lock file), and ``dirty`` for the store's own use (the file store: "this
-    session wrote")."""
+    without a lock file), and ``dirty`` and ``deferred`` for the store's own use (the file
+    store: "this session wrote"; the kinds whose directory a ``write_batch`` syncs at its
+    end)."""
 
-    __slots__ = ("dirty", "fd", "store", "thread_lock")
+    __slots__ = ("deferred", "dirty", "fd", "store", "thread_lock")
 
     def __init__(self, store: Engine) -> None:
         self.store = store
         self.fd: int | None = None
         self.thread_lock: threading.Lock | None = None
         self.dirty = False
+        self.deferred: set[str] | None = None
 
     def __enter__(self) -> None:
         self.store._acquire(self)

@@ -31,7 +31,8 @@ a ttl was ever used holds an empty ``.ttl`` marker: only there does ``list_keys`
 documents (to leave out expired ones); elsewhere it lists names only.
 
 Writes: temp file in the same directory (O_EXCL, O_NOFOLLOW, 0600), write, fsync,
-``os.replace``, fsync of the directory. Before a locked session's first write, the lock file is
+``os.replace``, fsync of the directory (in a ``write_batch``: once for the batch's documents,
+at its end). Before a locked session's first write, the lock file is
 made non-empty; a clean unlock truncates it. The next locker that finds it non-empty removes
 temp files a killed writer left behind. Every open uses O_NOFOLLOW relative to a directory fd
 opened with O_NOFOLLOW: a symlinked data_dir, kind directory or document is refused
@@ -58,6 +59,7 @@ consistent per document, not across them (hold ``lock()`` for that).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import json
 import os
@@ -446,7 +448,7 @@ class FileStore(Engine):
             finally:
                 os.close(fd)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            os.fsync(dfd)
+            self._dir_written(dfd, kind)
         except OSError as e:
             try:
                 os.unlink(tmp, dir_fd=dfd)
@@ -458,9 +460,52 @@ class FileStore(Engine):
         try:
             self._mark_dirty()
             os.unlink(name, dir_fd=dfd)
-            os.fsync(dfd)
+            self._dir_written(dfd, kind)
         except OSError as e:
             raise StoreUnavailable(self._path(kind, name), reason(e)) from None
+
+    def _dir_written(self, dfd: int, kind: str) -> None:
+        """A name in ``kind``'s directory changed: fsync the directory now, or, in this
+        thread's ``write_batch``, once at its end."""
+        session = self._holding()
+        if session is not None and session.deferred is not None:
+            session.deferred.add(kind)
+        else:
+            self._fsync_dir(dfd)
+
+    def _fsync_dir(self, dfd: int) -> None:
+        os.fsync(dfd)
+
+    @contextlib.contextmanager
+    def write_batch(self) -> Iterator[None]:
+        """In this thread's ``lock()`` session: the documents written (or deleted) in the
+        block each have their temp file fsynced and renamed as always (visible at once, to
+        every reader), and the directories they are in fsynced once at its end, not once
+        per document: durable when the block exits. Nested: the outer one syncs."""
+        session = self._holding()
+        if session is None:
+            raise RuntimeError("FileStore.write_batch() outside lock()")
+        if session.deferred is not None:
+            yield
+            return
+        session.deferred = set()
+        try:
+            yield
+        finally:
+            kinds, session.deferred = session.deferred, None
+            self._sync_dirs(kinds)
+
+    def _sync_dirs(self, kinds: set[str]) -> None:
+        for kind in sorted(kinds):
+            dfd = self._kind_fd(kind, create=False)
+            if dfd is None:
+                continue  # pragma: no cover - written to in this session
+            try:
+                self._fsync_dir(dfd)
+            except OSError as e:
+                raise StoreUnavailable(os.path.join(self.data_dir, DIRS[kind]), reason(e)) from None
+            finally:
+                os.close(dfd)
 
     # -- sync -----------------------------------------------------------------------------
 

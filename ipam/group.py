@@ -8,8 +8,8 @@ others get their outcome. So the writes of a burst fall from one per pod to abou
 batch, and the calls run in parallel where the datastore allows it (each batch's write is
 what they wait for together, not each other's).
 
-Leadership passes on: a leader whose own ADD is answered hands the queue to the next waiter,
-so no call serves others for long. An ADD that its batch refused (no address, a conflict it
+Who leads, who waits and the hand-over are ``datastore.group``'s (the WorkloadEndpoints the
+ADDs record are batched the same way). An ADD that its batch refused (no address, a conflict it
 could not resolve) is run again on its own through the process's stores (``Stores.run``,
 which asks the store itself when the watch's view may have been stale): a refusal never
 rests on the batch.
@@ -17,10 +17,10 @@ rests on the batch.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from datastore.group import Batches
 from ipam.core import Allocation, AssignRequest, DatastoreError, Ipam, PoolSpec
 from ipam.core.errors import LockTimeout, StoreUnavailable
 
@@ -28,29 +28,19 @@ if TYPE_CHECKING:
     from datastore.base import Store, StoreSettings
     from stores import Stores
 
-
-class _Waiter:
-    __slots__ = ("done", "lead", "req", "result")
-
-    def __init__(self, req: AssignRequest) -> None:
-        self.req = req
-        self.result: list[Allocation] | BaseException | None = None
-        self.done = threading.Event()  #: the outcome is in ``result``, or it leads now
-        self.lead = False
+Outcome = list[Allocation] | BaseException
 
 
 class GroupCommit:
-    """The ADDs of one datastore, node and pool configuration, assigned in batches."""
+    """The ADDs of one datastore, node and pool configuration, assigned in batches
+    (``datastore.group.Batches``: who leads, who waits, the hand-over)."""
 
     def __init__(self, stores: Stores) -> None:
         self.stores = stores
-        self.lock = threading.Lock()
-        #: (store, node, pools) -> the waiters not taken by a batch yet
-        self.queues: dict[tuple[object, ...], list[_Waiter]] = {}
-        self.leading: set[tuple[object, ...]] = set()
-        self.batches = 0  #: batches run (metrics, tests)
+        #: keyed by (store, node, pools)
+        self.group: Batches[AssignRequest, list[Allocation]] = Batches()
+        self.batches = 0  #: batches written (metrics, tests)
         self.assigned = 0  #: attachments assigned by them
-        self.writing = 0  #: ADDs in the batches being written now
 
     def assign(
         self,
@@ -63,59 +53,21 @@ class GroupCommit:
         concurrent ADDs of the same datastore, node and pools."""
         from stores import identity
 
-        key = (identity(settings), node, tuple(pools))
-        me = _Waiter(req)
-        with self.lock:
-            self.queues.setdefault(key, []).append(me)
-            if key not in self.leading:
-                self.leading.add(key)
-                me.lead = True
-        if not me.lead and not me.done.wait(settings.lock_timeout_seconds * 2 + 5):
-            with self.lock:  # the lock orders this against a hand-over to this waiter
-                queued = not me.lead and me in self.queues.get(key, ())
-                if queued:
-                    self.queues[key].remove(me)
-            if queued:
-                raise LockTimeout(node, "no batch took this ADD in time")
-            me.done.wait()  # a batch has it or it leads now (a batch's store calls are bounded)
-        while me.lead and me.result is None:
-            self._run_batch(settings, node, pools, key)
-        if isinstance(me.result, BaseException):
-            raise me.result
-        assert me.result is not None
-        return me.result
-
-    def _run_batch(
-        self, settings: StoreSettings, node: str, pools: Sequence[PoolSpec], key: tuple[object, ...]
-    ) -> None:
-        with self.lock:
-            batch = self.queues.pop(key, [])
-        if batch:
-            with self.lock:
-                self.writing += len(batch)
-            try:
-                self._assign(settings, node, pools, batch)
-            finally:
-                with self.lock:
-                    self.writing -= len(batch)
-        with self.lock:  # hand over: the next waiter leads (the leader's own ADD is done)
-            waiting = self.queues.get(key)
-            if waiting:
-                nxt = waiting[0]
-                if nxt.result is None and not nxt.lead:
-                    nxt.lead = True
-                    nxt.done.set()
-            else:
-                self.leading.discard(key)
-        for w in batch:
-            w.lead = False
-            w.done.set()
+        return self.group.submit(
+            (identity(settings), node, tuple(pools)),
+            req,
+            lambda reqs: self._assign(settings, node, pools, reqs),
+            wait=settings.lock_timeout_seconds * 2 + 5,
+            timeout_error=lambda: LockTimeout(node, "no batch took this ADD in time"),
+        )
 
     def _assign(
-        self, settings: StoreSettings, node: str, pools: Sequence[PoolSpec], batch: list[_Waiter]
-    ) -> None:
-        reqs = [w.req for w in batch]
-
+        self,
+        settings: StoreSettings,
+        node: str,
+        pools: Sequence[PoolSpec],
+        reqs: list[AssignRequest],
+    ) -> list[Outcome]:
         def run(store: Store) -> list[list[Allocation] | DatastoreError]:
             ipam = Ipam(store, node)
             ipam.ensure_pools(pools)
@@ -124,25 +76,23 @@ class GroupCommit:
         try:
             results = self.stores.run(settings, run)
         except (StoreUnavailable, LockTimeout) as e:  # the store itself: every one fails
-            for w in batch:
-                w.result = e
-            return
+            return [e] * len(reqs)
         except DatastoreError:
-            results = [DatastoreError("batch failed")] * len(batch)
+            results = [DatastoreError("batch failed")] * len(reqs)
         self.batches += 1
-        for w, got in zip(batch, results, strict=True):
+        out: list[Outcome] = []
+        for req, got in zip(reqs, results, strict=True):
             if isinstance(got, list):
-                w.result = got
+                out.append(got)
                 self.assigned += 1
-                continue
-            if isinstance(got, (StoreUnavailable, LockTimeout)):
-                w.result = got  # the store itself: asking again would only double the wait
-                continue
-            # refused in the batch: asked again on its own, of the store itself if need be
-            try:
-                w.result = self.stores.run(settings, _Single(node, pools, w.req))
-            except DatastoreError as e:
-                w.result = e
+            elif isinstance(got, (StoreUnavailable, LockTimeout)):
+                out.append(got)  # the store itself: asking again would only double the wait
+            else:  # refused in the batch: asked again on its own, of the store itself if need be
+                try:
+                    out.append(self.stores.run(settings, _Single(node, pools, req)))
+                except DatastoreError as e:
+                    out.append(e)
+        return out
 
 
 class _Single:

@@ -35,7 +35,26 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
+from bundle.calico import KUBERNETES_POLICY_ORDER, endpoint_labels
 from bundle.types import IPAddress, IPNetwork
+from policy.calico import (
+    DEFAULT_TIER,
+    DEFAULT_TIER_ORDER,
+    Action,
+    CalicoPolicy,
+    CalicoRule,
+    EntityMatch,
+    Matcher,
+    NetworkSet,
+    Packet,
+    Party,
+    Tier,
+    TierAction,
+    policy_sort_key,
+    protocol_number,
+    rule_matches,
+    tier_sort_key,
+)
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
 PROTOCOLS: tuple[Protocol, ...] = ("TCP", "UDP", "SCTP")
@@ -43,6 +62,9 @@ Direction = Literal["ingress", "egress"]
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 Family = Literal[4, 6]
 Labels = tuple[tuple[str, str], ...]
+
+_DIRECTIONS: tuple[Direction, Direction] = ("ingress", "egress")
+_ICMP: Mapping[int, int] = {4: 1, 6: 58}
 
 #: The label every namespace carries (Kubernetes sets it; tabby does too, applied or not).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -301,12 +323,13 @@ class ContainerPort:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Pod:
-    """The labels and named ports a Kubernetes API server holds for a pod."""
+    """The labels, named ports and service account a Kubernetes API server holds for a pod."""
 
     namespace: str
     name: str
     labels: Labels = ()
     ports: tuple[ContainerPort, ...] = ()
+    service_account: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", _labels(self.labels))
@@ -342,12 +365,16 @@ class Endpoint:
 @dataclasses.dataclass(frozen=True)
 class ClusterState:
     """Everything the engine needs: all of the cluster's policies, namespaces, pods and
-    endpoints (remote endpoints too: selectors resolve to their addresses)."""
+    endpoints (remote endpoints too: selectors resolve to their addresses); Calico's
+    policies (namespaced, global, staged), network sets and tiers (:mod:`policy.calico`)."""
 
     policies: tuple[Policy, ...] = ()
     namespaces: tuple[Namespace, ...] = ()
     pods: tuple[Pod, ...] = ()
     endpoints: tuple[Endpoint, ...] = ()
+    calico_policies: tuple[CalicoPolicy, ...] = ()
+    network_sets: tuple[NetworkSet, ...] = ()
+    tiers: tuple[Tier, ...] = ()
 
     def with_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ClusterState:
         eps = (*(e for e in self.endpoints if e.key != ep.key), ep)
@@ -374,6 +401,7 @@ class _Member:
     items: frozenset[tuple[str, str]]
     ports: tuple[ContainerPort, ...]
     addresses: tuple[IPAddress, ...]
+    service_account: str = ""
 
     @property
     def ident(self) -> str:
@@ -400,7 +428,9 @@ class _View:
                 cache[raw] = (dict(raw), frozenset(raw))
             labels, items = cache[raw]
             addrs = tuple(ipaddress.ip_address(a) for a in ep.addresses)
-            m = _Member(ep, labels, items, pod.ports if pod is not None else (), addrs)
+            ports = pod.ports if pod is not None else ()
+            account = pod.service_account if pod is not None else ""
+            m = _Member(ep, labels, items, ports, addrs, account)
             self.members.append(m)
             self.by_ns.setdefault(ep.namespace, []).append(m)
             for a in addrs:
@@ -408,6 +438,46 @@ class _View:
             if ep.namespace not in self.ns_labels:
                 self.ns_labels[ep.namespace] = {NAMESPACE_NAME_LABEL: ep.namespace}
         self._ns_items = {k: frozenset(v.items()) for k, v in self.ns_labels.items()}
+        self._calico_labels: dict[int, dict[str, str]] = {}
+        self.network_sets = [
+            (s.networks(), self._scoped(dict(s.labels), s.namespace, None))
+            for s in sorted(state.network_sets, key=lambda s: s.key)
+        ]
+
+    def _scoped(
+        self, labels: Mapping[str, str], ns: str | None, account: str | None
+    ) -> dict[str, str]:
+        ns_labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns}) if ns is not None else None
+        return endpoint_labels(
+            labels, namespace=ns, namespace_labels=ns_labels, service_account=account
+        )
+
+    def calico_labels(self, m: _Member) -> Mapping[str, str]:
+        """The labels Calico's selectors read on an endpoint (its namespace's under
+        ``pcns.``, its service account's name)."""
+        got = self._calico_labels.get(id(m))
+        if got is None:
+            got = self._scoped(m.labels, m.ep.namespace, m.service_account or None)
+            self._calico_labels[id(m)] = got
+        return got
+
+    def party(self, m: _Member | None, addr: IPAddress) -> Party:
+        """One end of a packet as Calico's rules see it."""
+        sets = tuple(labels for nets, labels in self.network_sets if any(addr in n for n in nets))
+        if m is None:
+            return Party(addr, None, sets)
+        ports = tuple((cp.name, protocol_number(cp.protocol), cp.port) for cp in m.ports)
+        return Party(addr, self.calico_labels(m), sets, ports)
+
+    def tier(self, name: str) -> Tier:
+        """A tier by name: a Tier resource's, ``default``'s defaults, or (a policy naming a
+        tier that does not exist) last, ending in Deny: never open by a missing tier. The
+        ``default`` tier always ends in Deny, as in Calico: what isolates a pod under a
+        Kubernetes NetworkPolicy cannot be passed on by a Tier resource."""
+        for t in self.state.tiers:
+            if t.name == name:
+                return t if name != DEFAULT_TIER else dataclasses.replace(t, default_action="Deny")
+        return Tier(name, DEFAULT_TIER_ORDER if name == DEFAULT_TIER else None, "Deny")
 
     def ns_matches(self, sel: LabelSelector, ns: str) -> bool:
         labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns})
@@ -435,14 +505,25 @@ def _selects(pol: Policy, m: _Member) -> bool:
 
 # --- intermediate representation -------------------------------------------------------------
 
-SetKind = Literal["addr", "cidr", "named-port"]
+SetKind = Literal["addr", "cidr", "named-port", "sel", "selnet"]
 Element = str | tuple[str, str, int]
+#: What a Calico rule does when it matches, in the IR: ``log`` logs and goes on to the next
+#: rule, ``pass`` leaves the tier (a mark bit the endpoint's chain reads, then ``return``).
+Verdict = Literal["accept", "drop", "log", "pass"]
+VERDICTS: Mapping[Action, Verdict] = {
+    "Allow": "accept",
+    "Deny": "drop",
+    "Log": "log",
+    "Pass": "pass",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class SetDef:
-    """A named set: ``addr`` (pod addresses, plain set), ``cidr`` (interval set) or
-    ``named-port`` (``address . protocol . port``). ``comment`` says what it holds."""
+    """A named set: ``addr`` (pod addresses, plain set), ``cidr`` (interval set),
+    ``named-port`` (``address . protocol . port``), or for a Calico selector ``sel`` (the
+    addresses of the endpoints it matches, plain) and ``selnet`` (the nets of the network
+    sets it matches, an interval set). ``comment`` says what it holds."""
 
     name: str
     family: Family
@@ -454,6 +535,8 @@ class SetDef:
     scope: str | LabelSelector | None = dataclasses.field(default=None, compare=False)
     pods: LabelSelector | None = dataclasses.field(default=None, compare=False)
     port_name: str | None = dataclasses.field(default=None, compare=False)
+    #: ``sel`` / ``selnet`` sets: the Calico selector (not part of equality either).
+    selector: Matcher | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,24 +558,115 @@ class IRRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class SideMatch:
+    """One side (source or destination address and port) of a :class:`TierRule`, in one
+    family; every given part must hold. ``in_set``: the address is in it;
+    ``not_in_sets``: in none of them; ``named_port_set``: ``address . protocol . port`` is
+    in it; ``not_named_port_sets``: in none of them. Nets are disjoint prefixes."""
+
+    nets: tuple[str, ...] = ()
+    not_nets: tuple[str, ...] = ()
+    in_set: str | None = None
+    not_in_sets: tuple[str, ...] = ()
+    ports: tuple[tuple[int, int], ...] = ()
+    not_ports: tuple[tuple[int, int], ...] = ()
+    named_port_set: str | None = None
+    not_named_port_sets: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TierRule:
+    """One rule of a Calico policy's chain, in one family: its ``verdict`` when every part
+    matches. ``rule`` is the index of the Calico rule it comes from (one Calico rule gives
+    one TierRule per family and per alternative: a selector's endpoint and network-set
+    sets, each named port); ``icmp`` / ``not_icmp``: (type, code or None)."""
+
+    verdict: Verdict
+    family: Family
+    rule: int
+    comment: str
+    protocol: int | None = None
+    not_protocol: int | None = None
+    icmp: tuple[int, int | None] | None = None
+    not_icmp: tuple[int, int | None] | None = None
+    src: SideMatch = SideMatch()
+    dst: SideMatch = SideMatch()
+
+
+@dataclasses.dataclass(frozen=True)
 class PolicyChain:
+    """One policy's rules for one direction: a Kubernetes NetworkPolicy's accept rules
+    (:class:`IRRule`), or a Calico policy's rules with their verdicts (:class:`TierRule`;
+    ``tier`` set; ``staged``: counted, never enforced)."""
+
     name: str
     policy: str
     direction: Direction
-    rules: tuple[IRRule, ...]
+    rules: tuple[IRRule | TierRule, ...]
+    tier: str = ""
+    staged: bool = False
+    #: the kind of a Calico policy (``GlobalNetworkPolicy``, ...); "" for Kubernetes'
+    kind: str = ""
+
+    @property
+    def can_pass(self) -> bool:
+        return any(isinstance(r, TierRule) and r.verdict == "pass" for r in self.rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class TierSpan:
+    """One tier of an endpoint's program: its policy chains in order, whether each can
+    Pass, and what ends the tier when none decided (``Deny``: drop; ``Pass``: on)."""
+
+    tier: str
+    chains: tuple[str, ...]
+    passing: tuple[bool, ...]
+    default_action: TierAction
 
 
 @dataclasses.dataclass(frozen=True)
 class EndpointProgram:
     """What one local endpoint's two chains do: per direction ``None`` when no policy
     selects the pod for it (everything allowed), else the policy chains to try, in order,
-    before the drop."""
+    before the drop.
+
+    When a Calico policy (staged or not) applies to the endpoint for a direction, that
+    direction is *tiered*: ``<direction>_tiers`` holds the tiers in order (``ingress`` /
+    ``egress`` is then every tier's chains, flat), ``<direction>_staged`` the staged
+    policies' chains (jumped first: they count and return), and past the last tier the
+    profile allows. Otherwise both are empty and the Kubernetes form applies."""
 
     interface: str
     endpoint: str
     addresses: tuple[str, ...]
     ingress: tuple[str, ...] | None
     egress: tuple[str, ...] | None
+    ingress_tiers: tuple[TierSpan, ...] = ()
+    egress_tiers: tuple[TierSpan, ...] = ()
+    ingress_staged: tuple[str, ...] = ()
+    egress_staged: tuple[str, ...] = ()
+
+    def tiers(self, direction: Direction) -> tuple[TierSpan, ...]:
+        return self.ingress_tiers if direction == "ingress" else self.egress_tiers
+
+    def staged(self, direction: Direction) -> tuple[str, ...]:
+        return self.ingress_staged if direction == "ingress" else self.egress_staged
+
+    def tiered(self, direction: Direction) -> bool:
+        return bool(self.tiers(direction) or self.staged(direction))
+
+    def chains(self, direction: Direction) -> tuple[str, ...] | None:
+        return self.ingress if direction == "ingress" else self.egress
+
+
+@dataclasses.dataclass(frozen=True)
+class _IRPacket:
+    src: str
+    dst: str
+    protocol: str
+    sport: int | None
+    dport: int | None
+    icmp: tuple[int, int] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,16 +691,29 @@ class DesiredState:
         port: int | None,
         src_iface: str | None,
         dst_iface: str | None,
+        *,
+        source_port: int | None = None,
+        icmp: tuple[int, int] | None = None,
     ) -> bool:
         """Evaluate the IR for one new connection (as the dataplane would): the egress
         program of ``src_iface`` (when the source is a local endpoint) and the ingress
-        program of ``dst_iface`` (when the destination is one). Unknown interfaces drop."""
-        for direction, iface in (("egress", src_iface), ("ingress", dst_iface)):
+        program of ``dst_iface`` (when the destination is one). Unknown interfaces drop.
+        ``source_port`` and ``icmp`` (type, code) are read by Calico's rules only."""
+        sides: tuple[tuple[Direction, str | None], ...] = (
+            ("egress", src_iface),
+            ("ingress", dst_iface),
+        )
+        for direction, iface in sides:
             if iface is None:
                 continue
             prog = self.endpoints.get(iface)
             if prog is None:
                 return False
+            if prog.tiered(direction):
+                pkt = _IRPacket(src, dst, protocol, source_port, port, icmp)
+                if not self._tiers_allow(prog.tiers(direction), direction, pkt):
+                    return False
+                continue
             chains = prog.egress if direction == "egress" else prog.ingress
             if chains is None:
                 continue
@@ -535,13 +722,94 @@ class DesiredState:
                 return False
         return True
 
+    def _tiers_allow(self, tiers: Sequence[TierSpan], direction: Direction, pkt: _IRPacket) -> bool:
+        for span in tiers:
+            decided: Verdict | None = None
+            for chain in span.chains:
+                decided = self._chain_verdict(chain, direction, pkt)
+                if decided is not None:
+                    break
+            if decided == "accept":
+                return True
+            if decided == "drop" or (decided is None and span.default_action == "Deny"):
+                return False
+        return True  # past every tier: the profile
+
+    def _chain_verdict(self, chain: str, direction: Direction, pkt: _IRPacket) -> Verdict | None:
+        """The verdict of a chain's first deciding rule (Log rules log and go on)."""
+        c = self.chains[chain]
+        if not c.tier:  # a Kubernetes policy's chain: accept rules
+            peer = pkt.dst if direction == "egress" else pkt.src
+            accepts = self._chain_accepts(chain, peer, pkt.dst, pkt.protocol, pkt.dport)
+            return "accept" if accepts else None
+        for r in c.rules:
+            if isinstance(r, TierRule) and r.verdict != "log" and self._tier_rule_matches(r, pkt):
+                return r.verdict
+        return None
+
+    def _tier_rule_matches(self, r: TierRule, pkt: _IRPacket) -> bool:
+        if ipaddress.ip_address(pkt.src).version != r.family:
+            return False
+        try:
+            number = protocol_number(pkt.protocol)
+        except ValueError:
+            number = -1
+        if r.protocol is not None and number != r.protocol:
+            return False
+        if r.not_protocol is not None and number == r.not_protocol:
+            return False
+        icmp_type, icmp_code = pkt.icmp if pkt.icmp is not None else (None, None)
+        for want, negated in ((r.icmp, False), (r.not_icmp, True)):
+            if want is None:
+                continue
+            hit = icmp_type == want[0] and (want[1] is None or icmp_code == want[1])
+            if hit is negated:
+                return False
+        name = pkt.protocol.lower()
+        return self._side_matches(r.src, pkt.src, name, pkt.sport) and self._side_matches(
+            r.dst, pkt.dst, name, pkt.dport
+        )
+
+    def _side_matches(self, m: SideMatch, addr: str, proto: str, port: int | None) -> bool:
+        a = ipaddress.ip_address(addr)
+        if m.nets and not any(a in ipaddress.ip_network(n) for n in m.nets):
+            return False
+        if any(a in ipaddress.ip_network(n) for n in m.not_nets):
+            return False
+        if m.in_set is not None and not self._in_set(m.in_set, addr):
+            return False
+        if any(self._in_set(name, addr) for name in m.not_in_sets):
+            return False
+        if m.ports and (port is None or not any(lo <= port <= hi for lo, hi in m.ports)):
+            return False
+        if m.not_ports and (port is None or any(lo <= port <= hi for lo, hi in m.not_ports)):
+            return False
+        if (
+            m.named_port_set is not None
+            and (addr, proto, port) not in self.elements[m.named_port_set]
+        ):
+            return False
+        return not (
+            m.not_named_port_sets
+            and (
+                port is None
+                or any((addr, proto, port) in self.elements[n] for n in m.not_named_port_sets)
+            )
+        )
+
+    def _in_set(self, name: str, addr: str) -> bool:
+        if self.sets[name].kind in ("cidr", "selnet"):
+            a = ipaddress.ip_address(addr)
+            return any(a in ipaddress.ip_network(str(n)) for n in self.elements[name])
+        return addr in self.elements[name]
+
     def _chain_accepts(
         self, chain: str, peer: str, dst: str, protocol: str, port: int | None
     ) -> bool:
         fam = ipaddress.ip_address(peer).version
         proto = protocol.lower()
         for r in self.chains[chain].rules:
-            if r.family is not None and r.family != fam:
+            if not isinstance(r, IRRule) or (r.family is not None and r.family != fam):
                 continue
             if (
                 r.peer_set is not None
@@ -606,6 +874,7 @@ class _Builder:
         # selector set key -> (names per family); members computed once per key
         self._selector_sets: dict[str, dict[Family, str]] = {}
         self._named_sets: dict[str, dict[Family, str]] = {}
+        self._calico_sets: dict[str, dict[Family, tuple[str, str]]] = {}
 
     def _add_set(self, d: SetDef, elements: Iterable[Element]) -> None:
         self.sets[d.name] = d
@@ -685,6 +954,108 @@ class _Builder:
                             out.append(IRRule(nfam, pset, lproto, (), nset, comment))
         return PolicyChain(name, pol.key, direction, tuple(out))
 
+    # -- Calico ---------------------------------------------------------------------------
+
+    def calico_sets(self, sel: Matcher) -> dict[Family, tuple[str, str]]:
+        """A Calico rule selector's two sets per family: the addresses of the endpoints it
+        matches (``s4-``/``s6-``) and the nets of the network sets it matches (``w4-``/
+        ``w6-``, disjoint prefixes)."""
+        key = str(sel)
+        if key in self._calico_sets:
+            return self._calico_sets[key]
+        view = self.view
+        addrs: dict[int, list[str]] = {4: [], 6: []}
+        for m in view.members:
+            if sel.matches(view.calico_labels(m)):
+                for a in m.addresses:
+                    addrs[a.version].append(str(a))
+        nets: dict[int, list[IPNetwork]] = {4: [], 6: []}
+        for networks, labels in view.network_sets:
+            if sel.matches(labels):
+                for n in networks:
+                    nets[n.version].append(n)
+        digest = _digest("calico|" + key)
+        names: dict[Family, tuple[str, str]] = {}
+        for fam in sorted(self.families):
+            a_name, n_name = f"s{fam}-{digest}", f"w{fam}-{digest}"
+            what = f"selector [{key}]"
+            self._add_set(SetDef(a_name, fam, "sel", f"endpoints {what}", selector=sel), addrs[fam])
+            self._add_set(
+                SetDef(n_name, fam, "selnet", f"network sets {what}", selector=sel),
+                collapsed(nets[fam]),
+            )
+            names[fam] = (a_name, n_name)
+        self._calico_sets[key] = names
+        return names
+
+    def calico_chain(self, pol: CalicoPolicy, direction: Direction) -> PolicyChain:
+        out: list[TierRule] = []
+        for i, rule in enumerate(pol.rules(direction)):
+            comment = f"{pol.tier}/{pol.key} {direction}[{i}]"
+            for fam in sorted(self.families):
+                out.extend(self._tier_rules(rule, fam, i, comment))
+        name = calico_chain_name(pol, direction)
+        return PolicyChain(name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind)
+
+    def _tier_rules(self, rule: CalicoRule, fam: Family, i: int, comment: str) -> list[TierRule]:
+        if rule.ip_version is not None and rule.ip_version != fam:
+            return []
+        if rule.protocol == _ICMP[6 if fam == 4 else 4]:
+            return []  # ICMP is IPv4's, ICMPv6 IPv6's
+        srcs = self._sides(rule.source, fam, rule.protocol)
+        dsts = self._sides(rule.destination, fam, rule.protocol)
+        icmp = (rule.icmp.type, rule.icmp.code) if rule.icmp is not None else None
+        not_icmp = (rule.not_icmp.type, rule.not_icmp.code) if rule.not_icmp else None
+        verdict = VERDICTS[rule.action]
+        return [
+            TierRule(
+                verdict, fam, i, comment, rule.protocol, rule.not_protocol, icmp, not_icmp, a, b
+            )
+            for a in srcs
+            for b in dsts
+        ]
+
+    def _sides(self, e: EntityMatch, fam: Family, protocol: int | None) -> list[SideMatch]:
+        """The alternatives one side of a rule is, in one family (none: it cannot match)."""
+        nets = [n for n in (ipaddress.ip_network(x) for x in e.nets) if n.version == fam]
+        if e.nets and not nets:
+            return []
+        not_nets = [n for n in (ipaddress.ip_network(x) for x in e.not_nets) if n.version == fam]
+        in_sets: list[str | None] = [None]
+        if e.selector is not None:
+            in_sets = list(self.calico_sets(e.selector)[fam])
+        not_in: tuple[str, ...] = ()
+        if e.not_selector is not None:
+            not_in = self.calico_sets(e.not_selector)[fam]
+        numbered = [(p.first, p.last) for p in e.ports if p.name is None]
+        ports: list[tuple[tuple[tuple[int, int], ...], str | None]] = []
+        if numbered:
+            ports.append((_merge_ranges(numbered), None))
+        for p in e.ports:
+            if p.name is not None:
+                ports.append(((), self.named_port_sets(p.name).get(fam)))
+        if not e.ports:
+            ports.append(((), None))
+        not_numbered = _merge_ranges((p.first, p.last) for p in e.not_ports if p.name is None)
+        not_named = tuple(
+            self.named_port_sets(p.name)[fam] for p in e.not_ports if p.name is not None
+        )
+        base = SideMatch(
+            tuple(str(n) for n in collapsed(nets)),
+            tuple(str(n) for n in collapsed(not_nets)),
+            None,
+            not_in,
+            (),
+            not_numbered,
+            None,
+            not_named,
+        )
+        return [
+            dataclasses.replace(base, in_set=s, ports=r, named_port_set=n)
+            for s in in_sets
+            for r, n in ports
+        ]
+
     def _rule_peers(self, pol: Policy, rule: Rule) -> list[tuple[Family | None, str | None]]:
         """A rule's peer matches: (family, set) pairs; [(None, None)] = any peer."""
         peers: list[tuple[Family | None, str | None]] = []
@@ -752,14 +1123,81 @@ def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6))
     for m in local:
         sel = selecting[m.ep.interface]
         ing, egr = sel.get("ingress"), sel.get("egress")
-        endpoints[m.ep.interface] = EndpointProgram(
+        prog = EndpointProgram(
             m.ep.interface,
             f"{m.ep.namespace}/{m.ep.name}",
             m.ep.addresses,
             tuple(ing) if ing is not None else None,
             tuple(egr) if egr is not None else None,
         )
-    return DesiredState(b.sets, b.elements, chains, endpoints, len(state.policies))
+        if state.calico_policies:
+            prog = _tiered_program(view, b, m, prog, chains)
+        endpoints[m.ep.interface] = prog
+    count = len(state.policies) + len(state.calico_policies)
+    return DesiredState(b.sets, b.elements, chains, endpoints, count)
+
+
+def _tiered_program(
+    view: _View, b: _Builder, m: _Member, prog: EndpointProgram, chains: dict[str, PolicyChain]
+) -> EndpointProgram:
+    """``prog`` with the directions a Calico policy (staged or not) applies to tiered: the
+    chains of every policy that applies, by tier (as :func:`explain` walks them), the
+    staged policies' chains first."""
+    out = prog
+    for direction in _DIRECTIONS:
+        by_tier = _entries(view, m, direction, staged=True)
+        if not any(e.calico is not None for es in by_tier.values() for e in es):
+            continue
+        spans: list[TierSpan] = []
+        staged: list[str] = []
+        for tier, entries in by_tier.items():
+            names: list[str] = []
+            passing: list[bool] = []
+            for e in entries:
+                if e.k8s is not None:
+                    names.append(_policy_chain_name(e.k8s, direction))
+                    passing.append(False)
+                    continue
+                assert e.calico is not None
+                chain = b.calico_chain(e.calico, direction)
+                chains[chain.name] = chain
+                if e.calico.staged:
+                    staged.append(chain.name)
+                else:
+                    names.append(chain.name)
+                    passing.append(chain.can_pass)
+            if names:
+                action = view.tier(tier).default_action
+                spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
+        flat = tuple(n for span in spans for n in span.chains)
+        if direction == "ingress":
+            out = dataclasses.replace(
+                out, ingress=flat, ingress_tiers=tuple(spans), ingress_staged=tuple(staged)
+            )
+        else:
+            out = dataclasses.replace(
+                out, egress=flat, egress_tiers=tuple(spans), egress_staged=tuple(staged)
+            )
+    return out
+
+
+def calico_chain_name(pol: CalicoPolicy, direction: Direction) -> str:
+    """``ci-<h>`` / ``ce-<h>``: ``<h>`` hashes the policy's whole content, so an edited
+    policy is a new chain (and its per-rule counters new counters), never a changed one."""
+    # (every part's text is canonical: no set's iteration order, so no hash seed, in it)
+    content = (direction, pol.key, pol.tier, pol.order, sorted(pol.types), str(pol.selector))
+    text = repr((content, pol.rules(direction)))
+    return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(text)}"
+
+
+def collapsed(nets: Iterable[IPNetwork]) -> list[str]:
+    """Nets as the disjoint prefixes covering exactly their union (an interval set's
+    elements: nft refuses overlapping ones)."""
+    nets = list(nets)
+    v4 = [n for n in nets if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in nets if isinstance(n, ipaddress.IPv6Network)]
+    out = [str(n) for n in ipaddress.collapse_addresses(v4)]
+    return out + [str(n) for n in ipaddress.collapse_addresses(v6)]
 
 
 def _policy_chain_name(pol: Policy, direction: Direction) -> str:
@@ -791,6 +1229,16 @@ class DirectionVerdict:
     allowed: bool
     allowed_by: tuple[str, ...]
     reason: str
+    #: the tier that decided: its rule, or its end (None: no policy selects the pod, or
+    #: every tier passed the packet on to the profile)
+    tier: str | None = None
+    #: the rule that decided (``<policy> <direction>[<index>]``), whatever its action; ""
+    #: when a tier's end, the profile or the absence of policy did
+    decided_by: str = ""
+    #: the Log rules the packet matched on its way, in order
+    logged: tuple[str, ...] = ()
+    #: what the staged policies that apply would have made of it ("" when none applies)
+    staged: str = ""
 
     @property
     def isolated(self) -> bool:
@@ -818,7 +1266,10 @@ class Explanation:
                 continue
             sel = ", ".join(v.selecting) if v.selecting else "none"
             out.append(f"  {v.direction} of {v.pod}: selected by {sel}")
+            out.extend(f"    logged by {rule}" for rule in v.logged)
             out.append(f"    {'allowed' if v.allowed else 'denied'}: {v.reason}")
+            if v.staged:
+                out.append(f"    staged: {v.staged}")
         return out
 
 
@@ -866,6 +1317,138 @@ def _rule_matches(
     return not rule.ports or any(_port_matches(p, protocol, port, dst_ports) for p in rule.ports)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """A policy that applies to one endpoint in one direction, as a tier walk sees it: a
+    Kubernetes NetworkPolicy (Allow rules, tier ``default``, order 1000, Calico's name
+    ``knp.default.<name>`` for ties) or a Calico policy."""
+
+    tier: str
+    sort: tuple[bool, float, str]
+    key: str
+    k8s: Policy | None = None
+    calico: CalicoPolicy | None = None
+
+    def rules(self, direction: Direction) -> tuple[object, ...]:
+        if self.k8s is not None:
+            return self.k8s.rules(direction)
+        assert self.calico is not None
+        return self.calico.rules(direction)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """The packet as both kinds of rule read it."""
+
+    remote: _Member | None
+    remote_addr: IPAddress
+    protocol: str
+    port: int | None
+    dst_ports: Sequence[ContainerPort]
+    packet: Packet
+
+
+def _entries(
+    view: _View, me: _Member, direction: Direction, *, staged: bool
+) -> dict[str, list[_Entry]]:
+    """The policies that apply to ``me`` for ``direction``, by tier, each tier in its order
+    (staged policies too when ``staged``: what they would do)."""
+    out: dict[str, list[_Entry]] = {}
+    for p in view.state.policies:
+        if direction in p.types and _selects(p, me):
+            sort = policy_sort_key(KUBERNETES_POLICY_ORDER, f"{p.namespace}/knp.default.{p.name}")
+            out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
+    labels: Mapping[str, str] | None = None
+    for c in view.state.calico_policies:
+        if direction not in c.types or (c.staged and not staged):
+            continue
+        labels = labels if labels is not None else view.calico_labels(me)
+        if c.selector.matches(labels):
+            sort = policy_sort_key(c.order, c.key.removeprefix("staged:"))
+            out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
+    tiers = sorted((view.tier(t) for t in out), key=tier_sort_key)
+    return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
+
+
+def _first_match(
+    view: _View, e: _Entry, direction: Direction, ctx: _Context, logged: list[str]
+) -> tuple[Action, str] | None:
+    """The action and name of the first rule of ``e`` that decides (Log rules that match are
+    appended to ``logged`` and passed over), or None."""
+    if e.k8s is not None:
+        for i, rule in enumerate(e.k8s.rules(direction)):
+            if _rule_matches(
+                view,
+                e.k8s,
+                rule,
+                ctx.remote,
+                ctx.remote_addr,
+                ctx.protocol,
+                ctx.port,
+                ctx.dst_ports,
+            ):
+                return "Allow", f"{e.key} {direction}[{i}]"
+        return None
+    assert e.calico is not None
+    for i, crule in enumerate(e.calico.rules(direction)):
+        if rule_matches(crule, ctx.packet):
+            name = f"{e.calico.tier}/{e.key} {direction}[{i}]"  # as the rule's nft comment
+            if crule.action != "Log":
+                return crule.action, name
+            logged.append(name)
+    return None
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _walk(
+    view: _View, me: _Member, direction: Direction, ctx: _Context, *, staged: bool
+) -> DirectionVerdict:
+    """The tiers in order: the first rule that decides in the first policy (order, then name)
+    that applies decides; Pass leaves the tier; a tier that applies and decides nothing ends
+    in its defaultAction; past every tier the profile allows."""
+    tiers = _entries(view, me, direction, staged=staged)
+    names = tuple(e.key for entries in tiers.values() for e in entries)
+    if not names:
+        why = f"no policy selects the pod for {direction}"
+        return DirectionVerdict(me.ident, direction, (), True, (), why)
+    logged: list[str] = []
+    passed: list[str] = []
+    for tier, entries in tiers.items():
+        decided: tuple[Action, str] | None = None
+        for e in entries:
+            decided = _first_match(view, e, direction, ctx, logged)
+            if decided is not None:
+                break
+        where = "" if tier == DEFAULT_TIER else f" in tier {tier}"
+        if decided is not None and decided[0] in ("Allow", "Deny"):
+            action, rule = decided
+            allowed = action == "Allow"
+            reason = f"by {rule}" + ("" if allowed else " (Deny)")
+            by = (rule,) if allowed else ()
+            return DirectionVerdict(
+                me.ident, direction, names, allowed, by, reason, tier, rule, tuple(logged)
+            )
+        if decided is not None:  # Pass: on to the next tier
+            passed.append(f"{decided[1]} passed{where}")
+            continue
+        if view.tier(tier).default_action == "Pass":
+            passed.append(f"tier {tier} passed by its defaultAction")
+            continue
+        count = sum(len(e.rules(direction)) for e in entries)
+        reason = (
+            f"isolated by {_count(len(entries), 'policy', 'policies')}{where} and none of their"
+            f" {_count(count, direction + ' rule', direction + ' rules')} matches"
+        )
+        return DirectionVerdict(
+            me.ident, direction, names, False, (), reason, tier, "", tuple(logged)
+        )
+    reason = "; ".join(passed) + ": past every tier, the profile allows"
+    return DirectionVerdict(me.ident, direction, names, True, (), reason, None, "", tuple(logged))
+
+
 def _direction_verdict(
     view: _View,
     me: _Member,
@@ -874,35 +1457,22 @@ def _direction_verdict(
     remote_addr: IPAddress,
     protocol: str,
     port: int | None,
+    packet: Packet,
 ) -> DirectionVerdict:
-    pols = [
-        p
-        for p in sorted(view.state.policies, key=lambda p: (p.namespace, p.name))
-        if direction in p.types and _selects(p, me)
-    ]
-    names = tuple(p.key for p in pols)
-    if not pols:
-        return DirectionVerdict(
-            me.ident, direction, (), True, (), f"no policy selects the pod for {direction}"
-        )
     # Named ports resolve on the destination: the selected pod on ingress, the peer on egress.
     if direction == "ingress":
         dst_ports: Sequence[ContainerPort] = me.ports
     else:
         dst_ports = remote.ports if remote is not None else ()
-    by: list[str] = []
-    for p in pols:
-        for i, rule in enumerate(p.rules(direction)):
-            if _rule_matches(view, p, rule, remote, remote_addr, protocol, port, dst_ports):
-                by.append(f"{p.key} {direction}[{i}]")
-    if by:
-        return DirectionVerdict(me.ident, direction, names, True, tuple(by), f"by {', '.join(by)}")
-    count = sum(len(p.rules(direction)) for p in pols)
-    reason = (
-        f"isolated by {len(pols)} polic{'y' if len(pols) == 1 else 'ies'}"
-        f" and none of their {count} {direction} rule{'s' if count != 1 else ''} matches"
-    )
-    return DirectionVerdict(me.ident, direction, names, False, (), reason)
+    ctx = _Context(remote, remote_addr, protocol, port, dst_ports, packet)
+    verdict = _walk(view, me, direction, ctx, staged=False)
+    if not any(c.staged for c in view.state.calico_policies):
+        return verdict
+    would = _walk(view, me, direction, ctx, staged=True)
+    if would.selecting == verdict.selecting:
+        return verdict
+    said = f"would have {'allowed' if would.allowed else 'denied'}: {would.reason}"
+    return dataclasses.replace(verdict, staged=said)
 
 
 def _resolve(view: _View, t: Target, family: int | None) -> tuple[_Member | None, IPAddress, str]:
@@ -928,31 +1498,49 @@ def explain(
     *,
     node: str | None = None,
     host_addresses: Iterable[str] = (),
+    source_port: int | None = None,
+    icmp_type: int | None = None,
+    icmp_code: int | None = None,
 ) -> Explanation:
     """Why a new connection ``src -> dst`` (``protocol``/``port``) is allowed or not:
     the source pod's egress (when the source is a pod) and the destination pod's ingress
-    (when it is one). Addresses that belong to a pod are that pod; a CIDR stands for its
-    first address. ``protocol`` is TCP, UDP, SCTP, or another name (e.g. ICMP: only rules
-    without ports match it). With ``node`` and its ``host_addresses``, traffic from those
-    addresses to a pod on that node is allowed unpoliced, as the dataplane does (kubelet
-    probes)."""
+    (when it is one), each a walk of the tiers (:mod:`policy.calico`) naming the tier,
+    policy and rule that decided. Addresses that belong to a pod are that pod; a CIDR
+    stands for its first address. ``protocol`` is TCP, UDP, SCTP, or another name or number
+    (e.g. ICMP, with ``icmp_type``/``icmp_code``: only rules without ports match it);
+    ``source_port`` for Calico rules' source ports. With ``node`` and its
+    ``host_addresses``, traffic from those addresses to a pod on that node is allowed
+    unpoliced, as the dataplane does (kubelet probes)."""
     view = _View(state)
     protocol = protocol.upper()
+    try:
+        number = protocol_number(protocol)
+    except ValueError:
+        number = -1  # a name no rule can give: only rules without a protocol match
     fam = None
     for t in (src, dst):
         if isinstance(t, str):
             fam = ipaddress.ip_interface(t).version
     s_m, s_addr, s_name = _resolve(view, src, fam)
     d_m, d_addr, d_name = _resolve(view, dst, s_addr.version)
+    packet = Packet(
+        view.party(s_m, s_addr),
+        view.party(d_m, d_addr),
+        number,
+        source_port,
+        port,
+        icmp_type,
+        icmp_code,
+    )
     egress = ingress = None
     if s_m is not None:
-        egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port)
+        egress = _direction_verdict(view, s_m, "egress", d_m, d_addr, protocol, port, packet)
     hosts = {ipaddress.ip_address(a) for a in host_addresses}
     if d_m is not None and s_m is None and d_m.ep.node == node and s_addr in hosts:
         why = f"traffic from node {node} to its own pods is not policed"
         ingress = DirectionVerdict(d_m.ident, "ingress", (), True, (), why)
     elif d_m is not None:
-        ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port)
+        ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port, packet)
     return Explanation(s_name, d_name, protocol, port, egress, ingress)
 
 
@@ -964,7 +1552,20 @@ def allowed(
 
 def selecting_policies(state: ClusterState, namespace: str, pod: str) -> dict[Direction, list[str]]:
     """Which policies select a pod, per direction (``tabbyctl policy explain POD``): by the
-    labels of its Pod resource, else of its endpoints."""
+    labels of its Pod resource, else of its endpoints. With an endpoint, in the order the
+    tiers are walked, a Calico policy as ``<tier>/<policy>`` (staged ones too, named
+    ``staged:...``); a pod without one is matched by Kubernetes' policies alone."""
+    view = _View(state)
+    member = next((m for m in view.by_ns.get(namespace, ()) if m.ep.pod == pod), None)
+    if member is not None:
+        return {
+            d: [
+                e.key if e.k8s is not None else f"{e.tier}/{e.key}"
+                for entries in _entries(view, member, d, staged=True).values()
+                for e in entries
+            ]
+            for d in _DIRECTIONS
+        }
     known = next((p for p in state.pods if (p.namespace, p.name) == (namespace, pod)), None)
     label_sets = [known.labels] if known is not None else []
     label_sets += [e.labels for e in state.endpoints if (e.namespace, e.pod) == (namespace, pod)]

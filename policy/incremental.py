@@ -40,7 +40,10 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
+from bundle.calico import endpoint_labels
 from policy import engine
+from policy.calico import CalicoPolicy, NetworkSet, Tier
+from policy.counters import chain_counters
 from policy.engine import (
     NAMESPACE_NAME_LABEL,
     ClusterState,
@@ -61,8 +64,10 @@ from policy.engine import (
     SetDef,
 )
 
-UpdateKind = Literal["policy", "namespace", "pod", "endpoint", "nat"]
-Value = Policy | Namespace | Pod | Endpoint | NatConfig
+UpdateKind = Literal[
+    "policy", "namespace", "pod", "endpoint", "nat", "calico-policy", "network-set", "tier"
+]
+Value = Policy | Namespace | Pod | Endpoint | NatConfig | CalicoPolicy | NetworkSet | Tier
 _Key = tuple[str, str]
 _DIRECTIONS: tuple[Direction, Direction] = ("ingress", "egress")
 K = TypeVar("K")
@@ -73,7 +78,8 @@ V = TypeVar("V")
 class Update:
     """One input as it is now (``value``), or gone (``None``). ``key``: ``namespace/name``
     of a policy, pod or endpoint (the endpoint's own name, not its pod's), the name of a
-    namespace, ``""`` for the NAT pools (whose value is never None)."""
+    namespace, ``""`` for the NAT pools (whose value is never None); a Calico policy's or
+    network set's ``key`` (:attr:`~policy.calico.CalicoPolicy.key`), a tier's name."""
 
     kind: UpdateKind
     key: str
@@ -104,10 +110,15 @@ class Delta:
     )
     gone_endpoints: tuple[str, ...] = ()
     nat: tuple[NatConfig, NatConfig] | None = None
+    #: the per-rule counters of the gone chains of Calico policies, by chain (a Kubernetes
+    #: policy's chain has one, ``pkt-<chain>``)
+    gone_rule_counters: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: only a whole new table can do it: the engine entered or left Calico's model
+    replace: bool = False
 
     @property
     def empty(self) -> bool:
-        return not self.size
+        return not self.size and not self.replace
 
     @property
     def size(self) -> int:
@@ -261,6 +272,18 @@ class IncrementalPolicy:
         self._d_programs: dict[str, EndpointProgram | None] = {}
         self._d_nat: NatConfig | None = None
         self._state: ClusterState | None = None
+        # Calico's kinds. While a Calico policy exists the IR is the full computation's,
+        # taken at each take_delta (``_exported``); the structures above keep following the
+        # Kubernetes inputs, for when the last Calico policy goes.
+        self._calico: dict[str, CalicoPolicy] = {}
+        self._network_sets: dict[str, NetworkSet] = {}
+        self._tiers: dict[str, Tier] = {}
+        self._exported: DesiredState | None = None
+        # what changed since the last take_delta, for Calico's model: only remote
+        # endpoints (their addresses), or anything else (a full computation)
+        self._calico_full = True
+        self._calico_addrs: set[str] = set()
+        self._eps_by_addr: dict[str, set[_Key]] = {}
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -276,11 +299,29 @@ class IncrementalPolicy:
                 tuple(self._namespaces.values()),
                 tuple(self._pods.values()),
                 tuple(m.ep for m in self._endpoints.values()),
+                tuple(self._calico.values()),
+                tuple(self._network_sets.values()),
+                tuple(self._tiers.values()),
             )
         return self._state
 
+    @property
+    def calico(self) -> bool:
+        """Whether a Calico policy (staged or not) exists: the IR is then computed whole."""
+        return bool(self._calico)
+
+    @property
+    def calico_policies(self) -> Mapping[str, CalicoPolicy]:
+        """The Calico policies by key (read-only, live)."""
+        return MappingProxyType(self._calico)
+
     def desired(self) -> DesiredState:
         """The IR, materialised: equal to ``compute(self.state(), node, families)``."""
+        if self._calico:
+            return engine.compute(self.state(), self.node, self.families)
+        return self._k8s_desired()
+
+    def _k8s_desired(self) -> DesiredState:
         return DesiredState(
             dict(self._sets),
             {name: frozenset(elems) for name, elems in self._members.items()},
@@ -296,18 +337,29 @@ class IncrementalPolicy:
 
     @property
     def chains(self) -> Mapping[str, PolicyChain]:
-        """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds."""
+        """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds
+        (with Calico's model: as of the last :meth:`take_delta`)."""
+        if self._exported is not None:
+            return MappingProxyType(self._exported.chains)
         return MappingProxyType(self._chains)
 
     @property
     def programs(self) -> Mapping[str, EndpointProgram]:
-        """The endpoint programs by interface now (read-only, live): ``desired().endpoints``."""
+        """The endpoint programs by interface now (read-only, live): ``desired().endpoints``
+        (with Calico's model: as of the last :meth:`take_delta`)."""
+        if self._exported is not None:
+            return MappingProxyType(self._exported.endpoints)
         return MappingProxyType(self._programs)
 
     def stats(self) -> tuple[int, int, int, int, int]:
         """(endpoint programs, policies, rules, sets, set elements) of the IR, without
         materialising it; rules as the dataplane counts them (policy chains' rules, and per
         endpoint and direction its jumps and final verdict)."""
+        if self._exported is not None:
+            ir = self._exported
+            rules = ir.rule_count + sum(_program_rules(p) for p in ir.endpoints.values())
+            elements = sum(len(e) for e in ir.elements.values())
+            return len(ir.endpoints), ir.policies, rules, len(ir.sets), elements
         rules = self._n_chain_rules + self._n_program_rules
         return len(self._programs), len(self._policies), rules, len(self._sets), self._n_elements
 
@@ -328,6 +380,12 @@ class IncrementalPolicy:
             if isinstance(v, Namespace):
                 return self.put_namespace(v)
             return self.remove_namespace(u.key)
+        if u.kind == "calico-policy":
+            return self._put_calico(self._calico, u.key, v, CalicoPolicy)
+        if u.kind == "network-set":
+            return self._put_calico(self._network_sets, u.key, v, NetworkSet)
+        if u.kind == "tier":
+            return self._put_calico(self._tiers, u.key, v, Tier)
         ns, _, name = u.key.partition("/")
         if u.kind == "policy":
             if isinstance(v, Policy):
@@ -353,6 +411,18 @@ class IncrementalPolicy:
         want_pods = {(p.namespace, p.name): p for p in state.pods}
         want_eps = {e.key: e for e in state.endpoints}
         n = 0
+        for inputs, want in (
+            (self._calico, {c.key: c for c in state.calico_policies}),
+            (self._network_sets, {s.key: s for s in state.network_sets}),
+            (self._tiers, {t.name: t for t in state.tiers}),
+        ):
+            if inputs != want:
+                n += len(inputs.keys() ^ want.keys())
+                n += sum(1 for k in inputs.keys() & want.keys() if inputs[k] != want[k])
+                inputs.clear()
+                inputs.update(want)  # type: ignore[arg-type]
+                self._state = None
+                self._calico_full = True
         for pk in [k for k in self._policies if k not in want_pol]:
             n += self.remove_policy(*pk)
         for ek in [k for k in self._endpoints if k not in want_eps]:
@@ -373,9 +443,22 @@ class IncrementalPolicy:
             n += self.set_nat(nat)
         return n
 
+    def _put_calico(self, inputs: dict[str, V], key: str, value: object, kind: type[V]) -> bool:
+        """A Calico input put (``value`` of ``kind``) or removed (anything else)."""
+        if isinstance(value, kind):
+            if inputs.get(key) == value:
+                return False
+            inputs[key] = value
+        elif inputs.pop(key, None) is None:
+            return False
+        self._state = None
+        self._calico_full = True
+        return True
+
     def set_nat(self, nat: NatConfig) -> bool:
         if nat == self._nat:
             return False
+        self._calico_full = True
         if self._d_nat is None:
             self._d_nat = self._nat
         self._nat = nat
@@ -385,6 +468,7 @@ class IncrementalPolicy:
         old = self._namespaces.get(ns.name)
         if old == ns:
             return False
+        self._calico_full = True
         self._namespaces[ns.name] = ns
         self._relabel_namespace(ns.name, old, ns)
         return True
@@ -393,13 +477,17 @@ class IncrementalPolicy:
         old = self._namespaces.pop(name, None)
         if old is None:
             return False
+        self._calico_full = True
         self._relabel_namespace(name, old, None)
         return True
 
     def put_pod(self, pod: Pod) -> bool:
         key = (pod.namespace, pod.name)
-        if self._pods.get(key) == pod:
+        old = self._pods.get(key)
+        if old == pod:
             return False
+        if (old.service_account if old is not None else "") != pod.service_account:
+            self._calico_full = True  # in Calico's labels only: no set of the endpoints' moves
         self._pods[key] = pod
         self._state = None
         self._repod(key)
@@ -407,8 +495,11 @@ class IncrementalPolicy:
 
     def remove_pod(self, namespace: str, name: str) -> bool:
         key = (namespace, name)
-        if self._pods.pop(key, None) is None:
+        old = self._pods.pop(key, None)
+        if old is None:
             return False
+        if old.service_account:
+            self._calico_full = True
         self._state = None
         self._repod(key)
         return True
@@ -433,6 +524,7 @@ class IncrementalPolicy:
         old = self._policies.get(key)
         if old == pol:
             return False
+        self._calico_full = True
         self._repolicy(key, old, pol)
         return True
 
@@ -441,13 +533,78 @@ class IncrementalPolicy:
         old = self._policies.get(key)
         if old is None:
             return False
+        self._calico_full = True
         self._repolicy(key, old, None)
         return True
 
     # -- the delta --------------------------------------------------------------------------
 
     def take_delta(self) -> Delta:
-        """What changed in the IR since the last call (net), and start anew."""
+        """What changed in the IR since the last call (net), and start anew. While a Calico
+        policy exists, the difference of two full computations; entering or leaving that
+        model replaces the table (``Delta.replace``)."""
+        k8s = self._take_k8s_delta()
+        if not self._calico and self._exported is None:
+            return k8s
+        if not self._calico:
+            self._exported = None
+            return Delta(nat=k8s.nat, replace=True)
+        was = self._exported
+        if was is None or self._calico_full or _structural(k8s):
+            now = engine.compute(self.state(), self.node, self.families)
+        else:
+            now = self._remote_changes(was, k8s)
+        self._exported = now
+        self._calico_full, self._calico_addrs = False, set()
+        if was is None:
+            return Delta(nat=k8s.nat, replace=True)
+        return ir_difference(was, now, k8s.nat)
+
+    def _remote_changes(self, was: DesiredState, k8s: Delta) -> DesiredState:
+        """The IR after changes of remote endpoints only (no program, no chain changes):
+        the Kubernetes sets as the structures above changed them (``k8s``), Calico's
+        selector sets and the named-port sets only Calico's rules use tested again for
+        the addresses the changed endpoints had or have. Equal to ``engine.compute``."""
+        elements = dict(was.elements)
+        for name in k8s.added.keys() | k8s.removed.keys():
+            gone = k8s.removed.get(name, frozenset())
+            elements[name] = (elements[name] - gone) | k8s.added.get(name, frozenset())
+        addrs = self._calico_addrs
+        for name, sd in was.sets.items():
+            if name in self._sets or not addrs or sd.kind not in ("sel", "named-port"):
+                continue
+            mine = {a for a in addrs if (":" in a) == (sd.family == 6)}
+            if sd.kind == "sel":
+                assert sd.selector is not None
+                sel = sd.selector
+                held = set(elements[name])
+                for a in mine:
+                    keys = self._eps_by_addr.get(a, ())
+                    if any(sel.matches(self._calico_labels(self._endpoints[k])) for k in keys):
+                        held.add(a)
+                    else:
+                        held.discard(a)
+            else:
+                held = {e for e in elements[name] if not (isinstance(e, tuple) and e[0] in mine)}
+                for a in mine:
+                    for k in self._eps_by_addr.get(a, ()):
+                        for cp in self._endpoints[k].ports:
+                            if cp.name == sd.port_name:
+                                held.add((a, cp.protocol.lower(), cp.port))
+            if held != elements[name]:
+                elements[name] = frozenset(held)
+        return DesiredState(was.sets, elements, was.chains, was.endpoints, was.policies)
+
+    def _calico_labels(self, m: _Member) -> Mapping[str, str]:
+        """The labels Calico's selectors read on an endpoint, as the engine builds them."""
+        pod = self._pods.get((m.ns, m.ep.pod))
+        account = pod.service_account if pod is not None else ""
+        ns_labels = _ns_view(self._namespaces.get(m.ns), m.ns)[0]
+        return endpoint_labels(
+            m.labels, namespace=m.ns, namespace_labels=ns_labels, service_account=account or None
+        )
+
+    def _take_k8s_delta(self) -> Delta:
         new_sets: dict[str, SetDef] = {}
         new_elements: dict[str, frozenset[Element]] = {}
         gone_sets: list[str] = []
@@ -531,6 +688,8 @@ class IncrementalPolicy:
         )
 
     def _index(self, key: _Key, m: _Member) -> None:
+        for a in (*m.v4, *m.v6):
+            self._eps_by_addr.setdefault(a, set()).add(key)
         self._eps_by_ns.setdefault(m.ns, set()).add(key)
         self._eps_by_pod.setdefault((m.ns, m.ep.pod), []).append(key)
         if m.local:
@@ -538,6 +697,8 @@ class IncrementalPolicy:
             self._iface_eps.setdefault(m.ep.interface, set()).add(key)
 
     def _unindex(self, key: _Key, m: _Member) -> None:
+        for a in (*m.v4, *m.v6):
+            _discard(self._eps_by_addr, a, key)
         _discard(self._eps_by_ns, m.ns, key)
         pod = (m.ns, m.ep.pod)
         same_pod = self._eps_by_pod[pod]
@@ -558,6 +719,11 @@ class IncrementalPolicy:
 
     def _replace(self, key: _Key, old: _Member | None, new: _Member | None) -> None:
         """One endpoint changes from ``old`` to ``new`` (either may be None)."""
+        for m in (old, new):
+            if m is not None:
+                if m.local:
+                    self._calico_full = True  # a program may change
+                self._calico_addrs.update(m.v4, m.v6)
         self._state = None
         if old is not None:
             self._unindex(key, old)
@@ -948,6 +1114,57 @@ class IncrementalPolicy:
         if prog is not None:
             self._programs[iface] = prog
             self._n_program_rules += _program_rules(prog)
+
+
+def _structural(d: Delta) -> bool:
+    """Whether a delta of the Kubernetes structures made or removed anything but set
+    elements (what only a full computation follows in Calico's model)."""
+    return bool(
+        d.new_sets
+        or d.gone_sets
+        or d.new_chains
+        or d.changed_chains
+        or d.gone_chains
+        or d.new_endpoints
+        or d.changed_endpoints
+        or d.gone_endpoints
+    )
+
+
+def ir_difference(
+    was: DesiredState, now: DesiredState, nat: tuple[NatConfig, NatConfig] | None = None
+) -> Delta:
+    """The :class:`Delta` from one IR to another (and the NAT pools' change)."""
+    common = [
+        n for n in was.sets.keys() & now.sets.keys() if was.elements[n] is not now.elements[n]
+    ]
+    added = {n: now.elements[n] - was.elements[n] for n in common}
+    removed = {n: was.elements[n] - now.elements[n] for n in common}
+    gone_chains = sorted(was.chains.keys() - now.chains.keys())
+    counters = {
+        name: tuple(sorted(chain_counters(was.chains[name])))
+        for name in gone_chains
+        if was.chains[name].tier
+    }
+    return Delta(
+        {n: now.sets[n] for n in now.sets.keys() - was.sets.keys()},
+        {n: now.elements[n] for n in now.sets.keys() - was.sets.keys()},
+        tuple(sorted(was.sets.keys() - now.sets.keys())),
+        {n: e for n, e in added.items() if e},
+        {n: e for n, e in removed.items() if e},
+        {n: c for n, c in now.chains.items() if n not in was.chains},
+        {n: c for n, c in now.chains.items() if n in was.chains and was.chains[n] != c},
+        tuple(gone_chains),
+        {i: p for i, p in now.endpoints.items() if i not in was.endpoints},
+        {
+            i: (was.endpoints[i], p)
+            for i, p in now.endpoints.items()
+            if i in was.endpoints and was.endpoints[i] != p
+        },
+        tuple(sorted(was.endpoints.keys() - now.endpoints.keys())),
+        nat,
+        counters,
+    )
 
 
 def _program_rules(p: EndpointProgram) -> int:

@@ -7,6 +7,11 @@ It takes the models typed but imports them only for type checking: the engine's 
 
 :class:`PolicyInputs` turns a snapshot of the datastore (``resources.index.Documents``) into
 the engine's :class:`~policy.engine.ClusterState`, converting each document once per revision.
+
+Calico's kinds (``resources.calico``) become :mod:`policy.calico`'s inputs: a policy's and a
+rule side's selectors are compiled here, folded with their namespace, namespaceSelector and
+service accounts (``resources.selector.policy_selector`` / ``rule_selector``), so the engine
+matches the labels Calico gives endpoints and network sets and nothing else.
 """
 
 from __future__ import annotations
@@ -14,21 +19,38 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from policy import engine
+from policy import calico, engine
 from policy.incremental import Update, UpdateKind, Value
 from resources.index import (
+    CALICO_POLICIES,
     ENDPOINTS,
+    GLOBAL_NETWORK_SETS,
+    GLOBAL_POLICIES,
     NAMESPACES,
+    NETWORK_SETS,
     PODS,
     POLICIES,
     POOLS,
+    STAGED_GLOBAL_POLICIES,
+    STAGED_POLICIES,
+    TIERS,
     Change,
     Documents,
     Kind,
 )
 from resources.remote import RemoteEndpoint, RemotePod
+from resources.selector import parse_selector, policy_selector, rule_selector
 
 if TYPE_CHECKING:
+    from resources.calico import CalicoPolicy as CalicoPolicyModel
+    from resources.calico import (
+        EntityRule,
+        GlobalNetworkSet,
+        ICMPFields,
+        NetworkSet,
+        Rule,
+        Tier,
+    )
     from resources.k8s import (
         LabelSelector,
         Namespace,
@@ -141,6 +163,84 @@ def endpoint(wep: WorkloadEndpoint | RemoteEndpoint) -> engine.Endpoint:
     )
 
 
+def _icmp(fields: ICMPFields | None) -> calico.IcmpMatch | None:
+    if fields is None or fields.type is None:
+        return None  # no type: any message (a code needs a type)
+    return calico.IcmpMatch(fields.type, fields.code)
+
+
+def _side(e: EntityRule, namespace: str | None) -> calico.EntityMatch:
+    accounts = e.serviceAccounts
+    return calico.EntityMatch(
+        tuple(e.nets or ()),
+        tuple(e.notNets or ()),
+        rule_selector(
+            e.selector,
+            not_selector=e.notSelector,
+            namespace_selector=e.namespaceSelector,
+            service_account_selector=accounts.selector if accounts else None,
+            service_account_names=(accounts.names or ()) if accounts else (),
+            policy_namespace=namespace,
+        ),
+        parse_selector(e.notSelector) if e.notSelector else None,
+        tuple(calico.PortMatch.parse(p) for p in e.ports or ()),
+        tuple(calico.PortMatch.parse(p) for p in e.notPorts or ()),
+    )
+
+
+def _rule(r: Rule, namespace: str | None) -> calico.CalicoRule:
+    return calico.CalicoRule(
+        r.action,
+        r.protocol_number,
+        r.not_protocol_number,
+        _icmp(r.icmp),
+        _icmp(r.notICMP),
+        r.ipVersion,
+        _side(r.source, namespace),
+        _side(r.destination, namespace),
+    )
+
+
+def calico_policy(p: CalicoPolicyModel) -> calico.CalicoPolicy | None:
+    """A Calico policy kind (NetworkPolicy, GlobalNetworkPolicy, their staged kinds); None
+    for a staged ``Delete`` (what deleting a policy would do is not evaluated: see
+    policy/DESIGN.md)."""
+    spec = p.spec
+    if getattr(spec, "stagedAction", "Set") == "Delete":
+        return None
+    namespace = p.metadata.namespace if p.NAMESPACED else None
+    if p.NAMESPACED and namespace is None:
+        namespace = "default"
+    selector = policy_selector(
+        spec.selector,
+        namespace=namespace,
+        namespace_selector=getattr(spec, "namespaceSelector", None),
+        service_account_selector=spec.serviceAccountSelector,
+    )
+    types = frozenset(cast("calico.Direction", t.lower()) for t in spec.types or ("Ingress",))
+    return calico.CalicoPolicy(
+        p.name,
+        namespace,
+        selector,
+        spec.tier,
+        spec.order,
+        types,
+        tuple(_rule(r, namespace) for r in spec.ingress or ()),
+        tuple(_rule(r, namespace) for r in spec.egress or ()),
+        p.KIND.startswith("Staged"),
+    )
+
+
+def network_set(s: NetworkSet | GlobalNetworkSet) -> calico.NetworkSet:
+    namespace = (s.metadata.namespace or "default") if s.NAMESPACED else None
+    nets = tuple(str(n) for n in s.spec.networks())
+    return calico.NetworkSet(s.name, namespace, tuple((s.metadata.labels or {}).items()), nets)
+
+
+def tier(t: Tier) -> calico.Tier:
+    return calico.Tier(t.name, t.spec.order, t.spec.defaultAction)
+
+
 def cluster_state(
     policies: Iterable[NetworkPolicy],
     namespaces: Iterable[Namespace],
@@ -173,8 +273,16 @@ def _engine_key(value: object) -> str:
         return value.name
     if isinstance(value, engine.Policy | engine.Pod | engine.Endpoint):
         return f"{value.namespace}/{value.name}"
+    if isinstance(value, calico.CalicoPolicy | calico.NetworkSet):
+        return value.key
+    if isinstance(value, calico.Tier):
+        return value.name
     raise TypeError(f"not an engine input: {value!r}")
 
+
+#: The update kinds whose engine key is their document's store key (not Calico's: a staged
+#: policy's engine key is ``staged:<key>``).
+_SAME_KEYS: frozenset[UpdateKind] = frozenset({"policy", "namespace", "pod", "endpoint"})
 
 #: store kind -> (engine update kind, conversion)
 _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
@@ -182,6 +290,13 @@ _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
     NAMESPACES.name: ("namespace", lambda m: namespace(m)),
     PODS.name: ("pod", lambda m: pod(m)),
     ENDPOINTS.name: ("endpoint", lambda m: endpoint(m)),
+    **{
+        k.name: ("calico-policy", lambda m: calico_policy(m))
+        for k in (CALICO_POLICIES, GLOBAL_POLICIES, STAGED_POLICIES, STAGED_GLOBAL_POLICIES)
+    },
+    NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
+    GLOBAL_NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
+    TIERS.name: ("tier", lambda m: tier(m)),
 }
 
 
@@ -202,11 +317,22 @@ class PolicyInputs:
         self._pools: dict[str, tuple[str, bool]] = {}
 
     def convert(self, docs: Documents) -> tuple[engine.ClusterState, engine.NatConfig]:
+        policies = [
+            p
+            for kind in (CALICO_POLICIES, GLOBAL_POLICIES, STAGED_POLICIES, STAGED_GLOBAL_POLICIES)
+            for p in self._each(docs, kind, calico_policy)
+            if p is not None
+        ]
+        sets = self._each(docs, NETWORK_SETS, network_set)
+        sets += self._each(docs, GLOBAL_NETWORK_SETS, network_set)
         state = engine.ClusterState(
             tuple(self._each(docs, POLICIES, policy)),
             tuple(self._each(docs, NAMESPACES, namespace)),
             tuple(self._each(docs, PODS, pod)),
             tuple(self._each(docs, ENDPOINTS, endpoint)),
+            tuple(policies),
+            tuple(sets),
+            tuple(self._each(docs, TIERS, tier)),
         )
         pools = [e.value for _, e in sorted(docs.of(POOLS).items())]
         self._pools = {
@@ -240,10 +366,14 @@ class PolicyInputs:
         for ch, kind, value in converted:  # every conversion succeeded: now record them
             memo = self._memo.setdefault(ch.kind, {})
             held = memo.get(ch.key)
-            old_key = _engine_key(held[1]) if held is not None else None
-            if value is None:
+            # (a staged Delete converts to None: held as such, never an engine input)
+            old_key = _engine_key(held[1]) if held is not None and held[1] is not None else None
+            if value is None:  # deleted, or no engine input (a staged Delete)
                 memo.pop(ch.key, None)
-                out.append(Update(kind, old_key if old_key is not None else ch.key, None))
+                if old_key is not None:
+                    out.append(Update(kind, old_key, None))
+                elif kind in _SAME_KEYS:  # not held: its store key is the engine's
+                    out.append(Update(kind, ch.key, None))
                 continue
             memo[ch.key] = (-1, value)  # no revision: the next convert converts it again
             key = _engine_key(value)

@@ -52,18 +52,24 @@ from policy.counters import (
     DEFAULT_DENY,
     CounterKey,
     chain_counter,
+    chain_counters,
     counters_of,
     deny_counter,
     endpoint_counters,
+    rule_counter,
 )
 from policy.engine import (
     DesiredState,
+    Direction,
     Element,
     EndpointProgram,
     IRRule,
     NatConfig,
     PolicyChain,
     SetDef,
+    SideMatch,
+    TierRule,
+    TierSpan,
 )
 from policy.incremental import Delta
 
@@ -82,7 +88,23 @@ _SET_TYPE = {
     ("cidr", 6): "ipv6_addr",
     ("named-port", 4): "ipv4_addr . inet_proto . inet_service",
     ("named-port", 6): "ipv6_addr . inet_proto . inet_service",
+    ("sel", 4): "ipv4_addr",
+    ("sel", 6): "ipv6_addr",
+    ("selnet", 4): "ipv4_addr",
+    ("selnet", 6): "ipv6_addr",
 }
+_INTERVAL = ("cidr", "selnet")
+#: The mark bit a Calico rule's Pass sets before it returns: the endpoint chain skips the
+#: rest of the tier while it is set and clears it at the tier's end (and before the first).
+PASS_MARK = 0x01000000
+_PASS_SET = f"meta mark and {PASS_MARK:#010x} == {PASS_MARK:#010x}"
+_PASS_CLEAR = f"meta mark and {PASS_MARK:#010x} == 0x00000000 "
+_CLEAR = f"meta mark set meta mark and {0xFFFFFFFF ^ PASS_MARK:#010x}"
+#: What a Calico Log rule's packets carry to NFLOG group LOG_GROUP (the next rule decides),
+#: and a staged policy's rule that would have denied them: ``<prefix><direction> <counter>``
+#: (the rule's counter names it). Both within the node-wide limit of the denied-flow log.
+RULE_LOG_PREFIX = "tabby-log "
+STAGED_LOG_PREFIX = "tabby-staged "
 
 
 #: The NFLOG group denied packets go to (tabby's route protocol number, for memory).
@@ -154,6 +176,10 @@ def _element(e: Element) -> str:
     return e
 
 
+def _set_text(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
 def _ports(ranges: Sequence[tuple[int, int]]) -> str:
     items = [str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
     return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
@@ -177,7 +203,7 @@ class Renderer:
 
     # sets
     def add_set(self, d: SetDef) -> str:
-        flags = " flags interval;" if d.kind == "cidr" else ""
+        flags = " flags interval;" if d.kind in _INTERVAL else ""
         return (
             f"add set {self.t} {d.name} {{ type {_SET_TYPE[(d.kind, d.family)]};{flags}"
             f" comment {_quote(d.comment[:120])}; }}"
@@ -210,17 +236,129 @@ class Renderer:
         return f"add rule {self.t} {chain.name} {' '.join(parts)}"
 
     def policy_chain_rules(self, c: PolicyChain) -> list[str]:
-        return [self.rule(c, r) for r in c.rules]
+        out: list[str] = []
+        for r in c.rules:
+            if isinstance(r, TierRule):
+                out.extend(self.tier_rule(c, r))
+            else:
+                out.append(self.rule(c, r))
+        return out
+
+    @staticmethod
+    def _side(m: SideMatch, kw: str, end: str) -> list[str]:
+        addr, port = f"{kw} {end}addr", f"th {end}port"
+        parts = []
+        if m.nets:
+            parts.append(f"{addr} {_set_text(m.nets)}")
+        if m.not_nets:
+            parts.append(f"{addr} != {_set_text(m.not_nets)}")
+        if m.in_set is not None:
+            parts.append(f"{addr} @{m.in_set}")
+        parts.extend(f"{addr} != @{name}" for name in m.not_in_sets)
+        if m.ports:
+            parts.append(f"{port} {_ports(m.ports)}")
+        if m.not_ports:
+            parts.append(f"{port} != {_ports(m.not_ports)}")
+        if m.named_port_set is not None:
+            parts.append(f"{addr} . meta l4proto . {port} @{m.named_port_set}")
+        parts.extend(f"{addr} . meta l4proto . {port} != @{n}" for n in m.not_named_port_sets)
+        return parts
+
+    def tier_rule(self, c: PolicyChain, r: TierRule) -> list[str]:
+        """One rule of a Calico policy's chain: its matches, its counter, its verdict (a
+        staged policy's rule counts and returns: it never decides). A ``notICMP`` with a
+        code is two rules (another type; the type with another code)."""
+        kw = _FAM[r.family]
+        icmp = "icmp" if r.family == 4 else "icmpv6"
+        parts = [f"meta nfproto ipv{r.family}"]
+        if r.protocol is not None:
+            parts.append(f"meta l4proto {r.protocol}")
+        if r.not_protocol is not None:
+            parts.append(f"meta l4proto != {r.not_protocol}")
+        if r.icmp is not None:
+            parts.append(f"{icmp} type {r.icmp[0]}")
+            if r.icmp[1] is not None:
+                parts.append(f"{icmp} code {r.icmp[1]}")
+        parts += self._side(r.src, kw, "s") + self._side(r.dst, kw, "d")
+        alternatives = [parts]
+        if r.not_icmp is not None:
+            t, code = r.not_icmp
+            alternatives = [[*parts, f"{icmp} type != {t}"]]
+            if code is not None:
+                alternatives.append([*parts, f"{icmp} type {t}", f"{icmp} code != {code}"])
+        counter = rule_counter(c, r)[0]
+        count = f'counter name "{counter}"' if self.visibility else ""
+
+        def log(prefix: str) -> str:
+            what = _quote(f"{prefix}{c.direction} {counter}")
+            limit = 'limit name "log-denied"'
+            return f"{limit} log prefix {what} group {LOG_GROUP} snaplen {LOG_SNAPLEN}"
+
+        first: str | None = None  # a rule before the deciding one: a staged denial's log
+        if c.staged:
+            stmts = [count] if r.verdict == "log" else [count, "return"]
+            if r.verdict == "drop" and self.visibility:
+                first = log(STAGED_LOG_PREFIX)
+        elif r.verdict == "log":
+            stmts = [count, log(RULE_LOG_PREFIX) if self.visibility else ""]
+        elif r.verdict == "pass":
+            stmts = [count, f"meta mark set meta mark or {PASS_MARK:#010x} return"]
+        else:
+            stmts = [count, r.verdict]
+        comment = f"comment {_quote(r.comment)}"
+        out = []
+        for a in alternatives:
+            if first is not None:
+                out.append(" ".join((*a, first, comment)))
+            out.append(" ".join((*a, *(x for x in stmts if x), comment)))
+        return [f"add rule {self.t} {c.name} {line}" for line in out]
 
     # endpoint chains
     @staticmethod
     def ep_chains(iface: str) -> tuple[str, str]:
         return f"to-{iface}", f"from-{iface}"
 
+    def _tiered(self, p: EndpointProgram, chain: str, what: Direction) -> list[str]:
+        """A tiered direction: the staged policies' chains (they count and return), then
+        each tier: its policies' chains in order (after one that can Pass, only while the
+        Pass bit is clear), then its end (Deny: counted, logged, dropped, unless Passed);
+        past every tier the profile accepts."""
+        t = self.t
+        spans: tuple[TierSpan, ...] = p.tiers(what)
+        out = [f"add rule {t} {chain} jump {s}" for s in p.staged(what)]
+        if any(any(span.passing) for span in spans):
+            out.append(f"add rule {t} {chain} {_CLEAR}")
+        for span in spans:
+            guard = ""
+            for name, passing in zip(span.chains, span.passing, strict=True):
+                out.append(f"add rule {t} {chain} {guard}jump {name}")
+                if passing:
+                    guard = _PASS_CLEAR
+            if span.default_action == "Deny":
+                if self.visibility:
+                    count = deny_counter(p.interface, what)
+                    out.append(
+                        f'add rule {t} {chain} {guard}counter name "{count}" jump log-{what}'
+                    )
+                note = _quote(f"{p.endpoint}: end of tier {span.tier}")
+                out.append(f"add rule {t} {chain} {guard}drop comment {note}")
+            if guard:
+                out.append(f"add rule {t} {chain} {_CLEAR}")
+        note = _quote(f"{p.endpoint}: past every tier, the profile allows {what}")
+        out.append(f"add rule {t} {chain} accept comment {note}")
+        return out
+
     def endpoint_rules(self, p: EndpointProgram) -> list[str]:
         out = []
         to, frm = self.ep_chains(p.interface)
-        for chain, jumps, what in ((to, p.ingress, "ingress"), (frm, p.egress, "egress")):
+        ways: tuple[tuple[str, tuple[str, ...] | None, Direction], ...] = (
+            (to, p.ingress, "ingress"),
+            (frm, p.egress, "egress"),
+        )
+        for chain, jumps, what in ways:
+            if p.tiered(what):
+                out.extend(self._tiered(p, chain, what))
+                continue
             if jumps is None:
                 note = _quote(f"{p.endpoint}: no {what} policy")
                 out.append(f"add rule {self.t} {chain} accept comment {note}")
@@ -237,6 +375,10 @@ class Renderer:
     def add_counter(self, name: str, key: CounterKey) -> str:
         if key.policy == DEFAULT_DENY:  # an endpoint's: the same whoever has the interface
             what = f"{key.direction} denied by isolation"
+        elif key.tier:
+            ns = f"{key.namespace}/" if key.namespace else ""
+            staged = "staged " if key.staged else ""
+            what = f"{staged}{key.tier}/{ns}{key.policy} {key.rule} {key.verdict}"
         else:
             what = f"{key.namespace}/{key.policy} {key.direction} {key.verdict}"
         return f"add counter {self.t} {name} {{ comment {_quote(what)}; }}"
@@ -428,7 +570,7 @@ class Renderer:
     ) -> list[str]:
         """An endpoint's chains written again, unless only its addresses differ (nothing
         in the chains then)."""
-        if (was.ingress, was.egress, was.endpoint) == (now.ingress, now.egress, now.endpoint):
+        if dataclasses.replace(was, addresses=now.addresses) == now:
             return []
         return [
             *(f"flush chain {self.t} {c}" for c in self.ep_chains(iface)),
@@ -457,12 +599,16 @@ class Renderer:
         (no IR is diffed). ``None`` when only a full replacement can do it (NAT switched
         on or off)."""
         t = self.t
+        if d.replace:
+            return None
         by_set = self._set_commands(d)
         if by_set is None:
             return None
         out = [line for name in sorted(by_set) for line in by_set[name]]
         if self.visibility:
-            came = dict(chain_counter(c) for c in d.new_chains.values())
+            came: dict[str, CounterKey] = {}
+            for c in d.new_chains.values():
+                came.update(chain_counters(c))
             for p in d.new_endpoints.values():
                 came.update(endpoint_counters(p))
             out.extend(self.add_counter(name, came[name]) for name in sorted(came))
@@ -482,7 +628,9 @@ class Renderer:
         out.extend(self.map_elements("add", d.new_endpoints))
         late = self._removals(d.gone_endpoints, d.gone_chains, d.gone_sets)
         if self.visibility:
-            gone = [f"pkt-{name}" for name in d.gone_chains]
+            rules = d.gone_rule_counters
+            gone = [f"pkt-{name}" for name in d.gone_chains if name not in rules]
+            gone += [name for chain in d.gone_chains for name in rules.get(chain, ())]
             gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
             late.extend(f"delete counter {t} {name}" for name in sorted(gone))
         return out + late

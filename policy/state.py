@@ -33,7 +33,7 @@ from policy import engine
 from policy.counters import (
     DEFAULT_DENY,
     CounterKey,
-    chain_counter,
+    chain_counters,
     counted_keys,
     counters_of,
     deny_counter,
@@ -48,6 +48,7 @@ from policy.engine import (
     NatConfig,
     Pod,
     Target,
+    TierRule,
 )
 from policy.incremental import Delta, IncrementalPolicy, Update, differences
 from policy.render import DEFAULT_PREFIX, DEFAULT_TABLE, Renderer, Snapshot
@@ -284,6 +285,19 @@ class PolicyDataplane:
             jumps = prog.ingress if direction == "ingress" else prog.egress
             return tuple(chains[c].policy for c in jumps or () if c in chains)
 
+    def rule_of_counter(self, counter: str) -> str | None:
+        """The Calico rule (``<tier>/<policy> <direction>[<i>]``) whose named counter is
+        ``counter`` (``pkt-<chain>-<i>``), as programmed; None when there is none."""
+        chain, _, index = counter.removeprefix("pkt-").rpartition("-")
+        with self._lock:
+            c = self._engine.chains.get(chain)
+            if c is None or not index.isdigit():
+                return None
+            for r in c.rules:
+                if isinstance(r, TierRule) and r.rule == int(index):
+                    return r.comment
+        return None
+
     def _harvest(self, only: Collection[str] | None = None) -> None:
         """Add the kernel's counters to the totals and zero them (``reset counters``):
         all of them, or ``only`` those (the ones a difference deletes: the others keep
@@ -312,11 +326,16 @@ class PolicyDataplane:
         if not self._totals:
             return
         policies = self._engine.policies
+        calico = {
+            (c.namespace or "", c.name, c.staged) for c in self._engine.calico_policies.values()
+        }
         namespaces = {ns for ns, _ in policies}
+        namespaces |= {ns for ns, _, _ in calico}
         self._totals = {
             k: v
             for k, v in self._totals.items()
-            if (k.namespace, k.policy) in policies
+            if (not k.tier and (k.namespace, k.policy) in policies)
+            or (k.tier and (k.namespace, k.policy, k.staged) in calico)
             or (k.policy == DEFAULT_DENY and k.namespace in namespaces)
         }
 
@@ -330,14 +349,15 @@ class PolicyDataplane:
             return
         names = self._counter_names
         for c in d.new_chains.values():
-            name, key = chain_counter(c)
-            names[name] = key
+            names.update(chain_counters(c))
         for p in d.new_endpoints.values():
             names.update(endpoint_counters(p))
         for _, now in d.changed_endpoints.values():  # another pod on the same interface
             names.update(endpoint_counters(now))
         for name in d.gone_chains:
             names.pop(f"pkt-{name}", None)
+            for counter in d.gone_rule_counters.get(name, ()):
+                names.pop(counter, None)
         for iface in d.gone_endpoints:
             for w in ("ingress", "egress"):
                 names.pop(deny_counter(iface, w), None)

@@ -48,6 +48,10 @@ from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
+from bundle.calico import DEFAULT_TIER as DEFAULT_TIER
+from bundle.calico import DEFAULT_TIER_ORDER as DEFAULT_TIER_ORDER
+from bundle.calico import KUBERNETES_POLICY_ORDER as KUBERNETES_POLICY_ORDER
+from bundle.calico import PROTOCOLS as PROTOCOLS
 from bundle.types import IPNetwork
 from resources import names
 from resources.k8s import IntOrString
@@ -60,12 +64,6 @@ from resources.tabby import check_selector as _selector
 CALICO_API_VERSION = "projectcalico.org/v3"
 TABBY_API_VERSION = "tabby.io/v1"
 
-#: the tier every policy without ``tier`` is in; it always exists
-DEFAULT_TIER = "default"
-#: the default tier's order (Calico's); a Tier without ``order`` comes after every other
-DEFAULT_TIER_ORDER = 1_000_000.0
-#: the order of a Kubernetes NetworkPolicy in the default tier (Calico's)
-KUBERNETES_POLICY_ORDER = 1000.0
 #: name prefixes Calico keeps for the policies it derives (Kubernetes NetworkPolicies)
 RESERVED_PREFIXES = ("knp.default.", "ossg.default.")
 
@@ -74,8 +72,6 @@ PolicyType = Literal["Ingress", "Egress"]
 TierAction = Literal["Deny", "Pass"]
 StagedAction = Literal["Set", "Delete"]
 
-#: protocol names Calico takes, and their numbers
-PROTOCOLS = {"TCP": 6, "UDP": 17, "ICMP": 1, "ICMPv6": 58, "SCTP": 132, "UDPLite": 136}
 #: the protocols a rule may name ports with (by number too)
 PORT_PROTOCOLS = frozenset({6, 17, 132})
 ICMP_VERSION = {1: 4, 58: 6}  # protocol number -> the only ipVersion it goes with

@@ -153,9 +153,7 @@ NETWORK_SETS: Kind[NetworkSet] = _resource("NetworkSet", "networkset")
 GLOBAL_NETWORK_SETS: Kind[GlobalNetworkSet] = _resource("GlobalNetworkSet", "globalnetworkset")
 HOST_ENDPOINTS: Kind[HostEndpoint] = _resource("HostEndpoint", "hostendpoint")
 
-#: What Calico's policy model adds to POLICY (the Kinds above; the same store kinds as
-#: ``datastore.base.CALICO_KINDS``). Not yet watched by tabby-node: wired in with the
-#: engine that enforces them.
+#: What Calico's policy model adds (the same store kinds as ``datastore.base.CALICO_KINDS``).
 CALICO_POLICY: tuple[Kind[object], ...] = (
     CALICO_POLICIES,
     GLOBAL_POLICIES,
@@ -186,8 +184,12 @@ BY_NAME: dict[str, Kind[object]] = {k.name: k for k in ALL}
 ROUTING: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
 )
-POLICY: tuple[Kind[object], ...] = tuple(
-    BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")
+#: What the policy engine reads (tabby-node watches it; ``tabbyctl policy`` reads it): the
+#: Kubernetes kinds and Calico's policies, network sets and tiers. (Host endpoints and staged
+#: Kubernetes policies are Calico's too, but not read by the engine yet.)
+POLICY: tuple[Kind[object], ...] = (
+    *(BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")),
+    *(k for k in CALICO_POLICY if k not in (STAGED_KUBERNETES_POLICIES, HOST_ENDPOINTS)),
 )
 #: The store kinds a tabby-node watches (directly, or through tabby-typha): routing's,
 #: policy's, and the policy traces other nodes ask of it.

@@ -39,19 +39,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NoReturn, TypeAlias
 
+# Calico's label scheme, defined in bundle (the engine builds endpoints' labels with it too),
+# and part of this module's interface: re-exported explicitly.
+from bundle.calico import NAME_LABEL as NAME_LABEL
+from bundle.calico import NAMESPACE_LABEL as NAMESPACE_LABEL
+from bundle.calico import NAMESPACE_PREFIX as NAMESPACE_PREFIX
+from bundle.calico import SERVICE_ACCOUNT_LABEL as SERVICE_ACCOUNT_LABEL
+from bundle.calico import SERVICE_ACCOUNT_PREFIX as SERVICE_ACCOUNT_PREFIX
+from bundle.calico import endpoint_labels as endpoint_labels
+
 Labels: TypeAlias = Mapping[str, str]
 Predicate: TypeAlias = Callable[[Labels], bool]
-
-#: The label every namespaced endpoint and network set carries (its namespace's name).
-NAMESPACE_LABEL = "projectcalico.org/namespace"
-#: The label an endpoint with a service account carries (the account's name).
-SERVICE_ACCOUNT_LABEL = "projectcalico.org/serviceaccount"
-#: Under the prefixes below: the namespace's / service account's own name.
-NAME_LABEL = "projectcalico.org/name"
-#: Prefix of a namespace's labels among its endpoints' labels (``namespaceSelector``).
-NAMESPACE_PREFIX = "pcns."
-#: Prefix of a service account's labels among its endpoints' labels (``serviceAccountSelector``).
-SERVICE_ACCOUNT_PREFIX = "pcsa."
 
 #: Longest label key (Calico's limit).
 MAX_LABEL_LENGTH = 512
@@ -676,37 +674,6 @@ def _describe(token: _Token) -> str:
 
 
 # -- Calico's namespace and service-account scopes -----------------------------------------------
-
-
-def endpoint_labels(
-    labels: Labels,
-    *,
-    namespace: str | None = None,
-    namespace_labels: Labels | None = None,
-    service_account: str | None = None,
-    service_account_labels: Labels | None = None,
-) -> dict[str, str]:
-    """The labels selectors see on an endpoint (or network set), as Calico builds them.
-
-    Its own labels; for a namespaced object ``projectcalico.org/namespace`` and its
-    namespace's labels under ``pcns.`` (with ``pcns.projectcalico.org/name``); with a
-    service account ``projectcalico.org/serviceaccount`` and the account's labels under
-    ``pcsa.`` (with ``pcsa.projectcalico.org/name``). The derived labels win over an own label
-    of the same key, so a pod cannot claim another namespace's labels. A global object (a host
-    endpoint, a global network set) is given no namespace: ``global()`` selects it.
-    """
-    out = dict(labels)
-    if namespace is not None:
-        for key, value in (namespace_labels or {}).items():
-            out[NAMESPACE_PREFIX + key] = value
-        out[NAMESPACE_PREFIX + NAME_LABEL] = namespace
-        out[NAMESPACE_LABEL] = namespace
-    if service_account is not None:
-        for key, value in (service_account_labels or {}).items():
-            out[SERVICE_ACCOUNT_PREFIX + key] = value
-        out[SERVICE_ACCOUNT_PREFIX + NAME_LABEL] = service_account
-        out[SERVICE_ACCOUNT_LABEL] = service_account
-    return out
 
 
 def _given(text: str | None, allow_global: bool = False) -> Node | None:

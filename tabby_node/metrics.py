@@ -201,10 +201,12 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
     "tabby_policy_last_apply_duration_seconds": ("gauge", "", "duration of the last apply"),
     "tabby_policy_packets_total": (
         "counter",
-        "namespace, policy, direction, verdict",
+        "namespace, policy, direction, verdict, tier, rule, staged",
         "packets that opened a connection (or were denied) on this node, by the policy whose "
         "rule allowed them (verdict allow) or, policy default-deny, the namespace whose "
-        "isolated pod denied them (verdict deny); direction ingress or egress",
+        "isolated pod denied them (verdict deny); direction ingress or egress; a Calico "
+        "policy's per rule (tier, rule, verdict allow, deny, log or pass; staged true: what "
+        "a staged policy would have decided, never enforced)",
     ),
     "tabby_policy_denied_flows_total": (
         "counter",
@@ -677,10 +679,12 @@ class NodeCollector(Collector):
         packets = CounterMetricFamily(
             "tabby_policy_packets",
             _help("tabby_policy_packets_total"),
-            labels=["namespace", "policy", "direction", "verdict"],
+            labels=["namespace", "policy", "direction", "verdict", "tier", "rule", "staged"],
         )
         for key, (n, _bytes) in sorted(policy.packet_counts().items() if policy else ()):
-            packets.add_metric([key.namespace, key.policy, key.direction, key.verdict], n)
+            staged = "true" if key.staged else "false"
+            values = [key.namespace, key.policy, key.direction, key.verdict, key.tier, key.rule]
+            packets.add_metric([*values, staged], n)
         yield packets
         flows = self.denied_flows
         yield CounterMetricFamily(

@@ -91,15 +91,16 @@ class PodPolicy:
 
 
 class PodEndpoints:
-    """tabby-node's endpoint recorder: the plugin's (the WorkloadEndpoint in the datastore),
-    then the pod's policy programmed (``policy``) before the ADD answers."""
+    """tabby-node's endpoint recorder: the plugin's (the WorkloadEndpoint in the datastore,
+    the writes of concurrent calls batched in one lock session: ``EndpointGroup``), then the
+    pod's policy programmed (``policy``) before the ADD answers."""
 
     def __init__(self, cache: Cache, policy: PodPolicy, stores: Stores) -> None:
-        from cni_plugin.plugin import DatastoreEndpoints
+        from cni_plugin.plugin import DatastoreEndpoints, EndpointGroup
 
         self.cache = cache
         self.policy = policy
-        self.inner = DatastoreEndpoints(stores)
+        self.inner = DatastoreEndpoints(stores, EndpointGroup(stores))
 
     def added(
         self,

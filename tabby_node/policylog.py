@@ -112,8 +112,11 @@ class DeniedFlows:
         dport: int | None,
         direction: str,
         policies: tuple[str, ...],
+        verdict: str = "deny",
     ) -> DeniedFlow:
-        """Number a denied flow (this node's) and keep it, the oldest one going."""
+        """Number a denied flow (this node's) and keep it, the oldest one going (or a flow a
+        Calico Log rule logged, ``verdict`` ``log``, or a staged policy would have denied,
+        ``would-deny``)."""
         with self._cond:
             self.last_seq += 1
             flow = DeniedFlow(
@@ -128,6 +131,7 @@ class DeniedFlows:
                 dport,
                 direction,
                 policies,
+                verdict,
             )
             self._ring.append(flow)
             self._cond.notify_all()
@@ -180,18 +184,40 @@ class Namer:
         return self.policy.isolating(name, direction)
 
 
+def _rule_logged(logged: LoggedPacket, namer: Namer) -> tuple[str, str, str] | None:
+    """(direction, verdict, rule) of a packet a Calico Log rule or a staged policy's
+    denying rule sent (``<prefix><direction> <counter>``), or None."""
+    from policy.render import RULE_LOG_PREFIX, STAGED_LOG_PREFIX
+
+    for prefix, verdict in ((RULE_LOG_PREFIX, "log"), (STAGED_LOG_PREFIX, "would-deny")):
+        if logged.prefix.startswith(prefix):
+            direction, _, counter = logged.prefix[len(prefix) :].strip().partition(" ")
+            rule = namer.policy.rule_of_counter(counter) or counter
+            return direction, verdict, rule
+    return None
+
+
 def record(flows: DeniedFlows, namer: Namer, logged: LoggedPacket) -> DeniedFlow | None:
     """One logged packet into the ring (None: not one of tabby's, or unreadable)."""
     from policy.render import LOG_PREFIX
 
-    if not logged.prefix.startswith(LOG_PREFIX) or logged.packet is None:
+    if logged.packet is None:
         return None
-    direction = logged.prefix[len(LOG_PREFIX) :].strip()
+    by_rule = _rule_logged(logged, namer)
+    if by_rule is not None:
+        direction, verdict, rule = by_rule
+        policies: tuple[str, ...] | None = (rule,)
+    elif logged.prefix.startswith(LOG_PREFIX):
+        direction, verdict, policies = logged.prefix[len(LOG_PREFIX) :].strip(), "deny", None
+    else:
+        return None
     if direction not in ("ingress", "egress"):
         return None
     p = logged.packet
     # the endpoint whose chain denied it: ingress dispatches on the out-interface
     ifindex = logged.outdev if direction == "ingress" else logged.indev
+    if policies is None:
+        policies = namer.policies(ifindex, direction)
     return flows.add(
         time=logged.received,
         src=p.src,
@@ -201,7 +227,8 @@ def record(flows: DeniedFlows, namer: Namer, logged: LoggedPacket) -> DeniedFlow
         protocol=p.protocol_name,
         dport=p.dport,
         direction=direction,
-        policies=namer.policies(ifindex, direction),
+        policies=policies,
+        verdict=verdict,
     )
 
 

@@ -7,7 +7,10 @@ for some), endpoints on three nodes with addresses drawn from 16 IPv4 and 8 IPv6
 happen), some without an interface; policies with pod and namespace selectors (labels and
 expressions), ipBlocks with excepts in both families, numeric ports, ranges, named ports,
 whole protocols, every ``policyTypes`` form; the NAT pools. :func:`random_update` draws one
-change, biased to touch what exists (relabel, move, readdress, delete).
+change, biased to touch what exists (relabel, move, readdress, delete). With ``calico``, also
+Calico's kinds: namespaced, global and staged policies in three tiers with every action and
+match field, network sets (namespaced and global, overlapping nets), tiers with either
+``defaultAction``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,16 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from policy.calico import (
+    CalicoPolicy,
+    CalicoRule,
+    Direction,
+    EntityMatch,
+    IcmpMatch,
+    NetworkSet,
+    PortMatch,
+    Tier,
+)
 from policy.engine import (
     NAMESPACE_NAME_LABEL,
     PROTOCOLS,
@@ -34,6 +47,7 @@ from policy.engine import (
     Rule,
 )
 from policy.incremental import Update
+from resources.selector import parse_selector, policy_selector, rule_selector
 
 NODE = "n1"
 NODES = (NODE, NODE, "n2", "n3")
@@ -184,6 +198,97 @@ def changed_endpoint(r: random.Random, ep: Endpoint) -> Endpoint:
     return dataclasses.replace(ep, labels=labels(r), interface=interface(r))
 
 
+CALICO_SELECTORS = (
+    "all()",
+    "app == 'x'",
+    "has(tier)",
+    "env in {'prod'}",
+    "!has(app)",
+    "tier == 'db' || app == 'y'",
+)
+NAMESPACE_SELECTORS = (None, None, "all()", "env == 'prod'", "global()")
+TIERS = ("default", "security", "platform")
+NETS = ("10.0.0.0/30", "10.0.0.8/29", "10.0.0.0/28", "192.168.0.0/24", "fd00::/126", "fd00::4/127")
+
+
+def _entity(r: random.Random, protocol: int | None, namespace: str | None) -> EntityMatch:
+    nets = tuple(n for n in NETS if r.random() < 0.1)
+    not_nets = tuple(n for n in NETS if r.random() < 0.05)
+    sel = r.choice(CALICO_SELECTORS) if r.random() < 0.4 else None
+    not_sel = r.choice(CALICO_SELECTORS) if r.random() < 0.15 else None
+    ns_sel = r.choice(NAMESPACE_SELECTORS) if r.random() < 0.3 else None
+    accounts = ("sa1",) if r.random() < 0.05 else ()
+    selector = rule_selector(
+        sel,
+        not_selector=not_sel,
+        namespace_selector=ns_sel,
+        service_account_names=accounts,
+        policy_namespace=namespace,
+    )
+    ports: tuple[PortMatch, ...] = ()
+    not_ports: tuple[PortMatch, ...] = ()
+    if protocol in (6, 17) and r.random() < 0.5:
+        choices = (80, "8000:8100", "http", "dns", 53, 8080)
+        ports = tuple(PortMatch.parse(p) for p in r.sample(choices, r.randint(1, 2)))
+    if protocol in (6, 17) and r.random() < 0.2:
+        not_ports = (PortMatch.parse(r.choice((8080, "http", "9000:9100"))),)
+    not_parsed = parse_selector(not_sel) if not_sel else None
+    return EntityMatch(nets, not_nets, selector, not_parsed, ports, not_ports)
+
+
+def calico_rule(r: random.Random, namespace: str | None) -> CalicoRule:
+    action = r.choice(("Allow", "Allow", "Deny", "Log", "Pass"))
+    protocol = r.choice((None, None, 6, 17, 1, 58))
+    icmp = not_icmp = None
+    if protocol in (1, 58) and r.random() < 0.5:
+        match = IcmpMatch(r.choice((0, 8)), r.choice((None, 0)))
+        icmp, not_icmp = (match, None) if r.random() < 0.5 else (None, match)
+    not_protocol = r.choice((17, 6)) if protocol is None and r.random() < 0.15 else None
+    return CalicoRule(
+        action,  # type: ignore[arg-type]
+        protocol,
+        not_protocol,
+        icmp,
+        not_icmp,
+        r.choice((None, None, None, 4, 6)),  # type: ignore[arg-type]
+        _entity(r, protocol, namespace),
+        _entity(r, protocol, namespace),
+    )
+
+
+def calico_policy(r: random.Random) -> CalicoPolicy:
+    namespace = r.choice((*NAMESPACES, None))
+    sel = r.choice(CALICO_SELECTORS)
+    ns_sel = r.choice(NAMESPACE_SELECTORS[:4]) if namespace is None else None
+    selector = policy_selector(sel, namespace=namespace, namespace_selector=ns_sel)
+    ingress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 3)))
+    egress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 2)))
+    types: frozenset[Direction] = r.choice(
+        (frozenset({"ingress"}), frozenset({"egress"}), frozenset({"ingress", "egress"}))
+    )
+    return CalicoPolicy(
+        r.choice(("p1", "p2", "p3")),
+        namespace,
+        selector,
+        r.choice(TIERS),
+        r.choice((None, 1.0, 100.0, 1000.0, 1000.0)),
+        types,
+        ingress,
+        egress,
+        r.random() < 0.15,
+    )
+
+
+def network_set(r: random.Random) -> NetworkSet:
+    nets = tuple(n for n in NETS if r.random() < 0.3)
+    return NetworkSet(r.choice(("s1", "s2")), r.choice((None, *NAMESPACES)), labels(r), nets)
+
+
+def tier(r: random.Random) -> Tier:
+    order = r.choice((None, 10.0, 50.0, 2_000_000.0))
+    return Tier(r.choice(TIERS), order, r.choice(("Deny", "Pass")))  # type: ignore[arg-type]
+
+
 def put(value: Policy | Namespace | Pod | Endpoint) -> Update:
     """The update that puts ``value``, with its key."""
     if isinstance(value, Namespace):
@@ -194,8 +299,29 @@ def put(value: Policy | Namespace | Pod | Endpoint) -> Update:
     return Update(kind, f"{value.namespace}/{value.name}", value)  # type: ignore[arg-type]
 
 
-def random_update(r: random.Random, st: ClusterState) -> Update:
-    """One change to the world ``st``."""
+def random_calico_update(r: random.Random, st: ClusterState) -> Update:
+    """One change of Calico's kinds to the world ``st``."""
+    c = r.random()
+    if c < 0.45:
+        p = calico_policy(r)
+        return Update("calico-policy", p.key, p)
+    if c < 0.65 and st.calico_policies:
+        return Update("calico-policy", r.choice(st.calico_policies).key, None)
+    if c < 0.8:
+        s = network_set(r)
+        return Update("network-set", s.key, s)
+    if c < 0.85 and st.network_sets:
+        return Update("network-set", r.choice(st.network_sets).key, None)
+    if c < 0.95:
+        t = tier(r)
+        return Update("tier", t.name, t)
+    return Update("tier", r.choice(TIERS), None)
+
+
+def random_update(r: random.Random, st: ClusterState, *, calico: bool = False) -> Update:
+    """One change to the world ``st`` (of Calico's kinds too, with ``calico``)."""
+    if calico and r.random() < 0.25:
+        return random_calico_update(r, st)
     c = r.random()
     if c < 0.12:
         return put(policy(r))
@@ -231,6 +357,9 @@ class World:
         self.pods: dict[str, Pod] = {}
         self.endpoints: dict[str, Endpoint] = {}
         self.nat = NatConfig()
+        self.calico: dict[str, CalicoPolicy] = {}
+        self.network_sets: dict[str, NetworkSet] = {}
+        self.tiers: dict[str, Tier] = {}
 
     def apply(self, u: Update) -> None:
         if u.kind == "nat":
@@ -242,6 +371,9 @@ class World:
             "namespace": self.namespaces,
             "pod": self.pods,
             "endpoint": self.endpoints,
+            "calico-policy": self.calico,
+            "network-set": self.network_sets,
+            "tier": self.tiers,
         }[u.kind]  # type: ignore[assignment]
         if u.value is None:
             table.pop(u.key, None)
@@ -254,4 +386,7 @@ class World:
             tuple(self.namespaces.values()),
             tuple(self.pods.values()),
             tuple(self.endpoints.values()),
+            tuple(self.calico.values()),
+            tuple(self.network_sets.values()),
+            tuple(self.tiers.values()),
         )

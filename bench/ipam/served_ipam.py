@@ -7,7 +7,9 @@ tabby-node runs it: its long-lived store read through its watch (``tabby_node.ca
 Per datastore (a file store in a temp dir; etcd, 1 member on 127.0.0.1 with free ports):
 store requests (get/list/put/delete, from the store's own counters) and the node's lock taken
 per ADD and per DEL, CPU ms per call (the process's, sequential), then ``-k`` ADDs at once
-(threads, as tabby-node serves them): the writes per ADD and the rate.
+(threads, as tabby-node serves them): the writes per ADD and the rate. Then the
+WorkloadEndpoints those ADDs record, ``-k`` at once, each in a lock session of its own and
+batched as tabby-node writes them (``EndpointGroup``), interleaved over 3 rounds: writes/s.
 
     .venv/bin/python -m bench.ipam.served_ipam -n 200 -k 8,32
 
@@ -35,10 +37,12 @@ from typing import Any
 from bench import record
 from bench.stats import pct
 from cni_config.common import DatastoreSettings
+from cni_plugin.plugin import EndpointGroup, locked
 from cni_protocol import skel
 from datastore.base import Store
 from ipam.group import GroupCommit
 from ipam.plugin import IpamVerbs
+from resources.wep import write_endpoint
 from stores import Served, open_store
 from tabby_node.cache import Cache
 from tabby_node.knowledge import Knowledge
@@ -54,7 +58,7 @@ class Node:
 
     def __init__(self, ipam: dict[str, Any]) -> None:
         self.ipam = ipam
-        settings = DatastoreSettings.model_validate(ipam)
+        self.settings = settings = DatastoreSettings.model_validate(ipam)
         self.store: Store = open_store(settings)
         self.locks = 0
         lock = self.store.lock
@@ -144,7 +148,54 @@ def cpu_ms(fn: Callable[[], object]) -> float:
     return (time.process_time() - t) * 1000
 
 
-def run_store(name: str, pods: int, ks: list[int]) -> dict[str, Any]:
+def endpoint_writes(node: Node, pods: int, k: int, grouped: bool, tag: str) -> dict[str, float]:
+    """``pods`` WorkloadEndpoints written by ``k`` threads at once through the node's served
+    store, as tabby-node's ADDs record them: each in a lock session of its own, or
+    (``grouped``) batched (``EndpointGroup``: one session and, on the file store, one
+    directory fsync per batch). Writes/s, CPU and lock sessions per write."""
+    group = EndpointGroup(node.served) if grouped else None
+    ops = [
+        partial(
+            write_endpoint,
+            namespace="bench",
+            node=NODE,
+            pod=f"{tag}-{i}",
+            container_id=f"{tag}-{i}",
+            interface="eth0",
+            host_interface=f"cali{i}",
+            ip_networks=[f"10.252.{i // 250}.{i % 250}/32"],
+        )
+        for i in range(pods)
+    ]
+    it = iter(ops)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                op = next(it, None)
+            if op is None:
+                return
+            if group is not None:
+                group.run(node.settings, op)
+            else:
+                node.served.run(node.settings, locked(op))
+
+    locks, t0, cpu0 = node.locks, time.monotonic(), time.process_time()
+    threads = [threading.Thread(target=worker) for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    return {
+        "writes_per_s": pods / wall,
+        "cpu_ms_per_write": cpu * 1000 / pods,
+        "locks_per_write": (node.locks - locks) / pods,
+    }
+
+
+def run_store(name: str, pods: int, ks: list[int], rounds: int = 3) -> dict[str, Any]:
     with datastore(name) as ipam:
         node = Node(ipam)
         try:
@@ -198,6 +249,17 @@ def run_store(name: str, pods: int, ks: list[int]) -> dict[str, Any]:
                 }
                 for cid in cids:
                     node.call("DEL", cid)
+            for k in ks:  # one by one and batched, interleaved round by round
+                runs: dict[str, list[dict[str, float]]] = {"alone": [], "batched": []}
+                for r in range(rounds):
+                    for how in runs:
+                        tag = f"ep{k}-{r}-{how}"
+                        runs[how].append(endpoint_writes(node, pods, k, how == "batched", tag))
+                out[f"endpoints_k{k}"] = {
+                    how: {m: pct([x[m] for x in got], 50) for m in got[0]}
+                    | {"writes_per_s_runs": [x["writes_per_s"] for x in got]}
+                    for how, got in runs.items()
+                }
             return out
         finally:
             node.close()
@@ -227,6 +289,14 @@ def main() -> int:
                 f"ms/ADD, {c['batches']} batches; per ADD {c['requests_per_add']}"
                 + (f"; FAILED {c['failures']}" if c["failures"] else "")
             )
+        for k in ks:
+            for how, e in r[f"endpoints_k{k}"].items():
+                print(
+                    f"  {k:3} endpoints at once, {how:7}: {e['writes_per_s']:.0f} writes/s "
+                    f"(median of {', '.join(f'{x:.0f}' for x in e['writes_per_s_runs'])}), "
+                    f"cpu {e['cpu_ms_per_write']:.2f} ms/write, "
+                    f"{e['locks_per_write']:.2f} lock sessions/write"
+                )
     print(f"load {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -26,6 +26,10 @@ and the engine's memory once loaded (``tracemalloc``, at the largest size).
 With ``--kernel`` (root), each event also goes through ``PolicyDataplane`` into a network
 namespace made here (libnftables), so the time includes the nft transaction; the namespace is
 deleted at the end, pass or fail. Timings are numbers to read, never a pass or fail.
+
+With ``--calico N``, N Calico GlobalNetworkPolicies in a tier ``security`` (Deny of one app,
+Pass of the rest) are added: the engine is then in Calico's model, where each change is a
+full computation (policy/DESIGN.md), and the numbers show what that costs.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from bench.stats import pct
 from dataplane import nft
 from dataplane.netns import open_netns, run_in_netns
 from policy import engine
+from policy.calico import CalicoPolicy, CalicoRule, Direction, EntityMatch, Tier
 from policy.engine import (
     ClusterState,
     LabelSelector,
@@ -59,6 +64,7 @@ from policy.engine import (
 from policy.incremental import IncrementalPolicy
 from policy.render import Renderer, Snapshot
 from policy.state import PolicyDataplane
+from resources.selector import policy_selector, rule_selector
 
 
 def _line(label: str, seconds: list[float], extra: str = "") -> None:
@@ -225,6 +231,22 @@ def measure_kernel(state: ClusterState, events: int) -> None:
     print(f"  applies {c.applies}, full {c.full_applies}, errors {c.apply_errors}")
 
 
+def calico_policies(n: int) -> tuple[CalicoPolicy, ...]:
+    """``n`` GlobalNetworkPolicies of tier security: each on one app, denying TCP from
+    another app and passing the rest on."""
+    out = []
+    for i in range(n):
+        sel = policy_selector(f"app == 'app{i % pb.APPS}'")
+        peer = rule_selector(f"app == 'app{(i + 1) % pb.APPS}'")
+        rules = (
+            CalicoRule("Deny", protocol=6, source=EntityMatch(selector=peer)),
+            CalicoRule("Pass"),
+        )
+        types: frozenset[Direction] = frozenset({"ingress"})
+        out.append(CalicoPolicy(f"g{i}", None, sel, "security", float(i), types, rules))
+    return tuple(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="1000,5000,20000")
@@ -232,6 +254,7 @@ def main() -> int:
     ap.add_argument("--local", type=int, default=110)
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--kernel", action="store_true", help="also through nft in a netns (root)")
+    ap.add_argument("--calico", type=int, default=0, help="Calico GlobalNetworkPolicies to add")
     record.add_argument(ap, "policy_incremental_bench")
     args = ap.parse_args()
     if args.kernel and os.geteuid() != 0:
@@ -244,8 +267,15 @@ def main() -> int:
     try:
         for k, size in enumerate(sizes):
             state = pb.cluster(args.local, size - args.local, args.policies)
+            if args.calico:
+                state = dataclasses.replace(
+                    state,
+                    calico_policies=calico_policies(args.calico),
+                    tiers=(Tier("security", 10),),
+                )
             print(
                 f"\n{size} endpoints ({args.local} local), {args.policies} policies,"
+                f" {args.calico} Calico policies,"
                 f" {pb.NAMESPACES} namespaces; CPU per event, {args.events} events each:"
             )
             measure_engine(state, args.events, memory=k == len(sizes) - 1)

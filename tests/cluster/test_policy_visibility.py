@@ -118,6 +118,7 @@ def scrape(node: LabNode, tls: MetricsTls) -> Samples:
 
 def packets(samples: Samples, ns: str, policy: str, direction: str, verdict: str) -> float:
     want = {"namespace": ns, "policy": policy, "direction": direction, "verdict": verdict}
+    want |= {"tier": "", "rule": "", "staged": "false"}  # a Kubernetes policy's
     return sum(v for n, lab, v in samples if n == "tabby_policy_packets_total" and lab == want)
 
 

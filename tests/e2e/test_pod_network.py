@@ -61,6 +61,8 @@ class Runtime:
             },
         }
         self.cache: dict[tuple[str, str], dict[str, Any]] = {}
+        #: added to every call's environment (e.g. a tabby-node's socket)
+        self.env: dict[str, str] = {}
 
     def call(
         self,
@@ -85,6 +87,7 @@ class Runtime:
             "CNI_IFNAME": ifname,
             "CNI_PATH": os.path.dirname(TABBY),
             "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME={cid}",
+            **self.env,
         }
         if netns is not None:
             env["CNI_NETNS"] = netns
@@ -486,3 +489,71 @@ def test_missing_nodename_file_never_fails_del(
     rt.conf["nodename_file"] = str(tmp_path / "no-such-file")
     assert rt.call("DEL", "nn", pod.path).rc == 0
     assert_clean(rt)
+
+
+def endpoints(data_dir: Path) -> dict[str, str]:
+    """The WorkloadEndpoints in the file store: pod name -> its container id."""
+    import json
+
+    wdir = data_dir / "workloadendpoints"
+    out: dict[str, str] = {}
+    for name in os.listdir(wdir) if wdir.exists() else []:
+        if name.endswith(".json"):
+            spec = json.loads((wdir / name).read_text())["data"]["spec"]
+            out[spec["pod"]] = spec["containerID"]
+    return out
+
+
+@pytest.mark.slow
+def test_tabby_node_killed_in_a_burst_of_pods(pool: NetnsPool, tmp_path: Path) -> None:
+    """48 pods' ADDs at once through tabby-node (their addresses and WorkloadEndpoints
+    written in batches), tabby-node SIGKILLed at a random instant of the burst: every ADD
+    succeeded or failed cleanly (code 11); after the runtime's DEL of each failed one (run
+    in-process: the node is gone), no address was given twice, none is held and no
+    endpoint is left but the live pods', and DEL of every pod leaves nothing (ADD-5,
+    DEL-3)."""
+    import random
+    import signal
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e.conftest import start_tabby_node, stop_tabby_node
+
+    sock = str(tmp_path / "run" / "node.sock")
+    node = start_tabby_node(sock, str(tmp_path / "node.log"))
+    rt = Runtime(pool, pool.node(), tmp_path)
+    rt.data_dir = tmp_path / "agent-store"  # tabby-node's own store: its served path
+    rt.conf["ipam"]["data_dir"] = str(rt.data_dir)
+    rt.env["TABBY_NODE_SOCKET"] = sock
+    pods = {f"burst-{i}": pool.pod() for i in range(48)}
+    warm = pool.pod()
+    assert rt.add("warm", warm)  # served: the node's store and pools exist
+    after = random.Random(os.getpid()).uniform(0.2, 1.5)
+    killer = threading.Timer(after, lambda: node.send_signal(signal.SIGKILL))
+    try:
+        killer.start()
+        with ThreadPoolExecutor(max_workers=len(pods)) as burst:
+            calls = dict(
+                zip(pods, burst.map(lambda c: rt.call("ADD", c, pods[c].path), pods), strict=True)
+            )
+        killer.join()
+    finally:
+        killer.cancel()
+        stop_tabby_node(node)
+    ok = {cid: c for cid, c in calls.items() if c.rc == 0}
+    failed = {cid: c for cid, c in calls.items() if c.rc != 0}
+    print(f"killed after {after:.2f} s: {len(ok)} ADDs answered, {len(failed)} failed")
+    for c in failed.values():
+        assert c.out["code"] == 11, c  # clean CNI error JSON, never garbage
+    for cid in failed:  # the runtime's DEL after a failed ADD
+        assert rt.call("DEL", cid, pods[cid].path).rc == 0
+    live = {"warm", *ok}
+    given = [a for c in ok.values() for a in addrs(c.out, 4) + addrs(c.out, 6)]
+    assert len(given) == len(set(given)), "an address was given twice"
+    assert {h.split(":")[1] for h in rt.handles()} == live  # no leak, none missing
+    assert endpoints(rt.data_dir) == {cid: cid for cid in live}
+    assert len(rt.host_veths()) == len(live)
+    for cid in live:
+        assert rt.call("DEL", cid, {**pods, "warm": warm}[cid].path).rc == 0
+    assert endpoints(rt.data_dir) == {}
+    assert rt.handles() == []

@@ -424,6 +424,49 @@ def test_del_reports_locked_store_after_local_cleanup(
     assert dp.calls[0][0] == "teardown"
 
 
+def test_del_removes_the_endpoint_while_the_kernel_side_is_torn_down(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """DEL-3, DEL-7: the endpoint's removal overlaps the teardown (which waits for no store),
+    and the addresses are released only after both; a failed removal is reported after
+    the IPAM DEL, which still runs."""
+    import threading
+
+    dp, ipam = fakes
+    eps = ENDPOINTS[-1]
+    in_teardown, removing = threading.Event(), threading.Event()
+    order: list[str] = []
+    teardown, removed, start = dp.teardown, eps.removed, ipam.start
+
+    def slow_teardown(*a: Any) -> None:
+        in_teardown.set()
+        assert removing.wait(10), "the endpoint's removal did not run beside the teardown"
+        teardown(*a)
+        order.append("teardown")
+
+    def removing_endpoint(args: skel.CmdArgs, c: Any) -> None:
+        removing.set()
+        assert in_teardown.wait(10)
+        removed(args, c)
+        order.append("removed")
+
+    def ipam_start(ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
+        order.append(f"ipam {command}")
+        return start(ipam_type, command, args)
+
+    dp.teardown = slow_teardown  # type: ignore[method-assign]
+    eps.removed = removing_endpoint  # type: ignore[method-assign]
+    ipam.start = ipam_start  # type: ignore[method-assign]
+    assert run("DEL", conf()) == (0, None)
+    assert sorted(order[:2]) == ["removed", "teardown"]
+    assert order[2:] == ["ipam DEL"]
+    eps.fail["removed"] = CniError(11, "IPAM datastore lock timeout")
+    order.clear()
+    rc, out = run("DEL", conf())
+    assert (rc, out["code"]) == (1, 11)
+    assert order == ["teardown", "ipam DEL"]  # the removal failed: reported after IPAM DEL
+
+
 def test_del_with_garbage_prev_result_still_cleans(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
     """DEL-4: prevResult is accepted but never required."""
     _dp, ipam = fakes

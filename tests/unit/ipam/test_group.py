@@ -5,37 +5,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from datastore.memory import MemoryStore
 from ipam.core import Ipam, PoolSpec, StoreUnavailable, check_consistency
 from ipam.group import GroupCommit
+from tests.unit.served_store import Settings, Stores
 
 from .core.helpers import CountingStore, hid, req
 
-T = TypeVar("T")
 POOL = "10.70.0.0/24"
-
-
-class Settings:
-    datastore_type = "file"
-    data_dir = "/nowhere"
-    lock_timeout_seconds = 10.0
-
-
-class Stores:
-    """One store for every call, as tabby-node's served store."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.runs = 0
-
-    def run(self, settings: object, fn: Callable[[Any], T], *, cached: bool = True) -> T:
-        self.runs += 1
-        return fn(self.store)
 
 
 def test_a_burst_of_adds_costs_fewer_writes_than_pods() -> None:
@@ -54,8 +35,7 @@ def test_a_burst_of_adds_costs_fewer_writes_than_pods() -> None:
             return super().put(kind, key, data, rev)
 
     def queued() -> int:
-        with group.lock:
-            return group.writing + sum(len(q) for q in group.queues.values())
+        return group.group.pending()
 
     counting = HeldFirstWrite(inner)
     group = GroupCommit(Stores(counting))  # type: ignore[arg-type]

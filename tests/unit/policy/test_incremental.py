@@ -65,8 +65,11 @@ def _rules(ir: DesiredState) -> int:
 # --- the replay -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("calico", [False, True], ids=["k8s", "calico"])
 @pytest.mark.parametrize("seed", quick_first(SEEDS, 2))
-def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> None:
+def test_random_changes_equal_a_full_computation_after_every_one(seed: int, calico: bool) -> None:
+    """With ``calico``, Calico's kinds come and go too: entering and leaving their model
+    replaces the table (``Delta.replace``), every other change is a difference."""
     r = random.Random(seed)
     fams = r.choice(((4,), (6,), (4, 6)))
     eng = IncrementalPolicy(fz.NODE, fams)
@@ -75,9 +78,13 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
     model = NftModel()
     prev = engine.compute(ClusterState(), fz.NODE, fams)
     prev_nat = NatConfig()
+    prev_calico = False
     model.run(renderer.full(Snapshot(prev, prev_nat)))
     for i in range(OPS):
-        batch = [fz.random_update(r, world.state()) for _ in range(r.choice((1, 1, 1, 2, 5)))]
+        batch = [
+            fz.random_update(r, world.state(), calico=calico)
+            for _ in range(r.choice((1, 1, 1, 2, 5)))
+        ]
         for u in batch:
             world.apply(u)
         eng.apply(batch)
@@ -90,35 +97,46 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int) -> N
         assert sorted(map(repr, st.endpoints)) == sorted(map(repr, world.endpoints.values()))
         assert sorted(map(repr, st.pods)) == sorted(map(repr, world.pods.values()))
         assert sorted(map(repr, st.policies)) == sorted(map(repr, world.policies.values()))
+        assert sorted(map(repr, st.calico_policies)) == sorted(map(repr, world.calico.values()))
         assert eng.nat == world.nat
         sets = len(want.sets)
         elements = sum(len(e) for e in want.elements.values())
         assert eng.stats() == (len(want.endpoints), want.policies, _rules(want), sets, elements)
         # the delta is exactly the difference, and renders as a diff of the two states would
         old, new = Snapshot(prev, prev_nat), Snapshot(want, world.nat)
-        assert delta.size == differences(prev, want, prev_nat, world.nat), where
         lines = renderer.incremental(delta)
-        assert lines == renderer.delta(old, new), where
+        if delta.replace:
+            assert lines is None
+            assert eng.calico == bool(world.calico) != bool(prev_calico), where
+        else:
+            assert delta.size == differences(prev, want, prev_nat, world.nat), where
+            assert lines == renderer.delta(old, new), where
+        prev_calico = bool(world.calico)
         model.run(renderer.full(new) if lines is None else "\n".join(lines) + "\n")
         assert model.canonical() == full_table(new), where
         prev, prev_nat = want, world.nat
     assert model.redundant == 0
 
 
+@pytest.mark.parametrize("calico", [False, True], ids=["k8s", "calico"])
 @pytest.mark.parametrize("seed", quick_first(max(1, SEEDS // 3), 1))
-def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -> None:
+def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(
+    seed: int, calico: bool
+) -> None:
     """Through PolicyDataplane: ``update`` batches, the CNI path (``add_endpoint`` /
-    ``remove_endpoint``) and the periodic check (``sync``, which must find nothing)."""
+    ``remove_endpoint``) and the periodic check (``sync``, which must find nothing). With
+    ``calico``, Calico's kinds too: entering or leaving their model replaces the table."""
     r = random.Random(10_000 + seed)
     fams = r.choice(((4,), (4, 6)))
     world = fz.World()
     for _ in range(80):
-        world.apply(fz.random_update(r, world.state()))
+        world.apply(fz.random_update(r, world.state(), calico=calico))
     model = NftModel()
     dp = PolicyDataplane(fz.NODE, backend=model, families=fams, counter_reader=lambda t, names: [])
     assert dp.sync(world.state(), world.nat).full
     for i in range(OPS):
-        u = fz.random_update(r, world.state())
+        u = fz.random_update(r, world.state(), calico=calico)
+        before_calico = bool(world.calico)
         world.apply(u)
         before_nat = dp.state is not None and dp._engine.nat.enabled
         if u.kind == "endpoint" and isinstance(u.value, Endpoint) and r.random() < 0.5:
@@ -129,7 +147,8 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(seed: int) -
         else:
             res = dp.update([u])
         nat_flip = before_nat != world.nat.enabled
-        assert res.full == nat_flip, f"seed {seed} op {i}: {u}"
+        calico_flip = before_calico != bool(world.calico)
+        assert res.full == (nat_flip or calico_flip), f"seed {seed} op {i}: {u}"
         want = Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
         assert model.canonical() == full_table(want), f"seed {seed} op {i}: {u}"
         if i % 50 == 49:

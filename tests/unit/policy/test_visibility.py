@@ -457,7 +457,7 @@ def test_the_counters_are_exported_per_policy_direction_and_verdict() -> None:
         )
     )
     value = m.registry.get_sample_value
-    labels = {"namespace": "x", "direction": "ingress"}
+    labels = {"namespace": "x", "direction": "ingress", "tier": "", "rule": "", "staged": "false"}
     assert (
         value("tabby_policy_packets_total", {**labels, "policy": "x-a-from-b", "verdict": "allow"})
         == 3

@@ -94,11 +94,15 @@ FORBIDDEN = [
     ("policy.incremental", "dataplane"),
     ("policy.incremental", "datastore"),
     ("policy.incremental", "resources"),
+    ("policy.calico", "dataplane"),
+    ("policy.calico", "datastore"),
+    ("policy.calico", "resources"),
     # The core and stores stay cheap to import: no pydantic on the CNI hot path.
     ("ipam.core", "pydantic"),
     ("datastore", "pydantic"),
     ("cni_protocol", "pydantic"),
     ("policy.engine", "pydantic"),
+    ("policy.calico", "pydantic"),
     # What a standalone call reads of a configuration validated before (cni_config.known).
     ("cni_config.values", "pydantic"),
     ("cni_config.known", "pydantic"),

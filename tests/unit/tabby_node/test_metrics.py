@@ -516,6 +516,7 @@ def test_reconcile_routes_bird_policy_and_datastore_hooks() -> None:
     assert sample(m, "tabby_policy_checks_total") == 3
     assert sample(m, "tabby_policy_check_fixes_total") == 2
     deny = {"namespace": "x", "policy": "default-deny", "direction": "ingress", "verdict": "deny"}
+    deny |= {"tier": "", "rule": "", "staged": "false"}
     assert sample(m, "tabby_policy_packets_total", **deny) == 5
 
     m.datastore_error("default pools")

@@ -1,0 +1,195 @@
+"""Calico's kinds as the datastore holds them -> the engine's inputs (``policy.inputs``): the
+documents tabby-node watches (``resources.index.POLICY``) decide traffic with Calico's
+semantics, through a full conversion and through changes (``PolicyInputs.updates``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from policy import calico, engine, inputs
+from policy.incremental import IncrementalPolicy
+from resources.index import BY_NAME, POLICY, Change, Documents
+from tests import policy_truth_table as tt
+from tests.unit.policy.world import NODE, PolicyWorld
+
+# x/a, x/b, x/c, y/a, ... as the truth table has them (labels pod=<name>; namespaces ns=<ns>)
+XA, YA, ZB = ("x", "a"), ("y", "a"), ("z", "b")
+
+TIER = {"metadata": {"name": "security"}, "spec": {"order": 10, "defaultAction": "Pass"}}
+#: security tier: from namespace y, deny; from the corp network set, pass; else (tier end) pass
+GNP = {
+    "metadata": {"name": "security.guard"},
+    "spec": {
+        "tier": "security",
+        "selector": "pod == 'a'",
+        "namespaceSelector": "ns == 'x'",
+        "ingress": [
+            {"action": "Log", "protocol": "TCP"},
+            {"action": "Deny", "source": {"namespaceSelector": "ns == 'y'"}},
+            {"action": "Pass", "source": {"selector": "role == 'corp'"}},
+            {"action": "Allow", "protocol": "UDP", "destination": {"ports": ["53"]}},
+        ],
+    },
+}
+#: tier default, in x: allow TCP 80-81 from everything in the cluster or corp
+CNP = {
+    "metadata": {"name": "web", "namespace": "x"},
+    "spec": {
+        "order": 10,
+        "selector": "pod == 'a'",
+        "ingress": [
+            {
+                "action": "Allow",
+                "protocol": "TCP",
+                "source": {"namespaceSelector": "all()"},
+                "destination": {"ports": ["80:81"]},
+            },
+            {
+                "action": "Allow",
+                "source": {"selector": "role == 'corp'", "namespaceSelector": "global()"},
+            },
+        ],
+    },
+}
+GNS = {"metadata": {"name": "corp", "labels": {"role": "corp"}}, "spec": {"nets": ["192.0.2.0/24"]}}
+STAGED = {
+    "metadata": {"name": "would-deny", "namespace": "x"},
+    "spec": {"order": 1, "selector": "all()", "ingress": [{"action": "Deny"}]},
+}
+STAGED_DELETE = {
+    "metadata": {"name": "web", "namespace": "x"},
+    "spec": {"stagedAction": "Delete"},
+}
+
+
+def world() -> PolicyWorld:
+    w = PolicyWorld()
+    for kind in ("tier", "globalnetworkpolicy", "calico-networkpolicy", "globalnetworkset"):
+        w.docs.setdefault(kind, {})
+    w.docs.setdefault("stagednetworkpolicy", {})
+    w.put("tier", "security", TIER)
+    w.put("globalnetworkpolicy", "security.guard", GNP)
+    w.put("calico-networkpolicy", "x/web", CNP)
+    w.put("globalnetworkset", "corp", GNS)
+    w.put("stagednetworkpolicy", "x/would-deny", STAGED)
+    return w
+
+
+def _state(w: PolicyWorld) -> engine.ClusterState:
+    state, _ = inputs.PolicyInputs().convert(Documents.from_raw(w.docs))
+    return state
+
+
+def test_tabby_node_watches_calicos_kinds() -> None:
+    names = {k.name for k in POLICY}
+    assert {"globalnetworkpolicy", "calico-networkpolicy", "tier", "networkset"} <= names
+    assert {"globalnetworkset", "stagednetworkpolicy", "stagedglobalnetworkpolicy"} <= names
+
+
+def test_the_documents_decide_with_calicos_semantics() -> None:
+    state = _state(world())
+    assert {p.key for p in state.calico_policies} == {
+        "security.guard",
+        "x/web",
+        "staged:x/would-deny",
+    }
+    assert [(t.name, t.order, t.default_action) for t in state.tiers] == [
+        ("security", 10.0, "Pass")
+    ]
+
+    def ingress(src: engine.Target, proto: str, port: int | None) -> engine.DirectionVerdict:
+        got = engine.explain(state, src, XA, proto, port).ingress
+        assert got is not None
+        return got
+
+    # y is denied in tier security, whatever tier default would say
+    v = ingress(YA, "TCP", 80)
+    assert (v.allowed, v.tier, v.decided_by) == (
+        False,
+        "security",
+        "security/security.guard ingress[1]",
+    )
+    assert v.logged == ("security/security.guard ingress[0]",)
+    # z: the guard decides nothing, its tier passes; x/web allows 80 and 81, not 82
+    v = ingress(ZB, "TCP", 81)
+    assert (v.allowed, v.tier, v.decided_by) == (True, "default", "default/x/web ingress[0]")
+    v = ingress(ZB, "TCP", 82)
+    assert (v.allowed, v.tier) == (False, "default")
+    # UDP 53: allowed in tier security
+    assert ingress(ZB, "UDP", 53).decided_by == "security/security.guard ingress[3]"
+    # the corp network set: passed by the guard, allowed by x/web's global() rule
+    v = ingress(tt.address("z/b").replace("10.244.3", "192.0.2"), "TCP", 9)
+    assert (v.allowed, v.decided_by) == (True, "default/x/web ingress[1]")
+    # the staged policy says what it would have done, without deciding
+    assert ingress(ZB, "TCP", 80).staged.startswith("would have denied")
+    # the IR programs the same
+    ir = engine.compute(state, NODE)
+    src, dst = tt.address("y/a"), tt.address("x/a")
+    by_addr = {p.addresses[0]: i for i, p in ir.endpoints.items()}
+    assert not ir.evaluate(src, dst, "TCP", 80, by_addr[src], by_addr[dst])
+    zb = tt.address("z/b")
+    assert ir.evaluate(zb, dst, "TCP", 80, by_addr[zb], by_addr[dst])
+    assert not ir.evaluate(zb, dst, "TCP", 82, by_addr[zb], by_addr[dst])
+
+
+def test_a_staged_delete_is_not_an_input() -> None:
+    w = world()
+    w.put("stagednetworkpolicy", "x/web", STAGED_DELETE)
+    assert "staged:x/web" not in {p.key for p in _state(w).calico_policies}
+
+
+def test_changes_of_calicos_kinds_become_engine_updates() -> None:
+    """A change at a time, through the incremental engine, gives the full conversion's IR."""
+    w = world()
+    memo = inputs.PolicyInputs()
+    eng = IncrementalPolicy(NODE)
+    start = dict(w.docs)
+    w.docs = {k: {} if k in ("tier", "globalnetworkpolicy", "calico-networkpolicy",
+                            "globalnetworkset", "stagednetworkpolicy") else v
+              for k, v in start.items()}  # fmt: skip
+    state, nat = memo.convert(Documents.from_raw(w.docs))
+    eng.load(state, nat)
+    for kind in ("tier", "globalnetworkset", "globalnetworkpolicy", "calico-networkpolicy"):
+        for key, doc in start[kind].items():
+            w.docs[kind] = {**w.docs[kind], key: doc}
+            model: Any = Documents.from_raw(w.docs).of(BY_NAME[kind])[key].value
+            eng.apply(memo.updates([Change(kind, key, model)]))
+            eng.take_delta()
+            assert eng.desired() == engine.compute(_state(w), NODE)
+    # and away again
+    eng.apply(memo.updates([Change("globalnetworkpolicy", "security.guard", None)]))
+    del w.docs["globalnetworkpolicy"]["security.guard"]
+    assert eng.desired() == engine.compute(_state(w), NODE)
+    assert "security.guard" not in eng.calico_policies
+
+
+def test_a_staged_delete_changed_or_deleted_never_removes_the_enforced_policy() -> None:
+    """A staged Delete converts to nothing; changing or deleting it later removes nothing
+    (its store key, ``x/web``, is the enforced policy's engine key)."""
+    w = world()
+    memo = inputs.PolicyInputs()
+    memo.convert(Documents.from_raw(w.docs))
+    w.put("stagednetworkpolicy", "x/web", STAGED_DELETE)
+    model: Any = Documents.from_raw(w.docs).of(BY_NAME["stagednetworkpolicy"])["x/web"].value
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
+    assert memo.updates([Change("stagednetworkpolicy", "x/web", None)]) == []
+    # a staged Set deleted removes the staged policy, by its engine key
+    memo.convert(Documents.from_raw(world().docs))
+    (u,) = memo.updates([Change("stagednetworkpolicy", "x/would-deny", None)])
+    assert (u.kind, u.key, u.value) == ("calico-policy", "staged:x/would-deny", None)
+
+
+def test_load_of_other_calico_inputs_is_followed() -> None:
+    """``load`` (tabby-node's periodic check) with other Calico inputs and nothing else
+    changed: the next delta is the full computation's."""
+    state = _state(world())
+    eng = IncrementalPolicy(NODE)
+    eng.load(state)
+    eng.take_delta()
+    other = dataclasses.replace(state, tiers=(calico.Tier("security", 10, "Deny"),))
+    assert eng.load(other) == 1
+    d = eng.take_delta()
+    assert not d.empty
+    assert eng.programs == engine.compute(other, NODE).endpoints
