@@ -44,6 +44,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -664,6 +665,33 @@ def _kill(kube: KubeLab, program: str, node: str) -> int:
     raise AssertionError(f"no {program} on {node}")
 
 
+class Takeover:
+    """The survivor's /metrics read every 0.2 s from the kill on (a thread): the seconds
+    until it had taken in as many clients as the killed replica held."""
+
+    def __init__(self, kube: KubeLab, pod: dict[str, Any], base: float, wanted: float) -> None:
+        self.kube, self.pod, self.base, self.wanted = kube, pod, base, wanted
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.2) and time.monotonic() - self.started < 120:
+            try:
+                moved = _arrivals(typha_metrics(self.kube, self.pod)) - self.base
+            except AssertionError:
+                continue
+            if moved >= self.wanted:
+                self.seconds = time.monotonic() - self.started
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+
 def test_churn_while_a_typha_and_a_tabby_node_are_killed(
     bare: KubeLab, tabby: ManifestInstall, web: list[KubePod], tmp_path: Path
 ) -> None:
@@ -674,7 +702,9 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
     typha's metrics show the clients that were on the killed replica taken in by the other.
     A client of the deployed typha with a certificate of the cluster's CA but another CN is
     refused (PERMISSION_DENIED, counted); one whose certificate is of another CA fails the
-    handshake (not counted: grpcio's transport refuses it before typha sees it)."""
+    handshake (UNAVAILABLE), counted as a handshake refused once it settled (10 s).
+    Printed: the seconds from the typha's kill until the survivor had taken in as many
+    clients as it held, and how (snapshots, resumes, resyncs by digests)."""
     from kube_controllers import typha_certs
 
     assert bare.busybox is not None
@@ -719,9 +749,11 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
         },
     }  # fmt: skip
     started = time.monotonic()
+    takeover: Takeover | None = None
     try:
         bare.apply(churn)
         _kill(bare, "tabby-typha", victim)
+        takeover = Takeover(bare, typhas[survivor], _arrivals(before[survivor]), held[victim])
         bare.apply(policy)
         _kill(bare, "tabby-node", node_victim)
         bare.apply(friend)
@@ -741,8 +773,17 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
         moved = _arrivals(after[survivor]) - _arrivals(before[survivor])
         assert moved >= held[victim], (before, after)
         connected = {n: m["tabby_typha_connections"] for n, m in after.items()}
+        how = {
+            what: after[survivor].get(f"tabby_typha_{what}_total", 0.0)
+            - before[survivor].get(f"tabby_typha_{what}_total", 0.0)
+            for what in ("snapshots", "resumes", "resyncs")
+        }
+        takeover.stop()
         print(f"\n[{bare.backend}] typha connections after: {connected}; the survivor took "
-              f"{moved:.0f} clients in")  # fmt: skip
+              f"{moved:.0f} clients in ({held[victim]:.0f} were on the killed one) within "
+              f"{takeover.seconds if takeover.seconds is None else round(takeover.seconds, 2)} s "
+              f"of the kill: {how}")  # fmt: skip
+        assert takeover.seconds is not None
         eventually(
             "every tabby-node on a typha",
             lambda: (
@@ -784,9 +825,16 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
             other_ca, other_key, typha_certs.Leaf("x", typha_certs.CLIENT_NAME, False)
         )
         target = typha_pods(tabby)[survivor]
-        refused_before = typha_metrics(bare, target).get(
-            'tabby_typha_connections_refused_total{reason="identity"}', 0.0
-        )
+        reasons = ("identity", "handshake")
+
+        def refusals() -> dict[str, float]:
+            m = typha_metrics(bare, target)
+            return {
+                r: m.get(f'tabby_typha_connections_refused_total{{reason="{r}"}}', 0.0)
+                for r in reasons
+            }
+
+        refused_before = refusals()
         for what, (cert, key) in strangers.items():
             files = []
             for name, data in (("ca", ca["ca.crt"]), ("cert", cert), ("key", key)):
@@ -802,11 +850,17 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
             assert got["events"] == [], (what, got)
             wanted = "PERMISSION_DENIED" if what == "identity" else "UNAVAILABLE"
             assert wanted in (got["error"] or ""), (what, got)
-        refused = typha_metrics(bare, target).get(
-            'tabby_typha_connections_refused_total{reason="identity"}', 0.0
-        )
-        assert refused >= refused_before + 1
+
+        def counted() -> bool:
+            now = refusals()
+            assert all(now[r] >= refused_before[r] + 1 for r in reasons), (refused_before, now)
+            return True
+
+        waited = eventually("both refusals counted", counted, timeout=40)
+        print(f"\n[{bare.backend}] refusals counted ({waited:.1f} s later): {refusals()}")
     finally:
+        if takeover is not None:
+            takeover.stop()
         bare.kubectl("delete", "networkpolicy", "-n", WEB_NS, "churn-from-friends",
                      "--ignore-not-found")  # fmt: skip
         bare.kubectl("delete", "deployment", "-n", WEB_NS, "churn", "--ignore-not-found")

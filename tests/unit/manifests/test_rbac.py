@@ -36,6 +36,7 @@ from cni_config.common import DatastoreSettings
 from cni_protocol import skel
 from daemon.http import Caller
 from dataplane.nodeinfo import NodeAddress
+from datastore.base import SyncEvent
 from ipam import plugin as ipam_plugin
 from stores import Served
 from stores.kube import kinds
@@ -409,21 +410,31 @@ def test_the_controllers_are_granted_what_they_call_in_either_datastore(
 def test_typha_is_granted_what_it_calls_and_nothing_else(
     seeded: tuple[FakeApi, str], tmp_path: Path
 ) -> None:
-    """Its one watch of every kind a node keeps, up to the snapshot, then a deletion
-    followed (the definitions read: an uninstall is not a change to fan out)."""
-    from resources.index import NODE_KINDS
+    """Its own watch (``Typha.watch``: every kind it serves, which are the kinds a node
+    keeps, tests/unit/typha/test_kinds.py) up to the snapshot, then a deletion followed (the
+    definitions read: an uninstall is not a change to fan out)."""
+    from typha.main import Typha
+    from typha.options import parse
 
     fake, kubeconfig = seeded
     store = store_of(kubeconfig, tmp_path)
-    stopping = threading.Event()
+    options, _ = parse(["--plaintext", "--datastore-type", "kubernetes"], {})
+    typha = Typha(options, store)
     pools = kinds.CRDS["pool"].path
-    try:
-        for event in store.sync(NODE_KINDS, stopping):
+
+    class Loop:
+        """The asyncio loop's one method typha's watch calls, run at once."""
+
+        def call_soon_threadsafe(
+            self, apply: Callable[[SyncEvent], None], event: SyncEvent
+        ) -> None:
             if event.type == "snapshot":
                 fake.delete(pools, next(iter(fake.objects[pools])))
             elif event.type == "delete":
-                stopping.set()
-                break
+                typha.stopping.set()
+
+    try:
+        typha.watch(Loop())  # type: ignore[arg-type]
     finally:
         store.close()
     found = calls(fake)
