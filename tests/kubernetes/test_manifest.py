@@ -761,10 +761,15 @@ def test_churn_while_a_typha_and_a_tabby_node_are_killed(
         policy["spec"]["ingress"][0]["from"].pop()
         bare.apply(policy)
         bare.kubectl("delete", "pods", "-n", WEB_NS, "-l", "app=churn", "--wait=false")
+        steps = {"churn applied": time.monotonic() - started}
         pods = bare.wait_pods(WEB_NS, "app=churn", 3, timeout=180)
+        steps["churn pods running"] = time.monotonic() - started
         (friend_pod,) = bare.wait_pods(WEB_NS, "role=friend", 1, timeout=120)
+        steps["friend running"] = time.monotonic() - started
         tabby.wait_installed()
-        print(f"\n[{bare.backend}] churn to all ready again: {time.monotonic() - started:.1f} s")
+        steps["all ready again"] = time.monotonic() - started
+        print(f"\n[{bare.backend}] churn, seconds from its start: "
+              f"{ {k: round(v, 1) for k, v in steps.items()} }")  # fmt: skip
         # the replica killed restarted (its container), the survivor took its clients
         now = typha_pods(tabby)
         restarts = {n: p["status"]["containerStatuses"][0]["restartCount"] for n, p in now.items()}
