@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -101,6 +102,82 @@ def canonical(data: JSON) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
 
 
+class Handshakes:
+    """The TLS handshakes typha began and the connections that reached its service; the
+    rest failed the handshake (no certificate, another CA's, not TLS at all) or never
+    called (docs/typha.md "Who may connect").
+
+    grpcio tells neither a failed handshake nor a connection's end. It calls the server's
+    certificate fetcher once per TCP connection it accepts, before the handshake
+    (``fanout.server``: ``begin``), and a connection that completed it reaches the service
+    with its first call (``opened``, by the peer's address: the calls of one connection
+    share it). The failures are the difference, counted once they settled: the handshakes
+    begun at least ``settle`` seconds ago minus the connections that reached the service,
+    never going back (a counter). Exact whenever no connection is being made; a connection
+    whose first call comes more than ``settle`` s after it was accepted is counted as a
+    failure (and the next real failure is then not), and so is a TCP connection that sends
+    nothing (a check of the port). A peer's address is taken for the same connection while
+    one of its calls is open and for ``peer_memory`` s after its last one ended: a new
+    connection from the same address and port within that time is not counted (the
+    client's side of a closed connection waits 60 s before its port is used again)."""
+
+    def __init__(self, settle: float = 10.0, peer_memory: float = 60.0) -> None:
+        self.settle = settle
+        self.peer_memory = peer_memory
+        self._lock = threading.Lock()
+        self.begun = 0
+        self.reached = 0
+        #: the handshakes not settled yet, by tenths of a second: [first's time, last's
+        #: time, how many] (at most 10 per second of ``settle``)
+        self._unsettled: deque[list[float]] = deque()
+        self._settled = 0
+        self._failed = 0
+        self._open: dict[str, int] = {}  #: calls open, by peer
+        self._ended: dict[str, float] = {}  #: when the peer's last call ended, oldest first
+
+    def begin(self) -> None:
+        """A handshake begins (grpcio's thread)."""
+        now = time.monotonic()
+        with self._lock:
+            self.begun += 1
+            if self._unsettled and now - self._unsettled[-1][0] < 0.1:
+                self._unsettled[-1][1:] = [now, self._unsettled[-1][2] + 1]
+            else:
+                self._unsettled.append([now, now, 1])
+
+    def opened(self, peer: str) -> None:
+        """A call from ``peer`` reached the service."""
+        now = time.monotonic()
+        with self._lock:
+            while self._ended:
+                oldest, ended = next(iter(self._ended.items()))
+                if now - ended < self.peer_memory:
+                    break
+                del self._ended[oldest]
+            if peer not in self._open and self._ended.pop(peer, None) is None:
+                self.reached += 1
+            self._open[peer] = self._open.get(peer, 0) + 1
+
+    def closed(self, peer: str) -> None:
+        """A call from ``peer`` ended."""
+        with self._lock:
+            left = self._open.get(peer, 0) - 1
+            if left > 0:
+                self._open[peer] = left
+            else:
+                self._open.pop(peer, None)
+                self._ended[peer] = time.monotonic()
+
+    def failed(self) -> int:
+        """Handshakes that did not become a connection calling the service (settled)."""
+        now = time.monotonic()
+        with self._lock:
+            while self._unsettled and now - self._unsettled[0][1] >= self.settle:
+                self._settled += int(self._unsettled.popleft()[2])
+            self._failed = max(self._failed, self._settled - self.reached)
+            return self._failed
+
+
 @dataclass
 class Stats:
     """What ``/metrics`` reads (``typha.metrics``)."""
@@ -115,6 +192,7 @@ class Stats:
     bytes_sent: int = 0
     behind: int = 0  #: clients not sent every change (updated by ``Hub.tick``)
     refused: dict[str, int] = field(default_factory=dict)
+    handshakes: Handshakes = field(default_factory=Handshakes)
 
 
 class Client:
@@ -129,9 +207,13 @@ class Client:
 
 
 class Hub:
-    def __init__(self, bounds: Bounds | None = None, epoch: str | None = None) -> None:
+    def __init__(
+        self, bounds: Bounds | None = None, epoch: str | None = None, kinds: Sequence[str] = ()
+    ) -> None:
         self.bounds = bounds or Bounds()
         self.epoch = epoch or os.urandom(8).hex()
+        #: the kinds it syncs and serves (empty: whatever its events bring)
+        self.kinds = frozenset(kinds)
         self.docs: dict[str, dict[str, Held]] = {}
         self.seq = 0
         self.history: deque[Change] = deque()
@@ -215,6 +297,13 @@ class Hub:
         self._wake = asyncio.Event()
 
     # -- the clients' side ----------------------------------------------------------------
+
+    def unserved(self, kinds: Iterable[str]) -> list[str]:
+        """The kinds of ``kinds`` this hub does not sync: a client that asks for one would
+        take its absence for none of it (a tabby-node newer than its typha)."""
+        if not self.kinds:
+            return []
+        return sorted(set(kinds) - self.kinds)
 
     def holds(self, epoch: str, seq: int) -> bool:
         """The history can bring a client at this position up to date."""

@@ -10,13 +10,13 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 
 from datastore.protobuf import ProtoError
 from fanout import SERVICE, wire
-from fanout.hub import Client, Hub
+from fanout.hub import Client, Handshakes, Hub
 
 if TYPE_CHECKING:
     from grpc.aio import ServicerContext
@@ -77,28 +77,46 @@ class Service:
         requests: AsyncIterator[wire.ClientMessage],
         context: ServicerContext[wire.ClientMessage, bytes],
     ) -> AsyncIterator[bytes]:
-        auth = context.auth_context()
-        why = refused(auth, self.tls)
-        if why is not None:
-            refusals = self.hub.stats.refused
-            refusals[why] = refusals.get(why, 0) + 1
-            log.warning("refused %s: %s", context.peer(), why)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"refused: {why}")
-        if not self.hub.ready:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no datastore snapshot yet")
+        peer = context.peer()
+        handshakes = self.hub.stats.handshakes
+        handshakes.opened(peer)
         try:
-            hello = await requests.__anext__()
-        except (StopAsyncIteration, ProtoError):
-            return
-        if not hello.node:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message names no node")
-        client = Client(hello.node)
-        acks = asyncio.create_task(_acks(requests, client))
-        try:
-            async for message in self.hub.stream(client, hello):
-                yield message
+            why = refused(context.auth_context(), self.tls)
+            if why is not None:
+                self._refuse(why)
+                log.warning("refused %s: %s", peer, why)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"refused: {why}")
+            if not self.hub.ready:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "no datastore snapshot yet")
+            try:
+                hello = await requests.__anext__()
+            except (StopAsyncIteration, ProtoError):
+                return
+            if not hello.node:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "the first message names no node"
+                )
+            unserved = self.hub.unserved(hello.kinds)
+            if unserved:
+                self._refuse("kinds")
+                log.warning("refused %s (%s): typha does not serve %s", peer, hello.node, unserved)
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"this typha does not serve {', '.join(unserved)} (an older version?)",
+                )
+            client = Client(hello.node)
+            acks = asyncio.create_task(_acks(requests, client))
+            try:
+                async for message in self.hub.stream(client, hello):
+                    yield message
+            finally:
+                acks.cancel()
         finally:
-            acks.cancel()
+            handshakes.closed(peer)
+
+    def _refuse(self, why: str) -> None:
+        refusals = self.hub.stats.refused
+        refusals[why] = refusals.get(why, 0) + 1
 
 
 async def _acks(requests: AsyncIterator[wire.ClientMessage], client: Client) -> None:
@@ -128,12 +146,23 @@ async def start(hub: Hub, address: str, tls: Tls | None) -> grpc.aio.Server:
     if tls is None:
         port = server.add_insecure_port(address)
     else:
-        credentials = grpc.ssl_server_credentials(
-            [(tls.key, tls.cert)], root_certificates=tls.ca, require_client_auth=True
-        )
-        port = server.add_secure_port(address, credentials)
+        port = server.add_secure_port(address, _credentials(tls, hub.stats.handshakes))
     if not port:
         raise OSError(f"cannot listen on {address}")
     await server.start()
     server.port = port  # type: ignore[attr-defined]
     return server
+
+
+def _credentials(tls: Tls, handshakes: Handshakes) -> grpc.ServerCredentials:
+    """Mutual TLS whose certificate fetcher, which grpcio calls once per accepted connection
+    before its handshake, counts the handshakes (``Handshakes``); it changes nothing (the
+    certificate stays the one given)."""
+    config = grpc.ssl_server_certificate_configuration([(tls.key, tls.cert)], tls.ca)
+
+    def fetch() -> grpc.ServerCertificateConfiguration:
+        handshakes.begin()
+        # None: keep the configuration (grpcio's stub does not say it may be None)
+        return cast("grpc.ServerCertificateConfiguration", None)
+
+    return grpc.dynamic_ssl_server_credentials(config, fetch, require_client_authentication=True)

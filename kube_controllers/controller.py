@@ -139,6 +139,8 @@ class Controllers:
             self._spawn("datastore nodes", self._watch_tabby_nodes)
         self._spawn("worker", self._work)
         self._spawn("housekeeping", self._housekeeping)
+        if self.options.typha_certs:
+            self._spawn("typha certs", self._typha_certs)
         if self.options.leader_elect:
             self.elector = Elector(
                 api,
@@ -309,6 +311,29 @@ class Controllers:
             if synced and now >= next_resync:
                 next_resync = now + RESYNC_EVERY
                 self.full_sync()
+
+    def _typha_certs(self, stop: threading.Event) -> None:
+        """tabby-typha's Secrets ensured now and every 12 h, by every replica (made only if
+        absent: ``typha_certs``); tried again after 1 s doubling to 60 s while the API
+        fails (the pods that mount them wait in ContainerCreating meanwhile)."""
+        from kube_controllers import typha_certs
+
+        assert self.api is not None
+        namespace, delay = self.options.typha_certs, 1.0
+        while not stop.is_set():
+            try:
+                done = typha_certs.ensure(self.api, namespace)
+            except (ApiError, OSError, typha_certs.CertError) as e:
+                self.problems["typha certs"] = str(e)
+                log.warning("typha certificates in %s: %s (again in %.0f s)", namespace, e, delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            self.problems.pop("typha certs", None)
+            if done:
+                log.warning("typha certificates in %s: %s", namespace, ", ".join(done))
+            delay = 1.0
+            stop.wait(typha_certs.CHECK_EVERY)
 
     def _beat(self) -> None:
         """The leader's liveness document: tabby-node waits for mirrored pods while it lives

@@ -48,6 +48,7 @@ class ControllerOptions(Section):
     leak_grace: float = Field(default=900.0, ge=0, le=30 * 86400)
     health_port: int = Field(default=9098, ge=0, le=65535)
     metrics_port: int = Field(default=9094, ge=0, le=65535)
+    typha_certs: str = ""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_file: AbsPath | None = None
     conf: AbsPath | None = None
@@ -61,6 +62,7 @@ ENV = {
     "leak_grace": "TABBY_LEAK_GRACE",
     "health_port": "TABBY_CONTROLLERS_HEALTH_PORT",
     "metrics_port": "TABBY_CONTROLLERS_METRICS_PORT",
+    "typha_certs": "TABBY_TYPHA_CERTS",
     "log_level": "TABBY_LOG_LEVEL",
     "log_file": "TABBY_CONTROLLERS_LOG_FILE",
     "conf": "TABBY_CONF",
@@ -78,6 +80,8 @@ HELP = {
     "(default 900)",
     "health_port": "/liveness and /readiness on 127.0.0.1, 0 = off (default 9098)",
     "metrics_port": "Prometheus /metrics, 0 = off (default 9094)",
+    "typha_certs": "namespace where tabby-typha's CA and the Secrets tabby-typha-server and "
+    "tabby-typha-client are made if absent and renewed before they end (default: none)",
     "log_level": "debug, info, warning or error (default info)",
     "log_file": "log file (default: stderr only)",
     "conf": "conflist whose tabby ipam section gives datastore settings",

@@ -43,6 +43,8 @@ COLLECTIONS = {
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
     "/apis/apps/v1/daemonsets": ("DaemonSet", True),
+    "/api/v1/secrets": ("Secret", True),
+    "/api/v1/endpoints": ("Endpoints", True),
     CRD_COLLECTION: ("CustomResourceDefinition", False),
     # tabby's CustomResourceDefinitions (cluster-scoped, but Calico's namespaced kinds)
     **{crd.path: (crd.kind, crd.namespaced) for crd in CRDS.values()},

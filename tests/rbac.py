@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "manifests" / "tabby.yaml"
 NAMESPACE = "tabby-system"
 #: the service accounts of the manifest, one per component
-ACCOUNTS = ("tabby-node", "tabby-kube-controllers", "tabby-cni")
+ACCOUNTS = ("tabby-node", "tabby-kube-controllers", "tabby-cni", "tabby-typha")
 
 
 def manifest_docs() -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fanout.hub import Bounds, Hub
 from ipam.core.errors import DatastoreError
+from resources.index import NODE_KINDS
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tabby.typha")
 
 STALL = 30.0  #: seconds without a loop tick before /liveness fails
+#: What typha syncs and serves: every kind a tabby-node watches (a client asking for another
+#: is refused; tests/unit/typha/test_kinds.py keeps this, tabby-node's watch and typha's
+#: ClusterRole the same)
+KINDS: tuple[str, ...] = NODE_KINDS
 
 
 class Typha:
@@ -40,7 +45,8 @@ class Typha:
                 options.history_events,
                 options.history_bytes,
                 min_interval=options.send_interval,
-            )
+            ),
+            kinds=KINDS,
         )
         self.stopping = threading.Event()
         self.serving = False
@@ -51,12 +57,10 @@ class Typha:
     def watch(self, loop: asyncio.AbstractEventLoop) -> None:
         """The store's ``sync`` into the hub, until stopping (a broken watch opened again
         after 0.2 s, doubling to 5 s; the hub turns its new snapshot into differences)."""
-        from resources.index import NODE_KINDS
-
         delay = 0.2
         while not self.stopping.is_set():
             try:
-                for event in self.store.sync(NODE_KINDS, self.stopping):
+                for event in self.store.sync(KINDS, self.stopping):
                     try:
                         loop.call_soon_threadsafe(self.hub.apply, event)
                     except RuntimeError:  # the loop is closed: typha is stopping

@@ -19,8 +19,16 @@ name                                         type     meaning
 ``tabby_typha_history_depth``                gauge    changes the history holds
 ``tabby_typha_history_bytes``                gauge    their bytes
 ``tabby_typha_position``                     gauge    changes applied since start (the newest seq)
-``tabby_typha_connections_refused_total``    counter  ``reason`` (``identity``, ``no certificate``):
-                                                      clients refused
+``tabby_typha_tls_handshakes_total``         counter  TLS handshakes begun (one per connection
+                                                      accepted on the stream's port)
+``tabby_typha_connections_refused_total``    counter  ``reason``: clients refused: ``handshake``
+                                                      (the handshakes that did not become a
+                                                      connection calling the service, counted
+                                                      10 s after they began:
+                                                      ``fanout.hub.Handshakes``), ``identity``
+                                                      (a certificate of the CA, not a name
+                                                      allowed), ``kinds`` (a client asking for
+                                                      kinds this typha does not serve)
 ===========================================  =======  ==============================================
 
 plus the process's own (``process_cpu_seconds_total``, ``process_resident_memory_bytes``).
@@ -82,10 +90,18 @@ def collect(hub: Hub) -> Iterator[Metric]:
         "tabby_typha_history_bytes", "bytes of the history", value=hub.history_bytes
     )
     yield GaugeMetricFamily("tabby_typha_position", "changes applied since start", value=hub.seq)
+    yield CounterMetricFamily(
+        "tabby_typha_tls_handshakes",
+        "TLS handshakes begun, one per connection accepted",
+        value=s.handshakes.begun,
+    )
     refused = CounterMetricFamily(
         "tabby_typha_connections_refused", "clients refused, by reason", labels=["reason"]
     )
-    for reason, n in sorted(dict(s.refused).items()):
+    reasons = dict(s.refused)
+    if s.handshakes.begun:
+        reasons["handshake"] = s.handshakes.failed()
+    for reason, n in sorted(reasons.items()):
         refused.add_metric([reason], n)
     yield refused
 

@@ -36,6 +36,8 @@ MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "tabby.yaml"
 NAMESPACE = "tabby-system"
 DAEMONSET = "tabby-node"
 DEPLOYMENT = "tabby-kube-controllers"
+TYPHA = "tabby-typha"
+TYPHA_LABEL = "app.kubernetes.io/name=tabby-typha"
 NODE_LABEL = "app.kubernetes.io/name=tabby-node"
 CONTROLLERS_LABEL = "app.kubernetes.io/name=tabby-kube-controllers"
 #: The manifest's defaults an operator replaces (docs/kubernetes.md "Installing on Kubernetes").
@@ -74,12 +76,15 @@ def render(
     datastore: str = DEFAULT_DATASTORE,
     image: str | None = None,
     api_server: tuple[str, int] | None = None,
+    policy_v1: bool = True,
 ) -> str:
     """The manifest with the lab's settings: the backend; in etcd mode (``datastore``
     ``etcdv3``) the ConfigMap's datastore_type and the lab's etcd endpoints and prefix (as
     shipped, the Kubernetes datastore, they stay the manifest's defaults: unused); the image
     of every container (``image``), and the ConfigMap ``tabby-kubernetes-api``
-    (``api_server``: host, port) appended."""
+    (``api_server``: host, port) appended; on an API server without ``policy/v1``
+    (Kubernetes 1.20: ``policy_v1`` false) the PodDisruptionBudget as ``policy/v1beta1``,
+    as docs/kubernetes.md tells such a cluster's operator."""
     if datastore != DEFAULT_DATASTORE:
         text = _replace_once(
             text,
@@ -104,6 +109,12 @@ def render(
         if len(images) != 1:
             raise LabError(f"manifests/tabby.yaml: expected one image, found {sorted(images)}")
         text = text.replace(f"image: {images.pop()}", f"image: {image}")
+    if not policy_v1:
+        text = _replace_once(
+            text,
+            "apiVersion: policy/v1\nkind: PodDisruptionBudget",
+            "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget",
+        )
     if api_server is not None:
         host, port = api_server
         text += (
@@ -154,6 +165,11 @@ class ManifestInstall:
 
     # -- applying -----------------------------------------------------------------------------
 
+    def policy_v1(self) -> bool:
+        """Whether the API server serves ``policy/v1`` (1.21 and later)."""
+        versions = self.kube.kubectl("api-versions").stdout.split()
+        return "policy/v1" in versions
+
     def text(self, image: str | None = None) -> str:
         return render(
             self.manifest.read_text(),
@@ -163,6 +179,7 @@ class ManifestInstall:
             datastore=self.datastore,
             image=image,
             api_server=(str(self.kube.nodes[0].ipv4.ip), API_PORT),
+            policy_v1=self.policy_v1(),
         )
 
     def dry_run(self, image: str | None = None) -> str:
@@ -188,7 +205,12 @@ class ManifestInstall:
         )
 
         def gone() -> bool:
-            for kind, name in (("daemonset", DAEMONSET), ("deployment", DEPLOYMENT)):
+            workloads = (
+                ("daemonset", DAEMONSET),
+                ("deployment", DEPLOYMENT),
+                ("deployment", TYPHA),
+            )
+            for kind, name in workloads:
                 proc = self.kube.kubectl("get", kind, "-n", NAMESPACE, name, check=False)
                 if proc.returncode == 0:
                     return False
@@ -211,7 +233,13 @@ class ManifestInstall:
             if not words:
                 continue
             program = os.path.basename(words[0])
-            if program not in ("tabby-node", "tabby-kube-controllers", "bird", "tabby"):
+            if program not in (
+                "tabby-node",
+                "tabby-kube-controllers",
+                "tabby-typha",
+                "bird",
+                "tabby",
+            ):
                 continue
             try:
                 node = netns.get(os.readlink(f"/proc/{pid}/ns/net"))
@@ -278,6 +306,13 @@ class ManifestInstall:
         dep = self.kube.kubectl_json("get", "deployment", "-n", NAMESPACE, DEPLOYMENT)
         return bool(dep.get("status", {}).get("availableReplicas") == 2)
 
+    def typha_available(self) -> bool:
+        """Every typha replica a node can hold available (2, or 1 on a one-node lab: the
+        replicas keep off each other's nodes)."""
+        dep = self.kube.kubectl_json("get", "deployment", "-n", NAMESPACE, TYPHA)
+        want = min(int(dep.get("spec", {}).get("replicas", 0)), len(self.kube.kube))
+        return bool(dep.get("status", {}).get("availableReplicas") == want)
+
     def lease_holder(self) -> str:
         lease = self.kube.kubectl_json(
             "get", "lease", "-n", NAMESPACE, "tabby-kube-controllers", check=False
@@ -285,14 +320,16 @@ class ManifestInstall:
         return str(lease.get("spec", {}).get("holderIdentity") or "")
 
     def wait_installed(self, timeout: float = 240) -> None:
-        """Until every node is Ready, the DaemonSet is rolled out and both controllers are
-        available with a Lease holder; the failing pods' state on timeout."""
+        """Until every node is Ready, the DaemonSet is rolled out, both controllers are
+        available with a Lease holder and typha's replicas are available; the failing
+        pods' state on timeout."""
         started = time.monotonic()
         self._wait("every node Ready", self.kube.nodes_ready, timeout)
         self.timings["apply -> nodes Ready"] = round(time.monotonic() - started, 2)
         self._wait("the DaemonSet ready on every node", self.rolled_out, timeout)
         self.timings["apply -> tabby-node ready everywhere"] = round(time.monotonic() - started, 2)
         self._wait("2 controllers available", self.controllers_available, timeout)
+        self._wait("typha available", self.typha_available, timeout)
         self._wait("a Lease holder", self.lease_holder, timeout)
         self.timings["apply -> controllers leading"] = round(time.monotonic() - started, 2)
 
@@ -307,9 +344,10 @@ class ManifestInstall:
             f"install-cni={image}",
             f"tabby-node={image}",
         )
-        self.kube.kubectl(
-            "set", "image", "-n", NAMESPACE, f"deployment/{DEPLOYMENT}", f"{DEPLOYMENT}={image}"
-        )
+        for deployment in (DEPLOYMENT, TYPHA):
+            self.kube.kubectl(
+                "set", "image", "-n", NAMESPACE, f"deployment/{deployment}", f"{deployment}={image}"
+            )
 
     def _wait(self, what: str, probe: Callable[[], object], timeout: float) -> None:
         try:

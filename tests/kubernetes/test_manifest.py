@@ -36,11 +36,15 @@ install to Ready, rollout, packets) are printed (``-s``).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,8 +56,9 @@ import pytest
 from lab.kubernetes import build
 from lab.kubernetes import node as knode
 from lab.kubernetes.cluster import HTTPD, KubeLab, KubePod, processes
-from lab.kubernetes.manifest import NAMESPACE, ManifestInstall
+from lab.kubernetes.manifest import NAMESPACE, TYPHA_LABEL, ManifestInstall
 from tabbyctl.demo.proc import LabError
+from tests import REPO_ROOT as REPO
 from tests import crd_cases, packaging_image, rbac
 from tests.kubernetes.helpers import eventually
 from tests.kubernetes.icmp import Stream
@@ -307,6 +312,12 @@ def test_the_manifest_is_valid_and_the_nodes_wait_for_a_network(bare: KubeLab) -
         "configmap/tabby-config",
         "daemonset.apps/tabby-node",
         "deployment.apps/tabby-kube-controllers",
+        "serviceaccount/tabby-typha",
+        "clusterrole.rbac.authorization.k8s.io/tabby-typha",
+        "role.rbac.authorization.k8s.io/tabby-kube-controllers-typha-certs",
+        "deployment.apps/tabby-typha",
+        "service/tabby-typha",
+        "poddisruptionbudget.policy/tabby-typha",
     ):
         assert f"{what} created (server dry run)" in out, out
     assert bare.kubectl("get", "daemonset", "-n", NAMESPACE, "-o", "name").stdout == ""
@@ -422,7 +433,7 @@ def test_each_container_runs_with_the_privileges_the_manifest_names(
     assert "privileged" not in node_c["securityContext"]
     wanted = set(node_c["securityContext"]["capabilities"]["add"])
     assert wanted <= set(CAPABILITY_BITS)
-    programs = {"tabby-node": len(bare.kube), "tabby-kube-controllers": 2}
+    programs = {"tabby-node": len(bare.kube), "tabby-kube-controllers": 2, "tabby-typha": 2}
     if bare.backend == "bird":
         programs["bird"] = len(bare.kube)
     seen = {}
@@ -433,13 +444,14 @@ def test_each_container_runs_with_the_privileges_the_manifest_names(
             caps, uid, read_only = _process_privileges(pid)
             seen[program] = (sorted(caps), uid, read_only)
             assert read_only, f"{program} ({pid}): its root filesystem is writable"
-            if program == "tabby-kube-controllers":
+            if program in ("tabby-kube-controllers", "tabby-typha"):
                 assert (caps, uid) == (set(), 10001), (program, caps, uid)
             else:
                 assert (caps, uid) == (wanted, 0), (program, caps, uid)
     print(f"\n[{bare.backend}] privileges: {seen}")
     # none of them restarted for want of a privilege
-    for pod in [*tabby.pods(), *tabby.pods("app.kubernetes.io/name=tabby-kube-controllers")]:
+    controllers = tabby.pods("app.kubernetes.io/name=tabby-kube-controllers")
+    for pod in [*tabby.pods(), *controllers, *tabby.pods(TYPHA_LABEL)]:
         for c in pod["status"].get("containerStatuses", []):
             assert c["restartCount"] == 0, (pod["metadata"]["name"], c["name"], tabby.describe())
 
@@ -582,6 +594,283 @@ def test_a_network_policy_applied_with_kubectl_is_enforced(
         timeout=30,
     )
     bare.kubectl("delete", "pod", "-n", WEB_NS, "client", "stranger", "--wait=false")
+
+
+# == typha ========================================================================================
+
+#: a client of the deployed typha, run in a node's network namespace: it connects with the
+#: certificate files given, for a few seconds; what it received and its last error (JSON)
+_TYPHA_CLIENT = """
+import json, sys, threading, time
+from fanout.client import ClientTls, TyphaSync
+ca, cert, key = (open(p, "rb").read() for p in sys.argv[2:5])
+source = TyphaSync([sys.argv[1]], "intruder", ClientTls(ca, cert, key, "tabby-typha"),
+                   backoff=(0.2, 0.5))
+stop, events = threading.Event(), []
+def run():
+    for event in source.sync(["pod"], stop):
+        events.append(event.type)
+thread = threading.Thread(target=run, daemon=True)
+thread.start()
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and not source.last_error and not events:
+    time.sleep(0.1)
+stop.set()
+thread.join(5)
+print(json.dumps({"events": events, "error": source.last_error}))
+"""
+
+
+def typha_pods(tabby: ManifestInstall) -> dict[str, dict[str, Any]]:
+    """typha's running pods by node."""
+    return {
+        p["spec"]["nodeName"]: p
+        for p in tabby.pods(TYPHA_LABEL)
+        if p.get("spec", {}).get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def typha_metrics(kube: KubeLab, pod: dict[str, Any]) -> dict[str, float]:
+    """One typha's /metrics (on its node's address: host network), sample -> value."""
+    from tabbyctl.demo.lab import http_get
+
+    url = f"http://{pod['status']['podIP']}:9093/metrics"
+    code, body = http_get(kube.nodes[0].netns, url)
+    assert code == 200, (url, code, body[:200])
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith("tabby_typha_"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def _arrivals(metrics: dict[str, float]) -> float:
+    """Clients a typha took in: each with a snapshot, a resume or a resync."""
+    names = (
+        "tabby_typha_snapshots_total",
+        "tabby_typha_resumes_total",
+        "tabby_typha_resyncs_total",
+    )
+    return sum(metrics.get(n, 0.0) for n in names)
+
+
+def _kill(kube: KubeLab, program: str, node: str) -> int:
+    """SIGKILL of ``program`` on ``node`` (the kubelet restarts its container); its PID."""
+    netns = os.readlink(f"/proc/{kube.kube_node(node).pid}/ns/net")
+    for pid in _running(kube, program):
+        if os.readlink(f"/proc/{pid}/ns/net") == netns:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+    raise AssertionError(f"no {program} on {node}")
+
+
+class Takeover:
+    """The survivor's /metrics read every 0.2 s from the kill on (a thread): the seconds
+    until it had taken in as many clients as the killed replica held."""
+
+    def __init__(self, kube: KubeLab, pod: dict[str, Any], base: float, wanted: float) -> None:
+        self.kube, self.pod, self.base, self.wanted = kube, pod, base, wanted
+        self.started = time.monotonic()
+        self.seconds: float | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.2) and time.monotonic() - self.started < 120:
+            try:
+                moved = _arrivals(typha_metrics(self.kube, self.pod)) - self.base
+            except AssertionError:
+                continue
+            if moved >= self.wanted:
+                self.seconds = time.monotonic() - self.started
+                return
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+
+def test_churn_while_a_typha_and_a_tabby_node_are_killed(
+    bare: KubeLab, tabby: ManifestInstall, web: list[KubePod], tmp_path: Path
+) -> None:
+    """Every tabby-node reads the cluster from typha (the manifest's default): pods created
+    and deleted and a NetworkPolicy applied and changed while the typha holding most nodes
+    and the tabby-node of another node are SIGKILLed; afterwards every pod reaches every
+    other (routes on every node), the policy is enforced on every node as last changed, and
+    typha's metrics show the clients that were on the killed replica taken in by the other.
+    A client of the deployed typha with a certificate of the cluster's CA but another CN is
+    refused (PERMISSION_DENIED, counted); one whose certificate is of another CA fails the
+    handshake (UNAVAILABLE), counted as a handshake refused once it settled (10 s).
+    Printed: the seconds from the typha's kill until the survivor had taken in as many
+    clients as it held, and how (snapshots, resumes, resyncs by digests)."""
+    from kube_controllers import typha_certs
+
+    assert bare.busybox is not None
+    typhas = typha_pods(tabby)
+    assert len(typhas) == 2, tabby.describe()
+    before = {node: typha_metrics(bare, pod) for node, pod in typhas.items()}
+    held = {node: m["tabby_typha_connections"] for node, m in before.items()}
+    assert sum(held.values()) == len(bare.kube), held  # every tabby-node on a typha
+    victim = max(held, key=lambda n: held[n])
+    (survivor,) = [n for n in typhas if n != victim]
+    node_victim = next(n for n in sorted(bare.kube) if n != victim)
+    print(f"\n[{bare.backend}] typha connections before: {held}")
+    # the churn: pods on every node, a policy that keeps strangers from them
+    churn = bare.web_deployment("churn", WEB_NS, 3)
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "churn-from-friends", "namespace": WEB_NS},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "churn"}},
+            "ingress": [
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": {"role": "friend"}}},
+                        {"podSelector": {"matchLabels": {"app": "web"}}},
+                    ]
+                }
+            ],
+        },
+    }
+    friend = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "friend", "namespace": WEB_NS, "labels": {"role": "friend"}},
+        "spec": {
+            "nodeName": node_victim,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "c", "image": bare.busybox.ref, "imagePullPolicy": "Never",
+                 "command": ["sleep", "100000"]}
+            ],
+        },
+    }  # fmt: skip
+    started = time.monotonic()
+    takeover: Takeover | None = None
+    try:
+        bare.apply(churn)
+        _kill(bare, "tabby-typha", victim)
+        takeover = Takeover(bare, typhas[survivor], _arrivals(before[survivor]), held[victim])
+        bare.apply(policy)
+        _kill(bare, "tabby-node", node_victim)
+        bare.apply(friend)
+        # the policy changed while both come back: the web pods no longer let in
+        policy["spec"]["ingress"][0]["from"].pop()
+        bare.apply(policy)
+        bare.kubectl("delete", "pods", "-n", WEB_NS, "-l", "app=churn", "--wait=false")
+        steps = {"churn applied": time.monotonic() - started}
+        pods = bare.wait_pods(WEB_NS, "app=churn", 3, timeout=180)
+        steps["churn pods running"] = time.monotonic() - started
+        (friend_pod,) = bare.wait_pods(WEB_NS, "role=friend", 1, timeout=120)
+        steps["friend running"] = time.monotonic() - started
+        tabby.wait_installed()
+        steps["all ready again"] = time.monotonic() - started
+        print(f"\n[{bare.backend}] churn, seconds from its start: "
+              f"{ {k: round(v, 1) for k, v in steps.items()} }")  # fmt: skip
+        # the replica killed restarted (its container), the survivor took its clients
+        now = typha_pods(tabby)
+        restarts = {n: p["status"]["containerStatuses"][0]["restartCount"] for n, p in now.items()}
+        assert restarts[victim] >= 1, restarts
+        after = {node: typha_metrics(bare, pod) for node, pod in now.items()}
+        moved = _arrivals(after[survivor]) - _arrivals(before[survivor])
+        assert moved >= held[victim], (before, after)
+        connected = {n: m["tabby_typha_connections"] for n, m in after.items()}
+        how = {
+            what: after[survivor].get(f"tabby_typha_{what}_total", 0.0)
+            - before[survivor].get(f"tabby_typha_{what}_total", 0.0)
+            for what in ("snapshots", "resumes", "resyncs")
+        }
+        takeover.stop()
+        print(f"\n[{bare.backend}] typha connections after: {connected}; the survivor took "
+              f"{moved:.0f} clients in ({held[victim]:.0f} were on the killed one) within "
+              f"{takeover.seconds if takeover.seconds is None else round(takeover.seconds, 2)} s "
+              f"of the kill: {how}")  # fmt: skip
+        assert takeover.seconds is not None
+        eventually(
+            "every tabby-node on a typha",
+            lambda: (
+                sum(
+                    typha_metrics(bare, p)["tabby_typha_connections"]
+                    for p in typha_pods(tabby).values()
+                )
+                == len(bare.kube)
+            ),
+            timeout=60,
+        )
+        # routes: the web pods (two on every node) reach each other; the friend, made
+        # while its node's tabby-node was down, reaches them all
+        assert sorted({p.node for p in pods}) == sorted(bare.kube)
+        assert bare.http_matrix(web) == []
+        # policy as last changed, enforced on every node (a churn pod on each): the
+        # friend in, the web pods out
+        addresses = [p.ip for p in pods]
+
+        def enforced() -> bool:
+            seen = bare.probe_http(friend_pod, [*addresses, *(w.ip for w in web)], 2)
+            return all(seen.values()) and not any(bare.probe_http(web[0], addresses, 2).values())
+
+        eventually("the policy enforced on every node", enforced, timeout=60)
+        # identities: the cluster's CA, another CN; then another CA
+        ca = {
+            k: base64.b64decode(v)
+            for k, v in bare.kubectl_json("get", "secret", "-n", NAMESPACE, typha_certs.CA_SECRET)[
+                "data"
+            ].items()
+        }
+        strangers = {
+            "identity": typha_certs.make_leaf(
+                ca["ca.crt"], ca["ca.key"], typha_certs.Leaf("x", "intruder", False)
+            ),
+        }
+        other_ca, other_key = typha_certs.make_ca()
+        strangers["another CA"] = typha_certs.make_leaf(
+            other_ca, other_key, typha_certs.Leaf("x", typha_certs.CLIENT_NAME, False)
+        )
+        target = typha_pods(tabby)[survivor]
+        reasons = ("identity", "handshake")
+
+        def refusals() -> dict[str, float]:
+            m = typha_metrics(bare, target)
+            return {
+                r: m.get(f'tabby_typha_connections_refused_total{{reason="{r}"}}', 0.0)
+                for r in reasons
+            }
+
+        refused_before = refusals()
+        for what, (cert, key) in strangers.items():
+            files = []
+            for name, data in (("ca", ca["ca.crt"]), ("cert", cert), ("key", key)):
+                path = tmp_path / f"{what.replace(' ', '-')}-{name}.pem"
+                path.write_bytes(data)
+                files.append(str(path))
+            proc = bare.in_ns(
+                bare.nodes[0].netns, "env", f"PYTHONPATH={REPO}", sys.executable, "-c",
+                _TYPHA_CLIENT, f"{target['status']['podIP']}:5473", *files,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            got = json.loads(proc.stdout)
+            assert got["events"] == [], (what, got)
+            wanted = "PERMISSION_DENIED" if what == "identity" else "UNAVAILABLE"
+            assert wanted in (got["error"] or ""), (what, got)
+
+        def counted() -> bool:
+            now = refusals()
+            assert all(now[r] >= refused_before[r] + 1 for r in reasons), (refused_before, now)
+            return True
+
+        waited = eventually("both refusals counted", counted, timeout=40)
+        print(f"\n[{bare.backend}] refusals counted ({waited:.1f} s later): {refusals()}")
+    finally:
+        if takeover is not None:
+            takeover.stop()
+        bare.kubectl("delete", "networkpolicy", "-n", WEB_NS, "churn-from-friends",
+                     "--ignore-not-found")  # fmt: skip
+        bare.kubectl("delete", "deployment", "-n", WEB_NS, "churn", "--ignore-not-found")
+        bare.kubectl("delete", "pod", "-n", WEB_NS, "friend", "--wait=false",
+                     "--ignore-not-found")  # fmt: skip
 
 
 def test_every_service_account_has_least_privilege(bare: KubeLab, tabby: ManifestInstall) -> None:

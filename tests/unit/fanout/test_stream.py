@@ -8,7 +8,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from datastore.base import Doc, SyncEvent
 from fanout import server, wire
 from fanout.client import ClientTls, TyphaSync
-from fanout.hub import Hub
+from fanout.hub import Handshakes, Hub
 from lab.kubernetes.pki import KeyPair, Pki
 from tests.unit.fanout.docs import pod
 
@@ -163,26 +162,141 @@ def test_who_may_connect(
         loop.run(srv.stop(None))
 
 
-def test_a_client_without_a_certificate_is_refused(loop: Loop, pki: Pki, tmp_path: Path) -> None:
-    hub = started_hub(loop, "e1", {})
-    srv = start(loop, hub, serving(pki))
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki(tmp_path_factory.mktemp("other-pki"), "another-ca")
+
+
+def _call_sync(port: int, credentials: grpc.ChannelCredentials) -> grpc.StatusCode:
+    """One Sync call with these credentials (as any gRPC client makes it): its status."""
     channel = grpc.secure_channel(
-        f"127.0.0.1:{srv.port}",
-        grpc.ssl_channel_credentials(pki.ca.cert.read_bytes()),
-        options=[("grpc.ssl_target_name_override", "typha")],
+        f"127.0.0.1:{port}", credentials, options=[("grpc.ssl_target_name_override", "typha")]
     )
     try:
         call = channel.stream_stream(
             "/tabby.typha.v1.Typha/Sync",
             request_serializer=wire.encode_client,
             response_deserializer=wire.decode_server,
-        )(iter([wire.ClientMessage("n1")]), timeout=5)
-        with pytest.raises(grpc.RpcError) as refused:
+        )(iter([wire.ClientMessage("n1", kinds=KINDS)]), timeout=5)
+        try:
             next(iter(call))
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # the handshake failed
-        assert hub.stats.connections == 0
+        except grpc.RpcError as e:
+            return e.code()  # type: ignore[no-any-return]
+        return grpc.StatusCode.OK
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize(
+    ("who", "status", "reason"),
+    [
+        ("no certificate", grpc.StatusCode.UNAVAILABLE, "handshake"),
+        ("another CA's", grpc.StatusCode.UNAVAILABLE, "handshake"),
+        ("the wrong CN", grpc.StatusCode.PERMISSION_DENIED, "identity"),
+        ("tabby-node", grpc.StatusCode.OK, None),
+    ],
+)
+def test_a_client_without_a_valid_certificate_is_refused_and_counted(
+    loop: Loop,
+    pki: Pki,
+    other_pki: Pki,
+    who: str,
+    status: grpc.StatusCode,
+    reason: str | None,
+) -> None:
+    """No certificate or one of another CA: the TLS handshake fails inside grpcio (the
+    client sees UNAVAILABLE) and is counted as a handshake that never reached the service;
+    a certificate of the CA with another CN: PERMISSION_DENIED, counted by its reason.
+    Every connection is a handshake begun, each counted once whatever its calls."""
+    hub = started_hub(loop, "e1", {})
+    hub.stats.handshakes = Handshakes(settle=0.3)
+    srv = start(loop, hub, serving(pki, client_cns=("tabby-node",)))
+    ca = pki.ca.cert.read_bytes()
+    credentials = {
+        "no certificate": lambda: grpc.ssl_channel_credentials(ca),
+        "another CA's": lambda: grpc.ssl_channel_credentials(
+            ca, *reversed(pem(other_pki.issue("node", "tabby-node")))
+        ),
+        "the wrong CN": lambda: grpc.ssl_channel_credentials(
+            ca, *reversed(pem(pki.issue("stranger", "someone")))
+        ),
+        "tabby-node": lambda: grpc.ssl_channel_credentials(
+            ca, *reversed(pem(pki.issue("node", "tabby-node")))
+        ),
+    }[who]()
+
+    def scrape() -> dict[str, float]:
+        from typha.metrics import collect
+
+        return {
+            s.name + "".join(f'{{reason="{r}"}}' for r in s.labels.values()): s.value
+            for m in collect(hub)
+            for s in m.samples
+        }
+
+    try:
+        assert _call_sync(srv.port, credentials) == status
+        assert _call_sync(srv.port, credentials) == status  # a second connection
+        time.sleep(0.4)  # the handshakes settled
+        metrics = scrape()
+        assert metrics["tabby_typha_tls_handshakes_total"] == 2
+        counted = {
+            k: v
+            for k, v in metrics.items()
+            if k.startswith("tabby_typha_connections_refused_total") and v
+        }
+        name = f'tabby_typha_connections_refused_total{{reason="{reason}"}}'
+        wanted = {} if reason is None else {name: 2}
+        assert counted == wanted
+        assert hub.stats.handshakes.reached == (0 if reason == "handshake" else 2)
+    finally:
+        loop.run(srv.stop(None))
+
+
+def test_the_calls_of_one_connection_are_one_handshake() -> None:
+    """A peer's calls while one is open, or soon after the last ended, are one connection;
+    a handshake counted as failed stays counted (a counter never goes back)."""
+    shakes = Handshakes(settle=0.0)
+    shakes.begin()
+    shakes.begin()
+    assert shakes.failed() == 2  # nothing reached the service yet
+    shakes.opened("ipv4:10.0.0.1:40000")
+    shakes.opened("ipv4:10.0.0.1:40000")  # a second call on the same connection
+    shakes.closed("ipv4:10.0.0.1:40000")
+    shakes.closed("ipv4:10.0.0.1:40000")
+    shakes.opened("ipv4:10.0.0.1:40000")  # and a third, after the others ended
+    assert shakes.reached == 1
+    assert shakes.failed() == 2  # the max: the late call does not take it back
+    shakes.begin()
+    assert shakes.failed() == 2  # 3 begun, 1 reached: the late one absorbed
+    shakes.begin()
+    assert shakes.failed() == 3
+
+
+def test_a_client_asking_for_kinds_typha_does_not_serve_is_refused(loop: Loop) -> None:
+    """A tabby-node newer than its typha (a kind it watches that typha does not sync) is
+    refused rather than sent nothing of that kind, and counted; it tries the next typha."""
+
+    async def make() -> Hub:
+        hub = Hub(epoch="e1", kinds=("pod",))
+        hub.apply(SyncEvent("snapshot", "", "", None, {"pod": {}}))
+        return hub
+
+    hub: Hub = loop.run(make())
+    srv = start(loop, hub, None)
+    source = TyphaSync([f"127.0.0.1:{srv.port}"], "n1", None, backoff=(0.05, 0.1))
+    consumer = Consumer(source)  # asks for pods and nodes
+    try:
+        deadline = time.monotonic() + 10
+        while source.last_error is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert "FAILED_PRECONDITION" in source.last_error
+        assert "does not serve node" in source.last_error
+        assert consumer.events == []
+        assert hub.stats.refused["kinds"] >= 1
+    finally:
+        consumer.close()
         loop.run(srv.stop(None))
 
 

@@ -14,7 +14,11 @@ from tests import REPO_ROOT as ROOT
 from tests.unit.manifests.test_tabby_yaml import DOCS, containers, one
 
 TEXT = (ROOT / "manifests" / "tabby.yaml").read_text()
-WORKLOADS = [one("DaemonSet", "tabby-node"), one("Deployment", "tabby-kube-controllers")]
+WORKLOADS = [
+    one("DaemonSet", "tabby-node"),
+    one("Deployment", "tabby-kube-controllers"),
+    one("Deployment", "tabby-typha"),
+]
 ALL = [(w["metadata"]["name"], c) for w in WORKLOADS for c in containers(w)]
 #: What tabby-node needs, each for the reason docs/security.md gives (measured on the
 #: Kubernetes tier: without any one of them it fails).
@@ -62,15 +66,16 @@ def test_tabby_node_adds_what_it_needs_each_with_what_it_is_for() -> None:
     assert annotations == {apparmor: "unconfined"}
 
 
-def test_the_controllers_run_as_no_root_and_read_their_etcd_key_by_group() -> None:
-    spec = one("Deployment", "tabby-kube-controllers")["spec"]["template"]["spec"]
-    pod = spec["securityContext"]
-    assert pod["runAsNonRoot"] is True
-    assert pod["runAsUser"] > 0
-    assert pod["runAsGroup"] > 0
-    (secret,) = [v["secret"] for v in spec["volumes"] if "secret" in v]
-    assert pod["fsGroup"] == pod["runAsGroup"]
-    assert secret["defaultMode"] == 0o440  # root's, readable by the controllers' group
+def test_the_controllers_and_typha_run_as_no_root_and_read_their_keys_by_group() -> None:
+    for name in ("tabby-kube-controllers", "tabby-typha"):
+        spec = one("Deployment", name)["spec"]["template"]["spec"]
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True
+        assert pod["runAsUser"] > 0
+        assert pod["runAsGroup"] > 0
+        assert pod["fsGroup"] == pod["runAsGroup"]
+        for secret in [v["secret"] for v in spec["volumes"] if "secret" in v]:
+            assert secret["defaultMode"] == 0o440  # root's, readable by the group
     # tabby-node and the installer stay root: the host's directories they write are root's
     ds = one("DaemonSet", "tabby-node")["spec"]["template"]["spec"]
     assert "securityContext" not in ds
@@ -114,7 +119,12 @@ def test_the_paths_the_programs_write_are_writable_volumes() -> None:
         cni_conf_dir,
     }
     assert {p for p, ok in _mounts(ctl).items() if ok} == {DEFAULT_RUN_DIR}
-    volumes = {v["name"]: v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    (typha,) = containers(one("Deployment", "tabby-typha"))
+    assert {p for p, ok in _mounts(typha).items() if ok} == set()  # it writes no file
+    volumes = {
+        v["name"]: v
+        for v in one("Deployment", "tabby-kube-controllers")["spec"]["template"]["spec"]["volumes"]
+    }
     assert volumes["run-tabby"]["emptyDir"]["medium"] == "Memory"  # nothing of it persists
 
 

@@ -36,6 +36,7 @@ from cni_config.common import DatastoreSettings
 from cni_protocol import skel
 from daemon.http import Caller
 from dataplane.nodeinfo import NodeAddress
+from datastore.base import SyncEvent
 from ipam import plugin as ipam_plugin
 from stores import Served
 from stores.kube import kinds
@@ -257,6 +258,13 @@ def tabby_node_calls(fake: FakeApi, kubeconfig: str, tmp_path: Path) -> None:
     # a bearer token for /policy/log reviewed, then authorized, with its own client
     from tabby_node.access import Door, TokenReviewer, kube_client
 
+    # behind typha (the manifest's TABBY_TYPHA_SERVICE): the Service's endpoints
+    from tabby_node.typha import service_endpoints
+
+    subset = {"addresses": [{"ip": "192.0.2.7"}], "ports": [{"name": "typha", "port": 5473}]}
+    meta = {"name": "tabby-typha", "namespace": NAMESPACE}
+    fake.put("/api/v1/endpoints", {"kind": "Endpoints", "metadata": meta, "subsets": [subset]})
+    assert service_endpoints(f"{NAMESPACE}/tabby-typha", kubeconfig) == ["192.0.2.7:5473"]
     client = kube_client(kubeconfig)
     assert client is not None
     fake.tokens["a-token"] = ("someone", (), ("tabby-node",))
@@ -284,6 +292,7 @@ def test_tabby_node_is_granted_what_it_calls_and_nothing_else(
     assert Call("tabby.io", "ippools", "create", None, None) in found  # the default pools
     assert Call("tabby.io", "policytraces", "delete", None, "fedcba9876543210.node-a") in found
     assert Call("authentication.k8s.io", "tokenreviews", "create", None, None) in found
+    assert Call("", "endpoints", "get", NAMESPACE, "tabby-typha") in found
     check_least_privilege("tabby-node", found | {OWN_TOKEN})
 
 
@@ -303,7 +312,7 @@ def controllers_calls(
     argv = [
         *("--kubeconfig", kubeconfig, "--lease-namespace", NAMESPACE),
         *("--identity", "replica-1", "--node-grace", "0", "--leak-grace", "0"),
-        *("--health-port", "0", "--metrics-port", "0"),
+        *("--health-port", "0", "--metrics-port", "0", "--typha-certs", NAMESPACE),
         *("--datastore-type", "kubernetes" if kdd else "etcdv3"),
     ]
     options, parsed = parse(argv, {})
@@ -346,6 +355,16 @@ def controllers_calls(
         wait("the gone node released", lambda: ctl.ipam is not None and ctl.ipam.released["node"])
         wait("the leak released", lambda: ctl.ipam is not None and ctl.ipam.released["leak"])
         assert str(alloc.ip)
+        # typha's Secrets made; then, as another replica finds them, read and one renewed
+        from kube_controllers import typha_certs
+
+        secrets = "/api/v1/secrets"
+        wait("typha's Secrets", lambda: len(fake.objects[secrets]) == 3)
+        wait("the certificates thread done", lambda: "typha certs" not in ctl.problems)
+        assert ctl.api is not None
+        server = fake.objects[secrets][f"{NAMESPACE}/{typha_certs.SERVER_SECRET}"]
+        server["data"]["tls.crt"] = server["data"]["ca.crt"]  # not a leaf of its name
+        assert typha_certs.ensure(ctl.api, NAMESPACE)[0].startswith("tabby-typha-server renewed")
     finally:
         ctl.stop()
         store.close()
@@ -366,6 +385,7 @@ def test_the_controllers_are_granted_what_they_call_in_either_datastore(
     controllers_calls(fake, settings(kubeconfig), tmp_path, kubeconfig)
     kubernetes = calls(fake)
     assert not [c for c in kubernetes if c.resource in ("namespaces", "networkpolicies")]
+    assert Call("", "secrets", "update", NAMESPACE, "tabby-typha-server") in kubernetes
     with fake_api() as (etcd_fake, url):  # etcd mode: the same calls as with any store
         seed(etcd_fake)
         etcd_fake.put("/api/v1/pods", pod("shop", "web"))
@@ -379,8 +399,47 @@ def test_the_controllers_are_granted_what_they_call_in_either_datastore(
         "pods",
         "nodes",
         "networkpolicies",
+        "secrets",
     }
     check_least_privilege("tabby-kube-controllers", kubernetes | etcd_mode)
+
+
+# -- tabby-typha ---------------------------------------------------------------------------------
+
+
+def test_typha_is_granted_what_it_calls_and_nothing_else(
+    seeded: tuple[FakeApi, str], tmp_path: Path
+) -> None:
+    """Its own watch (``Typha.watch``: every kind it serves, which are the kinds a node
+    keeps, tests/unit/typha/test_kinds.py) up to the snapshot, then a deletion followed (the
+    definitions read: an uninstall is not a change to fan out)."""
+    from typha.main import Typha
+    from typha.options import parse
+
+    fake, kubeconfig = seeded
+    store = store_of(kubeconfig, tmp_path)
+    options, _ = parse(["--plaintext", "--datastore-type", "kubernetes"], {})
+    typha = Typha(options, store)
+    pools = kinds.CRDS["pool"].path
+
+    class Loop:
+        """The asyncio loop's one method typha's watch calls, run at once."""
+
+        def call_soon_threadsafe(
+            self, apply: Callable[[SyncEvent], None], event: SyncEvent
+        ) -> None:
+            if event.type == "snapshot":
+                fake.delete(pools, next(iter(fake.objects[pools])))
+            elif event.type == "delete":
+                typha.stopping.set()
+
+    try:
+        typha.watch(Loop())  # type: ignore[arg-type]
+    finally:
+        store.close()
+    found = calls(fake)
+    assert {c.verb for c in found} == {"list", "watch", "get"}
+    check_least_privilege("tabby-typha", found)
 
 
 def _server(kubeconfig: str) -> str:

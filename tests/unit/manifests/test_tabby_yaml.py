@@ -49,7 +49,7 @@ def test_one_file_in_one_namespace() -> None:
 
 def test_every_image_is_this_version() -> None:
     """A new version needs the manifest's image tag changed with it."""
-    for doc in (one("DaemonSet"), one("Deployment")):
+    for doc in (one("DaemonSet"), one("Deployment", "tabby-kube-controllers")):
         for c in containers(doc):
             assert c["image"] == f"localhost/tabby:{__version__}", c["name"]
             assert c["imagePullPolicy"] == "IfNotPresent"  # an imported image, or a pull
@@ -142,8 +142,54 @@ def test_the_variables_set_are_the_ones_the_programs_read() -> None:
     init, node = containers(ds)
     assert set(env_of(init)) == installer
     assert {n for n in env_of(node) if n.startswith("TABBY_")} <= known
-    (ctl,) = containers(one("Deployment"))
+    (ctl,) = containers(one("Deployment", "tabby-kube-controllers"))
     assert {n for n in env_of(ctl) if n.startswith("TABBY_")} <= known | {"TABBY_LOG_LEVEL"}
+    from typha.options import ENV as TYPHA_ENV
+
+    (typha,) = containers(one("Deployment", "tabby-typha"))
+    typha_known = set(TYPHA_ENV.values()) | {var for _, var in SOURCES.values()}
+    assert {n for n in env_of(typha) if n.startswith("TABBY_")} <= typha_known
+
+
+def test_typha_is_served_to_every_node_with_the_names_the_certificates_carry() -> None:
+    """tabby-node reads typha's Service; each side mounts its own Secret (the controllers
+    make both) and checks the other's name; the Service's port is the one typha serves."""
+    from kube_controllers import typha_certs
+
+    _, node = containers(one("DaemonSet", "tabby-node"))
+    (typha,) = containers(one("Deployment", "tabby-typha"))
+    (ctl,) = containers(one("Deployment", "tabby-kube-controllers"))
+    service = one("Service", "tabby-typha")
+    env = {e["name"]: e.get("value") for e in node["env"]}
+    assert env["TABBY_TYPHA_SERVICE"] == f"tabby-system/{service['metadata']['name']}"
+    assert env["TABBY_TYPHA_CN"] == typha_certs.SERVER_NAME
+    typha_env = {e["name"]: e.get("value") for e in typha["env"]}
+    assert typha_env["TABBY_TYPHA_CLIENT_CN"] == typha_certs.CLIENT_NAME
+    assert ctl["args"][ctl["args"].index("--typha-certs") + 1] == "tabby-system"
+
+    def secrets(kind: str, name: str) -> set[str]:
+        spec = one(kind, name)["spec"]["template"]["spec"]
+        return {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+
+    assert typha_certs.CLIENT_SECRET in secrets("DaemonSet", "tabby-node")
+    assert typha_certs.SERVER_SECRET not in secrets("DaemonSet", "tabby-node")
+    assert typha_certs.SERVER_SECRET in secrets("Deployment", "tabby-typha")
+    assert typha_certs.CLIENT_SECRET not in secrets("Deployment", "tabby-typha")
+    assert typha_certs.CA_SECRET not in secrets("Deployment", "tabby-typha")
+    assert typha_certs.CA_SECRET not in secrets("DaemonSet", "tabby-node")
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"]) == ("typha", 5473)
+    assert {"name": "typha", "containerPort": 5473} in typha["ports"]
+    spec = one("Deployment", "tabby-typha")["spec"]
+    assert spec["template"]["spec"]["hostNetwork"] is True
+    assert spec["replicas"] >= 2
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == (
+        "kubernetes.io/hostname"
+    )
+    pdb = one("PodDisruptionBudget", "tabby-typha")["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert pdb["selector"] == spec["selector"]
 
 
 def _doc_table(heading: str) -> dict[str, str]:
@@ -166,7 +212,7 @@ def test_every_configmap_key_is_used_and_documented() -> None:
     data = one("ConfigMap", "tabby-config")["data"]
     used = {
         e["valueFrom"]["configMapKeyRef"]["key"]
-        for doc in (one("DaemonSet"), one("Deployment"))
+        for doc in (one("DaemonSet"), one("Deployment", "tabby-kube-controllers"))
         for c in containers(doc)
         for e in c.get("env", [])
         if "configMapKeyRef" in e.get("valueFrom", {})
@@ -187,10 +233,10 @@ def test_the_optional_objects_are_documented() -> None:
     optional ConfigMap tabby-kubernetes-api's keys, each in docs/kubernetes.md's table of
     them."""
     ds = one("DaemonSet")
-    (ctl,) = containers(one("Deployment"))
+    (ctl,) = containers(one("Deployment", "tabby-kube-controllers"))
     secrets = {
         v["secret"]["secretName"]
-        for doc in (ds, one("Deployment"))
+        for doc in (ds, one("Deployment", "tabby-kube-controllers"))
         for v in doc["spec"]["template"]["spec"]["volumes"]
         if "secret" in v and v["secret"].get("optional")
     }
@@ -218,7 +264,7 @@ def test_the_kubernetes_datastore_is_the_default_and_etcd_one_configmap_change()
     as shipped), the conflist template too: etcd mode is that key (and the endpoints)."""
     data = one("ConfigMap", "tabby-config")["data"]
     assert data["datastore_type"] == "kubernetes"
-    for doc in (one("DaemonSet"), one("Deployment")):
+    for doc in (one("DaemonSet"), one("Deployment", "tabby-kube-controllers")):
         for c in containers(doc):
             ref = env_of(c)["TABBY_DATASTORE_TYPE"]["valueFrom"]["configMapKeyRef"]
             assert ref == {"name": "tabby-config", "key": "datastore_type"}, c["name"]
