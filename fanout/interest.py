@@ -7,7 +7,9 @@ another node (its Pod and WorkloadEndpoints: together a *workload*, keyed
 a Calico rule selector's endpoint set, a named port's set. Which sets a node's chains use
 depends on the policies, tiers and namespaces (every node gets those whole) and on the
 node's own workloads, never on another node's. So typha computes, per node, the sets of
-``compute`` run on that node's own workloads alone (its *interest*), and sends a workload
+``compute`` run on that node's own workloads alone (its *interest*: the union, counted per
+set, of what ``compute`` of each of its workloads gives, a chain existing while its policy
+selects one of the node's endpoints), and sends a workload
 to the nodes it runs on and to the nodes one of whose sets it gives elements to
 (``engine.contributing``: the engine's own membership rules, one definition). What a node
 is sent of other nodes' workloads is then exactly what can change its rendered policy, and
@@ -110,6 +112,7 @@ class Workload:
         "key",
         "matched",
         "namespace",
+        "own",
         "pod",
         "pod_key",
         "pod_node",
@@ -124,6 +127,8 @@ class Workload:
         self.endpoints: dict[str, engine.Endpoint] = {}  #: by store key
         self.matched: frozenset[str] = frozenset()
         self.holders = Nodes()
+        #: node -> the items its endpoints there bring to that node's interest
+        self.own: dict[str, frozenset[str]] = {}
 
     def nodes(self) -> set[str]:
         """The nodes it runs on (they hold it in any case)."""
@@ -167,7 +172,7 @@ class Counts:
     """What the interest did (bench, ``/metrics``)."""
 
     evaluations: int = 0  #: item evaluations of a workload
-    node_computations: int = 0  #: interests computed (``engine.compute`` of a node's own)
+    computations: int = 0  #: ``engine.compute`` of one workload's endpoints on one node
 
 
 class Interest:
@@ -185,13 +190,13 @@ class Interest:
         self._doc_workload: dict[tuple[str, str], str] = {}
         self._refused: set[tuple[str, str]] = set()
         self._by_ns: dict[str, set[str]] = {}  #: namespace -> workloads
-        self._local: dict[str, set[str]] = {}  #: node -> workloads running on it
-        self.node_items: dict[str, frozenset[str]] = {}
+        #: node -> item -> how many of its workloads bring it (its interest: those > 0)
+        self._node_items: dict[str, dict[str, int]] = {}
         self.items: dict[str, Item] = {}
         self._by_scope: dict[str, set[str]] = {}  #: namespace -> its addr items
         self._wide: set[str] = set()  #: addr items with a namespace selector, Calico's
         self._by_port: dict[str, set[str]] = {}  #: port name -> its items
-        self._dirty_nodes: set[str] = set()
+        self._dirty_own: set[str] = set()  #: workloads whose own interest to compute again
         self._dirty: set[str] = set()  #: workloads to evaluate again
         self._changed: dict[str, Nodes] = {}
         self._cluster: engine.ClusterState | None = None
@@ -240,7 +245,7 @@ class Interest:
                 self.tiers[key] = cast("Tier", value)
             if old_t != value:
                 self._cluster = None
-                self._dirty_nodes.update(self._local)
+                self._dirty_own.update(self.workloads)
         elif kind == "namespace":
             self._namespace(key, cast("engine.Namespace | None", value))
         if not self.batch:
@@ -261,9 +266,9 @@ class Interest:
                 continue
             ns = p.namespace
             if ns is None:
-                self._dirty_nodes.update(self._local)
+                self._dirty_own.update(self.workloads)
             else:
-                self._dirty_namespace_nodes(ns)
+                self._dirty_own.update(self._by_ns.get(ns, ()))
 
     def _parse(self, kind: str, key: str, data: JSON) -> object | None:
         """The engine's input of a document, as a node makes it (None: refused)."""
@@ -315,15 +320,10 @@ class Interest:
         self._touched(w)
 
     def _touched(self, w: Workload) -> None:
-        """``w`` changed: its own nodes' interest and its matches are evaluated again."""
+        """``w`` changed: what it brings to its nodes' interest, and what it matches of
+        the others', are evaluated again."""
         self._dirty.add(w.key)
-        for node in w.nodes():
-            self._dirty_nodes.add(node)
-            self._local.setdefault(node, set()).add(w.key)
-
-    def _dirty_namespace_nodes(self, ns: str) -> None:
-        for name in self._by_ns.get(ns, ()):
-            self._dirty_nodes.update(self.workloads[name].nodes())
+        self._dirty_own.add(w.key)
 
     def _namespace(self, key: str, value: engine.Namespace | None) -> None:
         old_name = self._ns_names.pop(key, None)
@@ -335,7 +335,7 @@ class Interest:
             return
         self._cluster = None
         for ns in {n.name for n in (old, value) if n is not None}:
-            self._dirty_namespace_nodes(ns)
+            self._dirty_own.update(self._by_ns.get(ns, ()))
             self._dirty.update(self._by_ns.get(ns, ()))
 
     # -- evaluation -----------------------------------------------------------------------
@@ -343,9 +343,9 @@ class Interest:
     def settle(self) -> None:
         """Bring the interests and the workloads' nodes up to date with the documents."""
         holders_dirty: set[str] = set()
-        for node in sorted(self._dirty_nodes):
-            holders_dirty |= self._node(node)
-        self._dirty_nodes.clear()
+        for name in sorted(self._dirty_own):
+            holders_dirty |= self._own(name)
+        self._dirty_own.clear()
         for name in self._dirty:
             self._evaluate(name)
         holders_dirty |= self._dirty
@@ -385,51 +385,60 @@ class Interest:
             )
         return self._cluster
 
-    def _node(self, node: str) -> set[str]:
-        """Compute ``node``'s interest again; the workloads whose nodes may change."""
-        local = {n for n in self._local_of(node) if n in self.workloads}
+    def _own(self, name: str) -> set[str]:
+        """Compute again what ``name`` brings to the interest of the nodes it runs on: the
+        sets of ``engine.compute`` of its endpoints there (a node's interest is the union
+        over its workloads: a chain, and so its sets, exists while its policy selects one
+        of the node's endpoints). The workloads whose nodes may change."""
+        w = self.workloads.get(name)
+        if w is None:
+            return set()
+        sets: dict[str, dict[str, engine.SetDef]] = {}
+        local = sorted({ep.node for ep in w.endpoints.values() if ep.interface})
         if local:
-            self._local[node] = local
-        else:
-            self._local.pop(node, None)
-        sets: dict[str, engine.SetDef] = {}
-        if local:
-            self.counts.node_computations += 1
-            ws = [self.workloads[n] for n in sorted(local)]
             state = dataclasses.replace(
                 self._cluster_state(),
-                pods=tuple(w.pod for w in ws if w.pod is not None),
-                endpoints=tuple(ep for w in ws for ep in w.endpoints.values()),
+                pods=(w.pod,) if w.pod is not None else (),
+                endpoints=tuple(w.endpoints.values()),
             )
-            for d in engine.compute(state, node).sets.values():
-                if d.kind in _ITEM_KINDS:
-                    sets.setdefault(item_key(d), d)
-        new = frozenset(sets)
-        old = self.node_items.get(node, frozenset())
-        if new:
-            self.node_items[node] = new
-        else:
-            self.node_items.pop(node, None)
+            for node in local:
+                self.counts.computations += 1
+                mine = {
+                    item_key(d): d
+                    for d in engine.compute(state, node).sets.values()
+                    if d.kind in _ITEM_KINDS
+                }
+                if mine:
+                    sets[node] = mine
+        old, w.own = w.own, {node: frozenset(mine) for node, mine in sets.items()}
         touched: set[str] = set()
-        for k in new - old:
-            item = self.items.get(k)
-            if item is None:
-                item = self.items[k] = self._new_item(k, sets[k])
-            item.nodes.add(node)
-            touched |= item.members
-        for k in old - new:
-            item = self.items[k]
-            item.nodes.discard(node)
-            touched |= item.members
-            if not item.nodes:
-                self._drop_item(k, item)
+        for node in old.keys() | sets.keys():
+            was, now = old.get(node, frozenset()), w.own.get(node, frozenset())
+            counts = self._node_items.setdefault(node, {})
+            for k in now - was:
+                counts[k] = counts.get(k, 0) + 1
+                if counts[k] == 1:  # the node's interest gained it
+                    item = self.items.get(k)
+                    if item is None:
+                        item = self.items[k] = self._new_item(k, sets[node][k])
+                    item.nodes.add(node)
+                    touched |= item.members
+            for k in was - now:
+                counts[k] -= 1
+                if not counts[k]:  # the node's interest lost it
+                    del counts[k]
+                    item = self.items[k]
+                    item.nodes.discard(node)
+                    touched |= item.members
+                    if not item.nodes:
+                        self._drop_item(k, item)
+            if not counts:
+                del self._node_items[node]
         return touched
 
-    def _local_of(self, node: str) -> set[str]:
-        """The workloads running on ``node`` (those that ran there, or were touched there,
-        and still do)."""
-        held = self._local.get(node, ())
-        return {n for n in held if n in self.workloads and node in self.workloads[n].nodes()}
+    def interest_of(self, node: str) -> frozenset[str]:
+        """The items of ``node``'s interest."""
+        return frozenset(self._node_items.get(node, ()))
 
     def _new_item(self, k: str, d: engine.SetDef) -> Item:
         item = Item(d)

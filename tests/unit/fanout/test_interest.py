@@ -23,6 +23,7 @@ from fanout.hub import Hub
 from policy.engine import DesiredState, compute
 from policy.inputs import PolicyInputs
 from resources.index import Documents
+from tests.unit.fanout.docs import endpoint
 
 NODES = ("n1", "n2", "n3")
 NAMESPACES = ("a", "b")
@@ -50,17 +51,7 @@ def pod(ns: str, name: str, node: str, labels: dict[str, str], port: str | None 
 
 
 def wep(ns: str, name: str, node: str, address: str) -> Any:
-    return {
-        "metadata": {"name": f"{name}-eth0", "namespace": ns, "labels": {}},
-        "spec": {
-            "pod": name,
-            "node": node,
-            "containerID": f"c-{name}",
-            "interface": "eth0",
-            "hostInterface": f"cali{name}",
-            "ipNetworks": [f"{address}/32"],
-        },
-    }
+    return endpoint(name, node, address, ns)
 
 
 def namespace(name: str, team: str) -> Any:
@@ -387,8 +378,8 @@ def test_the_work_per_remote_change_is_one_evaluation_per_candidate_set() -> Non
     world, hub, _ = small_world()
     assert hub.interest is not None
     counts = hub.interest.counts
-    before = (counts.evaluations, counts.node_computations)
+    before = (counts.evaluations, counts.computations)
     world.put("pod", "a/web-1", pod("a", "web-1", "n3", {"app": "web", "v": "2"}))
-    # one set in the cluster's interest (db's peers: app=web in a): evaluated once; the
-    # pod's own node's interest computed again (its pods changed)
-    assert (counts.evaluations - before[0], counts.node_computations - before[1]) == (1, 1)
+    # one set in the cluster's interest (db's peers: app=web in a): evaluated once; what
+    # the pod brings to its own node's interest computed again (its labels changed)
+    assert (counts.evaluations - before[0], counts.computations - before[1]) == (1, 1)
