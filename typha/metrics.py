@@ -82,6 +82,17 @@ def collect(hub: Hub) -> Iterator[Metric]:
         "tabby_typha_history_bytes", "bytes of the history", value=hub.history_bytes
     )
     yield GaugeMetricFamily("tabby_typha_position", "changes applied since start", value=hub.seq)
+    if hub.interest is not None:
+        yield GaugeMetricFamily(
+            "tabby_typha_interest_sets",
+            "distinct sets of the nodes' interest (fanout.interest)",
+            value=len(hub.interest.items),
+        )
+        yield CounterMetricFamily(
+            "tabby_typha_interest_evaluations",
+            "evaluations of a workload against one set of the interest",
+            value=hub.interest.counts.evaluations,
+        )
     refused = CounterMetricFamily(
         "tabby_typha_connections_refused", "clients refused, by reason", labels=["reason"]
     )

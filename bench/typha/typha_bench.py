@@ -12,6 +12,11 @@ Three processes per size, all on loopback (plaintext gRPC: TLS is the same for e
 - the probe: one node as tabby-node runs it (``fanout.client.TyphaSync`` into
   ``tabby_node.cache.Cache``), its process CPU over the churn.
 
+Its pods have no endpoints and no policy selects them: with the interest filter no node but
+their own would be sent them. It measures the sending, with every node receiving every pod
+change (the filter's worst case: every node's policy needing every pod), so typha runs
+without the filter here unless ``--filter`` is given.
+
     python -m bench.typha.typha_bench [--sizes 100,300,1000] [--rate 20] [--seconds 20]
 
 ``--interest``: the interest filter (``fanout.interest``) alone, in one process (the hub,
@@ -117,7 +122,7 @@ def serve(args: argparse.Namespace) -> None:
         blocks[cidr_of(i)[0]] = Doc(block_doc(i, held[i]), rev())
 
     async def run() -> dict[str, object]:
-        hub = Hub()
+        hub = Hub(interest=args.filter)
         hub.apply(
             SyncEvent("snapshot", "", "", None, {"node": nodes, "pod": pods, "block": blocks})
         )
@@ -469,7 +474,8 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, object]:
     common = ["--nodes", str(n), "--rate", str(args.rate), "--seconds", str(args.seconds)]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     typha = subprocess.Popen(
-        [*me, "--child", "serve", *common, "--pods", str(args.pods)],
+        [*me, "--child", "serve", *common, "--pods", str(args.pods)]
+        + (["--filter"] if args.filter else []),
         stdout=subprocess.PIPE, env=env, text=True,
     )  # fmt: skip
     children = [typha]
@@ -516,6 +522,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="of churn per size")
     parser.add_argument("--pods", type=int, default=20, help="pods per node")
     parser.add_argument("--interest", action="store_true", help="the interest filter alone")
+    parser.add_argument(
+        "--filter", action="store_true", help="typha with the interest filter (none reached)"
+    )
     parser.add_argument("--apps", type=int, default=50, help="(--interest) apps")
     parser.add_argument("--policies", type=int, default=10, help="(--interest) policies")
     parser.add_argument("--changes", type=int, default=2000, help="(--interest) label changes")
