@@ -108,7 +108,9 @@ class Change:
         self.whole = whole
         self.remote = remote
         self.to = to
-        self.size = len(whole) + (len(remote) if remote is not None and remote is not whole else 0)
+        # (the names of ``to`` counted too, ~8 bytes each: the history's bound holds them)
+        size = len(whole) + (len(remote) if remote is not None and remote is not whole else 0)
+        self.size = size + 8 * len(to.names)
 
     def for_node(self, node: str) -> bytes | None:
         if node == self.owner:

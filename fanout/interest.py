@@ -78,6 +78,8 @@ class Nodes:
         return not self.but and not self.names
 
     def __and__(self, other: Nodes) -> Nodes:
+        if self == other:
+            return self  # (shared: the history holds many of one workload's)
         if not self.but and not other.but:
             return Nodes(self.names & other.names)
         if not self.but:
