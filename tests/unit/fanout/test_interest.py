@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from datastore.base import Doc, SyncEvent
 from fanout import wire
-from fanout.hub import Hub
+from fanout.hub import Hub, canonical
 from policy.engine import DesiredState, compute
 from policy.inputs import PolicyInputs
 from resources.index import Documents
@@ -383,3 +383,23 @@ def test_the_work_per_remote_change_is_one_evaluation_per_candidate_set() -> Non
     # one set in the cluster's interest (db's peers: app=web in a): evaluated once; what
     # the pod brings to its own node's interest computed again (its labels changed)
     assert (counts.evaluations - before[0], counts.computations - before[1]) == (1, 1)
+
+
+def test_another_replica_holds_each_nodes_filtered_view_as_it_is() -> None:
+    """A node's view is a function of the cluster's state: a replica started later, after
+    interests grew and shrank, finds by digests nothing to send any node."""
+    world, hub, views = small_world()
+    world.put("networkpolicy", "a/api", knp("a", "api", "api", None, False, "80"))
+    world.put("pod", "a/web-1", pod("a", "web-1", "n3", {"app": "front"}))
+    world.delete("networkpolicy", "a/api")
+    other = Hub(epoch="e2")
+    other.apply(SyncEvent("snapshot", "", "", None, {k: dict(v) for k, v in world.docs.items()}))
+    for node, view in views.items():
+        view.catch_up()
+        contents = {
+            kind: {key: wire.content(canonical(doc.data)) for key, doc in docs.items()}
+            for kind, docs in view.docs.items()
+        }
+        hello = wire.ClientMessage(node, "e", 1, 0, KINDS, wire.digests(KINDS, contents))
+        assert other.differing(node, hello) == [], node
+        assert hub.differing(node, hello) == [], node
