@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fanout import views, wire
+from fanout.interest import EVERY, KINDS, WORKLOAD_KINDS, Interest, Nodes
 
 if TYPE_CHECKING:
     from bundle.types import JSON
@@ -53,12 +54,13 @@ class Bounds:
 
 
 class Held:
-    """One document as typha holds it: who gets it whole (``whole``), and the update every
-    other node got (``remote``: the projection, at the revision it last changed), each with
-    its data's digest (``wire.content``: what tells a changed projection, and what
-    ``digests`` compare)."""
+    """One document as typha holds it: who gets it whole (``whole``), and the update the
+    other nodes of ``to`` got (``remote``: the projection, at the revision it last changed;
+    every node but the owner, unless the interest filter says fewer), each with its data's
+    digest (``wire.content``: what tells a changed projection, and what ``digests``
+    compare)."""
 
-    __slots__ = ("owner", "remote", "remote_content", "whole", "whole_content")
+    __slots__ = ("owner", "remote", "remote_content", "to", "whole", "whole_content")
 
     def __init__(
         self,
@@ -67,35 +69,54 @@ class Held:
         whole_content: int,
         remote: bytes,
         remote_content: int,
+        to: Nodes = EVERY,
     ) -> None:
         self.owner = owner
         self.whole = whole
         self.whole_content = whole_content
         self.remote = remote
         self.remote_content = remote_content
+        self.to = to
 
-    def content_for(self, node: str) -> int:
-        return self.whole_content if node == self.owner else self.remote_content
+    def sent_to(self, node: str) -> bytes | None:
+        if node == self.owner:
+            return self.whole
+        return self.remote if self.to.has(node) else None
+
+    def content_for(self, node: str) -> int | None:
+        if node == self.owner:
+            return self.whole_content
+        return self.remote_content if self.to.has(node) else None
 
 
 class Change:
-    """One entry of the history: the update ``owner`` gets (``whole``), the one every other
-    node gets (``remote``; None: nothing for them), and the previous owner, who is now
-    another node (``remote`` is then not None: the projection names its node)."""
+    """One entry of the history: the update ``owner`` gets (``whole``), the one the other
+    nodes of ``to`` get (``remote``; None: nothing for them), and the previous owner, who is
+    now another node (``remote`` is then not None: the projection names its node)."""
 
-    __slots__ = ("owner", "remote", "seq", "size", "whole")
+    __slots__ = ("owner", "remote", "seq", "size", "to", "whole")
 
-    def __init__(self, seq: int, owner: str | None, whole: bytes, remote: bytes | None) -> None:
+    def __init__(
+        self,
+        seq: int,
+        owner: str | None,
+        whole: bytes,
+        remote: bytes | None,
+        to: Nodes = EVERY,
+    ) -> None:
         self.seq = seq
         self.owner = owner
         self.whole = whole
         self.remote = remote
-        self.size = len(whole) + (len(remote) if remote is not None and remote is not whole else 0)
+        self.to = to
+        # (the names of ``to`` counted too, ~8 bytes each: the history's bound holds them)
+        size = len(whole) + (len(remote) if remote is not None and remote is not whole else 0)
+        self.size = size + 8 * len(to.names)
 
     def for_node(self, node: str) -> bytes | None:
         if node == self.owner:
             return self.whole
-        return self.remote
+        return self.remote if self.to.has(node) else None
 
 
 def canonical(data: JSON) -> bytes:
@@ -208,7 +229,12 @@ class Client:
 
 class Hub:
     def __init__(
-        self, bounds: Bounds | None = None, epoch: str | None = None, kinds: Sequence[str] = ()
+        self,
+        bounds: Bounds | None = None,
+        epoch: str | None = None,
+        kinds: Sequence[str] = (),
+        *,
+        interest: bool = True,
     ) -> None:
         self.bounds = bounds or Bounds()
         self.epoch = epoch or os.urandom(8).hex()
@@ -219,6 +245,9 @@ class Hub:
         self.history: deque[Change] = deque()
         self.history_bytes = 0
         self.ready = False  #: the datastore's first snapshot is in
+        #: which nodes each workload of another node goes to (``fanout.interest``; None:
+        #: every node, Typha's way)
+        self.interest = Interest() if interest else None
         self.clients: set[Client] = set()
         self.stats = Stats()
         self._wake = asyncio.Event()
@@ -241,13 +270,22 @@ class Hub:
         self._notify()
 
     def _snapshot(self, snapshot: Mapping[str, dict[str, Doc] | Undecoded]) -> None:
-        for kind, docs in snapshot.items():
-            held = self.docs.setdefault(kind, {})
-            for key in [k for k in held if k not in docs]:
-                self._delete(kind, key)
-            for key in list(docs):
-                doc = docs.pop(key) if hasattr(docs, "pop") else docs[key]
-                self._put(kind, key, doc)
+        """(The interest is settled once, at the end: not once per document.)"""
+        interest = self.interest
+        if interest is not None:
+            interest.batch = True
+        try:
+            for kind, docs in snapshot.items():
+                held = self.docs.setdefault(kind, {})
+                for key in [k for k in held if k not in docs]:
+                    self._delete(kind, key)
+                for key in list(docs):
+                    doc = docs.pop(key) if hasattr(docs, "pop") else docs[key]
+                    self._put(kind, key, doc)
+        finally:
+            if interest is not None:
+                interest.batch = False
+        self._redeliver()
 
     def _put(self, kind: str, key: str, doc: Doc) -> None:
         held = self.docs.setdefault(kind, {})
@@ -257,30 +295,73 @@ class Hub:
         if old is not None and old.whole == whole:
             return  # the same revision again (a re-read)
         digest = wire.content(data)
+        interest = self.interest
+        if interest is not None and kind in KINDS:
+            interest.put(kind, key, doc.data)
         if kind not in PER_NODE:
             held[key] = Held(None, whole, digest, whole, digest)
             self._record(Change(self.seq + 1, None, whole, whole))
+            self._redeliver()
             return
         owner = views.owner(kind, doc.data)
         projected = canonical(views.projection(kind, doc.data))
         projected_digest = wire.content(projected)
+        # the nodes that held it keep it until ``_redeliver`` says otherwise
+        had = old.to if old is not None else Nodes() if self._filtered(kind) else EVERY
         if old is not None and old.remote_content == projected_digest and old.owner == owner:
             # the others' view is as it was: they keep the update they had
-            held[key] = Held(owner, whole, digest, old.remote, projected_digest)
-            if owner is None:
-                return  # nobody holds it whole: nothing to send
-            self._record(Change(self.seq + 1, owner, whole, None))
+            held[key] = Held(owner, whole, digest, old.remote, projected_digest, had)
+            if owner is not None:
+                self._record(Change(self.seq + 1, owner, whole, None))
+            self._redeliver((kind, key))
             return
         remote = wire.update_field(kind, key, doc.revision, projected)
-        held[key] = Held(owner, whole, digest, remote, projected_digest)
-        self._record(Change(self.seq + 1, owner, whole, remote))
+        held[key] = Held(owner, whole, digest, remote, projected_digest, had)
+        now = self._to(kind, key)
+        self._record(Change(self.seq + 1, owner, whole, remote, had & now))
+        self._redeliver((kind, key))
 
     def _delete(self, kind: str, key: str) -> None:
         old = self.docs.get(kind, {}).pop(key, None)
+        if self.interest is not None and kind in KINDS:
+            self.interest.delete(kind, key)
         if old is None:
             return
         gone = wire.update_field(kind, key, 0, None)
-        self._record(Change(self.seq + 1, old.owner, gone, gone))
+        self._record(Change(self.seq + 1, old.owner, gone, gone, old.to))
+        self._redeliver()
+
+    def _redeliver(self, doc: tuple[str, str] | None = None) -> None:
+        """The workload documents whose nodes changed (``fanout.interest``) sent to the
+        nodes they gained, deleted from those they lost (and ``doc``'s, just put)."""
+        interest = self.interest
+        if interest is None:
+            return
+        docs = {doc} if doc is not None and doc[0] in WORKLOAD_KINDS else set()
+        for name in interest.take_changed():
+            docs.update(interest.docs(name))
+        for kind, key in sorted(docs):
+            held = self.docs.get(kind, {}).get(key)
+            if held is None:
+                continue
+            now = interest.to(kind, key)
+            own = Nodes((held.owner,)) if held.owner is not None else Nodes()
+            gained, lost = now - held.to - own, held.to - now - own
+            held.to = now
+            if not gained.empty():
+                self._record(Change(self.seq + 1, None, held.remote, held.remote, gained))
+            if not lost.empty():
+                gone = wire.update_field(kind, key, 0, None)
+                self._record(Change(self.seq + 1, None, gone, gone, lost))
+
+    def _filtered(self, kind: str) -> bool:
+        return self.interest is not None and kind in WORKLOAD_KINDS
+
+    def _to(self, kind: str, key: str) -> Nodes:
+        """The nodes other than its owner that get a document now."""
+        if self.interest is None or kind not in WORKLOAD_KINDS:
+            return EVERY
+        return self.interest.to(kind, key)
 
     def _record(self, change: Change) -> None:
         self.seq = change.seq
@@ -332,18 +413,21 @@ class Hub:
             for key, held in self.docs.get(kind, {}).items():
                 if wanted and i * wire.BUCKETS + wire.bucket(key) not in wanted:
                     continue
-                out.append(held.whole if held.owner == node else held.remote)
+                update = held.sent_to(node)
+                if update is not None:
+                    out.append(update)
         return out
 
     def digests(self, node: str, kinds: Sequence[str]) -> bytes:
         """``wire.digests`` of what ``node`` is sent of ``kinds``."""
-        return wire.digests(
-            kinds,
-            {
-                kind: {key: held.content_for(node) for key, held in self.docs.get(kind, {}).items()}
-                for kind in kinds
-            },
-        )
+        contents: dict[str, dict[str, int]] = {}
+        for kind in kinds:
+            mine = contents[kind] = {}
+            for key, held in self.docs.get(kind, {}).items():
+                content = held.content_for(node)
+                if content is not None:
+                    mine[key] = content
+        return wire.digests(kinds, contents)
 
     def differing(self, node: str, hello: wire.ClientMessage) -> list[int] | None:
         """The buckets (``wire.digests``' numbering) where what ``hello`` says its client

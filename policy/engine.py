@@ -490,13 +490,38 @@ class _View:
 
 def _member_matches_peer(view: _View, pol: Policy, peer: Peer, m: _Member) -> bool:
     """Selector peers only (an ipBlock is matched by address)."""
-    if peer.namespace_selector is None:
-        if m.ep.namespace != pol.namespace:
-            return False
-    elif not view.ns_matches(peer.namespace_selector, m.ep.namespace):
-        return False
+    scope = pol.namespace if peer.namespace_selector is None else peer.namespace_selector
     sel = peer.pod_selector if peer.pod_selector is not None else EVERYTHING
-    return sel.matches(m.labels, m.items)
+    return _in_scope(view, scope, sel, m)
+
+
+def _in_scope(view: _View, scope: str | LabelSelector, pods: LabelSelector, m: _Member) -> bool:
+    """``m`` is a member of a peer selector's pods: in the namespace ``scope`` (a name, or a
+    namespace selector) and matched by ``pods``."""
+    if isinstance(scope, str):
+        if m.ep.namespace != scope:
+            return False
+    elif not view.ns_matches(scope, m.ep.namespace):
+        return False
+    return pods.matches(m.labels, m.items)
+
+
+def _contributes(view: _View, d: SetDef, m: _Member) -> bool:
+    """``m`` gives elements to the set ``d`` (one with addresses: an ``addr`` or ``sel``
+    set's selector matches it, or it declares a ``named-port`` set's port name). ``cidr``
+    and ``selnet`` sets hold no endpoint."""
+    if not m.addresses:
+        return False
+    if d.kind == "addr":
+        assert d.scope is not None
+        assert d.pods is not None
+        return _in_scope(view, d.scope, d.pods, m)
+    if d.kind == "sel":
+        assert d.selector is not None
+        return d.selector.matches(view.calico_labels(m))
+    if d.kind == "named-port":
+        return any(cp.name == d.port_name for cp in m.ports)
+    return False
 
 
 def _selects(pol: Policy, m: _Member) -> bool:
@@ -892,18 +917,18 @@ class _Builder:
             namespaces = [ns for ns in view.namespaces() if view.ns_matches(nssel, ns)]
         podsel = peer.pod_selector if peer.pod_selector is not None else EVERYTHING
         addrs: dict[Family, list[str]] = {4: [], 6: []}
+        scope: str | LabelSelector = (
+            pol.namespace if peer.namespace_selector is None else peer.namespace_selector
+        )
         for ns in namespaces:
             for m in view.by_ns.get(ns, ()):
-                if podsel.matches(m.labels, m.items):
+                if _in_scope(view, scope, podsel, m):
                     for a in m.addresses:
                         addrs[4 if a.version == 4 else 6].append(str(a))
         digest = _digest(key)
         names: dict[Family, str] = {}
         for fam in sorted(self.families):
             name = f"a{fam}-{digest}"
-            scope: str | LabelSelector = (
-                pol.namespace if peer.namespace_selector is None else peer.namespace_selector
-            )
             self._add_set(SetDef(name, fam, "addr", comment, scope, podsel), addrs[fam])
             names[fam] = name
         self._selector_sets[key] = names
@@ -920,7 +945,10 @@ class _Builder:
         if port_name in self._named_sets:
             return self._named_sets[port_name]
         elems: dict[Family, list[Element]] = {4: [], 6: []}
+        probe = SetDef("", 4, "named-port", "", port_name=port_name)
         for m in self.view.members:
+            if not _contributes(self.view, probe, m):
+                continue
             for cp in m.ports:
                 if cp.name == port_name:
                     for a in m.addresses:
@@ -965,8 +993,9 @@ class _Builder:
             return self._calico_sets[key]
         view = self.view
         addrs: dict[int, list[str]] = {4: [], 6: []}
+        probe = SetDef("", 4, "sel", "", selector=sel)
         for m in view.members:
-            if sel.matches(view.calico_labels(m)):
+            if _contributes(view, probe, m):
                 for a in m.addresses:
                     addrs[a.version].append(str(a))
         nets: dict[int, list[IPNetwork]] = {4: [], 6: []}
@@ -1548,6 +1577,15 @@ def allowed(
     state: ClusterState, src: Target, dst: Target, protocol: str = "TCP", port: int | None = None
 ) -> bool:
     return explain(state, src, dst, protocol, port).allowed
+
+
+def contributing(state: ClusterState, sets: Iterable[SetDef]) -> list[SetDef]:
+    """The sets among ``sets`` (of a :class:`DesiredState`) that some endpoint of ``state``
+    gives elements to, by the rules :func:`compute` fills them with: what tabby-typha asks
+    of a workload on another node (``fanout.interest``). ``state`` needs the endpoints, their
+    pods and their namespaces; policies play no part."""
+    view = _View(state)
+    return [d for d in sets if any(_contributes(view, d, m) for m in view.members)]
 
 
 def selecting_policies(state: ClusterState, namespace: str, pod: str) -> dict[Direction, list[str]]:

@@ -95,6 +95,17 @@ def collect(hub: Hub) -> Iterator[Metric]:
         "TLS handshakes begun, one per connection accepted",
         value=s.handshakes.begun,
     )
+    if hub.interest is not None:
+        yield GaugeMetricFamily(
+            "tabby_typha_interest_sets",
+            "distinct sets of the nodes' interest (fanout.interest)",
+            value=len(hub.interest.items),
+        )
+        yield CounterMetricFamily(
+            "tabby_typha_interest_evaluations",
+            "evaluations of a workload against one set of the interest",
+            value=hub.interest.counts.evaluations,
+        )
     refused = CounterMetricFamily(
         "tabby_typha_connections_refused", "clients refused, by reason", labels=["reason"]
     )

@@ -12,7 +12,22 @@ Three processes per size, all on loopback (plaintext gRPC: TLS is the same for e
 - the probe: one node as tabby-node runs it (``fanout.client.TyphaSync`` into
   ``tabby_node.cache.Cache``), its process CPU over the churn.
 
+Its pods have no endpoints and no policy selects them: with the interest filter no node but
+their own would be sent them. It measures the sending, with every node receiving every pod
+change (the filter's worst case: every node's policy needing every pod), so typha runs
+without the filter here unless ``--filter`` is given.
+
     python -m bench.typha.typha_bench [--sizes 100,300,1000] [--rate 20] [--seconds 20]
+
+``--interest``: the interest filter (``fanout.interest``) alone, in one process (the hub,
+no gRPC): N nodes of ``--pods`` pods, each with its endpoint, of ``--apps`` apps; the first
+``--policies`` apps each have a NetworkPolicy allowing ingress from the app ``--apps``/2
+further (so a fifth of the pods, by default, are some policy's peers, and a node needs
+the peers of the apps it runs). Then ``--changes`` label changes of random pods: how many
+nodes each reached (besides its own), typha's CPU per change with the filter and without
+it, and the cost of a policy change that widens interests.
+
+    python -m bench.typha.typha_bench --interest [--sizes 100,300,1000] [--changes 2000]
 """
 
 from __future__ import annotations
@@ -107,7 +122,7 @@ def serve(args: argparse.Namespace) -> None:
         blocks[cidr_of(i)[0]] = Doc(block_doc(i, held[i]), rev())
 
     async def run() -> dict[str, object]:
-        hub = Hub()
+        hub = Hub(interest=args.filter)
         hub.apply(
             SyncEvent("snapshot", "", "", None, {"node": nodes, "pod": pods, "block": blocks})
         )
@@ -303,6 +318,154 @@ def probe(args: argparse.Namespace) -> None:
     )
 
 
+# == the interest filter, in process ========================================================
+
+
+def interest_world(n: int, args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    from datastore.base import Doc
+
+    rnd = random.Random(11)  # noqa: S311 (a reproducible world)
+    docs: dict[str, dict[str, object]] = {
+        "namespace": {"bench": Doc({"metadata": {"name": "bench"}}, 1)},
+        "pod": {},
+        "workloadendpoint": {},
+        "networkpolicy": {},
+    }
+    revision = 1
+    for i in range(n):
+        _, base = cidr_of(i)
+        for k in range(args.pods):
+            name, revision = f"p-{i}-{k}", revision + 1
+            app = f"a-{rnd.randrange(args.apps)}"
+            docs["pod"][f"bench/{name}"] = Doc(labelled_pod(node_name(i), name, app, 0), revision)
+            docs["workloadendpoint"][f"bench/{name}-eth0"] = Doc(
+                endpoint_doc(node_name(i), name, _ip(base + k)), revision
+            )
+    for j in range(args.policies):
+        revision += 1
+        docs["networkpolicy"][f"bench/allow-{j}"] = Doc(
+            allow_policy(f"allow-{j}", f"a-{j}", f"a-{j + args.apps // 2}"), revision
+        )
+    return docs
+
+
+def labelled_pod(node: str, name: str, app: str, version: int) -> dict:  # type: ignore[type-arg]
+    doc = pod_doc(node, name, 0.0, "10.0.0.1")
+    doc["metadata"]["labels"] = {"app": app, "v": str(version)}
+    return doc
+
+
+def endpoint_doc(node: str, name: str, ip: str) -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {"name": f"{name}-eth0", "namespace": "bench", "labels": {}},
+        "spec": {
+            "pod": name,
+            "node": node,
+            "containerID": f"c-{name}",
+            "interface": "eth0",
+            "hostInterface": f"cali{abs(hash(name)) % 10**11:011d}",
+            "ipNetworks": [f"{ip}/32"],
+        },
+    }
+
+
+def allow_policy(name: str, app: str, peer: str) -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": app}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": peer}}}]}],
+            "policyTypes": ["Ingress"],
+        },
+    }
+
+
+def interest_size(n: int, args: argparse.Namespace, filtered: bool) -> dict[str, object]:
+    from datastore.base import Doc, SyncEvent
+    from fanout.hub import Hub
+
+    world = interest_world(n, args)
+    hub = Hub(interest=filtered)
+    t0 = time.process_time()
+    snapshot = {kind: dict(docs) for kind, docs in world.items()}  # (the hub takes them)
+    hub.apply(SyncEvent("snapshot", "", "", None, snapshot))  # type: ignore[arg-type]
+    load_cpu = time.process_time() - t0
+    rnd = random.Random(13)  # noqa: S311
+    keys = sorted(world["pod"])
+    reached: list[int] = []
+    peers: list[int] = []  # of the pods some policy's peers (before and after)
+    cpu = 0.0
+    evaluations = hub.interest.counts.evaluations if hub.interest is not None else 0
+    peer_apps = {f"a-{j + args.apps // 2}" for j in range(args.policies)}
+    for c in range(args.changes):
+        key = rnd.choice(keys)
+        doc = world["pod"][key]
+        data = json.loads(json.dumps(doc.data))  # type: ignore[attr-defined]
+        app = data["metadata"]["labels"]["app"]
+        data["metadata"]["labels"]["v"] = str(c + 1)
+        seq = hub.seq
+        t = time.process_time()
+        hub.apply(SyncEvent("put", "pod", key, Doc(data, 10**6 + c), None))
+        cpu += time.process_time() - t
+        world["pod"][key] = Doc(data, 10**6 + c)
+        count = 0
+        for change in hub.since(seq) or ():
+            to = change.to
+            if change.remote is None:
+                continue
+            others = n - 1 - len(to.names) if to.but else len(to.names - {change.owner})
+            count = max(count, others)
+        reached.append(count)
+        if app in peer_apps:
+            peers.append(count)
+    if hub.interest is not None:
+        evaluations = hub.interest.counts.evaluations - evaluations
+    # a policy change that widens interests: one more app's policy
+    t = time.process_time()
+    extra = allow_policy("allow-extra", f"a-{args.policies}", f"a-{args.policies + 1}")
+    hub.apply(SyncEvent("put", "networkpolicy", "bench/allow-extra", Doc(extra, 10**7), None))
+    policy_cpu = time.process_time() - t
+    interest = hub.interest
+    return {
+        "nodes": n,
+        "filtered": filtered,
+        "changes": args.changes,
+        "load_cpu_s": load_cpu,
+        "cpu_per_change_ms": 1000 * cpu / args.changes,
+        "reached_mean": sum(reached) / len(reached),
+        "reached_peers_mean": sum(peers) / max(1, len(peers)),
+        "reached_others_mean": (sum(reached) - sum(peers)) / max(1, len(reached) - len(peers)),
+        "policy_change_cpu_ms": 1000 * policy_cpu,
+        "items": len(interest.items) if interest is not None else 0,
+        "evaluations_per_change": evaluations / args.changes,
+        "rss_mb": _rss_mb(),
+    }
+
+
+def interest_main(args: argparse.Namespace) -> None:
+    print(
+        f"tabby-typha's interest filter, in process (the hub alone): {args.pods} pods per node "
+        f"with their endpoints, {args.apps} apps, {args.policies} NetworkPolicies each "
+        f"allowing one other app (a fifth of the pods are peers); {args.changes} label "
+        "changes of random pods"
+    )
+    print(
+        f"{'nodes':>6} {'filter':>6} {'other nodes reached':>20} {'(peer pod / other)':>19} "
+        f"{'typha CPU/change':>17} {'policy change CPU':>18} {'load CPU':>9}"
+    )
+    for n in (int(s) for s in args.sizes.split(",")):
+        for filtered in (False, True):
+            r = interest_size(n, args, filtered)
+            print(
+                f"{n:>6} {'on' if filtered else 'off':>6} {r['reached_mean']:>20.1f} "
+                f"{r['reached_peers_mean']:>9.1f} / {r['reached_others_mean']:<7.1f} "
+                f"{r['cpu_per_change_ms']:>14.3f} ms {r['policy_change_cpu_ms']:>15.1f} ms "
+                f"{r['load_cpu_s']:>7.1f} s",
+                flush=True,
+            )
+            print(f"#   {json.dumps(r)}", file=sys.stderr)
+
+
 # == the parent ==============================================================================
 
 
@@ -311,7 +474,8 @@ def one_size(n: int, args: argparse.Namespace) -> dict[str, object]:
     common = ["--nodes", str(n), "--rate", str(args.rate), "--seconds", str(args.seconds)]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     typha = subprocess.Popen(
-        [*me, "--child", "serve", *common, "--pods", str(args.pods)],
+        [*me, "--child", "serve", *common, "--pods", str(args.pods)]
+        + (["--filter"] if args.filter else []),
         stdout=subprocess.PIPE, env=env, text=True,
     )  # fmt: skip
     children = [typha]
@@ -357,6 +521,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="pod changes a second")
     parser.add_argument("--seconds", type=float, default=20.0, help="of churn per size")
     parser.add_argument("--pods", type=int, default=20, help="pods per node")
+    parser.add_argument("--interest", action="store_true", help="the interest filter alone")
+    parser.add_argument(
+        "--filter", action="store_true", help="typha with the interest filter (none reached)"
+    )
+    parser.add_argument("--apps", type=int, default=50, help="(--interest) apps")
+    parser.add_argument("--policies", type=int, default=10, help="(--interest) policies")
+    parser.add_argument("--changes", type=int, default=2000, help="(--interest) label changes")
     parser.add_argument("--nodes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", choices=("serve", "simulate", "probe"), help=argparse.SUPPRESS)
@@ -367,6 +538,9 @@ def main() -> None:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         {"serve": serve, "simulate": simulate, "probe": probe}[args.child](args)
+        return
+    if args.interest:
+        interest_main(args)
         return
     print(
         f"tabby-typha, {args.pods} pods per node, {args.rate:g} pod changes/s for "

@@ -44,3 +44,26 @@ def block(cidr: str, node: str | None, held: dict[int, str] | None = None) -> JS
         "unallocated": [o for o in range(size) if o not in (held or {})],
         "full": False,
     }
+
+
+def endpoint(name: str, node: str, address: str, namespace: str = "default") -> JSON:
+    """The WorkloadEndpoint of pod ``namespace/name`` on ``node``."""
+    return {
+        "metadata": {"name": f"{name}-eth0", "namespace": namespace, "labels": {}},
+        "spec": {
+            "pod": name,
+            "node": node,
+            "containerID": f"c-{name}",
+            "interface": "eth0",
+            "hostInterface": f"cali{name}",
+            "ipNetworks": [f"{address}/32"],
+        },
+    }
+
+
+#: A NetworkPolicy of namespace default selecting every pod there and allowing ingress from
+#: every pod there: a node running one of them needs every other (the interest filter).
+ALLOW_NAMESPACE: JSON = {
+    "metadata": {"name": "same-namespace", "namespace": "default"},
+    "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]},
+}

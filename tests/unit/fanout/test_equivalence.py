@@ -1,7 +1,8 @@
-"""A node's view through tabby-typha gives it the same routes and the same policy inputs as
-the whole datastore watch: the per-node projections leave out only what the node does not
-read. Checked on a cluster written by tabby's own writers (``tests.unit.cluster_world``),
-at the first snapshot and after changes fed through the hub's history."""
+"""A node's view through tabby-typha gives it the same routes and the same policy state
+(``policy.engine.compute``'s IR for its endpoints) as the whole datastore watch: the
+per-node projections and the interest filter leave out only what cannot change them.
+Checked on a cluster written by tabby's own writers (``tests.unit.cluster_world``), at the
+first snapshot and after changes fed through the hub's history."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from datastore.base import Doc, SyncEvent
 from datastore.engine import Reported
 from fanout import wire
 from fanout.hub import Hub
-from policy.inputs import cluster_state
-from resources.index import BY_NAME, ENDPOINTS, NAMESPACES, NODE_KINDS, PODS, Documents
+from policy.engine import compute
+from policy.inputs import PolicyInputs
+from resources.index import NODE_KINDS, PODS, Documents
+from resources.remote import RemotePod
 from tabby_node.cache import Cache
 from tabby_node.cluster import Cluster
 from tests.unit.cluster_world import World
@@ -66,18 +69,16 @@ def docs(world: World) -> dict[str, dict[str, Doc]]:
 
 def views(cache: Cache, me: str) -> tuple[Cluster, object]:
     documents: Documents = cache.view()
-    policy = cluster_state(
-        [e.value for e in documents.of(BY_NAME["networkpolicy"]).values()],  # type: ignore[misc]
-        [e.value for e in documents.of(NAMESPACES).values()],
-        sorted((e.value for e in documents.of(PODS).values()), key=repr),
-        sorted((e.value for e in documents.of(ENDPOINTS).values()), key=repr),
-    )
-    return Cluster.from_documents(documents, me), (
-        policy.policies,
-        policy.namespaces,
-        tuple(sorted(policy.pods, key=repr)),
-        tuple(sorted(policy.endpoints, key=repr)),
-    )
+    state, _ = PolicyInputs().convert(documents)
+    return Cluster.from_documents(documents, me), compute(state, me)
+
+
+def remote_pods(cache: Cache, me: str) -> set[str]:
+    return {
+        key
+        for key, e in cache.view().of(PODS).items()
+        if isinstance(e.value, RemotePod) and not key.startswith(me)
+    }
 
 
 class ViaTypha:
@@ -171,6 +172,10 @@ def test_typhas_views_give_each_node_the_routes_and_policy_of_the_whole_watch() 
     hub.apply(SyncEvent("snapshot", "", "", None, docs(world)))
     nodes = {me: ViaTypha(hub, me) for me in NODES}
     check(world, hub, nodes)
+    # only n3 runs a pod a policy selects (db-1): only n3 holds the web pods it allows
+    assert remote_pods(nodes["n3"].cache, "n3") == {"shop/web-1", "shop/web-2"}
+    assert remote_pods(nodes["n1"].cache, "n1") == set()
+    assert remote_pods(nodes["n2"].cache, "n2") == set()
 
     before = docs(world)
     # pods come and go on n1 (its own block), a label changes on n2, n2 borrows from n3

@@ -24,7 +24,9 @@ def put(kind: str, key: str, data: dict, rev: int) -> SyncEvent:  # type: ignore
 
 
 def cluster(bounds: Bounds | None = None) -> Hub:
-    hub = Hub(bounds, epoch="e1")
+    """(Without the interest filter: every node gets every other node's pods, as
+    projections; the filter has its own tests, test_interest.py.)"""
+    hub = Hub(bounds, epoch="e1", interest=False)
     hub.apply(
         snapshot(
             pod={"default/a": Doc(pod("a", "n1"), 1), "default/b": Doc(pod("b", "n2"), 2)},
@@ -162,7 +164,7 @@ def test_another_replica_resumes_a_client_by_digests_without_a_snapshot() -> Non
         # n1's pod changes status only: a sends n2 nothing; b, started after, holds it at
         # its new revision
         a.apply(put("pod", "default/a", pod("a", "n1", ip="10.244.0.9"), 10))
-        b = Hub(epoch="e2")
+        b = Hub(epoch="e2", interest=False)
         b.apply(
             snapshot(
                 pod={

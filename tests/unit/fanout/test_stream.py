@@ -71,7 +71,7 @@ def client_tls(pki: Pki, pair: KeyPair) -> ClientTls:
 
 def started_hub(loop: Loop, epoch: str, docs: dict[str, Doc]) -> Hub:
     async def make() -> Hub:
-        hub = Hub(epoch=epoch)
+        hub = Hub(epoch=epoch, interest=False)
         hub.apply(SyncEvent("snapshot", "", "", None, {"pod": dict(docs), "node": {}}))
         return hub
 

@@ -25,7 +25,7 @@ from resources.index import NODE_KINDS, PODS
 from resources.remote import RemotePod
 from tabby_node.cache import Cache
 from tests.etcd_cluster import EtcdCluster, free_ports
-from tests.unit.fanout.docs import block, pod
+from tests.unit.fanout.docs import ALLOW_NAMESPACE, block, endpoint, pod
 
 CIDR = "10.244.7.0/29"
 
@@ -146,7 +146,10 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
 ) -> None:
     store, typha, pki = world
     rev_a = store.put("pod", "default/a", pod("a", "n1"), None)
+    store.put("workloadendpoint", "default/a-eth0", endpoint("a", "n1", "10.244.7.1"), None)
     store.put("block", CIDR, block(CIDR, "n1", {0: "n1"}), None)
+    # every pod of default allows every other: a node running one needs them all
+    store.put("networkpolicy", "default/same-namespace", ALLOW_NAMESPACE, None)
     typha.start()
     n1, n2 = Node("n1", typha, pki), Node("n2", typha, pki)
     try:
@@ -155,7 +158,8 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
         own = n1.cache.get(PODS, "default/a")
         assert own is not None
         assert not isinstance(own, RemotePod)  # n1's own pod: whole
-        assert isinstance(n2.cache.get(PODS, "default/a"), RemotePod)
+        # n2 runs no pod: its policy depends on none of n1's (the interest filter)
+        assert n2.cache.get(PODS, "default/a") is None
         assert n1.cache.lookup("block", CIDR) is not None
         metrics = typha.scrape()
         assert metrics["tabby_typha_connections"] == 2
@@ -167,12 +171,20 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
         rev_b = store.get("block", CIDR)
         assert rev_b is not None
         store.put("block", CIDR, block(CIDR, "n1", {0: "n1", 1: "n1"}), rev_b.revision)
-        # then a pod on n2, which both need
+        # then a pod starts on n2: n1's policy allows it, and n2's now needs a
         store.put("pod", "default/b", pod("b", "n2", {"app": "db"}), None)
-        wait(lambda: ("put", "pod", "default/b") in n1.events, "n1 sees b")
-        wait(lambda: ("put", "pod", "default/b") in n2.events, "n2 sees b")
+        store.put("workloadendpoint", "default/b-eth0", endpoint("b", "n2", "10.244.8.1"), None)
+        wait(lambda: ("put", "workloadendpoint", "default/b-eth0") in n1.events, "n1 sees b")
+        wait(lambda: ("put", "workloadendpoint", "default/a-eth0") in n2.events, "n2 gets a")
+        assert ("put", "pod", "default/b") in n1.events
         assert ("put", "block", CIDR) in n1.events
-        assert n2.events[seen2:] == [("put", "pod", "default/b")]
+        assert isinstance(n2.cache.get(PODS, "default/a"), RemotePod)
+        assert sorted(n2.events[seen2:]) == [
+            ("put", "pod", "default/a"),
+            ("put", "pod", "default/b"),
+            ("put", "workloadendpoint", "default/a-eth0"),
+            ("put", "workloadendpoint", "default/b-eth0"),
+        ]
 
         # typha restarts (another epoch): the nodes catch up by differences alone, sent only
         # the buckets of documents that differ (no snapshot)
