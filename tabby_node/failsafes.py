@@ -1,8 +1,10 @@
 """The failsafe ports tabby-node programs for the node's host endpoints: those configured
 (``--failsafe-inbound-host-ports`` / ``--failsafe-outbound-host-ports``, Calico's defaults)
 and tabby-node's own needs, derived from its configuration when it starts: its datastore's
-endpoints (etcd) or API server (Kubernetes), tabby-typha's endpoints, and BGP (TCP 179 both
-ways with the ``bird`` backend), so that no host-endpoint policy can cut the node off them.
+endpoints (etcd) or API server (Kubernetes), tabby-typha's endpoints, BGP (TCP 179 both
+ways with the ``bird`` backend) and VXLAN (UDP 4789 both ways, unless the backend is
+``none``), so that no host-endpoint policy can cut the node off them. IP-in-IP (protocol 4)
+is not a port: a host-endpoint policy must allow it from the other nodes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 
 from cni_config.common import DatastoreSettings
+from dataplane.overlay_model import VXLAN_PORT
 from policy.calico import FailsafePort, Failsafes, parse_failsafe_ports
 from tabby_node.options import NodeOptions
 
@@ -72,7 +75,7 @@ def own_needs(
 ) -> tuple[list[FailsafePort], list[FailsafePort]]:
     """(inbound, outbound) failsafe ports tabby-node itself needs: the datastore's
     endpoints (``api_server`` in Kubernetes mode: the server tabby-node talks to),
-    tabby-typha's, and BGP with the ``bird`` backend."""
+    tabby-typha's, BGP with the ``bird`` backend, VXLAN unless the backend is ``none``."""
     inbound: list[FailsafePort] = []
     outbound: list[FailsafePort] = []
     if settings.datastore_type == "etcdv3":
@@ -83,9 +86,16 @@ def own_needs(
         from fanout.client import parse_endpoints
 
         outbound += _to(parse_endpoints(options.typha_endpoints), resolve)
+    if options.typha_service:  # its endpoints come and go: typha's port, to anywhere
+        from fanout import DEFAULT_PORT
+
+        outbound.append(FailsafePort("tcp", DEFAULT_PORT))
     if options.backend == "bird":
         inbound.append(FailsafePort("tcp", 179))
         outbound.append(FailsafePort("tcp", 179))
+    if options.backend != "none":  # VXLAN between nodes (a pool may ask for it under bird)
+        inbound.append(FailsafePort("udp", VXLAN_PORT))
+        outbound.append(FailsafePort("udp", VXLAN_PORT))
     return inbound, outbound
 
 

@@ -31,7 +31,7 @@ def test_flags_and_env() -> None:
     env = {"TABBY_FAILSAFE_OUTBOUND_HOST_PORTS": "none"}
     opts, settings = node_options.parse(["--backend", "vxlan"], env=env)
     fs = node_failsafes(opts, settings, resolve=_resolve)
-    assert fs.outbound == ()
+    assert fs.outbound == (FailsafePort("udp", 4789),)  # VXLAN: its own need
     with pytest.raises(CniError, match="failsafe"):
         node_options.parse(["--failsafe-inbound-host-ports", "tcp:99999"], env={})
 
@@ -55,5 +55,13 @@ def test_own_needs() -> None:
     kube = DatastoreSettings(datastore_type="kubernetes")
     _, out = own_needs(opts, kube, api_server="https://10.96.0.1:443", resolve=_resolve)
     assert FailsafePort("tcp", 443, "10.96.0.1") in out
+    assert FailsafePort("udp", 4789) in out
     vx, _ = node_options.parse(["--backend", "vxlan"], env={})
-    assert own_needs(vx, kube, resolve=_resolve) == ([], [])
+    assert own_needs(vx, kube, resolve=_resolve) == (
+        [FailsafePort("udp", 4789)],
+        [FailsafePort("udp", 4789)],
+    )
+    svc, _ = node_options.parse(["--typha-service", "kube-system/tabby-typha"], env={})
+    assert FailsafePort("tcp", 5473) in own_needs(svc, kube, resolve=_resolve)[1]
+    alone, _ = node_options.parse(["--backend", "none"], env={})
+    assert own_needs(alone, kube, resolve=_resolve) == ([], [])
