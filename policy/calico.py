@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal, Protocol
 
 from bundle.calico import DEFAULT_TIER as DEFAULT_TIER
@@ -42,6 +42,7 @@ Action = Literal["Allow", "Deny", "Log", "Pass"]
 ACTIONS: tuple[Action, ...] = ("Allow", "Deny", "Log", "Pass")
 TierAction = Literal["Deny", "Pass"]
 Direction = Literal["ingress", "egress"]
+PolicyStage = Literal["untracked", "prednat", "normal"]
 
 #: Calico's protocol names (any case here: ``explain`` takes a user's) and their numbers.
 PROTOCOL_NUMBERS: Mapping[str, int] = {name.upper(): n for name, n in PROTOCOLS.items()}
@@ -197,11 +198,33 @@ class CalicoPolicy:
     ingress: tuple[CalicoRule, ...] = ()
     egress: tuple[CalicoRule, ...] = ()
     staged: bool = False
+    #: a GlobalNetworkPolicy's host-endpoint flags, as Calico defines them: ``pre_dnat``
+    #: (ingress before DNAT), ``do_not_track`` (before connection tracking, Allow means
+    #: untracked), ``apply_on_forward`` (also traffic the host forwards); the first two
+    #: apply to host endpoints only and need the third
+    pre_dnat: bool = False
+    do_not_track: bool = False
+    apply_on_forward: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "types", frozenset(self.types))
         if not self.types <= {"ingress", "egress"}:
             raise ValueError(f"unknown policy types {sorted(self.types)}")
+        if (self.pre_dnat or self.do_not_track) and not self.apply_on_forward:
+            raise ValueError("preDNAT and doNotTrack need applyOnForward")
+        if self.pre_dnat and (self.do_not_track or "egress" in self.types):
+            raise ValueError("a preDNAT policy is ingress only and not doNotTrack")
+        if (self.pre_dnat or self.do_not_track) and self.namespace is not None:
+            raise ValueError("only a GlobalNetworkPolicy can be preDNAT or doNotTrack")
+
+    @property
+    def stage(self) -> PolicyStage:
+        """Where it is enforced on a host endpoint: before connection tracking
+        (``untracked``), before DNAT (``prednat``), or with the filter (``normal``; the
+        only one that applies to workload endpoints too)."""
+        if self.do_not_track:
+            return "untracked"
+        return "prednat" if self.pre_dnat else "normal"
 
     @property
     def key(self) -> str:
@@ -259,6 +282,122 @@ class NetworkSet:
 
     def networks(self) -> tuple[IPNetwork, ...]:
         return tuple(ipaddress.ip_network(n) for n in self.nets)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostEndpoint:
+    """A HostEndpoint: the node ``node``'s interface ``interface`` (``"*"``: all of its
+    interfaces but the workloads' and ``lo``; None: none, only ``expected_ips`` for peers'
+    selectors), its ``labels`` (what policy selectors read; a host endpoint is global: no
+    namespace) and ``expected_ips`` (what a rule selector that selects it matches)."""
+
+    name: str
+    node: str
+    interface: str | None
+    expected_ips: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", tuple(sorted(dict(self.labels).items())))
+        ips = tuple(str(ipaddress.ip_address(a)) for a in self.expected_ips)
+        object.__setattr__(self, "expected_ips", ips)
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+    @property
+    def all_interfaces(self) -> bool:
+        return self.interface == "*"
+
+
+#: A failsafe's protocol: Calico's failsafe ports are TCP or UDP.
+FailsafeProtocol = Literal["tcp", "udp"]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class FailsafePort:
+    """One failsafe port: ``protocol`` and ``port``; ``net`` (None: any) the remote end's
+    addresses (the source of an inbound connection, the destination of an outbound one).
+    Text: ``tcp:22``, ``udp:68``, ``tcp:10.0.0.0/8:2379``, ``tcp:[fd00::/64]:179``."""
+
+    protocol: FailsafeProtocol
+    port: int
+    net: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("tcp", "udp"):
+            raise ValueError(f"failsafe protocol must be tcp or udp, not {self.protocol!r}")
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"failsafe port {self.port} out of range")
+        if self.net is not None:
+            object.__setattr__(self, "net", str(ipaddress.ip_network(self.net, strict=False)))
+
+    @classmethod
+    def parse(cls, text: str) -> FailsafePort:
+        proto, sep, rest = text.strip().partition(":")
+        net, _, port = rest.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"failsafe port {text!r} is not PROTOCOL:[NET:]PORT")
+        net = net.strip("[]")
+        return cls(proto.lower(), int(port), net or None)  # type: ignore[arg-type]
+
+    def text(self) -> str:
+        if self.net is None:
+            return f"{self.protocol}:{self.port}"
+        net = f"[{self.net}]" if ":" in self.net else self.net
+        return f"{self.protocol}:{net}:{self.port}"
+
+    def matches(self, protocol: int, port: int | None, remote: IPAddress) -> bool:
+        if protocol != PROTOCOL_NUMBERS[self.protocol.upper()] or port != self.port:
+            return False
+        return self.net is None or remote in ipaddress.ip_network(self.net)
+
+
+def _failsafe_ports(text: str) -> tuple[FailsafePort, ...]:
+    return tuple(FailsafePort.parse(w) for w in text.split(","))
+
+
+#: Calico's default failsafe ports (felix's FailsafeInboundHostPorts / Outbound...): SSH,
+#: BGP, etcd, typha, the API server, the kube-proxy health/metrics ports, DHCP; DNS out.
+FAILSAFE_INBOUND_TEXT = (
+    "tcp:22,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667,udp:68"
+)
+FAILSAFE_OUTBOUND_TEXT = "tcp:53,tcp:179,tcp:2379,tcp:2380,tcp:6443,tcp:6666,tcp:6667,udp:53,udp:67"
+DEFAULT_FAILSAFE_INBOUND = _failsafe_ports(FAILSAFE_INBOUND_TEXT)
+DEFAULT_FAILSAFE_OUTBOUND = _failsafe_ports(FAILSAFE_OUTBOUND_TEXT)
+
+
+def parse_failsafe_ports(text: str) -> tuple[FailsafePort, ...]:
+    """A comma-separated list of ``PROTOCOL:[NET:]PORT``; ``none`` (or nothing): no port."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return _failsafe_ports(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failsafes:
+    """What no host-endpoint policy can close: ``inbound`` connections to the host,
+    ``outbound`` ones from it (each checked before any host-endpoint policy, in every
+    stage: before connection tracking, before DNAT, and with the filter)."""
+
+    inbound: tuple[FailsafePort, ...] = DEFAULT_FAILSAFE_INBOUND
+    outbound: tuple[FailsafePort, ...] = DEFAULT_FAILSAFE_OUTBOUND
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inbound", tuple(sorted(set(self.inbound))))
+        object.__setattr__(self, "outbound", tuple(sorted(set(self.outbound))))
+
+    def match(
+        self, direction: Direction, protocol: int, port: int | None, remote: IPAddress
+    ) -> FailsafePort | None:
+        """The failsafe port a new connection of the host's (``ingress``: to it, from
+        ``remote``; ``egress``: from it, to ``remote``) is let through by, if any."""
+        ports = self.inbound if direction == "ingress" else self.outbound
+        return next((f for f in ports if f.matches(protocol, port, remote)), None)
+
+    def plus(self, inbound: Iterable[FailsafePort], outbound: Iterable[FailsafePort]) -> Failsafes:
+        return Failsafes((*self.inbound, *inbound), (*self.outbound, *outbound))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,21 +482,30 @@ def rule_matches(rule: CalicoRule, pkt: Packet) -> bool:
 __all__ = [
     "ACTIONS",
     "ANY",
+    "DEFAULT_FAILSAFE_INBOUND",
+    "DEFAULT_FAILSAFE_OUTBOUND",
     "DEFAULT_TIER",
     "DEFAULT_TIER_ORDER",
+    "FAILSAFE_INBOUND_TEXT",
+    "FAILSAFE_OUTBOUND_TEXT",
     "PROTOCOL_NUMBERS",
     "Action",
     "CalicoPolicy",
     "CalicoRule",
     "EntityMatch",
+    "FailsafePort",
+    "Failsafes",
+    "HostEndpoint",
     "IcmpMatch",
     "Matcher",
     "NetworkSet",
     "Packet",
     "Party",
+    "PolicyStage",
     "PortMatch",
     "Tier",
     "TierAction",
+    "parse_failsafe_ports",
     "policy_sort_key",
     "protocol_number",
     "rule_matches",

@@ -44,10 +44,14 @@ from policy.calico import (
     CalicoPolicy,
     CalicoRule,
     EntityMatch,
+    FailsafePort,
+    Failsafes,
+    HostEndpoint,
     Matcher,
     NetworkSet,
     Packet,
     Party,
+    PolicyStage,
     Tier,
     TierAction,
     policy_sort_key,
@@ -375,6 +379,7 @@ class ClusterState:
     calico_policies: tuple[CalicoPolicy, ...] = ()
     network_sets: tuple[NetworkSet, ...] = ()
     tiers: tuple[Tier, ...] = ()
+    host_endpoints: tuple[HostEndpoint, ...] = ()
 
     def with_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ClusterState:
         eps = (*(e for e in self.endpoints if e.key != ep.key), ep)
@@ -443,6 +448,15 @@ class _View:
             (s.networks(), self._scoped(dict(s.labels), s.namespace, None))
             for s in sorted(state.network_sets, key=lambda s: s.key)
         ]
+        #: every node's host endpoints, with the labels selectors read on them
+        self.hosts = [
+            (h, endpoint_labels(dict(h.labels)))
+            for h in sorted(state.host_endpoints, key=lambda h: h.key)
+        ]
+        self.host_by_addr: dict[IPAddress, tuple[HostEndpoint, Mapping[str, str]]] = {}
+        for h, labels in self.hosts:
+            for text in h.expected_ips:
+                self.host_by_addr.setdefault(ipaddress.ip_address(text), (h, labels))
 
     def _scoped(
         self, labels: Mapping[str, str], ns: str | None, account: str | None
@@ -465,7 +479,8 @@ class _View:
         """One end of a packet as Calico's rules see it."""
         sets = tuple(labels for nets, labels in self.network_sets if any(addr in n for n in nets))
         if m is None:
-            return Party(addr, None, sets)
+            host = self.host_by_addr.get(addr)
+            return Party(addr, host[1] if host is not None else None, sets)
         ports = tuple((cp.name, protocol_number(cp.protocol), cp.port) for cp in m.ports)
         return Party(addr, self.calico_labels(m), sets, ports)
 
@@ -632,6 +647,10 @@ class PolicyChain:
     staged: bool = False
     #: the kind of a Calico policy (``GlobalNetworkPolicy``, ...); "" for Kubernetes'
     kind: str = ""
+    #: where a Calico policy is enforced (:attr:`~policy.calico.CalicoPolicy.stage`): an
+    #: untracked policy's Allow is ``notrack`` and both it and a pre-DNAT policy's Allow
+    #: mark the packet so that no later host-endpoint policy is tried
+    stage: PolicyStage = "normal"
 
     @property
     def can_pass(self) -> bool:
@@ -684,6 +703,75 @@ class EndpointProgram:
         return self.ingress if direction == "ingress" else self.egress
 
 
+#: A host endpoint's stages, in the order a packet meets them: before connection tracking
+#: (``untracked-``: doNotTrack policies), before DNAT (``prednat-ingress``), then with the
+#: filter, for the host's own traffic (``ingress``: to it, ``egress``: from it) or traffic
+#: it forwards (``forward-``: applyOnForward policies).
+HostStage = Literal[
+    "untracked-ingress",
+    "untracked-egress",
+    "prednat-ingress",
+    "ingress",
+    "egress",
+    "forward-ingress",
+    "forward-egress",
+]
+#: stage -> (the policies' stage, direction, forwarded traffic)
+HOST_STAGES: Mapping[HostStage, tuple[PolicyStage, Direction, bool]] = {
+    "untracked-ingress": ("untracked", "ingress", False),
+    "untracked-egress": ("untracked", "egress", False),
+    "prednat-ingress": ("prednat", "ingress", False),
+    "ingress": ("normal", "ingress", False),
+    "egress": ("normal", "egress", False),
+    "forward-ingress": ("normal", "ingress", True),
+    "forward-egress": ("normal", "egress", True),
+}
+
+
+def host_policy_applies(c: CalicoPolicy, stage: HostStage) -> bool:
+    """Whether policy ``c`` is one of a host endpoint's at ``stage`` (its selector aside):
+    a GlobalNetworkPolicy (not staged) of the stage's kind and direction; for forwarded
+    traffic, only with applyOnForward (which untracked and pre-DNAT policies have)."""
+    kind, direction, forwarded = HOST_STAGES[stage]
+    if c.namespace is not None or c.staged or direction not in c.types or c.stage != kind:
+        return False
+    return c.apply_on_forward or not forwarded
+
+
+_HOST_CHAIN_CODE: Mapping[HostStage, str] = {
+    "untracked-ingress": "hui",
+    "untracked-egress": "hue",
+    "prednat-ingress": "hpi",
+    "ingress": "hni",
+    "egress": "hne",
+    "forward-ingress": "hfi",
+    "forward-egress": "hfe",
+}
+
+
+def host_chain_name(name: str, stage: HostStage) -> str:
+    """The chain of host endpoint ``name`` for ``stage`` (``hni-<h>``: normal ingress, ...)."""
+    return f"{_HOST_CHAIN_CODE[stage]}-{_digest('hep|' + name)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProgram:
+    """What one host endpoint of this node does (on ``interface``, ``"*"``: every interface
+    but the workloads' and ``lo``): per stage the tiers of the policies that apply, in
+    order. An untracked or pre-DNAT stage decides only by a rule's Allow or Deny (its tiers'
+    ends pass: nothing there drops by default); the others end, past every tier, in a drop
+    (a host endpoint has no profile). With no policy: the host's own traffic is denied
+    (but for the failsafe ports), forwarded traffic allowed, the first two stages let the
+    packet on."""
+
+    name: str
+    interface: str
+    stages: tuple[tuple[HostStage, tuple[TierSpan, ...]], ...]
+
+    def spans(self, stage: HostStage) -> tuple[TierSpan, ...]:
+        return dict(self.stages).get(stage, ())
+
+
 @dataclasses.dataclass(frozen=True)
 class _IRPacket:
     src: str
@@ -703,6 +791,8 @@ class DesiredState:
     chains: Mapping[str, PolicyChain]
     endpoints: Mapping[str, EndpointProgram]
     policies: int = 0
+    #: this node's host endpoints (by name) that have an interface
+    hosts: Mapping[str, HostProgram] = dataclasses.field(default_factory=dict)
 
     @property
     def rule_count(self) -> int:
@@ -998,6 +1088,10 @@ class _Builder:
             if _contributes(view, probe, m):
                 for a in m.addresses:
                     addrs[a.version].append(str(a))
+        for h, labels in view.hosts:  # a host endpoint is matched by its expected IPs
+            if sel.matches(labels):
+                for text in h.expected_ips:
+                    addrs[ipaddress.ip_address(text).version].append(text)
         nets: dict[int, list[IPNetwork]] = {4: [], 6: []}
         for networks, labels in view.network_sets:
             if sel.matches(labels):
@@ -1008,7 +1102,8 @@ class _Builder:
         for fam in sorted(self.families):
             a_name, n_name = f"s{fam}-{digest}", f"w{fam}-{digest}"
             what = f"selector [{key}]"
-            self._add_set(SetDef(a_name, fam, "sel", f"endpoints {what}", selector=sel), addrs[fam])
+            sd = SetDef(a_name, fam, "sel", f"endpoints {what}", selector=sel)
+            self._add_set(sd, sorted(set(addrs[fam])))
             self._add_set(
                 SetDef(n_name, fam, "selnet", f"network sets {what}", selector=sel),
                 collapsed(nets[fam]),
@@ -1024,7 +1119,9 @@ class _Builder:
             for fam in sorted(self.families):
                 out.extend(self._tier_rules(rule, fam, i, comment))
         name = calico_chain_name(pol, direction)
-        return PolicyChain(name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind)
+        return PolicyChain(
+            name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind, pol.stage
+        )
 
     def _tier_rules(self, rule: CalicoRule, fam: Family, i: int, comment: str) -> list[TierRule]:
         if rule.ip_version is not None and rule.ip_version != fam:
@@ -1163,7 +1260,59 @@ def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6))
             prog = _tiered_program(view, b, m, prog, chains)
         endpoints[m.ep.interface] = prog
     count = len(state.policies) + len(state.calico_policies)
-    return DesiredState(b.sets, b.elements, chains, endpoints, count)
+    hosts = {
+        h.name: _host_program(view, b, h, labels, chains) for h, labels in _my_hosts(view, node)
+    }
+    return DesiredState(b.sets, b.elements, chains, endpoints, count, hosts)
+
+
+def _my_hosts(view: _View, node: str) -> list[tuple[HostEndpoint, Mapping[str, str]]]:
+    """``node``'s host endpoints with an interface, one per interface (the first by name:
+    Calico allows one)."""
+    out: dict[str, tuple[HostEndpoint, Mapping[str, str]]] = {}
+    for h, labels in view.hosts:
+        if h.node == node and h.interface and h.interface not in out:
+            out[h.interface] = (h, labels)
+    return sorted(out.values(), key=lambda x: x[0].name)
+
+
+def _host_entries(
+    view: _View, labels: Mapping[str, str], stage: HostStage
+) -> dict[str, list[_Entry]]:
+    """The policies of one host endpoint at ``stage``, by tier, each tier in its order."""
+    out: dict[str, list[_Entry]] = {}
+    for c in view.state.calico_policies:
+        if host_policy_applies(c, stage) and c.selector.matches(labels):
+            sort = policy_sort_key(c.order, c.key)
+            out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
+    tiers = sorted((view.tier(t) for t in out), key=tier_sort_key)
+    return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
+
+
+def _host_program(
+    view: _View,
+    b: _Builder,
+    h: HostEndpoint,
+    labels: Mapping[str, str],
+    chains: dict[str, PolicyChain],
+) -> HostProgram:
+    assert h.interface is not None
+    stages: list[tuple[HostStage, tuple[TierSpan, ...]]] = []
+    for stage, (kind, direction, _) in HOST_STAGES.items():
+        spans: list[TierSpan] = []
+        for tier, entries in _host_entries(view, labels, stage).items():
+            names: list[str] = []
+            passing: list[bool] = []
+            for e in entries:
+                assert e.calico is not None
+                chain = b.calico_chain(e.calico, direction)
+                chains[chain.name] = chain
+                names.append(chain.name)
+                passing.append(chain.can_pass)
+            action = view.tier(tier).default_action if kind == "normal" else "Pass"
+            spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
+        stages.append((stage, tuple(spans)))
+    return HostProgram(h.name, h.interface, tuple(stages))
 
 
 def _tiered_program(
@@ -1215,7 +1364,10 @@ def calico_chain_name(pol: CalicoPolicy, direction: Direction) -> str:
     policy is a new chain (and its per-rule counters new counters), never a changed one."""
     # (every part's text is canonical: no set's iteration order, so no hash seed, in it)
     content = (direction, pol.key, pol.tier, pol.order, sorted(pol.types), str(pol.selector))
-    text = repr((content, pol.rules(direction)))
+    flags = (
+        (pol.stage, pol.apply_on_forward) if pol.stage != "normal" or pol.apply_on_forward else ()
+    )
+    text = repr(((*content, *flags), pol.rules(direction)))
     return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(text)}"
 
 
@@ -1282,14 +1434,23 @@ class Explanation:
     port: int | None
     egress: DirectionVerdict | None
     ingress: DirectionVerdict | None
+    #: the host endpoints' stages the connection meets, in order, up to the one that
+    #: decided (each ``pod`` names the host endpoint, each ``reason`` starts with the stage)
+    host: tuple[DirectionVerdict, ...] = ()
 
     @property
     def allowed(self) -> bool:
-        return all(v.allowed for v in (self.egress, self.ingress) if v is not None)
+        sides = (self.egress, self.ingress, *self.host)
+        return all(v.allowed for v in sides if v is not None)
 
     def lines(self) -> list[str]:
         what = f"{self.protocol}/{self.port}" if self.port is not None else self.protocol
         out = [f"{self.src} -> {self.dst} {what}: {'ALLOWED' if self.allowed else 'DENIED'}"]
+        for h in self.host:
+            sel = ", ".join(h.selecting) if h.selecting else "none"
+            out.append(f"  {h.pod}: selected by {sel}")
+            out.extend(f"    logged by {rule}" for rule in h.logged)
+            out.append(f"    {'allowed' if h.allowed else 'denied'}: {h.reason}")
         for v in (self.egress, self.ingress):
             if v is None:
                 continue
@@ -1389,8 +1550,8 @@ def _entries(
             out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
     labels: Mapping[str, str] | None = None
     for c in view.state.calico_policies:
-        if direction not in c.types or (c.staged and not staged):
-            continue
+        if direction not in c.types or (c.staged and not staged) or c.stage != "normal":
+            continue  # (untracked and pre-DNAT policies apply to host endpoints only)
         labels = labels if labels is not None else view.calico_labels(me)
         if c.selector.matches(labels):
             sort = policy_sort_key(c.order, c.key.removeprefix("staged:"))
@@ -1530,6 +1691,10 @@ def explain(
     source_port: int | None = None,
     icmp_type: int | None = None,
     icmp_code: int | None = None,
+    in_interface: str | None = None,
+    out_interface: str | None = None,
+    failsafes: Failsafes | None = None,
+    workload_prefix: str | None = None,
 ) -> Explanation:
     """Why a new connection ``src -> dst`` (``protocol``/``port``) is allowed or not:
     the source pod's egress (when the source is a pod) and the destination pod's ingress
@@ -1539,7 +1704,15 @@ def explain(
     (e.g. ICMP, with ``icmp_type``/``icmp_code``: only rules without ports match it);
     ``source_port`` for Calico rules' source ports. With ``node`` and its
     ``host_addresses``, traffic from those addresses to a pod on that node is allowed
-    unpoliced, as the dataplane does (kubelet probes)."""
+    unpoliced, as the dataplane does (kubelet probes).
+
+    Host endpoints of ``node``: a connection to one of its addresses (``host_addresses``
+    and its host endpoints' expected IPs) arriving on ``in_interface``, from one leaving on
+    ``out_interface``, or forwarded between the two (either a workload's, i.e. a local
+    endpoint's interface or one starting with ``workload_prefix``) meets the stages of the
+    host endpoint of that interface (:func:`host_verdicts`); without an interface, that of
+    the host endpoint whose expected IPs hold the host's address (else the ``"*"`` one).
+    ``failsafes``: Calico's defaults when None."""
     view = _View(state)
     protocol = protocol.upper()
     try:
@@ -1570,7 +1743,171 @@ def explain(
         ingress = DirectionVerdict(d_m.ident, "ingress", (), True, (), why)
     elif d_m is not None:
         ingress = _direction_verdict(view, d_m, "ingress", s_m, s_addr, protocol, port, packet)
-    return Explanation(s_name, d_name, protocol, port, egress, ingress)
+    host: tuple[DirectionVerdict, ...] = ()
+    if node is not None:
+        ends = _HostEnds(s_m, d_m, hosts, in_interface, out_interface, workload_prefix)
+        ctx = _Context(None, s_addr, protocol, port, (), packet)
+        host = host_verdicts(view, node, ends, ctx, failsafes or Failsafes())
+    return Explanation(s_name, d_name, protocol, port, egress, ingress, host)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HostEnds:
+    """Where a connection meets the node ``explain`` is asked about."""
+
+    src: _Member | None
+    dst: _Member | None
+    host_addresses: set[IPAddress]
+    in_interface: str | None
+    out_interface: str | None
+    workload_prefix: str | None
+
+
+def host_verdicts(
+    view: _View, node: str, ends: _HostEnds, ctx: _Context, failsafes: Failsafes
+) -> tuple[DirectionVerdict, ...]:
+    """The host-endpoint stages of ``node`` one new connection meets, in the dataplane's
+    order, up to the first that decides: to the host (untracked, pre-DNAT, then normal
+    ingress policy of the arriving interface's endpoint), from it (untracked, then normal
+    egress policy of the leaving interface's), or forwarded (untracked and pre-DNAT, then
+    applyOnForward ingress policy of the arriving interface's; applyOnForward egress policy
+    of the leaving one's). An Allow of untracked or pre-DNAT policy skips every later host
+    stage; the failsafe ports are let through before any policy (to or from the host: at
+    every stage; forwarded traffic to an inbound failsafe port: before untracked and
+    pre-DNAT policy)."""
+    pkt = ctx.packet
+    sides, failsafe = _host_sides(view, node, ends, pkt, failsafes)
+    early = failsafes.match("ingress", pkt.protocol, pkt.dport, pkt.src.address)
+    out: list[DirectionVerdict] = []
+    for target, stages in sides:
+        if target is None:
+            continue
+        h, labels = target
+        who = f"host endpoint {h.name} ({h.interface})"
+        for stage in stages:
+            kind, direction, _ = HOST_STAGES[stage]
+            if failsafe is not None:
+                why = f"{stage}: failsafe port {failsafe.text()}, before any policy"
+                out.append(DirectionVerdict(who, direction, (), True, (), why))
+                return tuple(out)
+            if early is not None and kind != "normal":
+                continue  # accepted before untracked and pre-DNAT policy; not marked
+            verdict, what = _host_stage(view, who, labels, stage, ctx)
+            out.append(verdict)
+            if what == "deny" or (what == "allow" and kind != "normal"):
+                return tuple(out)
+            if what == "allow":
+                break
+    return tuple(out)
+
+
+_HostOf = tuple[HostEndpoint, Mapping[str, str]]
+_Sides = list[tuple[_HostOf | None, tuple[HostStage, ...]]]
+
+
+def _host_sides(
+    view: _View, node: str, ends: _HostEnds, pkt: Packet, failsafes: Failsafes
+) -> tuple[_Sides, FailsafePort | None]:
+    """The host endpoints a connection meets and their stages, and the failsafe port that
+    lets it to or from the host (if any)."""
+    mine = _my_hosts(view, node)
+    here = set(ends.host_addresses)
+    for h, _ in mine:
+        here.update(ipaddress.ip_address(a) for a in h.expected_ips)
+    local = {m.ep.interface for m in view.members if m.ep.node == node and m.ep.interface}
+
+    def workload(m: _Member | None) -> bool:
+        return m is not None and m.ep.node == node
+
+    def hep(iface: str | None, addr: IPAddress | None) -> _HostOf | None:
+        return _host_of(mine, local, ends.workload_prefix, iface, addr)
+
+    src, dst = pkt.src.address, pkt.dst.address
+    if ends.dst is None and dst in here and not workload(ends.src):
+        stages: tuple[HostStage, ...] = ("untracked-ingress", "prednat-ingress", "ingress")
+        fs = failsafes.match("ingress", pkt.protocol, pkt.dport, src)
+        return [(hep(ends.in_interface, dst), stages)], fs
+    if ends.src is None and src in here:
+        target = None if workload(ends.dst) else hep(ends.out_interface, src)
+        fs = failsafes.match("egress", pkt.protocol, pkt.dport, dst)
+        return [(target, ("untracked-egress", "egress"))], fs
+    in_hep = None if workload(ends.src) else hep(ends.in_interface, None)
+    out_hep = None if workload(ends.dst) else hep(ends.out_interface, None)
+    stages = ("untracked-ingress", "prednat-ingress", "forward-ingress")
+    return [(in_hep, stages), (out_hep, ("forward-egress",))], None
+
+
+def _host_of(
+    mine: Sequence[_HostOf],
+    local: set[str],
+    prefix: str | None,
+    iface: str | None,
+    addr: IPAddress | None,
+) -> _HostOf | None:
+    """The host endpoint of interface ``iface`` (None for a workload's or ``lo``); without
+    one, that whose expected IPs hold ``addr``; else the ``"*"`` one, if any."""
+    if iface is None:
+        if addr is None:
+            return None
+        by_ip = [x for x in mine if str(addr) in x[0].expected_ips]
+        if by_ip:
+            return by_ip[0]
+    elif iface == "lo" or iface in local or (prefix and iface.startswith(prefix)):
+        return None
+    named = [x for x in mine if x[0].interface == iface]
+    return named[0] if named else next((x for x in mine if x[0].all_interfaces), None)
+
+
+def _host_stage(
+    view: _View, who: str, labels: Mapping[str, str], stage: HostStage, ctx: _Context
+) -> tuple[DirectionVerdict, Literal["allow", "deny", "on"]]:
+    """One stage of a host endpoint: its verdict, and ``on`` when it let the packet on
+    undecided (an untracked or pre-DNAT stage no rule decided)."""
+    kind, direction, forwarded = HOST_STAGES[stage]
+    tiers = _host_entries(view, labels, stage)
+    names = tuple(e.key for entries in tiers.values() for e in entries)
+    if not names:
+        if kind != "normal":
+            return DirectionVerdict(who, direction, (), True, (), f"{stage}: no policy"), "on"
+        if forwarded:
+            why = f"{stage}: no applyOnForward policy selects it: forwarded traffic allowed"
+            return DirectionVerdict(who, direction, (), True, (), why), "allow"
+        why = f"{stage}: no policy selects it: denied (a host endpoint's default)"
+        return DirectionVerdict(who, direction, (), False, (), why), "deny"
+    logged: list[str] = []
+    for tier, entries in tiers.items():
+        decided: tuple[Action, str] | None = None
+        for e in entries:
+            decided = _first_match(view, e, direction, ctx, logged)
+            if decided is not None:
+                break
+        if decided is not None and decided[0] in ("Allow", "Deny"):
+            action, rule = decided
+            allowed = action == "Allow"
+            why = f"{stage}: by {rule}" + ("" if allowed else " (Deny)")
+            verdict = DirectionVerdict(
+                who,
+                direction,
+                names,
+                allowed,
+                (rule,) if allowed else (),
+                why,
+                tier,
+                rule,
+                tuple(logged),
+            )
+            return verdict, "allow" if allowed else "deny"
+        if decided is None and kind == "normal" and view.tier(tier).default_action == "Deny":
+            why = f"{stage}: end of tier {tier}, no rule matched"
+            verdict = DirectionVerdict(
+                who, direction, names, False, (), why, tier, "", tuple(logged)
+            )
+            return verdict, "deny"
+    if kind != "normal":
+        why = f"{stage}: no rule decided, on to the next stage"
+        return DirectionVerdict(who, direction, names, True, (), why, None, "", tuple(logged)), "on"
+    why = f"{stage}: past every tier: a host endpoint has no profile, denied"
+    return DirectionVerdict(who, direction, names, False, (), why, None, "", tuple(logged)), "deny"
 
 
 def allowed(

@@ -42,7 +42,7 @@ from typing import Literal, TypeVar
 
 from bundle.calico import endpoint_labels
 from policy import engine
-from policy.calico import CalicoPolicy, NetworkSet, Tier
+from policy.calico import CalicoPolicy, HostEndpoint, Matcher, NetworkSet, Tier
 from policy.counters import chain_counters
 from policy.engine import (
     NAMESPACE_NAME_LABEL,
@@ -54,6 +54,7 @@ from policy.engine import (
     Endpoint,
     EndpointProgram,
     Family,
+    HostProgram,
     Labels,
     LabelSelector,
     Namespace,
@@ -65,9 +66,27 @@ from policy.engine import (
 )
 
 UpdateKind = Literal[
-    "policy", "namespace", "pod", "endpoint", "nat", "calico-policy", "network-set", "tier"
+    "policy",
+    "namespace",
+    "pod",
+    "endpoint",
+    "nat",
+    "calico-policy",
+    "network-set",
+    "tier",
+    "host-endpoint",
 ]
-Value = Policy | Namespace | Pod | Endpoint | NatConfig | CalicoPolicy | NetworkSet | Tier
+Value = (
+    Policy
+    | Namespace
+    | Pod
+    | Endpoint
+    | NatConfig
+    | CalicoPolicy
+    | NetworkSet
+    | Tier
+    | HostEndpoint
+)
 _Key = tuple[str, str]
 _DIRECTIONS: tuple[Direction, Direction] = ("ingress", "egress")
 K = TypeVar("K")
@@ -115,6 +134,9 @@ class Delta:
     gone_rule_counters: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     #: only a whole new table can do it: the engine entered or left Calico's model
     replace: bool = False
+    #: this node's host endpoints' programs (before, now) when they changed (the host
+    #: chains are few: the renderer writes them all again)
+    hosts: tuple[Mapping[str, HostProgram], Mapping[str, HostProgram]] | None = None
 
     @property
     def empty(self) -> bool:
@@ -129,6 +151,10 @@ class Delta:
         n += sum(len(e) for e in self.added.values()) + sum(len(e) for e in self.removed.values())
         if self.nat is not None:
             n += len(set(self.nat[0].pools) ^ set(self.nat[1].pools))
+        if self.hosts is not None:
+            was, now = self.hosts
+            n += len(was.keys() ^ now.keys())
+            n += sum(1 for k in was.keys() & now.keys() if was[k] != now[k])
         return n
 
 
@@ -148,6 +174,8 @@ def differences(
     n += sum(1 for i in a.endpoints.keys() & b.endpoints.keys() if a.endpoints[i] != b.endpoints[i])
     if nat_a is not None and nat_b is not None:
         n += len(set(nat_a.pools) ^ set(nat_b.pools))
+    n += len(a.hosts.keys() ^ b.hosts.keys())
+    n += sum(1 for h in a.hosts.keys() & b.hosts.keys() if a.hosts[h] != b.hosts[h])
     return n
 
 
@@ -278,6 +306,7 @@ class IncrementalPolicy:
         self._calico: dict[str, CalicoPolicy] = {}
         self._network_sets: dict[str, NetworkSet] = {}
         self._tiers: dict[str, Tier] = {}
+        self._host_endpoints: dict[str, HostEndpoint] = {}
         self._exported: DesiredState | None = None
         # what changed since the last take_delta, for Calico's model: only remote
         # endpoints (their addresses), or anything else (a full computation)
@@ -302,13 +331,17 @@ class IncrementalPolicy:
                 tuple(self._calico.values()),
                 tuple(self._network_sets.values()),
                 tuple(self._tiers.values()),
+                tuple(self._host_endpoints.values()),
             )
         return self._state
 
     @property
     def calico(self) -> bool:
-        """Whether a Calico policy (staged or not) exists: the IR is then computed whole."""
-        return bool(self._calico)
+        """Whether a Calico policy (staged or not) or a host endpoint of this node exists:
+        the IR is then computed whole."""
+        return bool(self._calico) or any(
+            h.node == self.node and h.interface for h in self._host_endpoints.values()
+        )
 
     @property
     def calico_policies(self) -> Mapping[str, CalicoPolicy]:
@@ -317,7 +350,7 @@ class IncrementalPolicy:
 
     def desired(self) -> DesiredState:
         """The IR, materialised: equal to ``compute(self.state(), node, families)``."""
-        if self._calico:
+        if self.calico:
             return engine.compute(self.state(), self.node, self.families)
         return self._k8s_desired()
 
@@ -386,6 +419,8 @@ class IncrementalPolicy:
             return self._put_calico(self._network_sets, u.key, v, NetworkSet)
         if u.kind == "tier":
             return self._put_calico(self._tiers, u.key, v, Tier)
+        if u.kind == "host-endpoint":
+            return self._put_calico(self._host_endpoints, u.key, v, HostEndpoint)
         ns, _, name = u.key.partition("/")
         if u.kind == "policy":
             if isinstance(v, Policy):
@@ -415,6 +450,7 @@ class IncrementalPolicy:
             (self._calico, {c.key: c for c in state.calico_policies}),
             (self._network_sets, {s.key: s for s in state.network_sets}),
             (self._tiers, {t.name: t for t in state.tiers}),
+            (self._host_endpoints, {h.key: h for h in state.host_endpoints}),
         ):
             if inputs != want:
                 n += len(inputs.keys() ^ want.keys())
@@ -544,9 +580,10 @@ class IncrementalPolicy:
         policy exists, the difference of two full computations; entering or leaving that
         model replaces the table (``Delta.replace``)."""
         k8s = self._take_k8s_delta()
-        if not self._calico and self._exported is None:
+        calico = self.calico
+        if not calico and self._exported is None:
             return k8s
-        if not self._calico:
+        if not calico:
             self._exported = None
             return Delta(nat=k8s.nat, replace=True)
         was = self._exported
@@ -580,7 +617,9 @@ class IncrementalPolicy:
                 held = set(elements[name])
                 for a in mine:
                     keys = self._eps_by_addr.get(a, ())
-                    if any(sel.matches(self._calico_labels(self._endpoints[k])) for k in keys):
+                    if any(
+                        sel.matches(self._calico_labels(self._endpoints[k])) for k in keys
+                    ) or self._host_holds(a, sel):
                         held.add(a)
                     else:
                         held.discard(a)
@@ -593,7 +632,14 @@ class IncrementalPolicy:
                                 held.add((a, cp.protocol.lower(), cp.port))
             if held != elements[name]:
                 elements[name] = frozenset(held)
-        return DesiredState(was.sets, elements, was.chains, was.endpoints, was.policies)
+        return DesiredState(was.sets, elements, was.chains, was.endpoints, was.policies, was.hosts)
+
+    def _host_holds(self, addr: str, sel: Matcher) -> bool:
+        """Whether a host endpoint that ``sel`` selects expects address ``addr``."""
+        return any(
+            addr in h.expected_ips and sel.matches(endpoint_labels(dict(h.labels)))
+            for h in self._host_endpoints.values()
+        )
 
     def _calico_labels(self, m: _Member) -> Mapping[str, str]:
         """The labels Calico's selectors read on an endpoint, as the engine builds them."""
@@ -1134,7 +1180,12 @@ def _structural(d: Delta) -> bool:
 def ir_difference(
     was: DesiredState, now: DesiredState, nat: tuple[NatConfig, NatConfig] | None = None
 ) -> Delta:
-    """The :class:`Delta` from one IR to another (and the NAT pools' change)."""
+    """The :class:`Delta` from one IR to another (and the NAT pools' change). The first
+    host endpoint of the node, or its last gone, replaces the table (the host base
+    chains come and go with them)."""
+    if bool(was.hosts) != bool(now.hosts):
+        return Delta(nat=nat, replace=True)
+    hosts = (was.hosts, now.hosts) if was.hosts != now.hosts else None
     common = [
         n for n in was.sets.keys() & now.sets.keys() if was.elements[n] is not now.elements[n]
     ]
@@ -1164,6 +1215,7 @@ def ir_difference(
         tuple(sorted(was.endpoints.keys() - now.endpoints.keys())),
         nat,
         counters,
+        hosts=hosts,
     )
 
 

@@ -26,6 +26,7 @@ from resources.index import (
     ENDPOINTS,
     GLOBAL_NETWORK_SETS,
     GLOBAL_POLICIES,
+    HOST_ENDPOINTS,
     NAMESPACES,
     NETWORK_SETS,
     PODS,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from resources.calico import (
         EntityRule,
         GlobalNetworkSet,
+        HostEndpoint,
         ICMPFields,
         NetworkSet,
         Rule,
@@ -228,6 +230,17 @@ def calico_policy(p: CalicoPolicyModel) -> calico.CalicoPolicy | None:
         tuple(_rule(r, namespace) for r in spec.ingress or ()),
         tuple(_rule(r, namespace) for r in spec.egress or ()),
         p.KIND.startswith("Staged"),
+        getattr(spec, "preDNAT", False),
+        getattr(spec, "doNotTrack", False),
+        getattr(spec, "applyOnForward", False),
+    )
+
+
+def host_endpoint(h: HostEndpoint) -> calico.HostEndpoint:
+    spec = h.spec
+    labels = tuple((h.metadata.labels or {}).items())
+    return calico.HostEndpoint(
+        h.name, spec.node, spec.interfaceName, tuple(spec.expectedIPs or ()), labels
     )
 
 
@@ -273,7 +286,7 @@ def _engine_key(value: object) -> str:
         return value.name
     if isinstance(value, engine.Policy | engine.Pod | engine.Endpoint):
         return f"{value.namespace}/{value.name}"
-    if isinstance(value, calico.CalicoPolicy | calico.NetworkSet):
+    if isinstance(value, calico.CalicoPolicy | calico.NetworkSet | calico.HostEndpoint):
         return value.key
     if isinstance(value, calico.Tier):
         return value.name
@@ -297,6 +310,7 @@ _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
     NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
     GLOBAL_NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
     TIERS.name: ("tier", lambda m: tier(m)),
+    HOST_ENDPOINTS.name: ("host-endpoint", lambda m: host_endpoint(m)),
 }
 
 
@@ -333,6 +347,7 @@ class PolicyInputs:
             tuple(policies),
             tuple(sets),
             tuple(self._each(docs, TIERS, tier)),
+            tuple(self._each(docs, HOST_ENDPOINTS, host_endpoint)),
         )
         pools = [e.value for _, e in sorted(docs.of(POOLS).items())]
         self._pools = {

@@ -45,9 +45,10 @@ comes first), so counting costs a long stream nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from dataplane.names import DEFAULT_VETH_PREFIX, NFT_TABLE
+from policy.calico import FailsafePort, Failsafes
 from policy.counters import (
     DEFAULT_DENY,
     CounterKey,
@@ -59,10 +60,13 @@ from policy.counters import (
     rule_counter,
 )
 from policy.engine import (
+    HOST_STAGES,
     DesiredState,
     Direction,
     Element,
     EndpointProgram,
+    HostProgram,
+    HostStage,
     IRRule,
     NatConfig,
     PolicyChain,
@@ -70,6 +74,7 @@ from policy.engine import (
     SideMatch,
     TierRule,
     TierSpan,
+    host_chain_name,
 )
 from policy.incremental import Delta
 
@@ -100,6 +105,24 @@ PASS_MARK = 0x01000000
 _PASS_SET = f"meta mark and {PASS_MARK:#010x} == {PASS_MARK:#010x}"
 _PASS_CLEAR = f"meta mark and {PASS_MARK:#010x} == 0x00000000 "
 _CLEAR = f"meta mark set meta mark and {0xFFFFFFFF ^ PASS_MARK:#010x}"
+#: The mark bit an untracked or pre-DNAT policy's Allow sets: the later host-endpoint
+#: chains accept the packet at once (Calico: such an Allow skips normal policy).
+HOST_ACCEPT_MARK = 0x02000000
+_HOST_ACCEPTED = f"meta mark and {HOST_ACCEPT_MARK:#010x} == {HOST_ACCEPT_MARK:#010x}"
+#: The host endpoints' base chains: name -> (hook, the interface key and the stage each
+#: dispatches; forward dispatches through two regular chains, ``host-fwd-in`` / ``-out``).
+HOST_BASE_CHAINS: dict[str, tuple[str, str, HostStage | None]] = {
+    "host-raw-pre": ("prerouting priority raw", "iifname", "untracked-ingress"),
+    "host-raw-out": ("output priority raw", "oifname", "untracked-egress"),
+    "host-prednat": ("prerouting priority mangle", "iifname", "prednat-ingress"),
+    "host-input": ("input priority filter + 2", "iifname", "ingress"),
+    "host-output": ("output priority filter + 2", "oifname", "egress"),
+    "host-forward": ("forward priority filter + 2", "", None),
+}
+_HOST_DISPATCH: dict[str, tuple[str, HostStage]] = {
+    "host-fwd-in": ("iifname", "forward-ingress"),
+    "host-fwd-out": ("oifname", "forward-egress"),
+}
 #: What a Calico Log rule's packets carry to NFLOG group LOG_GROUP (the next rule decides),
 #: and a staged policy's rule that would have denied them: ``<prefix><direction> <counter>``
 #: (the rule's counter names it). Both within the node-wide limit of the denied-flow log.
@@ -190,7 +213,12 @@ class Renderer:
     incremental transactions are made of the same pieces."""
 
     def __init__(
-        self, table: str = DEFAULT_TABLE, prefix: str = DEFAULT_PREFIX, *, visibility: bool = True
+        self,
+        table: str = DEFAULT_TABLE,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        visibility: bool = True,
+        failsafes: Failsafes | None = None,
     ) -> None:
         if not table.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"invalid table name {table!r}")
@@ -199,6 +227,8 @@ class Renderer:
         self.table = table
         self.prefix = prefix
         self.visibility = visibility
+        #: what the host endpoints' chains let through before any policy
+        self.failsafes = failsafes if failsafes is not None else Failsafes()
         self.t = f"inet {table}"
 
     # sets
@@ -303,6 +333,9 @@ class Renderer:
             stmts = [count, log(RULE_LOG_PREFIX) if self.visibility else ""]
         elif r.verdict == "pass":
             stmts = [count, f"meta mark set meta mark or {PASS_MARK:#010x} return"]
+        elif r.verdict == "accept" and c.stage != "normal":
+            mark = f"meta mark set meta mark or {HOST_ACCEPT_MARK:#010x}"
+            stmts = [count, mark, "notrack accept" if c.stage == "untracked" else "accept"]
         else:
             stmts = [count, r.verdict]
         comment = f"comment {_quote(r.comment)}"
@@ -323,9 +356,26 @@ class Renderer:
         each tier: its policies' chains in order (after one that can Pass, only while the
         Pass bit is clear), then its end (Deny: counted, logged, dropped, unless Passed);
         past every tier the profile accepts."""
+        jumps = [f"add rule {self.t} {chain} jump {s}" for s in p.staged(what)]
+        note = _quote(f"{p.endpoint}: past every tier, the profile allows {what}")
+        end = f"accept comment {note}"
+        counter = deny_counter(p.interface, what)
+        return jumps + self._tier_walk(chain, p.tiers(what), p.endpoint, what, counter, end)
+
+    def _tier_walk(
+        self,
+        chain: str,
+        spans: Sequence[TierSpan],
+        who: str,
+        what: Direction,
+        counter: str | None,
+        end: str | None,
+    ) -> list[str]:
+        """The tiers of one chain: each tier's policies' chains in order (after one that
+        can Pass, only while the Pass bit is clear), then its end (Deny: counted into
+        ``counter``, logged, dropped, unless Passed); past every tier ``end``."""
         t = self.t
-        spans: tuple[TierSpan, ...] = p.tiers(what)
-        out = [f"add rule {t} {chain} jump {s}" for s in p.staged(what)]
+        out = []
         if any(any(span.passing) for span in spans):
             out.append(f"add rule {t} {chain} {_CLEAR}")
         for span in spans:
@@ -336,16 +386,14 @@ class Renderer:
                     guard = _PASS_CLEAR
             if span.default_action == "Deny":
                 if self.visibility:
-                    count = deny_counter(p.interface, what)
-                    out.append(
-                        f'add rule {t} {chain} {guard}counter name "{count}" jump log-{what}'
-                    )
-                note = _quote(f"{p.endpoint}: end of tier {span.tier}")
+                    count = f'counter name "{counter}" ' if counter is not None else ""
+                    out.append(f"add rule {t} {chain} {guard}{count}jump log-{what}")
+                note = _quote(f"{who}: end of tier {span.tier}")
                 out.append(f"add rule {t} {chain} {guard}drop comment {note}")
             if guard:
                 out.append(f"add rule {t} {chain} {_CLEAR}")
-        note = _quote(f"{p.endpoint}: past every tier, the profile allows {what}")
-        out.append(f"add rule {t} {chain} accept comment {note}")
+        if end is not None:
+            out.append(f"add rule {t} {chain} {end}")
         return out
 
     def endpoint_rules(self, p: EndpointProgram) -> list[str]:
@@ -370,6 +418,144 @@ class Renderer:
             note = _quote(f"{p.endpoint}: {what} not allowed")
             out.append(f"add rule {self.t} {chain} drop comment {note}")
         return out
+
+    # host endpoints
+    def _failsafe_rules(self, way: str, raw: bool) -> list[str]:
+        """What the failsafe ports let through, as rule bodies (accepting): ``way``
+        ``in`` (to the host: inbound ports by destination port, from their nets) or ``out``
+        (from it: outbound ports to theirs). Before connection tracking (``raw``) the
+        replies of the other way's connections too (by source port)."""
+        fs = self.failsafes
+        ports, replies = (fs.inbound, fs.outbound) if way == "in" else (fs.outbound, fs.inbound)
+        remote = "s" if way == "in" else "d"
+        out = self._failsafe_matches(ports, "dport", remote)
+        if raw:
+            out += self._failsafe_matches(replies, "sport", remote)
+        return out
+
+    @staticmethod
+    def _failsafe_matches(ports: Sequence[FailsafePort], port: str, remote: str) -> list[str]:
+        out = []
+        for proto in ("tcp", "udp"):
+            plain = sorted({f.port for f in ports if f.protocol == proto and f.net is None})
+            if plain:
+                numbers = _ports([(p, p) for p in plain])
+                out.append(f'meta l4proto {proto} th {port} {numbers} accept comment "failsafe"')
+        for f in ports:
+            if f.net is not None:
+                kw = "ip6" if ":" in f.net else "ip"
+                out.append(
+                    f"{kw} {remote}addr {f.net} meta l4proto {f.protocol} th {port} {f.port}"
+                    f' accept comment "failsafe"'
+                )
+        return out
+
+    def _dispatch(
+        self, chain: str, key: str, stage: HostStage, hosts: Sequence[HostProgram]
+    ) -> list[str]:
+        """A workload's interface and ``lo`` out; each named interface to its host
+        endpoint's chain for ``stage``, then every other interface to the ``"*"``
+        endpoint's (a chain that ends undecided: the base chain's accept, or back to the
+        chain that jumped here)."""
+        t = self.t
+        out = [f'add rule {t} {chain} {key} "{self.prefix}*" return']
+        out.append(f'add rule {t} {chain} {key} "lo" return')
+        for h in hosts:
+            if h.interface != "*":
+                goto = f"goto {host_chain_name(h.name, stage)}"
+                out.append(f'add rule {t} {chain} {key} "{h.interface}" {goto}')
+        for h in hosts:
+            if h.interface == "*":
+                out.append(f"add rule {t} {chain} goto {host_chain_name(h.name, stage)}")
+        return out
+
+    def _host_base_rules(self, hosts: Sequence[HostProgram]) -> list[str]:
+        """The rules of the host endpoints' base and dispatch chains: before connection
+        tracking the failsafe ports (and their replies), then the endpoint; later, what an
+        untracked or pre-DNAT Allow marked and established connections accepted, the
+        failsafe ports, then the endpoint."""
+        t = self.t
+        out: list[str] = []
+        for chain, (_, key, stage) in HOST_BASE_CHAINS.items():
+            if stage is None:  # forward: both interfaces' endpoints, in turn
+                out.append(f"add rule {t} {chain} {_HOST_ACCEPTED} accept")
+                out.append(f"add rule {t} {chain} ct state established,related accept")
+                out.extend(f"add rule {t} {chain} jump {d}" for d in _HOST_DISPATCH)
+                continue
+            dispatch = self._dispatch(chain, key, stage, hosts)
+            out.extend(dispatch[:2])
+            untracked = HOST_STAGES[stage][0] == "untracked"
+            if not untracked:
+                out.append(f"add rule {t} {chain} {_HOST_ACCEPTED} accept")
+                out.append(f"add rule {t} {chain} ct state established,related accept")
+            way = "in" if key == "iifname" else "out"
+            out.extend(f"add rule {t} {chain} {r}" for r in self._failsafe_rules(way, untracked))
+            out.extend(dispatch[2:])
+        for chain, (key, stage) in _HOST_DISPATCH.items():
+            out.extend(self._dispatch(chain, key, stage, hosts))
+        return out
+
+    def host_rules(self, h: HostProgram) -> list[str]:
+        """The chains of one host endpoint, one per stage: its tiers; an untracked or
+        pre-DNAT stage ends undecided (on to the next stage), the others in a drop (past
+        every tier: a host endpoint has no profile) but forwarded traffic with no
+        applyOnForward policy, which goes on."""
+        out: list[str] = []
+        for stage, (kind, what, forwarded) in HOST_STAGES.items():
+            chain = host_chain_name(h.name, stage)
+            spans = h.spans(stage)
+            who = f"host endpoint {h.name}"
+            if kind != "normal" or (forwarded and not spans):
+                out.extend(self._tier_walk(chain, spans, who, what, None, None))
+                continue
+            why = "past every tier" if spans else f"no {what} policy"
+            if self.visibility:
+                out.extend(self._tier_walk(chain, spans, who, what, None, f"jump log-{what}"))
+            else:
+                out.extend(self._tier_walk(chain, spans, who, what, None, None))
+            out.append(f"add rule {self.t} {chain} drop comment {_quote(f'{who}: {why}')}")
+        return out
+
+    def host_chains(self, h: HostProgram) -> list[str]:
+        return [host_chain_name(h.name, stage) for stage in HOST_STAGES]
+
+    def host_objects(self, hosts: Mapping[str, HostProgram]) -> list[str]:
+        """Everything of the host endpoints in a full table (none without one)."""
+        if not hosts:
+            return []
+        t = self.t
+        progs = [hosts[n] for n in sorted(hosts)]
+        out = [f"add chain {t} {c}" for h in progs for c in self.host_chains(h)]
+        out.extend(f"add chain {t} {c}" for c in _HOST_DISPATCH)
+        for h in progs:
+            out.extend(self.host_rules(h))
+        for chain, (hook, _, _) in HOST_BASE_CHAINS.items():
+            out.append(f"add chain {t} {chain} {{ type filter hook {hook}; policy accept; }}")
+        return out + self._host_base_rules(progs)
+
+    def host_delta(
+        self, was: Mapping[str, HostProgram], now: Mapping[str, HostProgram]
+    ) -> tuple[list[str], list[str]]:
+        """The host endpoints' programs changed (both non-empty): (what goes before the
+        removals, what goes with them). Every host chain is written again: they are few."""
+        t = self.t
+        progs = [now[n] for n in sorted(now)]
+        out = [
+            f"add chain {t} {c}"
+            for n in sorted(now.keys() - was.keys())
+            for c in self.host_chains(now[n])
+        ]
+        kept = [now[n] for n in sorted(now.keys() & was.keys())]
+        out.extend(f"flush chain {t} {c}" for h in kept for c in self.host_chains(h))
+        out.extend(f"flush chain {t} {c}" for c in (*_HOST_DISPATCH, *HOST_BASE_CHAINS))
+        for h in progs:
+            out.extend(self.host_rules(h))
+        out.extend(self._host_base_rules(progs))
+        late: list[str] = []
+        for n in sorted(was.keys() - now.keys()):
+            for c in self.host_chains(was[n]):
+                late.extend((f"flush chain {t} {c}", f"delete chain {t} {c}"))
+        return out, late
 
     # visibility: counters and the denied-flow log
     def add_counter(self, name: str, key: CounterKey) -> str:
@@ -501,12 +687,13 @@ class Renderer:
         out.extend(base[:2])  # the maps, before their elements
         out.extend(self.map_elements("add", ir.endpoints))
         out.extend(base[2:])
+        out.extend(self.host_objects(ir.hosts))
         return "\n".join(out) + "\n"
 
     def delta(self, old: Snapshot, new: Snapshot) -> list[str] | None:
         """Commands that turn ``old`` into ``new`` (one transaction); ``None`` when only a
         full replacement can do it (e.g. NAT switched on or off)."""
-        if old.nat.enabled != new.nat.enabled:
+        if old.nat.enabled != new.nat.enabled or bool(old.ir.hosts) != bool(new.ir.hosts):
             return None
         t = self.t
         out = self._set_delta(old, new)
@@ -541,6 +728,9 @@ class Renderer:
             sorted(old.all_sets().keys() - new.all_sets().keys()),
         )
         late.extend(f"delete counter {t} {name}" for name in sorted(ocount.keys() - ncount.keys()))
+        if old.ir.hosts != new.ir.hosts:
+            early, gone = self.host_delta(old.ir.hosts, new.ir.hosts)
+            return out + early + gone + late
         return out + late
 
     def _set_delta(self, old: Snapshot, new: Snapshot) -> list[str] | None:
@@ -633,6 +823,9 @@ class Renderer:
             gone += [name for chain in d.gone_chains for name in rules.get(chain, ())]
             gone += [deny_counter(i, w) for i in d.gone_endpoints for w in ("ingress", "egress")]
             late.extend(f"delete counter {t} {name}" for name in sorted(gone))
+        if d.hosts is not None:
+            early, gone_hosts = self.host_delta(*d.hosts)
+            return out + early + gone_hosts + late
         return out + late
 
     def _set_commands(self, d: Delta) -> dict[str, list[str]] | None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataplane.errors import NftError
 from dataplane.nft import NftBackend, default_backend
 from policy import engine
+from policy.calico import Failsafes
 from policy.counters import (
     DEFAULT_DENY,
     CounterKey,
@@ -127,13 +128,14 @@ class PolicyDataplane:
         backend: NftBackend | None = None,
         visibility: bool = True,
         counter_reader: CounterReader | None = None,
+        failsafes: Failsafes | None = None,
     ) -> None:
         self.node = node
         #: (table name, the counters' names or None: all) -> (name, packets, bytes) of
         #: those counters, read and zeroed
         self.counter_reader = counter_reader if counter_reader is not None else _reset_counters
         self.families: tuple[Family, ...] = tuple(families)
-        self.renderer = Renderer(table, iface_prefix, visibility=visibility)
+        self.renderer = Renderer(table, iface_prefix, visibility=visibility, failsafes=failsafes)
         self.backend = backend if backend is not None else default_backend()
         self._lock = threading.RLock()
         self._engine = IncrementalPolicy(node, self.families)
@@ -241,9 +243,14 @@ class PolicyDataplane:
         protocol: str = "TCP",
         port: int | None = None,
         host_addresses: Iterable[str] = (),
+        *,
+        in_interface: str | None = None,
+        out_interface: str | None = None,
     ) -> Explanation:
         """``engine.explain`` on the current inputs, as seen from this node (its
-        ``host_addresses`` reach its pods unpoliced)."""
+        ``host_addresses`` reach its pods unpoliced; its host endpoints' stages, with the
+        failsafe ports it programs, for traffic to, from or through it on
+        ``in_interface`` / ``out_interface``)."""
         with self._lock:
             if not self._synced:
                 raise RuntimeError("no state synced yet")
@@ -255,6 +262,10 @@ class PolicyDataplane:
                 port,
                 node=self.node,
                 host_addresses=host_addresses,
+                in_interface=in_interface,
+                out_interface=out_interface,
+                failsafes=self.renderer.failsafes,
+                workload_prefix=self.renderer.prefix,
             )
 
     def packet_counts(self) -> dict[CounterKey, tuple[int, int]]:

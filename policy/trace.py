@@ -15,7 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from dataplane.nfnetlink import TraceEvent
 from dataplane.nfttrace import Rule
-from policy.render import BASE_CHAINS, DEFAULT_TABLE
+from policy.render import BASE_CHAINS, DEFAULT_TABLE, HOST_BASE_CHAINS
+
+#: base chain -> what it decides: a pod's direction, or ``host`` (a host endpoint's stage)
+_BASES: Mapping[str, str] = {**BASE_CHAINS, **dict.fromkeys(HOST_BASE_CHAINS, "host")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +105,7 @@ def decisions(
         assert base is not None
         target = last.target if last is not None else None
         rule = _rule(listings, chain, handle, verdict, target)
-        out.append(Decision(base, BASE_CHAINS[base], verdict, chain, rule, tuple(path)))
+        out.append(Decision(base, _BASES[base], verdict, chain, rule, tuple(path)))
         base = None
 
     for e in events:
@@ -110,7 +113,7 @@ def decisions(
             if e.verdict == "drop":
                 foreign.append(Foreign(e.table, e.chain, e.handle))
             continue
-        if e.chain in BASE_CHAINS and base is None:
+        if e.chain in _BASES and base is None:
             base, path = e.chain, [e.chain]
         if base is None:
             continue  # a chain entered before the listener saw its base chain

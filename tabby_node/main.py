@@ -268,7 +268,16 @@ def start_up(
     shutdown.on("routing", lambda: _quietly(routing.stop))
     routing.start()
     visibility = options.policy_visibility == "on"
-    policy = PolicyDataplane(facts.name, visibility=visibility)
+    from tabby_node.failsafes import node_failsafes
+
+    api_server = getattr(store, "server", None) if kubernetes else None
+    failsafes = node_failsafes(options, settings, api_server=api_server)
+    log.info(
+        "failsafe ports: in %s; out %s",
+        ",".join(f.text() for f in failsafes.inbound),
+        ",".join(f.text() for f in failsafes.outbound),
+    )
+    policy = PolicyDataplane(facts.name, visibility=visibility, failsafes=failsafes)
     requests = Requests(cache.wake)
     status = StatusReport(
         facts,

@@ -25,6 +25,9 @@ from cni_config.resolve import (
     tabby_ipam_section,
 )
 from cni_protocol.errors import CniError
+from policy.calico import FAILSAFE_INBOUND_TEXT as DEFAULT_FAILSAFE_IN
+from policy.calico import FAILSAFE_OUTBOUND_TEXT as DEFAULT_FAILSAFE_OUT
+from policy.calico import parse_failsafe_ports
 from tabby_node import (
     DEFAULT_CNI_CONF_DIR,
     DEFAULT_HEALTH_PORT,
@@ -71,6 +74,11 @@ def _cidr(version: int) -> AfterValidator:
         return str(net)
 
     return AfterValidator(check)
+
+
+def _failsafe_ports(value: str) -> str:
+    parse_failsafe_ports(value)  # ValueError names the bad entry
+    return value
 
 
 def _daemonset(value: str) -> str:
@@ -125,6 +133,12 @@ class NodeOptions(Section):
     typha_cert_file: AbsPath | None = None
     typha_key_file: AbsPath | None = None
     typha_cn: str | None = None
+    failsafe_inbound_host_ports: Annotated[str, AfterValidator(_failsafe_ports)] = (
+        DEFAULT_FAILSAFE_IN
+    )
+    failsafe_outbound_host_ports: Annotated[str, AfterValidator(_failsafe_ports)] = (
+        DEFAULT_FAILSAFE_OUT
+    )
 
     @model_validator(mode="after")
     def _tls_files(self) -> NodeOptions:
@@ -211,6 +225,8 @@ ENV = {
     "typha_cert_file": "TABBY_TYPHA_CERT_FILE",
     "typha_key_file": "TABBY_TYPHA_KEY_FILE",
     "typha_cn": "TABBY_TYPHA_CN",
+    "failsafe_inbound_host_ports": "TABBY_FAILSAFE_INBOUND_HOST_PORTS",
+    "failsafe_outbound_host_ports": "TABBY_FAILSAFE_OUTBOUND_HOST_PORTS",
 }
 _NUMBERS = {
     "metrics_port": int,
@@ -279,6 +295,11 @@ def parser() -> argparse.ArgumentParser:
         "typha_key_file": "its key (PEM)",
         "typha_cn": "the name typha's certificate must carry (its DNS SAN or, without one, "
         "its CN; default: the endpoint's host)",
+        "failsafe_inbound_host_ports": "connections to the node no host-endpoint policy can "
+        "close: PROTOCOL:[NET:]PORT, comma-separated, or none (default Calico's: "
+        f"{DEFAULT_FAILSAFE_IN})",
+        "failsafe_outbound_host_ports": "connections from the node no host-endpoint policy "
+        f"can close, likewise (default Calico's: {DEFAULT_FAILSAFE_OUT})",
     }
     for name in NodeOptions.model_fields:
         p.add_argument(

@@ -259,6 +259,67 @@ def predict(
         ) from None
 
 
+def explain_host(
+    cluster: PolicyCluster,
+    node: str,
+    *,
+    to: str | None = None,
+    from_: str | None = None,
+    port: str | None = None,
+    in_interface: str | None = None,
+    out_interface: str | None = None,
+) -> JSON:
+    """The answer to ``tabbyctl policy explain-host NODE``: a new connection from ``from_``
+    to the node, from the node to ``to``, or (both) through it, and the host-endpoint
+    stages it meets (Calico's default failsafe ports)."""
+    from dataplane.names import DEFAULT_VETH_PREFIX
+    from policy import engine
+
+    if to is None and from_ is None:
+        raise ExplainError("give --from, --to, or both (traffic through the node)")
+    state = cluster.state
+    # (a host endpoint's expected IP first: without an interface, its endpoint is the one)
+    own = [a for h in state.host_endpoints if h.node == node for a in h.expected_ips]
+    own += [a for a in cluster.node_addresses.get(node, ()) if a not in own]
+    if not own and (to is None or from_ is None):
+        raise ExplainError(f"node {node}: no address known (no Node resource, no host endpoint)")
+    src = parse_target(from_, "--from") if from_ is not None else own[0]
+    dst = parse_target(to, "--to") if to is not None else own[0]
+    protocol, number = "TCP", None
+    if port is not None:
+        value, protocol = parse_port(port)
+        if isinstance(value, str):
+            raise ExplainError(f"--port {port!r}: a number (a host has no named ports here)")
+        number = value
+    try:
+        ex = engine.explain(
+            state,
+            src,
+            dst,
+            protocol,
+            number,
+            node=node,
+            host_addresses=own,
+            in_interface=in_interface,
+            out_interface=out_interface,
+            workload_prefix=DEFAULT_VETH_PREFIX,
+        )
+    except LookupError as e:
+        raise ExplainError(str(e.args[0] if e.args else e)) from None
+    return {
+        "node": node,
+        "src": ex.src,
+        "dst": ex.dst,
+        "protocol": ex.protocol,
+        "port": ex.port,
+        "allowed": ex.allowed,
+        "host": [_verdict(v) for v in ex.host],
+        "egress": _verdict(ex.egress),
+        "ingress": _verdict(ex.ingress),
+        "summary": ex.lines(),
+    }
+
+
 def explain_lines(answer: JSON) -> list[str]:
     lines = [f"pod {answer['pod']}"]
     for d in ("ingress", "egress"):
@@ -333,6 +394,56 @@ def explain_cmd(
     lines = explain_lines(answer)
     if answer["traffic"] is not None:
         answer["traffic"] = {k: v for k, v in answer["traffic"].items() if k != "summary"}
+    emit(output, answer, lines)
+
+
+@policy_group.command("explain-host")
+@click.argument("node")
+@click.option("--from", "from_", metavar="POD|IP", help="a connection from here to NODE")
+@click.option("--to", "to", metavar="POD|IP", help="a connection from NODE to here")
+@click.option("--port", metavar="P/PROTO", help="destination port and protocol, e.g. 22/TCP")
+@click.option("--in-interface", metavar="IF", help="the interface it arrives on at NODE")
+@click.option("--out-interface", metavar="IF", help="the interface it leaves NODE by")
+@output_option
+@click.pass_obj
+def explain_host_cmd(
+    obj: Ctx,
+    node: str,
+    from_: str | None,
+    to: str | None,
+    port: str | None,
+    in_interface: str | None,
+    out_interface: str | None,
+    output: str,
+) -> None:
+    """Host endpoints: whether a new connection to NODE (--from), from it (--to) or through
+    it (both) is allowed, by which stage (untracked, pre-DNAT, normal, applyOnForward),
+    tier, policy and rule, or by a failsafe port (Calico's defaults). Without an interface,
+    that of the host endpoint whose expected IPs hold NODE's address, else the "*" one.
+
+    Exit status 0 for any answer, allowed or denied; 1 when no answer can be given.
+    """
+    from tabbyctl.common import emit, operator_errors
+    from tabbyctl.resources import open_resource_store
+
+    with operator_errors():
+        try:
+            store = open_resource_store(obj)
+            try:
+                answer = explain_host(
+                    read_cluster(store),
+                    node,
+                    to=to,
+                    from_=from_,
+                    port=port,
+                    in_interface=in_interface,
+                    out_interface=out_interface,
+                )
+            finally:
+                store.close()
+        except ExplainError as e:
+            raise click.ClickException(str(e)) from None
+    lines = list(answer.pop("summary"))
     emit(output, answer, lines)
 
 

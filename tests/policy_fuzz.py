@@ -23,6 +23,7 @@ from policy.calico import (
     CalicoRule,
     Direction,
     EntityMatch,
+    HostEndpoint,
     IcmpMatch,
     NetworkSet,
     PortMatch,
@@ -266,6 +267,11 @@ def calico_policy(r: random.Random) -> CalicoPolicy:
     types: frozenset[Direction] = r.choice(
         (frozenset({"ingress"}), frozenset({"egress"}), frozenset({"ingress", "egress"}))
     )
+    # a global policy may be a host endpoint's kind: untracked, pre-DNAT (ingress only), or
+    # normal with applyOnForward
+    stage = r.choice(("normal", "normal", "untracked", "prednat")) if namespace is None else ""
+    if stage == "prednat":
+        types, egress = frozenset({"ingress"}), ()
     return CalicoPolicy(
         r.choice(("p1", "p2", "p3")),
         namespace,
@@ -276,7 +282,24 @@ def calico_policy(r: random.Random) -> CalicoPolicy:
         ingress,
         egress,
         r.random() < 0.15,
+        pre_dnat=stage == "prednat",
+        do_not_track=stage == "untracked",
+        apply_on_forward=stage in ("untracked", "prednat") or r.random() < 0.3,
     )
+
+
+def host_endpoint(r: random.Random) -> HostEndpoint:
+    """A host endpoint of this node or another: an interface (``*`` too) or none, expected
+    IPs of the nodes' own range (one may be a pod's address)."""
+    ips = tuple(a for a in ("192.168.0.1", "192.168.0.2", "fd00:1::1") if r.random() < 0.4)
+    if r.random() < 0.1:
+        ips += ("10.0.0.1",)
+    iface = r.choice(("eth0", "eth1", "*", None))
+    if iface is None and not ips:
+        iface = "eth0"
+    # (labels the policies' selectors read: so that they select host endpoints often)
+    own = r.choice(((("app", "x"),), (("tier", "db"),), (("app", "y"), ("tier", "web")), ()))
+    return HostEndpoint(r.choice(("h1", "h2", "h3")), r.choice(NODES), iface, ips, own)
 
 
 def network_set(r: random.Random) -> NetworkSet:
@@ -312,10 +335,15 @@ def random_calico_update(r: random.Random, st: ClusterState) -> Update:
         return Update("network-set", s.key, s)
     if c < 0.85 and st.network_sets:
         return Update("network-set", r.choice(st.network_sets).key, None)
-    if c < 0.95:
+    if c < 0.9:
         t = tier(r)
         return Update("tier", t.name, t)
-    return Update("tier", r.choice(TIERS), None)
+    if c < 0.92:
+        return Update("tier", r.choice(TIERS), None)
+    if c < 0.98 or not st.host_endpoints:
+        h = host_endpoint(r)
+        return Update("host-endpoint", h.key, h)
+    return Update("host-endpoint", r.choice(st.host_endpoints).key, None)
 
 
 def random_update(r: random.Random, st: ClusterState, *, calico: bool = False) -> Update:
@@ -347,6 +375,13 @@ def random_update(r: random.Random, st: ClusterState, *, calico: bool = False) -
     return Update("nat", "", nat(r))
 
 
+def calico_mode(world: World) -> bool:
+    """Whether the incremental engine computes ``world`` whole: a Calico policy, or a host
+    endpoint of :data:`NODE` with an interface."""
+    mine = any(h.node == NODE and h.interface for h in world.host_endpoints.values())
+    return bool(world.calico) or mine
+
+
 class World:
     """The inputs as plain dictionaries, changed by :class:`Update` s independently of the
     engine under test: the reference its ``state()`` is compared with."""
@@ -360,6 +395,7 @@ class World:
         self.calico: dict[str, CalicoPolicy] = {}
         self.network_sets: dict[str, NetworkSet] = {}
         self.tiers: dict[str, Tier] = {}
+        self.host_endpoints: dict[str, HostEndpoint] = {}
 
     def apply(self, u: Update) -> None:
         if u.kind == "nat":
@@ -374,6 +410,7 @@ class World:
             "calico-policy": self.calico,
             "network-set": self.network_sets,
             "tier": self.tiers,
+            "host-endpoint": self.host_endpoints,
         }[u.kind]  # type: ignore[assignment]
         if u.value is None:
             table.pop(u.key, None)
@@ -389,4 +426,5 @@ class World:
             tuple(self.calico.values()),
             tuple(self.network_sets.values()),
             tuple(self.tiers.values()),
+            tuple(self.host_endpoints.values()),
         )

@@ -107,11 +107,14 @@ def test_random_changes_equal_a_full_computation_after_every_one(seed: int, cali
         lines = renderer.incremental(delta)
         if delta.replace:
             assert lines is None
-            assert eng.calico == bool(world.calico) != bool(prev_calico), where
+            mode = fz.calico_mode(world)
+            assert eng.calico == mode, where
+            # entering or leaving Calico's model, or the node's first host endpoint / last
+            assert mode != prev_calico or bool(want.hosts) != bool(prev.hosts), where
         else:
             assert delta.size == differences(prev, want, prev_nat, world.nat), where
             assert lines == renderer.delta(old, new), where
-        prev_calico = bool(world.calico)
+        prev_calico = fz.calico_mode(world)
         model.run(renderer.full(new) if lines is None else "\n".join(lines) + "\n")
         assert model.canonical() == full_table(new), where
         prev, prev_nat = want, world.nat
@@ -136,7 +139,8 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(
     assert dp.sync(world.state(), world.nat).full
     for i in range(OPS):
         u = fz.random_update(r, world.state(), calico=calico)
-        before_calico = bool(world.calico)
+        before_calico = fz.calico_mode(world)
+        before_hosts = bool(dp.desired().hosts)
         world.apply(u)
         before_nat = dp.state is not None and dp._engine.nat.enabled
         if u.kind == "endpoint" and isinstance(u.value, Endpoint) and r.random() < 0.5:
@@ -147,9 +151,10 @@ def test_the_dataplane_replayed_holds_what_a_fresh_full_apply_holds(
         else:
             res = dp.update([u])
         nat_flip = before_nat != world.nat.enabled
-        calico_flip = before_calico != bool(world.calico)
-        assert res.full == (nat_flip or calico_flip), f"seed {seed} op {i}: {u}"
+        calico_flip = before_calico != fz.calico_mode(world)
         want = Snapshot(engine.compute(world.state(), fz.NODE, fams), world.nat)
+        hosts_flip = before_hosts != bool(want.ir.hosts)
+        assert res.full == (nat_flip or calico_flip or hosts_flip), f"seed {seed} op {i}: {u}"
         assert model.canonical() == full_table(want), f"seed {seed} op {i}: {u}"
         if i % 50 == 49:
             check = dp.sync(world.state(), world.nat)

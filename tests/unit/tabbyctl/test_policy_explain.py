@@ -425,3 +425,52 @@ def test_explain_on_etcd(ctl: Ctl, etcd1: Any) -> None:
     assert data["policies"]["ingress"] == ["x/allow-http", "x/default-deny"]
     assert data["traffic"]["allowed"] is True
     assert ctl.json("x/a", "--from", "x/b", "--port", "81")["traffic"]["allowed"] is False
+
+
+# == host endpoints ==============================================================================
+
+HEP = {
+    "apiVersion": "projectcalico.org/v3",
+    "kind": "HostEndpoint",
+    "metadata": {"name": "node-a-eth0", "labels": {"role": "node"}},
+    "spec": {"node": "node-a", "interfaceName": "eth0", "expectedIPs": ["192.168.5.1"]},
+}
+HOST_DENY_ALL = {
+    "apiVersion": "projectcalico.org/v3",
+    "kind": "GlobalNetworkPolicy",
+    "metadata": {"name": "host-deny-all"},
+    "spec": {
+        "selector": "role == 'node'",
+        "types": ["Ingress", "Egress"],
+        "ingress": [{"action": "Deny"}],
+        "egress": [{"action": "Deny"}],
+    },
+}
+
+
+def test_explain_host(ctl: Ctl) -> None:
+    """A deny-all host-endpoint policy: SSH to the node passes by its failsafe port, 8080
+    is denied by the policy's rule; a pod to its node is not the host endpoint's."""
+    ctl.apply(HEP, HOST_DENY_ALL)
+
+    def host(*args: str) -> Any:
+        result = ctl.run("policy", "explain-host", "node-a", *args, "-o", "json")
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return json.loads(result.stdout)
+
+    ssh = host("--from", "192.168.5.9", "--port", "22/TCP", "--in-interface", "eth0")
+    assert ssh["allowed"]
+    assert "failsafe port tcp:22" in ssh["host"][-1]["reason"]
+    web = host("--from", "192.168.5.9", "--port", "8080")
+    assert not web["allowed"]
+    assert web["host"][-1]["reason"] == "ingress: by default/host-deny-all ingress[0] (Deny)"
+    assert web["host"][-1]["pod"] == "host endpoint node-a-eth0 (eth0)"
+    out = host("--to", "192.168.5.9", "--port", "443")
+    assert not out["allowed"]
+    assert out["host"][-1]["direction"] == "egress"
+    lines = ctl.run("policy", "explain-host", "node-a", "--from", "192.168.5.9", "--port", "8080")
+    assert lines.exit_code == 0
+    assert "DENIED" in lines.stdout.splitlines()[0]
+    result = ctl.run("policy", "explain-host", "node-a")
+    assert result.exit_code == 1
+    assert "give --from, --to, or both" in result.stderr
