@@ -78,11 +78,47 @@ def _cpu(fn: Callable[[], Any]) -> float:
     return time.process_time() - t
 
 
+Step = Callable[[Callable[[], Any]], float]
+
+
+def remote_relabels(
+    eng: IncrementalPolicy, state: ClusterState, n: int, step: Step, settle: Callable[[], Any]
+) -> list[float]:
+    """``n`` remote pods relabelled (their endpoints move between sets), each put back."""
+    out = []
+    remote = [e for e in state.endpoints if e.node != pb.NODE]
+    pods = {(p.namespace, p.name): p for p in state.pods}
+    for i in range(n):
+        ep = remote[(i * 7919) % len(remote)]
+        pod = pods[(ep.namespace, ep.pod)]
+        moved = dataclasses.replace(
+            pod, labels=(("app", f"app{(i + 3) % pb.APPS}"), ("tier", "web"))
+        )
+        out.append(step(lambda moved=moved: eng.put_pod(moved)))
+        eng.put_pod(pod)
+        settle()
+    return out
+
+
+def local_starts(
+    eng: IncrementalPolicy, first: int, n: int, step: Step, settle: Callable[[], Any]
+) -> list[float]:
+    """``n`` pods started on this node (the CNI ADD path), each removed again."""
+    out = []
+    for i in range(n):
+        pod, ep = pb._pod(first + i, pb.NODE)
+        out.append(step(lambda pod=pod, ep=ep: (eng.put_pod(pod), eng.put_endpoint(ep))))
+        eng.remove_endpoint(ep.namespace, ep.name)
+        eng.remove_pod(pod.namespace, pod.name)
+        settle()
+    return out
+
+
 def _events(
     eng: IncrementalPolicy,
     state: ClusterState,
     n: int,
-    step: Callable[[Callable[[], Any]], float],
+    step: Step,
     settle: Callable[[], Any],
 ) -> Iterator[tuple[str, list[float], str]]:
     """(label, CPU seconds per event, note) for each kind of event: ``step`` times one
@@ -97,26 +133,8 @@ def _events(
         settle()
     yield "remote pod starts (Pod + endpoint)", adds, ""
     yield "remote endpoint removed", dels, ""
-    relabel = []
-    remote = [e for e in state.endpoints if e.node != pb.NODE]
-    pods = {(p.namespace, p.name): p for p in state.pods}
-    for i in range(n):
-        ep = remote[(i * 7919) % len(remote)]
-        pod = pods[(ep.namespace, ep.pod)]
-        moved = dataclasses.replace(
-            pod, labels=(("app", f"app{(i + 3) % pb.APPS}"), ("tier", "web"))
-        )
-        relabel.append(step(lambda moved=moved: eng.put_pod(moved)))
-        eng.put_pod(pod)
-        settle()
-    yield "remote pod relabelled (app, tier)", relabel, ""
-    local_adds = []
-    for i in range(n):
-        pod, ep = pb._pod(base + n + i, pb.NODE)
-        local_adds.append(step(lambda pod=pod, ep=ep: (eng.put_pod(pod), eng.put_endpoint(ep))))
-        eng.remove_endpoint(ep.namespace, ep.name)
-        eng.remove_pod(pod.namespace, pod.name)
-        settle()
+    yield "remote pod relabelled (app, tier)", remote_relabels(eng, state, n, step, settle), ""
+    local_adds = local_starts(eng, base + n, n, step, settle)
     yield "local pod starts (CNI ADD: chains, program)", local_adds, ""
     ns_relabel = []
     for i in range(n):
