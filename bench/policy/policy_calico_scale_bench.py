@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -42,10 +41,10 @@ from bench.policy.policy_incremental_bench import (
     calico_policies,
     local_starts,
     remote_relabels,
+    scratch_netns,
 )
 from bench.stats import pct
 from dataplane import nft
-from dataplane.netns import open_netns, run_in_netns
 from policy.calico import CalicoRule, EntityMatch, Tier
 from policy.engine import ClusterState, LabelSelector
 from policy.incremental import IncrementalPolicy, Update
@@ -184,11 +183,8 @@ def main() -> int:
     if args.kernel and os.geteuid() != 0:
         print("--kernel needs root (it creates a network namespace)", file=sys.stderr)
         return 2
-    netns = f"tbycalscale{os.getpid()}"
     results: dict[int, dict[str, Timed]] = {}
-    if args.kernel:
-        subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
+    with scratch_netns("tbycalscale", args.kernel) as in_netns:
         for count in (int(c) for c in args.calico.split(",")):
             state = _state(args.endpoints, args.local, args.policies, count)
             print(
@@ -198,16 +194,10 @@ def main() -> int:
             )
             sys.stdout.flush()
             if args.kernel:
-                with open_netns(f"/run/netns/{netns}") as handle:
-                    results[count] = run_in_netns(
-                        handle.fd, lambda st=state: kernel(st, args.events)
-                    )
+                results[count] = in_netns(lambda st=state: kernel(st, args.events))
             else:
                 results[count] = engine_only(state, args.events)
-        report(results)
-    finally:
-        if args.kernel:
-            subprocess.run(["ip", "netns", "del", netns], check=False)
+    report(results)
     return 0
 
 

@@ -35,6 +35,7 @@ full computation (policy/DESIGN.md), and the numbers show what that costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -42,7 +43,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import record
 from bench.policy import policy_bench as pb
@@ -265,6 +266,29 @@ def calico_policies(n: int) -> tuple[CalicoPolicy, ...]:
     return tuple(out)
 
 
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def scratch_netns(prefix: str, made: bool) -> Iterator[Callable[[Callable[[], T]], T]]:
+    """When ``made``, a network namespace of this process's own (``<prefix><pid>``), deleted
+    on the way out, pass or fail; yields a runner of a function inside it (a thread that
+    entered it)."""
+    name = f"{prefix}{os.getpid()}"
+
+    def run(fn: Callable[[], T]) -> T:
+        with open_netns(f"/run/netns/{name}") as handle:
+            return run_in_netns(handle.fd, fn)
+
+    if made:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield run
+    finally:
+        if made:
+            subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="1000,5000,20000")
@@ -279,10 +303,7 @@ def main() -> int:
         print("--kernel needs root (it creates a network namespace)", file=sys.stderr)
         return 2
     sizes = [int(s) for s in args.sizes.split(",")]
-    netns = f"tbyincbench{os.getpid()}"
-    if args.kernel:
-        subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
+    with scratch_netns("tbyincbench", args.kernel) as in_netns:
         for k, size in enumerate(sizes):
             state = pb.cluster(args.local, size - args.local, args.policies)
             if args.calico:
@@ -298,11 +319,7 @@ def main() -> int:
             )
             measure_engine(state, args.events, memory=k == len(sizes) - 1)
             if args.kernel:
-                with open_netns(f"/run/netns/{netns}") as handle:
-                    run_in_netns(handle.fd, lambda st=state: measure_kernel(st, args.events))
-    finally:
-        if args.kernel:
-            subprocess.run(["ip", "netns", "del", netns], check=False)
+                in_netns(lambda st=state: measure_kernel(st, args.events))
     return 0
 
 
