@@ -33,11 +33,13 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped, unused-ignore]
 
+from bundle.types import JSON as Doc
 from tabbyctl.demo.lab import Lab, LabNode, LabPod, http_get
 from tests import REPO_ROOT
 from tests import policy_truth_table as tt
 from tests.cluster import policy_lab as pl
 from tests.cluster.conftest import new_lab
+from tests.policy_probes import Job, start_server, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.privileged]
 
@@ -47,7 +49,6 @@ SETTLE_SECONDS = 10.0
 SHOP = {"shop/frontend": 0, "shop/backend": 1, "shop/db": 2}  # pod -> node index
 PODS = (*tt.PODS, *SHOP)
 PROBED = (("TCP", 80), ("TCP", 81), ("UDP", 80), ("UDP", 81))
-Doc = dict[str, Any]
 Key = tuple[str, str, str, int]
 Expect = Callable[[str, str, str, int], bool]
 
@@ -114,7 +115,7 @@ class World:
         return self.lab.node((self.shop.get(pod) or self.harness.pods[pod]).node)
 
     def probe(self, keys: list[Key], timeout: float) -> dict[Key, bool]:
-        jobs: dict[str, list[pl.Job]] = {}
+        jobs: dict[str, list[Job]] = {}
         for s, d, pr, po in keys:
             jobs.setdefault(self.netns(s), []).append((self.address(d), pr, po))
         got = pl.probe_from(jobs, timeout)
@@ -180,14 +181,11 @@ def world() -> Iterator[World]:
         lab.wait_ready(90)
         harness = pl.TruthTableLab.build(lab)
         shop_docs: list[Doc] = [tt.namespace_doc("shop", {"ns": "shop"})]
-        for pod in SHOP:
-            pod_doc = tt.pod_doc("x/a", {"app": name(pod)})
-            pod_doc["metadata"].update(name=name(pod), namespace="shop")
-            shop_docs.append(pod_doc)
+        shop_docs += [tt.pod_doc(pod, {"app": name(pod)}) for pod in SHOP]
         pl.must(pl.apply_docs(lab, shop_docs))
         shop = {pod: lab.add_pod(lab.nodes[i], "shop", name(pod)) for pod, i in SHOP.items()}
         for p in shop.values():
-            servers.append(pl.start_server(p.netns))
+            servers.append(start_server(p.netns))
         w = World(harness, shop, servers)
         bad = w.settle(matrix(everything))
         assert not bad, f"the pods do not reach each other: {bad[:10]}"
@@ -195,7 +193,7 @@ def world() -> Iterator[World]:
     finally:
         try:
             for proc in servers:
-                pl.stop_process(proc)
+                stop_process(proc)
             if harness is not None:
                 harness.close()
         finally:
