@@ -170,6 +170,12 @@ def _verdict(v: DirectionVerdict | None) -> dict[str, object] | None:
         "allowed": v.allowed,
         "allowed_by": list(v.allowed_by),
         "reason": v.reason,
+        # Calico's model: the tier and rule that decided, the Log rules met, what the
+        # staged policies would have done (as the text output says them)
+        "tier": v.tier,
+        "decided_by": v.decided_by,
+        "logged": list(v.logged),
+        "staged": v.staged,
     }
 
 

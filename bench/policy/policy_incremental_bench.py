@@ -35,6 +35,7 @@ full computation (policy/DESIGN.md), and the numbers show what that costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -42,7 +43,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from bench import record
 from bench.policy import policy_bench as pb
@@ -78,11 +79,47 @@ def _cpu(fn: Callable[[], Any]) -> float:
     return time.process_time() - t
 
 
+Step = Callable[[Callable[[], Any]], float]
+
+
+def remote_relabels(
+    eng: IncrementalPolicy, state: ClusterState, n: int, step: Step, settle: Callable[[], Any]
+) -> list[float]:
+    """``n`` remote pods relabelled (their endpoints move between sets), each put back."""
+    out = []
+    remote = [e for e in state.endpoints if e.node != pb.NODE]
+    pods = {(p.namespace, p.name): p for p in state.pods}
+    for i in range(n):
+        ep = remote[(i * 7919) % len(remote)]
+        pod = pods[(ep.namespace, ep.pod)]
+        moved = dataclasses.replace(
+            pod, labels=(("app", f"app{(i + 3) % pb.APPS}"), ("tier", "web"))
+        )
+        out.append(step(lambda moved=moved: eng.put_pod(moved)))
+        eng.put_pod(pod)
+        settle()
+    return out
+
+
+def local_starts(
+    eng: IncrementalPolicy, first: int, n: int, step: Step, settle: Callable[[], Any]
+) -> list[float]:
+    """``n`` pods started on this node (the CNI ADD path), each removed again."""
+    out = []
+    for i in range(n):
+        pod, ep = pb._pod(first + i, pb.NODE)
+        out.append(step(lambda pod=pod, ep=ep: (eng.put_pod(pod), eng.put_endpoint(ep))))
+        eng.remove_endpoint(ep.namespace, ep.name)
+        eng.remove_pod(pod.namespace, pod.name)
+        settle()
+    return out
+
+
 def _events(
     eng: IncrementalPolicy,
     state: ClusterState,
     n: int,
-    step: Callable[[Callable[[], Any]], float],
+    step: Step,
     settle: Callable[[], Any],
 ) -> Iterator[tuple[str, list[float], str]]:
     """(label, CPU seconds per event, note) for each kind of event: ``step`` times one
@@ -97,26 +134,8 @@ def _events(
         settle()
     yield "remote pod starts (Pod + endpoint)", adds, ""
     yield "remote endpoint removed", dels, ""
-    relabel = []
-    remote = [e for e in state.endpoints if e.node != pb.NODE]
-    pods = {(p.namespace, p.name): p for p in state.pods}
-    for i in range(n):
-        ep = remote[(i * 7919) % len(remote)]
-        pod = pods[(ep.namespace, ep.pod)]
-        moved = dataclasses.replace(
-            pod, labels=(("app", f"app{(i + 3) % pb.APPS}"), ("tier", "web"))
-        )
-        relabel.append(step(lambda moved=moved: eng.put_pod(moved)))
-        eng.put_pod(pod)
-        settle()
-    yield "remote pod relabelled (app, tier)", relabel, ""
-    local_adds = []
-    for i in range(n):
-        pod, ep = pb._pod(base + n + i, pb.NODE)
-        local_adds.append(step(lambda pod=pod, ep=ep: (eng.put_pod(pod), eng.put_endpoint(ep))))
-        eng.remove_endpoint(ep.namespace, ep.name)
-        eng.remove_pod(pod.namespace, pod.name)
-        settle()
+    yield "remote pod relabelled (app, tier)", remote_relabels(eng, state, n, step, settle), ""
+    local_adds = local_starts(eng, base + n, n, step, settle)
     yield "local pod starts (CNI ADD: chains, program)", local_adds, ""
     ns_relabel = []
     for i in range(n):
@@ -247,6 +266,29 @@ def calico_policies(n: int) -> tuple[CalicoPolicy, ...]:
     return tuple(out)
 
 
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def scratch_netns(prefix: str, made: bool) -> Iterator[Callable[[Callable[[], T]], T]]:
+    """When ``made``, a network namespace of this process's own (``<prefix><pid>``), deleted
+    on the way out, pass or fail; yields a runner of a function inside it (a thread that
+    entered it)."""
+    name = f"{prefix}{os.getpid()}"
+
+    def run(fn: Callable[[], T]) -> T:
+        with open_netns(f"/run/netns/{name}") as handle:
+            return run_in_netns(handle.fd, fn)
+
+    if made:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield run
+    finally:
+        if made:
+            subprocess.run(["ip", "netns", "del", name], check=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", default="1000,5000,20000")
@@ -261,10 +303,7 @@ def main() -> int:
         print("--kernel needs root (it creates a network namespace)", file=sys.stderr)
         return 2
     sizes = [int(s) for s in args.sizes.split(",")]
-    netns = f"tbyincbench{os.getpid()}"
-    if args.kernel:
-        subprocess.run(["ip", "netns", "add", netns], check=True)
-    try:
+    with scratch_netns("tbyincbench", args.kernel) as in_netns:
         for k, size in enumerate(sizes):
             state = pb.cluster(args.local, size - args.local, args.policies)
             if args.calico:
@@ -280,11 +319,7 @@ def main() -> int:
             )
             measure_engine(state, args.events, memory=k == len(sizes) - 1)
             if args.kernel:
-                with open_netns(f"/run/netns/{netns}") as handle:
-                    run_in_netns(handle.fd, lambda st=state: measure_kernel(st, args.events))
-    finally:
-        if args.kernel:
-            subprocess.run(["ip", "netns", "del", netns], check=False)
+                in_netns(lambda st=state: measure_kernel(st, args.events))
     return 0
 
 

@@ -99,6 +99,15 @@ MATCHES: list[tuple[str, dict[str, str], bool]] = [
     ("a ==\n'b'\n", {"a": "b"}, True),  # a YAML block scalar's line breaks
     ("msg in {'x,y'}", {"msg": "x,y"}, True),
     ("msg in {'x,y'}", {"msg": "x"}, False),
+    # double quotes with every operator that takes a string, and both kinds in one set
+    ('rack != "a"', {"rack": "a"}, False),
+    ("rack in {\"a\", 'b'}", {"rack": "b"}, True),
+    ("rack in {\"a\", 'b'}", {"rack": "a"}, True),
+    ("rack not in {\"a\", 'b'}", {"rack": "b"}, False),
+    ('name contains "e"', {"name": "web"}, True),
+    ('name starts with "w"', {"name": "web"}, True),
+    ('name ends with "w"', {"name": "web"}, False),
+    ('msg in {"it\'s", \'say "hi"\'}', {"msg": 'say "hi"'}, True),
     # label keys: prefixes, dots, dashes, digits, operator words as keys
     ("projectcalico.org/namespace == 'prod'", NS, True),
     ("k8s.io/app-name_1 == 'x'", {"k8s.io/app-name_1": "x"}, True),
@@ -189,6 +198,8 @@ MALFORMED: list[tuple[str, int, str]] = [
     ("a == 'x", 5, "unterminated string"),
     ('a == "x', 5, "unterminated string"),
     ("a == 'x\"", 5, "unterminated string"),
+    ("a in {\"x', 'y'}", 6, "unterminated string"),
+    ('a contains "x', 11, "unterminated string"),
     ("a\v== 'b'", 1, "only spaces, tabs and line breaks"),
     ("a == 'b'\u00a0", 8, "only spaces, tabs and line breaks"),
     ("a: == 'b'", 1, "expected an operator"),

@@ -209,6 +209,45 @@ def test_a_pod_known_only_by_its_pod_resource(ctl: Ctl) -> None:
     assert "no endpoint with an address for pod x/later" in line
 
 
+def test_json_names_calicos_tier_rule_logs_and_staged_verdict(ctl: Ctl) -> None:
+    """-o json says what the text says in Calico's model: the tier and the rule that
+    decided, the Log rules met on the way, and what a staged policy would have done."""
+    v3 = "projectcalico.org/v3"
+    tier = {"apiVersion": v3, "kind": "Tier", "metadata": {"name": "sec"}, "spec": {"order": 1}}
+    guard = {
+        "apiVersion": v3,
+        "kind": "GlobalNetworkPolicy",
+        "metadata": {"name": "sec.guard"},
+        "spec": {
+            "tier": "sec",
+            "selector": "app == 'a'",
+            "ingress": [
+                {"action": "Log"},
+                {"action": "Deny", "protocol": "UDP"},
+                {"action": "Pass"},
+            ],
+        },
+    }
+    staged = {
+        "apiVersion": v3,
+        "kind": "StagedNetworkPolicy",
+        "metadata": {"name": "lock", "namespace": "x"},
+        "spec": {"selector": "app == 'a'", "ingress": [{"action": "Deny"}]},
+    }
+    ctl.apply(tier, guard, staged)
+    udp = ctl.json("x/a", "--from", "y/c", "--port", "53/UDP")["traffic"]["ingress"]
+    assert (udp["allowed"], udp["tier"], udp["decided_by"]) == (
+        False,
+        "sec",
+        "sec/sec.guard ingress[1]",
+    )
+    assert udp["logged"] == ["sec/sec.guard ingress[0]"]
+    tcp = ctl.json("x/a", "--from", "y/c", "--port", "80/TCP")["traffic"]["ingress"]
+    assert (tcp["allowed"], tcp["tier"], tcp["decided_by"]) == (True, None, "")
+    assert tcp["staged"].startswith("would have denied: by ")
+    assert "lock ingress[0]" in tcp["staged"]
+
+
 # == the truth-table cases =====================================================================
 
 
@@ -238,6 +277,10 @@ def test_default_deny_ingress(ctl: Ctl) -> None:
             "allowed": True,
             "allowed_by": [],
             "reason": "no policy selects the pod for egress",
+            "tier": None,
+            "decided_by": "",
+            "logged": [],
+            "staged": "",
         },
         "ingress": {
             "pod": "x/a",
@@ -247,6 +290,10 @@ def test_default_deny_ingress(ctl: Ctl) -> None:
             "allowed": False,
             "allowed_by": [],
             "reason": "isolated by 1 policy and none of their 0 ingress rules matches",
+            "tier": "default",
+            "decided_by": "",
+            "logged": [],
+            "staged": "",
         },
     }
     # x/b's ingress is isolated by the same policy
