@@ -569,7 +569,17 @@ def test_sync_ends_soon_after_stop_while_etcd_does_not_answer(
 def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> None:
     node_kinds = list(WATCHED_KINDS)
     assert watch_groups(node_kinds) == [
-        ("heartbeat",),
+        # Calico's policy kinds (calico/v1/...) but StagedKubernetesNetworkPolicy, which no
+        # node watches: the one gap that splits them in two ranges
+        (
+            "calico-networkpolicy",
+            "globalnetworkpolicy",
+            "globalnetworkset",
+            "hostendpoint",
+            "networkset",
+            "stagedglobalnetworkpolicy",
+        ),
+        ("stagednetworkpolicy", "tier", "heartbeat"),
         ("block",),
         (
             "pool",
