@@ -4,37 +4,15 @@ to its own node when no other node's policy depends on it (the interest filter).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fanout.client import TyphaSync
-from resources.index import NODE_KINDS, PODS
+from resources.index import PODS
 from resources.remote import RemotePod
-from tabby_node.cache import Cache
 from tests.kube_fake import FakeApi, fake_api, namespace, pod, write_kubeconfig
-from tests.unit.typha.test_process import Typha, wait
-
-
-class Node:
-    def __init__(self, name: str, port: int) -> None:
-        self.source = TyphaSync([f"127.0.0.1:{port}"], name, None, backoff=(0.05, 0.5))
-        self.cache = Cache(name, pods_from_api=True)
-        self.events: list[tuple[str, str, str]] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        for event in self.source.sync(NODE_KINDS, self.stop):
-            self.cache.apply(event)
-            self.events.append((event.type, event.kind, event.key))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
+from tests.unit.typha.test_process import Node, Typha, wait
 
 
 @pytest.fixture
@@ -59,7 +37,10 @@ def test_typha_on_the_kubernetes_api(
         subprocess_env,
     )
     typha.start()
-    a, b = Node("node-a", typha.port), Node("node-b", typha.port)
+    a, b = (
+        Node("node-a", typha.port, None, pods_from_api=True),
+        Node("node-b", typha.port, None, pods_from_api=True),
+    )
     try:
         for node in (a, b):
             wait(node.cache.synced.is_set, f"{node.source.node} synced")

@@ -102,13 +102,11 @@ class Typha:
 class Node:
     """A tabby-node's cache, fed by a typha client as tabby-node's watcher feeds it."""
 
-    def __init__(self, name: str, typha: Typha, pki: Pki) -> None:
-        pair = pki.issue(f"node-{name}", "tabby-node")
-        tls = ClientTls(
-            pki.ca.cert.read_bytes(), pair.cert.read_bytes(), pair.key.read_bytes(), "typha"
-        )
-        self.source = TyphaSync([f"127.0.0.1:{typha.port}"], name, tls, backoff=(0.05, 0.5))
-        self.cache = Cache(name)
+    def __init__(
+        self, name: str, port: int, tls: ClientTls | None, *, pods_from_api: bool = False
+    ) -> None:
+        self.source = TyphaSync([f"127.0.0.1:{port}"], name, tls, backoff=(0.05, 0.5))
+        self.cache = Cache(name, pods_from_api=pods_from_api)
         self.events: list[tuple[str, str, str]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -122,6 +120,15 @@ class Node:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
+
+    @classmethod
+    def certified(cls, name: str, typha: Typha, pki: Pki) -> Node:
+        """A node with a client certificate of ``pki`` (CN tabby-node), checking typha's."""
+        pair = pki.issue(f"node-{name}", "tabby-node")
+        tls = ClientTls(
+            pki.ca.cert.read_bytes(), pair.cert.read_bytes(), pair.key.read_bytes(), "typha"
+        )
+        return cls(name, typha.port, tls)
 
 
 @pytest.fixture
@@ -151,7 +158,7 @@ def test_typha_serves_each_node_its_view_and_survives_a_restart(
     # every pod of default allows every other: a node running one needs them all
     store.put("networkpolicy", "default/same-namespace", ALLOW_NAMESPACE, None)
     typha.start()
-    n1, n2 = Node("n1", typha, pki), Node("n2", typha, pki)
+    n1, n2 = Node.certified("n1", typha, pki), Node.certified("n2", typha, pki)
     try:
         for node in (n1, n2):
             wait(node.cache.synced.is_set, f"{node.source.node} synced")
