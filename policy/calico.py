@@ -315,7 +315,7 @@ class HostEndpoint:
 FailsafeProtocol = Literal["tcp", "udp"]
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@dataclasses.dataclass(frozen=True)
 class FailsafePort:
     """One failsafe port: ``protocol`` and ``port``; ``net`` (None: any) the remote end's
     addresses (the source of an inbound connection, the destination of an outbound one).
@@ -375,6 +375,12 @@ def parse_failsafe_ports(text: str) -> tuple[FailsafePort, ...]:
     return _failsafe_ports(text)
 
 
+def _failsafe_key(f: FailsafePort) -> tuple[str, int, str]:
+    """The order failsafe ports are kept and rendered in (any remote end, ``net`` None,
+    before a given one of the same port)."""
+    return (f.protocol, f.port, f.net or "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Failsafes:
     """What no host-endpoint policy can close: ``inbound`` connections to the host,
@@ -385,8 +391,8 @@ class Failsafes:
     outbound: tuple[FailsafePort, ...] = DEFAULT_FAILSAFE_OUTBOUND
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "inbound", tuple(sorted(set(self.inbound))))
-        object.__setattr__(self, "outbound", tuple(sorted(set(self.outbound))))
+        object.__setattr__(self, "inbound", tuple(sorted(set(self.inbound), key=_failsafe_key)))
+        object.__setattr__(self, "outbound", tuple(sorted(set(self.outbound), key=_failsafe_key)))
 
     def match(
         self, direction: Direction, protocol: int, port: int | None, remote: IPAddress

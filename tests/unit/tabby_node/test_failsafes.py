@@ -65,3 +65,16 @@ def test_own_needs() -> None:
     assert FailsafePort("tcp", 5473) in own_needs(svc, kube, resolve=_resolve)[1]
     alone, _ = node_options.parse(["--backend", "none"], env={})
     assert own_needs(alone, kube, resolve=_resolve) == ([], [])
+
+
+def test_a_needed_port_with_an_address_beside_the_same_default_port_for_any() -> None:
+    """The manifest's tabby-node (Kubernetes datastore, API server on 6443, Calico's default
+    tcp:6443 to anywhere): both kept, in one order, and tabby-node starts (it failed with a
+    TypeError comparing the default's net None with the needed one's address)."""
+    opts, _ = node_options.parse(["--typha-service", "tabby-system/tabby-typha"], env={})
+    kube = DatastoreSettings(datastore_type="kubernetes")
+    fs = node_failsafes(opts, kube, api_server="https://10.250.70.1:6443", resolve=_resolve)
+    mine = FailsafePort("tcp", 6443, "10.250.70.1")
+    assert {FailsafePort("tcp", 6443), mine} <= set(fs.outbound)
+    assert fs.outbound.index(FailsafePort("tcp", 6443)) < fs.outbound.index(mine)
+    assert Failsafes(fs.inbound, fs.outbound[::-1]) == fs
