@@ -1560,6 +1560,17 @@ def _entries(
     return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
 
 
+def _first_in_tier(
+    view: _View, entries: Iterable[_Entry], direction: Direction, ctx: _Context, logged: list[str]
+) -> tuple[Action, str] | None:
+    """The first deciding rule of a tier's policies, in their order (None: none decides)."""
+    for e in entries:
+        decided = _first_match(view, e, direction, ctx, logged)
+        if decided is not None:
+            return decided
+    return None
+
+
 def _first_match(
     view: _View, e: _Entry, direction: Direction, ctx: _Context, logged: list[str]
 ) -> tuple[Action, str] | None:
@@ -1607,11 +1618,7 @@ def _walk(
     logged: list[str] = []
     passed: list[str] = []
     for tier, entries in tiers.items():
-        decided: tuple[Action, str] | None = None
-        for e in entries:
-            decided = _first_match(view, e, direction, ctx, logged)
-            if decided is not None:
-                break
+        decided = _first_in_tier(view, entries, direction, ctx, logged)
         where = "" if tier == DEFAULT_TIER else f" in tier {tier}"
         if decided is not None and decided[0] in ("Allow", "Deny"):
             action, rule = decided
@@ -1876,11 +1883,7 @@ def _host_stage(
         return DirectionVerdict(who, direction, (), False, (), why), "deny"
     logged: list[str] = []
     for tier, entries in tiers.items():
-        decided: tuple[Action, str] | None = None
-        for e in entries:
-            decided = _first_match(view, e, direction, ctx, logged)
-            if decided is not None:
-                break
+        decided = _first_in_tier(view, entries, direction, ctx, logged)
         if decided is not None and decided[0] in ("Allow", "Deny"):
             action, rule = decided
             allowed = action == "Allow"
