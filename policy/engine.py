@@ -35,7 +35,7 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from bundle.calico import KUBERNETES_POLICY_ORDER, endpoint_labels
+from bundle.calico import KUBERNETES_POLICY_ORDER, KUBERNETES_POLICY_PREFIX, endpoint_labels
 from bundle.types import IPAddress, IPNetwork
 from policy.calico import (
     DEFAULT_TIER,
@@ -1562,7 +1562,9 @@ def _entries(
     out: dict[str, list[_Entry]] = {}
     for p in view.state.policies:
         if direction in p.types and _selects(p, me):
-            sort = policy_sort_key(KUBERNETES_POLICY_ORDER, f"{p.namespace}/knp.default.{p.name}")
+            sort = policy_sort_key(
+                KUBERNETES_POLICY_ORDER, f"{p.namespace}/{KUBERNETES_POLICY_PREFIX}{p.name}"
+            )
             out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
     labels: Mapping[str, str] | None = None
     for c in view.state.calico_policies:
