@@ -228,7 +228,7 @@ def pod(p: Pod | RemotePod) -> engine.Pod:
             ports = _ports[p.ports] = tuple(
                 engine.ContainerPort(name, number, proto) for name, proto, number in p.ports
             )
-        return engine.Pod(p.namespace, p.name, p.labels, ports)
+        return engine.Pod(p.namespace, p.name, p.labels, ports, p.service_account)
     ports = tuple(
         engine.ContainerPort(name, number, proto) for name, proto, number in p.named_ports()
     )
@@ -237,6 +237,7 @@ def pod(p: Pod | RemotePod) -> engine.Pod:
         p.metadata.name or "",
         tuple((p.metadata.labels or {}).items()),
         ports,
+        p.spec.serviceAccountName or "",
     )
 
 

@@ -296,3 +296,38 @@ def test_a_kubernetes_policy_in_calicos_form_decides_as_itself(seed: int) -> Non
         assert got.allowed is want.allowed, (seed, src, b.key, proto, port, want.lines())
         checked += 1
     assert checked == 600
+
+
+def test_service_accounts_of_the_pods_documents_are_matched() -> None:
+    """A pod's ``spec.serviceAccountName`` (as the API server stores it) is what a rule's
+    ``serviceAccounts`` names and a policy's ``serviceAccountSelector`` reads."""
+    w = world()
+    for key, account in (("y/a", "frontend"), ("z/b", "batch")):
+        doc = w.docs["pod"][key].data
+        w.put("pod", key, {**doc, "spec": {**doc.get("spec", {}), "serviceAccountName": account}})
+    gnp = {
+        "metadata": {"name": "security.frontend-only"},
+        "spec": {
+            "tier": "security",
+            "order": 1,
+            "selector": "pod == 'a'",
+            "namespaceSelector": "ns == 'x'",
+            "ingress": [
+                {"action": "Allow", "source": {"serviceAccounts": {"names": ["frontend"]}}},
+                {"action": "Deny"},
+            ],
+        },
+    }
+    w.put("globalnetworkpolicy", "security.frontend-only", gnp)
+    state = _state(w)
+    assert engine.allowed(state, YA, XA, "UDP", 99)
+    assert not engine.allowed(state, ZB, XA, "UDP", 99)
+    # a policy for the pods of one account
+    batch = {
+        "metadata": {"name": "batch-isolated"},
+        "spec": {"serviceAccountSelector": "projectcalico.org/name == 'batch'", "ingress": []},
+    }
+    w.put("globalnetworkpolicy", "batch-isolated", batch)
+    state = _state(w)
+    assert not engine.allowed(state, XA, ZB, "UDP", 99)
+    assert engine.allowed(state, XA, YA, "UDP", 99)
