@@ -83,6 +83,7 @@ RESOURCE_KINDS = (
     "bgppeer",
     "networkpolicy",
     "namespace",
+    "serviceaccount",
     "pod",
     "workloadendpoint",
 )

@@ -78,6 +78,7 @@ PLURALS = {
     "bgppeer": "bgppeers",
     "networkpolicy": "networkpolicies",
     "namespace": "namespaces",
+    "serviceaccount": "serviceaccounts",
     "pod": "pods",
     "workloadendpoint": "workloadendpoints",
     "calico-networkpolicy": "calico-networkpolicies",

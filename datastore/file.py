@@ -11,8 +11,9 @@ Layout (``data_dir`` and every directory 0700, files 0600)::
     <data_dir>/blocks/<key>.json         kind "block"     key: block CIDR
     <data_dir>/handles/<key>.json        kind "handle"    key: "<network>:<container id>:<ifname>"
     <data_dir>/affinities/<key>.json     kind "affinity"  key: node name
-    <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/, pods/,
-        workloadendpoints/               resources (keys: name, or "<namespace>/<name>")
+    <data_dir>/nodes/, bgpconfigurations/, bgppeers/, networkpolicies/, namespaces/,
+        serviceaccounts/, pods/, workloadendpoints/
+                                         resources (keys: name, or "<namespace>/<name>")
     <data_dir>/calico-networkpolicies/, globalnetworkpolicies/, stagednetworkpolicies/,
         stagedglobalnetworkpolicies/, stagedkubernetesnetworkpolicies/, tiers/,
         networksets/, globalnetworksets/,

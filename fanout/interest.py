@@ -43,6 +43,7 @@ from policy.inputs import (
     namespace,
     pod,
     policy,
+    service_account,
     staged_kubernetes_policy,
     tier,
 )
@@ -58,7 +59,7 @@ from resources.index import (
 if TYPE_CHECKING:
     from bundle.types import JSON
     from policy.calico import CalicoPolicy, Tier
-    from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.k8s import Namespace, NetworkPolicy, Pod, ServiceAccount
     from resources.tabby import WorkloadEndpoint
 
 WORKLOAD_KINDS = frozenset({"pod", "workloadendpoint"})
@@ -73,7 +74,7 @@ CALICO_KINDS = frozenset(
     )
 )
 #: the kinds whose documents the interest reads
-KINDS = WORKLOAD_KINDS | CALICO_KINDS | {"networkpolicy", "namespace", "tier"}
+KINDS = WORKLOAD_KINDS | CALICO_KINDS | {"networkpolicy", "namespace", "serviceaccount", "tier"}
 #: the kinds of sets a workload of another node gives elements to
 _ITEM_KINDS = frozenset({"addr", "sel", "named-port"})
 
@@ -162,11 +163,14 @@ class Workload:
             out.append(("pod", self.pod_key))
         return out
 
-    def state(self, ns: engine.Namespace | None) -> engine.ClusterState:
+    def state(
+        self, ns: engine.Namespace | None, account: engine.ServiceAccount | None
+    ) -> engine.ClusterState:
         return engine.ClusterState(
             namespaces=(ns,) if ns is not None else (),
             pods=(self.pod,) if self.pod is not None else (),
             endpoints=tuple(self.endpoints.values()),
+            service_accounts=(account,) if account is not None else (),
         )
 
 
@@ -203,6 +207,8 @@ class Interest:
         self._policies: dict[tuple[str, str], engine.Policy | CalicoPolicy] = {}
         self.tiers: dict[str, Tier] = {}
         self.namespaces: dict[str, engine.Namespace] = {}  #: by name
+        #: by ``namespace/name`` (their labels are Calico's selectors' ``pcsa.``)
+        self.accounts: dict[str, engine.ServiceAccount] = {}
         self._ns_names: dict[str, str] = {}  #: store key -> name
         self.workloads: dict[str, Workload] = {}
         self._doc_workload: dict[tuple[str, str], str] = {}
@@ -266,6 +272,8 @@ class Interest:
                 self._dirty_own.update(self.workloads)
         elif kind == "namespace":
             self._namespace(key, cast("engine.Namespace | None", value))
+        elif kind == "serviceaccount":
+            self._account(key, cast("engine.ServiceAccount | None", value))
         if not self.batch:
             self.settle()
 
@@ -300,6 +308,8 @@ class Interest:
                 return policy(cast("NetworkPolicy", model))
             if kind == "namespace":
                 return namespace(cast("Namespace", model))
+            if kind == "serviceaccount":
+                return service_account(cast("ServiceAccount", model))
             if kind == "tier":
                 return tier(model)  # type: ignore[arg-type]
             if kind == STAGED_KUBERNETES_POLICIES.name:
@@ -357,6 +367,24 @@ class Interest:
         for ns in {n.name for n in (old, value) if n is not None}:
             self._dirty_own.update(self._by_ns.get(ns, ()))
             self._dirty.update(self._by_ns.get(ns, ()))
+
+    def _account(self, key: str, value: engine.ServiceAccount | None) -> None:
+        """A service account changed: the workloads of its namespace are evaluated again
+        (its labels are their endpoints' ``pcsa.`` labels; accounts change rarely)."""
+        old = self.accounts.pop(key, None)
+        if value is not None:
+            self.accounts[key] = value
+        if old == value:
+            return
+        ns = key.partition("/")[0]
+        self._dirty_own.update(self._by_ns.get(ns, ()))
+        self._dirty.update(self._by_ns.get(ns, ()))
+
+    def _state_of(self, w: Workload) -> engine.ClusterState:
+        """``w`` alone, with its namespace and service account, as the engine reads it."""
+        account = w.pod.service_account if w.pod is not None else ""
+        held = self.accounts.get(f"{w.namespace}/{account}") if account else None
+        return w.state(self.namespaces.get(w.namespace), held)
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -420,6 +448,7 @@ class Interest:
                 self._cluster_state(),
                 pods=(w.pod,) if w.pod is not None else (),
                 endpoints=tuple(w.endpoints.values()),
+                service_accounts=self._state_of(w).service_accounts,
             )
             for node in local:
                 self.counts.computations += 1
@@ -478,7 +507,7 @@ class Interest:
                 continue
             w = self.workloads[name]
             self.counts.evaluations += 1
-            if engine.contributing(w.state(self.namespaces.get(w.namespace)), [d]):
+            if engine.contributing(self._state_of(w), [d]):
                 item.members.add(name)
                 w.matched = w.matched | {k}
         return item
@@ -513,7 +542,7 @@ class Interest:
         if candidates and w.endpoints:
             ordered = sorted(candidates)
             self.counts.evaluations += len(ordered)
-            state = w.state(self.namespaces.get(w.namespace))
+            state = self._state_of(w)
             hits = engine.contributing(state, [self.items[k].setdef for k in ordered])
             matched = frozenset(item_key(d) for d in hits)
         for k in w.matched - matched:

@@ -30,7 +30,12 @@ from datastore.errors import DatastoreError, RevisionConflict
 from resources import mirror
 from resources.errors import NotFound, NotOwned, ResourceError
 from resources.storage import BY_KIND, to_resource
-from stores.kube.kinds import project_namespace, project_pod, project_policy
+from stores.kube.kinds import (
+    project_namespace,
+    project_pod,
+    project_policy,
+    project_service_account,
+)
 
 if TYPE_CHECKING:
     from bundle.types import JSON
@@ -43,6 +48,7 @@ MARK = {mirror.SOURCE_ANNOTATION: mirror.KUBERNETES}
 #: The mirrored kinds: (controller name, Kubernetes collection, tabby kind, store kind).
 KINDS = {
     "namespace": ("/api/v1/namespaces", "Namespace", "namespace"),
+    "serviceaccount": ("/api/v1/serviceaccounts", "ServiceAccount", "serviceaccount"),
     "pod": ("/api/v1/pods", "Pod", "pod"),
     "policy": ("/apis/networking.k8s.io/v1/networkpolicies", "NetworkPolicy", "networkpolicy"),
     "node": ("/api/v1/nodes", "Node", "node"),
@@ -57,6 +63,7 @@ def project_node(obj: JSON) -> JSON | None:
 
 PROJECTIONS: dict[str, Callable[[JSON], JSON | None]] = {
     "namespace": project_namespace,
+    "serviceaccount": project_service_account,
     "pod": project_pod,
     "policy": project_policy,
     "node": project_node,

@@ -18,7 +18,7 @@ from cni_config.common import AbsPath, DatastoreSettings, Section
 from cni_config.resolve import add_datastore_flags, daemon_datastore, daemon_options
 from cni_protocol.errors import CniError, Code
 
-CONTROLLERS = ("namespace", "pod", "policy", "node", "ipam")
+CONTROLLERS = ("namespace", "serviceaccount", "pod", "policy", "node", "ipam")
 LEASE_NAME = "tabby-kube-controllers"
 
 

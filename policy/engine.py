@@ -318,6 +318,23 @@ class Namespace:
         return out
 
 
+@dataclasses.dataclass(frozen=True)
+class ServiceAccount:
+    """A Kubernetes ServiceAccount: its labels are what ``serviceAccountSelector`` and a
+    rule's ``serviceAccounts.selector`` read on the endpoints of its pods (``pcsa.``)."""
+
+    namespace: str
+    name: str
+    labels: Labels = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "labels", _labels(self.labels))
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ContainerPort:
     name: str
@@ -380,6 +397,7 @@ class ClusterState:
     network_sets: tuple[NetworkSet, ...] = ()
     tiers: tuple[Tier, ...] = ()
     host_endpoints: tuple[HostEndpoint, ...] = ()
+    service_accounts: tuple[ServiceAccount, ...] = ()
 
     def with_endpoint(self, ep: Endpoint, pod: Pod | None = None) -> ClusterState:
         eps = (*(e for e in self.endpoints if e.key != ep.key), ep)
@@ -443,6 +461,9 @@ class _View:
             if ep.namespace not in self.ns_labels:
                 self.ns_labels[ep.namespace] = {NAMESPACE_NAME_LABEL: ep.namespace}
         self._ns_items = {k: frozenset(v.items()) for k, v in self.ns_labels.items()}
+        self.account_labels = {
+            (a.namespace, a.name): dict(a.labels) for a in state.service_accounts
+        }
         self._calico_labels: dict[int, dict[str, str]] = {}
         self.network_sets = [
             (s.networks(), self._scoped(dict(s.labels), s.namespace, None))
@@ -462,13 +483,20 @@ class _View:
         self, labels: Mapping[str, str], ns: str | None, account: str | None
     ) -> dict[str, str]:
         ns_labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns}) if ns is not None else None
+        account_labels = (
+            self.account_labels.get((ns, account)) if ns is not None and account else None
+        )
         return endpoint_labels(
-            labels, namespace=ns, namespace_labels=ns_labels, service_account=account
+            labels,
+            namespace=ns,
+            namespace_labels=ns_labels,
+            service_account=account,
+            service_account_labels=account_labels,
         )
 
     def calico_labels(self, m: _Member) -> Mapping[str, str]:
         """The labels Calico's selectors read on an endpoint (its namespace's under
-        ``pcns.``, its service account's name)."""
+        ``pcns.``, its service account's under ``pcsa.``)."""
         got = self._calico_labels.get(id(m))
         if got is None:
             got = self._scoped(m.labels, m.ep.namespace, m.service_account or None)

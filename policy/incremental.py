@@ -62,6 +62,7 @@ from policy.engine import (
     Pod,
     Policy,
     PolicyChain,
+    ServiceAccount,
     SetDef,
 )
 
@@ -75,6 +76,7 @@ UpdateKind = Literal[
     "network-set",
     "tier",
     "host-endpoint",
+    "service-account",
 ]
 Value = (
     Policy
@@ -86,6 +88,7 @@ Value = (
     | NetworkSet
     | Tier
     | HostEndpoint
+    | ServiceAccount
 )
 _Key = tuple[str, str]
 _DIRECTIONS: tuple[Direction, Direction] = ("ingress", "egress")
@@ -307,6 +310,8 @@ class IncrementalPolicy:
         self._network_sets: dict[str, NetworkSet] = {}
         self._tiers: dict[str, Tier] = {}
         self._host_endpoints: dict[str, HostEndpoint] = {}
+        #: service accounts by ``namespace/name``: their labels are Calico's (``pcsa.``)
+        self._accounts: dict[str, ServiceAccount] = {}
         self._exported: DesiredState | None = None
         # what changed since the last take_delta, for Calico's model: only remote
         # endpoints (their addresses), or anything else (a full computation)
@@ -332,6 +337,7 @@ class IncrementalPolicy:
                 tuple(self._network_sets.values()),
                 tuple(self._tiers.values()),
                 tuple(self._host_endpoints.values()),
+                tuple(self._accounts.values()),
             )
         return self._state
 
@@ -421,6 +427,9 @@ class IncrementalPolicy:
             return self._put_calico(self._tiers, u.key, v, Tier)
         if u.kind == "host-endpoint":
             return self._put_calico(self._host_endpoints, u.key, v, HostEndpoint)
+        if u.kind == "service-account":
+            # (read by Calico's selectors alone: a full computation while in Calico's model)
+            return self._put_calico(self._accounts, u.key, v, ServiceAccount)
         ns, _, name = u.key.partition("/")
         if u.kind == "policy":
             if isinstance(v, Policy):
@@ -451,6 +460,7 @@ class IncrementalPolicy:
             (self._network_sets, {s.key: s for s in state.network_sets}),
             (self._tiers, {t.name: t for t in state.tiers}),
             (self._host_endpoints, {h.key: h for h in state.host_endpoints}),
+            (self._accounts, {a.key: a for a in state.service_accounts}),
         ):
             if inputs != want:
                 n += len(inputs.keys() ^ want.keys())
@@ -646,8 +656,13 @@ class IncrementalPolicy:
         pod = self._pods.get((m.ns, m.ep.pod))
         account = pod.service_account if pod is not None else ""
         ns_labels = _ns_view(self._namespaces.get(m.ns), m.ns)[0]
+        held = self._accounts.get(f"{m.ns}/{account}") if account else None
         return endpoint_labels(
-            m.labels, namespace=m.ns, namespace_labels=ns_labels, service_account=account or None
+            m.labels,
+            namespace=m.ns,
+            namespace_labels=ns_labels,
+            service_account=account or None,
+            service_account_labels=dict(held.labels) if held is not None else None,
         )
 
     def _take_k8s_delta(self) -> Delta:

@@ -34,6 +34,7 @@ from resources.index import (
     PODS,
     POLICIES,
     POOLS,
+    SERVICE_ACCOUNTS,
     STAGED_GLOBAL_POLICIES,
     STAGED_KUBERNETES_POLICIES,
     STAGED_POLICIES,
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
         NetworkPolicyPeer,
         NetworkPolicyPort,
         Pod,
+        ServiceAccount,
     )
     from resources.tabby import IPPool, WorkloadEndpoint
 
@@ -211,6 +213,14 @@ def _calico_peer(pol: engine.Policy, peer: engine.Peer | None) -> calico.EntityM
 
 def namespace(ns: Namespace) -> engine.Namespace:
     return engine.Namespace(ns.metadata.name or "", tuple((ns.metadata.labels or {}).items()))
+
+
+def service_account(sa: ServiceAccount) -> engine.ServiceAccount:
+    return engine.ServiceAccount(
+        sa.metadata.namespace or "default",
+        sa.metadata.name or "",
+        tuple((sa.metadata.labels or {}).items()),
+    )
 
 
 #: The engine's named ports of another node's records, by their (shared) ports: the pods
@@ -385,7 +395,7 @@ def _engine_key(value: object) -> str:
     """The key an engine input is known by in :class:`~policy.incremental.Update`."""
     if isinstance(value, engine.Namespace):
         return value.name
-    if isinstance(value, engine.Policy | engine.Pod | engine.Endpoint):
+    if isinstance(value, engine.Policy | engine.Pod | engine.Endpoint | engine.ServiceAccount):
         return f"{value.namespace}/{value.name}"
     if isinstance(value, calico.CalicoPolicy | calico.NetworkSet | calico.HostEndpoint):
         return value.key
@@ -396,12 +406,15 @@ def _engine_key(value: object) -> str:
 
 #: The update kinds whose engine key is their document's store key (not Calico's: a staged
 #: policy's engine key is ``staged:<key>``).
-_SAME_KEYS: frozenset[UpdateKind] = frozenset({"policy", "namespace", "pod", "endpoint"})
+_SAME_KEYS: frozenset[UpdateKind] = frozenset(
+    {"policy", "namespace", "service-account", "pod", "endpoint"}
+)
 
 #: store kind -> (engine update kind, conversion)
 _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
     POLICIES.name: ("policy", lambda m: policy(m)),
     NAMESPACES.name: ("namespace", lambda m: namespace(m)),
+    SERVICE_ACCOUNTS.name: ("service-account", lambda m: service_account(m)),
     PODS.name: ("pod", lambda m: pod(m)),
     ENDPOINTS.name: ("endpoint", lambda m: endpoint(m)),
     **{
@@ -452,6 +465,7 @@ class PolicyInputs:
             tuple(sets),
             tuple(self._each(docs, TIERS, tier)),
             tuple(self._each(docs, HOST_ENDPOINTS, host_endpoint)),
+            tuple(self._each(docs, SERVICE_ACCOUNTS, service_account)),
         )
         pools = [e.value for _, e in sorted(docs.of(POOLS).items())]
         self._pools = {

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         Tier,
     )
     from resources.heartbeat import Heartbeat
-    from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.k8s import Namespace, NetworkPolicy, Pod, ServiceAccount
     from resources.remote import RemoteEndpoint, RemotePod
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
     from resources.trace import TraceAnswer, TraceRequest
@@ -132,6 +132,7 @@ BGP_CONFIGURATIONS: Kind[BGPConfiguration] = _resource("BGPConfiguration", "bgpc
 BGP_PEERS: Kind[BGPPeer] = _resource("BGPPeer", "bgppeer")
 POLICIES: Kind[NetworkPolicy] = _resource("NetworkPolicy", "networkpolicy")
 NAMESPACES: Kind[Namespace] = _resource("Namespace", "namespace")
+SERVICE_ACCOUNTS: Kind[ServiceAccount] = _resource("ServiceAccount", "serviceaccount")
 #: Of an index with ``compact`` (tabby-node): other nodes' as ``resources.remote``'s records.
 PODS: Kind[Pod | RemotePod] = _resource("Pod", "pod")
 ENDPOINTS: Kind[WorkloadEndpoint | RemoteEndpoint] = _resource(
@@ -174,6 +175,7 @@ ALL: tuple[Kind[object], ...] = (
     BGP_PEERS,
     POLICIES,
     NAMESPACES,
+    SERVICE_ACCOUNTS,
     PODS,
     ENDPOINTS,
     TRACES,
@@ -185,10 +187,13 @@ ROUTING: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
 )
 #: What the policy engine reads (tabby-node watches it; ``tabbyctl policy`` reads it): the
-#: Kubernetes kinds and Calico's policies (staged ones and staged Kubernetes policies
-#: included), network sets, tiers and host endpoints.
+#: Kubernetes kinds (service accounts for Calico's selectors) and Calico's policies (staged
+#: ones and staged Kubernetes policies included), network sets, tiers and host endpoints.
 POLICY: tuple[Kind[object], ...] = (
-    *(BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")),
+    *(
+        BY_NAME[n]
+        for n in ("networkpolicy", "namespace", "serviceaccount", "pod", "workloadendpoint")
+    ),
     *CALICO_POLICY,
 )
 #: The store kinds a tabby-node watches (directly, or through tabby-typha): routing's,

@@ -235,6 +235,16 @@ class Namespace(Resource):
         return self
 
 
+class ServiceAccount(Resource):
+    """Only labels matter (Calico's ``serviceAccountSelector`` and a rule's
+    ``serviceAccounts.selector`` read them on the endpoints of the account's pods)."""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "ServiceAccount"
+    NAMESPACED: ClassVar[bool] = True
+    NAME_RULE: ClassVar[Callable[[str], str | None]] = staticmethod(names.dns1123_subdomain)
+
+
 class ContainerPort(StrictModel):
     name: str | None = None
     containerPort: int

@@ -41,7 +41,7 @@ def is_mirrored(data: Mapping[str, object] | None) -> bool:
 
 #: The store kinds Kubernetes owns in the Kubernetes datastore (``stores.kube.kinds.NATIVE``),
 #: and the one made of other documents there (an attachment's allocations).
-KUBERNETES_OWN = frozenset({"pod", "namespace", "networkpolicy"})
+KUBERNETES_OWN = frozenset({"pod", "namespace", "serviceaccount", "networkpolicy"})
 DERIVED = frozenset({"workloadendpoint"})
 
 

@@ -43,7 +43,7 @@ from resources.calico import (
     Tier,
 )
 from resources.errors import UnknownKind
-from resources.k8s import Namespace, NetworkPolicy, Pod
+from resources.k8s import Namespace, NetworkPolicy, Pod, ServiceAccount
 from resources.meta import Resource, problems
 from resources.names import namespaced_key
 from resources.poolform import POOL_META, POOL_OPTIONAL, pool_raw
@@ -92,6 +92,7 @@ RESOURCE_KINDS: tuple[KindInfo, ...] = (
     KindInfo(NetworkPolicy, "networkpolicy", "networkpolicies", ("netpol",)),
     KindInfo(Namespace, "namespace", "namespaces", ("ns",)),
     KindInfo(Pod, "pod", "pods", ("po",)),
+    KindInfo(ServiceAccount, "serviceaccount", "serviceaccounts", ("sa",)),
     KindInfo(WorkloadEndpoint, "workloadendpoint", "workloadendpoints", ("wep", "weps")),
     # Calico's policy kinds (resources.calico). Calico's NetworkPolicy shares its kind name
     # with Kubernetes': tabbyctl calls it by its group-qualified names (``networkpolicy`` and

@@ -212,7 +212,7 @@ def _rows(model: type[M], cells: Callable[[M], list[object]]) -> Callable[[Resou
 def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[object]]]:
     """Table headers and row of each kind."""
     from resources.calico import CALICO_MODELS
-    from resources.k8s import Namespace, NetworkPolicy, Pod
+    from resources.k8s import Namespace, NetworkPolicy, Pod, ServiceAccount
     from resources.tabby import BGPConfiguration, BGPPeer, IPPool, Node, WorkloadEndpoint
 
     kind = info.kind
@@ -288,6 +288,10 @@ def _columns(info: KindInfo) -> tuple[list[str], Callable[[Resource], list[objec
         )
     if kind == "Namespace":
         return ["NAME", "LABELS"], _rows(Namespace, lambda r: [r.name, _labels(r)])
+    if kind == "ServiceAccount":
+        return ["NAMESPACE", "NAME", "LABELS"], _rows(
+            ServiceAccount, lambda r: [r.namespace, r.name, _labels(r)]
+        )
     if kind == "Pod":
         return ["NAMESPACE", "NAME", "LABELS", "NAMED PORTS"], _rows(
             Pod,

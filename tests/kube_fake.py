@@ -40,6 +40,7 @@ COLLECTIONS = {
     "/api/v1/namespaces": ("Namespace", False),
     "/api/v1/nodes": ("Node", False),
     "/api/v1/pods": ("Pod", True),
+    "/api/v1/serviceaccounts": ("ServiceAccount", True),
     "/apis/networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "/apis/coordination.k8s.io/v1/leases": ("Lease", True),
     "/apis/apps/v1/daemonsets": ("DaemonSet", True),

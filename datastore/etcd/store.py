@@ -18,8 +18,9 @@ key is appended as is, UTF-8)::
     <p>/ipam/v1/handles/<net>:<cid>:<ifname>     kind "handle"
     <p>/ipam/v1/pools/<pool cidr>                kind "pool"
     <p>/resources/v1/<plural>/<key>              nodes, bgpconfigurations, bgppeers,
-                                                 networkpolicies, namespaces, pods,
-                                                 workloadendpoints (key "<ns>/<name>" or name)
+                                                 networkpolicies, namespaces, serviceaccounts,
+                                                 pods, workloadendpoints (key "<ns>/<name>"
+                                                 or name)
     <p>/traces/<id>[.<node>]                     kind "trace" (with a ttl): policy trace requests
                                                  and their results
 

@@ -167,6 +167,12 @@ def project_namespace(obj: JSON) -> JSON | None:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(obj, namespaced=False)}
 
 
+def project_service_account(obj: JSON) -> JSON | None:
+    """A v1 ServiceAccount: name, namespace, uid, labels (not its secrets)."""
+    meta = _meta(obj, namespaced=True)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+
+
 def project_pod(obj: JSON) -> JSON | None:
     """A v1 Pod: name, namespace, uid, labels, named container ports, ``spec.nodeName``,
     ``status.podIPs``; None for a hostNetwork pod (it has no endpoint)."""
@@ -223,6 +229,7 @@ def stored(projected: JSON) -> JSON:
 
 NATIVE: dict[str, Native] = {
     "namespace": Native("/api/v1/namespaces", False, project_namespace),
+    "serviceaccount": Native("/api/v1/serviceaccounts", True, project_service_account),
     "pod": Native("/api/v1/pods", True, project_pod),
     "networkpolicy": Native("/apis/networking.k8s.io/v1/networkpolicies", True, project_policy),
 }

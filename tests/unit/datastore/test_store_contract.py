@@ -526,6 +526,7 @@ def test_kinds_are_the_documented_ones() -> None:
         "bgppeer",
         "networkpolicy",
         "namespace",
+        "serviceaccount",
         "pod",
         "workloadendpoint",
         "calico-networkpolicy",
@@ -554,6 +555,7 @@ def test_layouts_are_the_documented_ones(tmp_path: Path) -> None:
         "bgppeer": "bgppeers",
         "networkpolicy": "networkpolicies",
         "namespace": "namespaces",
+        "serviceaccount": "serviceaccounts",
         "pod": "pods",
         "workloadendpoint": "workloadendpoints",
     }
@@ -595,6 +597,7 @@ KEY_OF = {
     "bgppeer": "rr-1",
     "networkpolicy": "default/deny-all",
     "namespace": "kube-system",
+    "serviceaccount": "default/web",
     "pod": "default/web-0",
     "workloadendpoint": "default/web-0",
     "calico-networkpolicy": "default/deny-all",

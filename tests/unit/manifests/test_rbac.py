@@ -384,7 +384,8 @@ def test_the_controllers_are_granted_what_they_call_in_either_datastore(
     fake, kubeconfig = seeded
     controllers_calls(fake, settings(kubeconfig), tmp_path, kubeconfig)
     kubernetes = calls(fake)
-    assert not [c for c in kubernetes if c.resource in ("namespaces", "networkpolicies")]
+    mirrored = ("namespaces", "serviceaccounts", "networkpolicies")
+    assert not [c for c in kubernetes if c.resource in mirrored]
     assert Call("", "secrets", "update", NAMESPACE, "tabby-typha-server") in kubernetes
     with fake_api() as (etcd_fake, url):  # etcd mode: the same calls as with any store
         seed(etcd_fake)
@@ -396,6 +397,7 @@ def test_the_controllers_are_granted_what_they_call_in_either_datastore(
         etcd_mode = calls(etcd_fake)
     assert {c.resource for c in etcd_mode if c.group != "coordination.k8s.io"} == {
         "namespaces",
+        "serviceaccounts",
         "pods",
         "nodes",
         "networkpolicies",

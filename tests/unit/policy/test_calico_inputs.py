@@ -331,3 +331,61 @@ def test_service_accounts_of_the_pods_documents_are_matched() -> None:
     state = _state(w)
     assert not engine.allowed(state, XA, ZB, "UDP", 99)
     assert engine.allowed(state, XA, YA, "UDP", 99)
+
+
+def test_a_service_accounts_labels_are_what_its_selectors_read() -> None:
+    """A ServiceAccount's labels are its pods' endpoints' ``pcsa.`` labels: a policy's
+    ``serviceAccountSelector`` and a rule's ``serviceAccounts.selector`` match over them, and
+    a relabelled account moves its pods in and out, through the incremental engine too."""
+    w = world()
+    w.docs.setdefault("serviceaccount", {})
+    for key, account in (("y/a", "frontend"), ("z/b", "batch")):
+        doc = w.docs["pod"][key].data
+        w.put("pod", key, {**doc, "spec": {**doc.get("spec", {}), "serviceAccountName": account}})
+    labels = {"y/frontend": {"role": "web"}, "z/batch": {"role": "jobs"}}
+    for key, account_labels in labels.items():
+        ns, name = key.split("/")
+        meta = {"name": name, "namespace": ns, "labels": account_labels}
+        w.put("serviceaccount", key, {"metadata": meta})
+    gnp = {
+        "metadata": {"name": "security.web-only"},
+        "spec": {
+            "tier": "security",
+            "order": 1,
+            "selector": "pod == 'a'",
+            "namespaceSelector": "ns == 'x'",
+            "ingress": [
+                {"action": "Allow", "source": {"serviceAccounts": {"selector": "role == 'web'"}}},
+                {"action": "Deny"},
+            ],
+        },
+    }
+    w.put("globalnetworkpolicy", "security.web-only", gnp)
+    jobs = {
+        "metadata": {"name": "jobs-isolated"},
+        "spec": {"serviceAccountSelector": "role == 'jobs'", "ingress": []},
+    }
+    w.put("globalnetworkpolicy", "jobs-isolated", jobs)
+    memo = inputs.PolicyInputs()
+    state, nat = memo.convert(Documents.from_raw(w.docs))
+    assert engine.allowed(state, YA, XA, "UDP", 99)
+    assert not engine.allowed(state, ZB, XA, "UDP", 99)
+    assert not engine.allowed(state, XA, ZB, "UDP", 99)  # batch's pods isolated
+    eng = IncrementalPolicy(NODE)
+    eng.load(state, nat)
+    eng.take_delta()
+    # the accounts swap roles: the verdicts follow, and the engine's IR is the full one's
+    for key, role in (("y/frontend", "jobs"), ("z/batch", "web")):
+        ns, name = key.split("/")
+        w.put(
+            "serviceaccount",
+            key,
+            {"metadata": {"name": name, "namespace": ns, "labels": {"role": role}}},
+        )
+        model: Any = Documents.from_raw(w.docs).of(BY_NAME["serviceaccount"])[key].value
+        eng.apply(memo.updates([Change("serviceaccount", key, model)]))
+    eng.take_delta()
+    state = _state(w)
+    assert not engine.allowed(state, YA, XA, "UDP", 99)
+    assert engine.allowed(state, ZB, XA, "UDP", 99)
+    assert eng.desired() == engine.compute(state, NODE)

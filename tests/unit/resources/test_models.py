@@ -94,6 +94,11 @@ VALID: dict[str, dict[str, Any]] = {
         "kind": "Namespace",
         "metadata": {"name": "shop", "labels": {"team": "a"}},
     },
+    "ServiceAccount": {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "web", "namespace": "shop", "labels": {"role": "frontend"}},
+    },
     "Pod": {
         "apiVersion": "v1",
         "kind": "Pod",
