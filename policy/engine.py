@@ -452,11 +452,12 @@ class _View:
         for t in state.tiers:
             self._tiers.setdefault(t.name, t)
         #: every node's host endpoints, with the labels selectors read on them
-        self.hosts = [(h, host_labels(h)) for h in sorted(state.host_endpoints, key=lambda h: h.key)]
+        hosts = sorted(state.host_endpoints, key=lambda h: h.key)
+        self.hosts = [(h, host_labels(h)) for h in hosts]
         self.host_by_addr: dict[IPAddress, tuple[HostEndpoint, Mapping[str, str]]] = {}
-        for h, labels in self.hosts:
+        for h, selected_by in self.hosts:
             for text in h.expected_ips:
-                self.host_by_addr.setdefault(ipaddress.ip_address(text), (h, labels))
+                self.host_by_addr.setdefault(ipaddress.ip_address(text), (h, selected_by))
 
     def _scoped(
         self, labels: Mapping[str, str], ns: str | None, account: str | None
@@ -669,7 +670,7 @@ class PolicyChain:
     #: mark the packet so that no later host-endpoint policy is tried
     stage: PolicyStage = "normal"
 
-    @property
+    @functools.cached_property
     def can_pass(self) -> bool:
         return any(isinstance(r, TierRule) and r.verdict == "pass" for r in self.rules)
 
