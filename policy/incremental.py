@@ -17,7 +17,23 @@ the IR change it causes:
   scanning the endpoints of the namespaces in its scope, a new named-port set those of the
   pods declaring the port name), the programs of the local endpoints it selects; chains no
   local endpoint needs and sets no chain uses go;
-* the IP pools (NAT).
+* the IP pools (NAT);
+* Calico's model (:mod:`policy.calico`), followed the same way: a rule selector's sets hold
+  the addresses of the endpoints (and host endpoints' expected IPs) it matches, counted, and
+  the nets of the network sets it matches (computed again for the selectors a changed
+  network set matches); a policy's chains are built once per revision and exist while a
+  local endpoint it applies to or a host endpoint's program uses them; per local endpoint
+  the Calico policies whose selector selects it are kept, so that its tiered program is
+  built from its own policies (:func:`~policy.engine.tier_entries`,
+  :func:`~policy.engine.tiered_program`). A Calico policy put or removed tests its selector
+  against the local endpoints; a local endpoint (or its pod, or its namespace's labels)
+  tests its labels against every Calico policy; a tier rebuilds the programs of the local
+  endpoints with a policy in it; this node's host endpoints' programs are made again on any
+  change of Calico's policies, tiers or of this node's host endpoints (a few per node).
+  Entering or leaving the model, or the node's first host endpoint or its last, replaces
+  the table (:attr:`Delta.replace`); no change is a full computation.
+
+A program touched by a batch of changes is made once, when next read.
 
 Set membership is reference-counted per element: two endpoints with one address, an address
 in several sets, an endpoint moving between sets on a relabel all leave each set exactly
@@ -374,7 +390,7 @@ class IncrementalPolicy:
     @property
     def calico(self) -> bool:
         """Whether a Calico policy (staged or not) or a host endpoint of this node exists:
-        the IR is then computed whole."""
+        the table is then in Calico's model (entering or leaving it replaces the table)."""
         return bool(self._calico) or any(
             h.node == self.node and h.interface for h in self._host_endpoints.values()
         )

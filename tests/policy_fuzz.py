@@ -10,7 +10,7 @@ whole protocols, every ``policyTypes`` form; the NAT pools. :func:`random_update
 change, biased to touch what exists (relabel, move, readdress, delete). With ``calico``, also
 Calico's kinds: namespaced, global and staged policies in three tiers with every action and
 match field, network sets (namespaced and global, overlapping nets), tiers with either
-``defaultAction``.
+``defaultAction``, host endpoints; pods' service accounts, read by Calico's selectors.
 """
 
 from __future__ import annotations
@@ -145,8 +145,10 @@ def namespace(r: random.Random) -> Namespace:
 
 
 def pod(r: random.Random) -> Pod:
+    """A pod, with a service account (what Calico's selectors may read) or none."""
     ports = tuple(r.sample(PORTS, r.randint(0, 2)))
-    return Pod(r.choice(NAMESPACES), f"pod{r.randint(0, 9)}", labels(r), ports)
+    account = r.choice(("", "", "sa1", "sa2"))
+    return Pod(r.choice(NAMESPACES), f"pod{r.randint(0, 9)}", labels(r), ports, account)
 
 
 def addresses(r: random.Random) -> tuple[str, ...]:
@@ -208,6 +210,7 @@ CALICO_SELECTORS = (
     "tier == 'db' || app == 'y'",
 )
 NAMESPACE_SELECTORS = (None, None, "all()", "env == 'prod'", "global()")
+ACCOUNT_SELECTORS = (None, None, None, None, "all()", "projectcalico.org/name == 'sa1'")
 TIERS = ("default", "security", "platform")
 NETS = ("10.0.0.0/30", "10.0.0.8/29", "10.0.0.0/28", "192.168.0.0/24", "fd00::/126", "fd00::4/127")
 
@@ -223,6 +226,7 @@ def _entity(r: random.Random, protocol: int | None, namespace: str | None) -> En
         sel,
         not_selector=not_sel,
         namespace_selector=ns_sel,
+        service_account_selector=r.choice(ACCOUNT_SELECTORS),
         service_account_names=accounts,
         policy_namespace=namespace,
     )
@@ -261,7 +265,12 @@ def calico_policy(r: random.Random) -> CalicoPolicy:
     namespace = r.choice((*NAMESPACES, None))
     sel = r.choice(CALICO_SELECTORS)
     ns_sel = r.choice(NAMESPACE_SELECTORS[:4]) if namespace is None else None
-    selector = policy_selector(sel, namespace=namespace, namespace_selector=ns_sel)
+    selector = policy_selector(
+        sel,
+        namespace=namespace,
+        namespace_selector=ns_sel,
+        service_account_selector=r.choice(ACCOUNT_SELECTORS),
+    )
     ingress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 3)))
     egress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 2)))
     types: frozenset[Direction] = r.choice(
