@@ -484,8 +484,9 @@ class _Counted:
 
 
 def _gnp(i: int, app: str, peer: str, proto: int = 6) -> CalicoPolicy:
+    source = EntityMatch(selector=_Counted(f"app == '{peer}'"))
     rules = (
-        CalicoRule("Deny", protocol=proto, source=EntityMatch(selector=_Counted(f"app == '{peer}'"))),
+        CalicoRule("Deny", protocol=proto, source=source),
         CalicoRule("Pass"),
     )
     types: frozenset[Direction] = frozenset({"ingress"})
