@@ -4,7 +4,9 @@ deltas, against the full computation.
 The core proof replays random change sequences (``tests/policy_fuzz.py``: policies with pod
 and namespace selectors, ipBlocks, named ports, both families; namespaces and pods
 relabelled; endpoints added, removed, moved between nodes, readdressed; duplicate addresses;
-endpoints whose pod is missing; the NAT pools) and after EVERY change compares:
+endpoints whose pod is missing; the NAT pools; with ``calico``, Calico's kinds too: policies
+of every kind and stage, staged ones, tiers, network sets, host endpoints, service
+accounts) and after EVERY change compares:
 
 * the incrementally kept IR with ``engine.compute`` of the same inputs (kept independently);
 * the delta's nft text with what ``Renderer.delta`` diffs out of the two computed states;
