@@ -31,6 +31,8 @@ DEFAULT_TIER = "default"
 DEFAULT_TIER_ORDER = 1_000_000.0
 #: The order of a Kubernetes NetworkPolicy in the default tier (Calico's conversion).
 KUBERNETES_POLICY_ORDER = 1000.0
+#: What Calico's conversion puts before a Kubernetes NetworkPolicy's name (a reserved prefix).
+KUBERNETES_POLICY_PREFIX = "knp.default."
 
 
 def endpoint_labels(

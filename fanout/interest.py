@@ -37,12 +37,21 @@ from datastore.base import Doc
 from datastore.errors import StoreCorrupt
 from fanout import views
 from policy import engine
-from policy.inputs import calico_policy, endpoint, namespace, pod, policy, tier
+from policy.inputs import (
+    calico_policy,
+    endpoint,
+    namespace,
+    pod,
+    policy,
+    staged_kubernetes_policy,
+    tier,
+)
 from resources.index import (
     BY_NAME,
     CALICO_POLICIES,
     GLOBAL_POLICIES,
     STAGED_GLOBAL_POLICIES,
+    STAGED_KUBERNETES_POLICIES,
     STAGED_POLICIES,
 )
 
@@ -54,7 +63,14 @@ if TYPE_CHECKING:
 
 WORKLOAD_KINDS = frozenset({"pod", "workloadendpoint"})
 CALICO_KINDS = frozenset(
-    k.name for k in (CALICO_POLICIES, GLOBAL_POLICIES, STAGED_POLICIES, STAGED_GLOBAL_POLICIES)
+    k.name
+    for k in (
+        CALICO_POLICIES,
+        GLOBAL_POLICIES,
+        STAGED_POLICIES,
+        STAGED_GLOBAL_POLICIES,
+        STAGED_KUBERNETES_POLICIES,
+    )
 )
 #: the kinds whose documents the interest reads
 KINDS = WORKLOAD_KINDS | CALICO_KINDS | {"networkpolicy", "namespace", "tier"}
@@ -286,6 +302,8 @@ class Interest:
                 return namespace(cast("Namespace", model))
             if kind == "tier":
                 return tier(model)  # type: ignore[arg-type]
+            if kind == STAGED_KUBERNETES_POLICIES.name:
+                return staged_kubernetes_policy(model)  # type: ignore[arg-type]
             return calico_policy(model)  # type: ignore[arg-type]
         except (StoreCorrupt, ValueError, TypeError):
             return None

@@ -61,12 +61,29 @@ def rule_counter(c: PolicyChain, r: TierRule) -> tuple[str, CounterKey]:
     return f"pkt-{c.name}-{r.rule}", what
 
 
+#: The ``rule`` label of a staged policy's end-of-tier counter.
+END_OF_TIER = "end-of-tier"
+
+
+def staged_end_counter(chain: str) -> str:
+    """The named counter of a staged policy's chain that counts the end of its tier: the
+    packets none of the tier's staged rules would have decided (and no staged rule of an
+    earlier tier), where no enforced policy of the tier selects the endpoint."""
+    return f"pkt-{chain}-end"
+
+
 def chain_counters(c: PolicyChain) -> dict[str, CounterKey]:
     """The named counters of one policy chain: its accepts (Kubernetes), or one per rule
-    (Calico)."""
+    (Calico), and a staged policy's end of its tier (verdict: the tier's defaultAction)."""
     if not c.tier:
         return dict((chain_counter(c),))
-    return dict(rule_counter(c, r) for r in c.rules if isinstance(r, TierRule))
+    out = dict(rule_counter(c, r) for r in c.rules if isinstance(r, TierRule))
+    if c.end_action is not None:
+        ns, _, name = c.policy.removeprefix("staged:").rpartition("/")
+        verdict = "deny" if c.end_action == "Deny" else "pass"
+        key = CounterKey(ns, name, c.direction, verdict, c.tier, END_OF_TIER, c.staged)
+        out[staged_end_counter(c.name)] = key
+    return out
 
 
 def endpoint_counters(p: EndpointProgram) -> dict[str, CounterKey]:
@@ -113,6 +130,7 @@ def counted_keys(
 
 __all__ = [
     "DEFAULT_DENY",
+    "END_OF_TIER",
     "CounterKey",
     "chain_counter",
     "chain_counters",
@@ -121,4 +139,5 @@ __all__ = [
     "deny_counter",
     "endpoint_counters",
     "rule_counter",
+    "staged_end_counter",
 ]

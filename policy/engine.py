@@ -35,7 +35,7 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
-from bundle.calico import KUBERNETES_POLICY_ORDER, endpoint_labels
+from bundle.calico import KUBERNETES_POLICY_ORDER, KUBERNETES_POLICY_PREFIX, endpoint_labels
 from bundle.types import IPAddress, IPNetwork
 from policy.calico import (
     DEFAULT_TIER,
@@ -669,6 +669,10 @@ class PolicyChain:
     #: untracked policy's Allow is ``notrack`` and both it and a pre-DNAT policy's Allow
     #: mark the packet so that no later host-endpoint policy is tried
     stage: PolicyStage = "normal"
+    #: a staged policy's: its tier's defaultAction, what ends the tier when none of its
+    #: rules matched and no other policy of the tier decides (its ``-end`` counter's
+    #: verdict); None for an enforced policy
+    end_action: TierAction | None = None
 
     @functools.cached_property
     def can_pass(self) -> bool:
@@ -678,12 +682,22 @@ class PolicyChain:
 @dataclasses.dataclass(frozen=True)
 class TierSpan:
     """One tier of an endpoint's program: its policy chains in order, whether each can
-    Pass, and what ends the tier when none decided (``Deny``: drop; ``Pass``: on)."""
+    Pass, and what ends the tier when none decided (``Deny``: drop; ``Pass``: on); and the
+    chains of the tier's staged policies (tried first: they count what they would decide
+    and return). A tier only staged policies of select the endpoint has no ``chains``: it
+    decides nothing, and its end is counted (``pkt-<last staged chain>-end``) when none of
+    its staged rules decided and no staged rule of an earlier tier did."""
 
     tier: str
     chains: tuple[str, ...]
     passing: tuple[bool, ...]
     default_action: TierAction
+    staged: tuple[str, ...] = ()
+
+    @property
+    def enforced(self) -> bool:
+        """Whether an enforced policy of the tier selects the endpoint (the tier decides)."""
+        return bool(self.chains)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -693,10 +707,10 @@ class EndpointProgram:
     before the drop.
 
     When a Calico policy (staged or not) applies to the endpoint for a direction, that
-    direction is *tiered*: ``<direction>_tiers`` holds the tiers in order (``ingress`` /
-    ``egress`` is then every tier's chains, flat), ``<direction>_staged`` the staged
-    policies' chains (jumped first: they count and return), and past the last tier the
-    profile allows. Otherwise both are empty and the Kubernetes form applies."""
+    direction is *tiered*: ``<direction>_tiers`` holds the tiers in order, each with its
+    staged policies' chains (``ingress`` / ``egress`` is then every tier's enforced chains,
+    flat), and past the last tier the profile allows. Otherwise it is empty and the
+    Kubernetes form applies."""
 
     interface: str
     endpoint: str
@@ -705,17 +719,16 @@ class EndpointProgram:
     egress: tuple[str, ...] | None
     ingress_tiers: tuple[TierSpan, ...] = ()
     egress_tiers: tuple[TierSpan, ...] = ()
-    ingress_staged: tuple[str, ...] = ()
-    egress_staged: tuple[str, ...] = ()
 
     def tiers(self, direction: Direction) -> tuple[TierSpan, ...]:
         return self.ingress_tiers if direction == "ingress" else self.egress_tiers
 
     def staged(self, direction: Direction) -> tuple[str, ...]:
-        return self.ingress_staged if direction == "ingress" else self.egress_staged
+        """The staged policies' chains of every tier, in order."""
+        return tuple(c for span in self.tiers(direction) for c in span.staged)
 
     def tiered(self, direction: Direction) -> bool:
-        return bool(self.tiers(direction) or self.staged(direction))
+        return bool(self.tiers(direction))
 
     def chains(self, direction: Direction) -> tuple[str, ...] | None:
         return self.ingress if direction == "ingress" else self.egress
@@ -857,6 +870,8 @@ class DesiredState:
 
     def _tiers_allow(self, tiers: Sequence[TierSpan], direction: Direction, pkt: _IRPacket) -> bool:
         for span in tiers:
+            if not span.enforced:
+                continue  # only staged policies: the tier decides nothing
             decided: Verdict | None = None
             for chain in span.chains:
                 decided = self._chain_verdict(chain, direction, pkt)
@@ -1136,9 +1151,10 @@ class _Builder:
             comment = f"{pol.tier}/{pol.key} {direction}[{i}]"
             for fam in sorted(self.families):
                 out.extend(self._tier_rules(rule, fam, i, comment))
-        name = calico_chain_name(pol, direction)
+        end = self.view.tier(pol.tier).default_action if pol.staged else None
+        name = calico_chain_name(pol, direction, end)
         return PolicyChain(
-            name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind, pol.stage
+            name, pol.key, direction, tuple(out), pol.tier, pol.staged, pol.kind, pol.stage, end
         )
 
     def _tier_rules(self, rule: CalicoRule, fam: Family, i: int, comment: str) -> list[TierRule]:
@@ -1392,17 +1408,17 @@ def tiered_program(
 ) -> EndpointProgram:
     """``prog`` with the directions a Calico policy (staged or not) applies to tiered:
     ``entries`` (per direction, :func:`tier_entries` of the endpoint, staged ones too), by
-    tier as :func:`explain` walks them, the staged policies' chains first."""
+    tier as :func:`explain` walks them, each tier with its staged policies' chains."""
     out = prog
     for direction in _DIRECTIONS:
         by_tier = entries[direction]
         if not any(e.calico is not None for es in by_tier.values() for e in es):
             continue
         spans: list[TierSpan] = []
-        staged: list[str] = []
         for tier, in_tier in by_tier.items():
             names: list[str] = []
             passing: list[bool] = []
+            staged: list[str] = []
             for e in in_tier:
                 if e.k8s is not None:
                     names.append(_policy_chain_name(e.k8s, direction))
@@ -1415,29 +1431,29 @@ def tiered_program(
                 else:
                     names.append(chain.name)
                     passing.append(chain.can_pass)
-            if names:
-                action = tier_of(tier).default_action
-                spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
+            action = tier_of(tier).default_action
+            spans.append(TierSpan(tier, tuple(names), tuple(passing), action, tuple(staged)))
         flat = tuple(n for span in spans for n in span.chains)
         if direction == "ingress":
-            out = dataclasses.replace(
-                out, ingress=flat, ingress_tiers=tuple(spans), ingress_staged=tuple(staged)
-            )
+            out = dataclasses.replace(out, ingress=flat, ingress_tiers=tuple(spans))
         else:
-            out = dataclasses.replace(
-                out, egress=flat, egress_tiers=tuple(spans), egress_staged=tuple(staged)
-            )
+            out = dataclasses.replace(out, egress=flat, egress_tiers=tuple(spans))
     return out
 
 
-def calico_chain_name(pol: CalicoPolicy, direction: Direction) -> str:
-    """``ci-<h>`` / ``ce-<h>``: ``<h>`` hashes the policy's whole content, so an edited
-    policy is a new chain (and its per-rule counters new counters), never a changed one."""
+def calico_chain_name(
+    pol: CalicoPolicy, direction: Direction, end: TierAction | None = None
+) -> str:
+    """``ci-<h>`` / ``ce-<h>``: ``<h>`` hashes the policy's whole content (and a staged
+    policy's ``end``, its tier's defaultAction), so an edited policy is a new chain (and its
+    per-rule counters new counters), never a changed one."""
     # (every part's text is canonical: no set's iteration order, so no hash seed, in it)
     content = (direction, pol.key, pol.tier, pol.order, sorted(pol.types), str(pol.selector))
-    flags = (
+    flags: tuple[object, ...] = (
         (pol.stage, pol.apply_on_forward) if pol.stage != "normal" or pol.apply_on_forward else ()
     )
+    if end is not None:
+        flags = (*flags, end)
     text = repr(((*content, *flags), pol.rules(direction)))
     return f"{'ci' if direction == 'ingress' else 'ce'}-{_digest(text)}"
 
@@ -1469,12 +1485,18 @@ def policy_chain(
 
 
 def calico_policy_chain(
-    pol: CalicoPolicy, direction: Direction, families: Iterable[Family] = (4, 6)
+    pol: CalicoPolicy,
+    direction: Direction,
+    families: Iterable[Family] = (4, 6),
+    tier: Tier | None = None,
 ) -> tuple[PolicyChain, dict[str, SetDef]]:
     """A Calico policy's chain for one direction exactly as :func:`compute` makes it, with
     the sets it uses (empty here: their elements depend on the endpoints, host endpoints
-    and network sets). Like :func:`policy_chain`, once per policy revision."""
-    b = _Builder(_View(ClusterState()), frozenset(families))
+    and network sets). It depends on the policy alone, and a staged one's on its ``tier``
+    too (the Tier resource, None when there is none: its defaultAction ends the chain);
+    like :func:`policy_chain`, built once per revision of them."""
+    tiers = (tier,) if tier is not None else ()
+    b = _Builder(_View(ClusterState(tiers=tiers)), frozenset(families))
     chain = b.calico_chain(pol, direction)
     return chain, dict(b.sets)
 
@@ -1664,7 +1686,9 @@ def _by_tier(
     out: dict[str, list[_Entry]] = {}
     for p in k8s:
         if direction in p.types:
-            sort = policy_sort_key(KUBERNETES_POLICY_ORDER, f"{p.namespace}/knp.default.{p.name}")
+            sort = policy_sort_key(
+                KUBERNETES_POLICY_ORDER, f"{p.namespace}/{KUBERNETES_POLICY_PREFIX}{p.name}"
+            )
             out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
     for c in calico:
         if direction not in c.types or (c.staged and not staged):

@@ -632,7 +632,8 @@ class IncrementalPolicy:
     def put_tier(self, name: str, tier: Tier | None) -> bool:
         """A tier put or removed: the programs of the local endpoints with a policy in it
         (for ``default``, of every local endpoint a Calico policy selects: the Kubernetes
-        policies are in it), the host endpoints' programs."""
+        policies are in it), the chains of its staged policies (they end in its
+        defaultAction), the host endpoints' programs."""
         if self._tiers.get(name) == tier:
             return False
         self._state = None
@@ -644,6 +645,12 @@ class IncrementalPolicy:
         for ck, keys in self._c_local.items():
             if name == DEFAULT_TIER or self._calico[ck].tier == name:
                 ifaces.update(self._endpoints[ek].ep.interface for ek in keys)
+        # a staged policy's chain ends in its tier's defaultAction: a new chain
+        for ck, c in self._calico.items():
+            if c.staged and c.tier == name:
+                for d in _DIRECTIONS:
+                    self._c_templates.pop((ck, d), None)
+                self._c_sync(ck)
         if self._hosts:
             self._rehost()
         for iface in sorted(ifaces):
@@ -740,7 +747,9 @@ class IncrementalPolicy:
     def _c_template(self, key: str, direction: Direction) -> _Template:
         t = self._c_templates.get((key, direction))
         if t is None:
-            chain, sets = engine.calico_policy_chain(self._calico[key], direction, self.families)
+            pol = self._calico[key]
+            tier = self._tiers.get(pol.tier)
+            chain, sets = engine.calico_policy_chain(pol, direction, self.families, tier)
             t = _Template(chain, sets, {})
             self._c_templates[(key, direction)] = t
         return t

@@ -16,9 +16,11 @@ matches the labels Calico gives endpoints and network sets and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from bundle.calico import DEFAULT_TIER, KUBERNETES_POLICY_ORDER, KUBERNETES_POLICY_PREFIX
 from policy import calico, engine
 from policy.incremental import Update, UpdateKind, Value
 from resources.index import (
@@ -33,6 +35,7 @@ from resources.index import (
     POLICIES,
     POOLS,
     STAGED_GLOBAL_POLICIES,
+    STAGED_KUBERNETES_POLICIES,
     STAGED_POLICIES,
     TIERS,
     Change,
@@ -40,7 +43,17 @@ from resources.index import (
     Kind,
 )
 from resources.remote import RemoteEndpoint, RemotePod
-from resources.selector import parse_selector, policy_selector, rule_selector
+from resources.selector import (
+    Compare,
+    Has,
+    In,
+    Node,
+    Not,
+    conjunction,
+    parse_selector,
+    policy_selector,
+    rule_selector,
+)
 
 if TYPE_CHECKING:
     from resources.calico import CalicoPolicy as CalicoPolicyModel
@@ -51,6 +64,7 @@ if TYPE_CHECKING:
         ICMPFields,
         NetworkSet,
         Rule,
+        StagedKubernetesNetworkPolicy,
         Tier,
     )
     from resources.k8s import (
@@ -89,7 +103,8 @@ def _port(p: NetworkPolicyPort) -> engine.PortSpec:
     return engine.PortSpec(p.protocol, p.port, p.endPort)
 
 
-def policy(np: NetworkPolicy) -> engine.Policy:
+def policy(np: NetworkPolicy | StagedKubernetesNetworkPolicy) -> engine.Policy:
+    """A Kubernetes NetworkPolicy (or a staged one's spec, as the policy it stages)."""
     spec = np.spec
     ingress = tuple(
         engine.Rule(tuple(_peer(x) for x in r.from_ or ()), tuple(_port(x) for x in r.ports or ()))
@@ -106,6 +121,91 @@ def policy(np: NetworkPolicy) -> engine.Policy:
         ingress,
         egress,
         tuple(spec.policyTypes or ()),
+    )
+
+
+def staged_kubernetes_policy(p: StagedKubernetesNetworkPolicy) -> calico.CalicoPolicy | None:
+    """A StagedKubernetesNetworkPolicy: the Kubernetes policy it stages in Calico's form
+    (:func:`as_calico`), staged; None for a staged ``Delete`` (as Calico's staged kinds)."""
+    if p.spec.stagedAction == "Delete":
+        return None
+    return as_calico(policy(p), staged=True)
+
+
+def as_calico(pol: engine.Policy, *, staged: bool = False) -> calico.CalicoPolicy:
+    """A Kubernetes NetworkPolicy as Calico converts one: a NetworkPolicy of its namespace
+    named ``knp.default.<name>`` in tier ``default`` at order 1000, its pod selector as the
+    selector, each (peer, protocol) of a rule an ``Allow`` rule (the peer on the remote
+    side: its pod selector scoped to the policy's namespace or to its namespace selector, or
+    its ipBlock as ``nets``/``notNets``; the rule's ports of that protocol on the
+    destination), so that it decides in the walk exactly as the policy itself does."""
+    rules = {d: tuple(_calico_rules(pol, d)) for d in ("ingress", "egress")}
+    return calico.CalicoPolicy(
+        f"{KUBERNETES_POLICY_PREFIX}{pol.name}",
+        pol.namespace,
+        policy_selector(_selector_text(pol.pod_selector), namespace=pol.namespace),
+        DEFAULT_TIER,
+        KUBERNETES_POLICY_ORDER,
+        pol.types,
+        rules["ingress"],
+        rules["egress"],
+        staged,
+    )
+
+
+def _selector_text(sel: engine.LabelSelector) -> str:
+    """A Kubernetes label selector in Calico's language (the empty one: ``all()``)."""
+    nodes: list[Node] = [Compare(k, "==", v) for k, v in sel.match_labels]
+    for r in sel.match_expressions:
+        if r.operator in ("In", "NotIn"):
+            nodes.append(In(r.key, frozenset(r.values), r.operator == "NotIn"))
+        else:
+            nodes.append(Has(r.key) if r.operator == "Exists" else Not(Has(r.key)))
+    return str(conjunction(nodes))
+
+
+def _calico_rules(pol: engine.Policy, direction: calico.Direction) -> list[calico.CalicoRule]:
+    out = []
+    for rule in pol.rules(direction):
+        # per protocol (None: no ports, any protocol) its ports; none: every port of it
+        by_protocol: dict[int | None, list[calico.PortMatch]] = {}
+        every: set[int | None] = set() if rule.ports else {None}
+        for spec in rule.ports:
+            number: int | None = calico.protocol_number(spec.protocol)
+            ports = by_protocol.setdefault(number, [])
+            if spec.port is None:
+                every.add(number)
+            elif isinstance(spec.port, str):
+                ports.append(calico.PortMatch(name=spec.port))
+            else:
+                ports.append(calico.PortMatch(spec.port, spec.end_port or spec.port))
+        if not rule.ports:
+            by_protocol[None] = []
+        for peer in rule.peers or (None,):
+            remote = _calico_peer(pol, peer)
+            for number, ports in by_protocol.items():
+                where = () if number in every else tuple(ports)
+                if direction == "ingress":
+                    src, dst = remote, calico.EntityMatch(ports=where)
+                else:
+                    src, dst = calico.ANY, dataclasses.replace(remote, ports=where)
+                out.append(calico.CalicoRule("Allow", number, source=src, destination=dst))
+    return out
+
+
+def _calico_peer(pol: engine.Policy, peer: engine.Peer | None) -> calico.EntityMatch:
+    if peer is None:
+        return calico.ANY
+    if peer.ip_block is not None:
+        return calico.EntityMatch(nets=(peer.ip_block.cidr,), not_nets=peer.ip_block.except_)
+    pods = peer.pod_selector
+    spaces = peer.namespace_selector
+    return calico.EntityMatch(
+        selector=rule_selector(
+            _selector_text(pods) if pods is not None else "all()",
+            namespace_selector=_selector_text(spaces) if spaces is not None else None,
+            policy_namespace=pol.namespace,
+        )
     )
 
 
@@ -128,7 +228,7 @@ def pod(p: Pod | RemotePod) -> engine.Pod:
             ports = _ports[p.ports] = tuple(
                 engine.ContainerPort(name, number, proto) for name, proto, number in p.ports
             )
-        return engine.Pod(p.namespace, p.name, p.labels, ports)
+        return engine.Pod(p.namespace, p.name, p.labels, ports, p.service_account)
     ports = tuple(
         engine.ContainerPort(name, number, proto) for name, proto, number in p.named_ports()
     )
@@ -137,6 +237,7 @@ def pod(p: Pod | RemotePod) -> engine.Pod:
         p.metadata.name or "",
         tuple((p.metadata.labels or {}).items()),
         ports,
+        p.spec.serviceAccountName or "",
     )
 
 
@@ -307,6 +408,7 @@ _UPDATES: dict[str, tuple[UpdateKind, Callable[[Any], object]]] = {
         k.name: ("calico-policy", lambda m: calico_policy(m))
         for k in (CALICO_POLICIES, GLOBAL_POLICIES, STAGED_POLICIES, STAGED_GLOBAL_POLICIES)
     },
+    STAGED_KUBERNETES_POLICIES.name: ("calico-policy", lambda m: staged_kubernetes_policy(m)),
     NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
     GLOBAL_NETWORK_SETS.name: ("network-set", lambda m: network_set(m)),
     TIERS.name: ("tier", lambda m: tier(m)),
@@ -337,6 +439,8 @@ class PolicyInputs:
             for p in self._each(docs, kind, calico_policy)
             if p is not None
         ]
+        staged_k8s = self._each(docs, STAGED_KUBERNETES_POLICIES, staged_kubernetes_policy)
+        policies += [p for p in staged_k8s if p is not None]
         sets = self._each(docs, NETWORK_SETS, network_set)
         sets += self._each(docs, GLOBAL_NETWORK_SETS, network_set)
         state = engine.ClusterState(

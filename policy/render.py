@@ -58,6 +58,7 @@ from policy.counters import (
     deny_counter,
     endpoint_counters,
     rule_counter,
+    staged_end_counter,
 )
 from policy.engine import (
     HOST_STAGES,
@@ -104,7 +105,15 @@ _INTERVAL = ("cidr", "selnet")
 PASS_MARK = 0x01000000
 _PASS_SET = f"meta mark and {PASS_MARK:#010x} == {PASS_MARK:#010x}"
 _PASS_CLEAR = f"meta mark and {PASS_MARK:#010x} == 0x00000000 "
-_CLEAR = f"meta mark set meta mark and {0xFFFFFFFF ^ PASS_MARK:#010x}"
+#: The mark bits a staged policy's rule sets before it returns: one that would Allow or
+#: Deny (``STAGED_DECIDED_MARK``: no later staged chain is tried, no staged tier's end
+#: counted), one that would Pass (``STAGED_PASS_MARK``: its tier's end is not counted;
+#: cleared after the tier). Both cleared at the start of an endpoint chain that has staged
+#: policies: a packet forwarded from one local pod to another meets two.
+STAGED_DECIDED_MARK = 0x04000000
+STAGED_PASS_MARK = 0x08000000
+_STAGED_UNDECIDED = f"meta mark and {STAGED_DECIDED_MARK:#010x} == 0x00000000 "
+_STAGED_NOTHING = f"meta mark and {STAGED_DECIDED_MARK | STAGED_PASS_MARK:#010x} == 0x00000000 "
 #: The mark bit an untracked or pre-DNAT policy's Allow sets: the later host-endpoint
 #: chains accept the packet at once (Calico: such an Allow skips normal policy).
 HOST_ACCEPT_MARK = 0x02000000
@@ -190,6 +199,20 @@ def comment_text(text: str) -> str:
 
 def _quote(text: str) -> str:
     return f'"{comment_text(text)}"'
+
+
+def _clear(passed: str, staged: Sequence[str]) -> str:
+    """The statement that clears, after a tier, the Pass bit (when a policy of it could
+    Pass: ``passed`` is its guard) and the staged Pass bit (when it has staged policies)."""
+    bits = (PASS_MARK if passed else 0) | (STAGED_PASS_MARK if staged else 0)
+    return f"meta mark set meta mark and {0xFFFFFFFF ^ bits:#010x}"
+
+
+def _rule_log(prefix: str, direction: str, counter: str) -> str:
+    """The statements that send a packet to the policy log, named by a rule's counter,
+    within the node-wide limit."""
+    what = _quote(f"{prefix}{direction} {counter}")
+    return f'limit name "log-denied" log prefix {what} group {LOG_GROUP} snaplen {LOG_SNAPLEN}'
 
 
 def _element(e: Element) -> str:
@@ -320,13 +343,13 @@ class Renderer:
         count = f'counter name "{counter}"' if self.visibility else ""
 
         def log(prefix: str) -> str:
-            what = _quote(f"{prefix}{c.direction} {counter}")
-            limit = 'limit name "log-denied"'
-            return f"{limit} log prefix {what} group {LOG_GROUP} snaplen {LOG_SNAPLEN}"
+            return _rule_log(prefix, c.direction, counter)
 
         first: str | None = None  # a rule before the deciding one: a staged denial's log
         if c.staged:
-            stmts = [count] if r.verdict == "log" else [count, "return"]
+            bit = STAGED_PASS_MARK if r.verdict == "pass" else STAGED_DECIDED_MARK
+            decide = f"meta mark set meta mark or {bit:#010x} return"
+            stmts = [count] if r.verdict == "log" else [count, decide]
             if r.verdict == "drop" and self.visibility:
                 first = log(STAGED_LOG_PREFIX)
         elif r.verdict == "log":
@@ -352,15 +375,14 @@ class Renderer:
         return f"to-{iface}", f"from-{iface}"
 
     def _tiered(self, p: EndpointProgram, chain: str, what: Direction) -> list[str]:
-        """A tiered direction: the staged policies' chains (they count and return), then
-        each tier: its policies' chains in order (after one that can Pass, only while the
-        Pass bit is clear), then its end (Deny: counted, logged, dropped, unless Passed);
+        """A tiered direction: each tier (its staged policies' chains, which count and
+        return, then its policies' chains in order, after one that can Pass only while the
+        Pass bit is clear, then its end: Deny counted, logged, dropped, unless Passed);
         past every tier the profile accepts."""
-        jumps = [f"add rule {self.t} {chain} jump {s}" for s in p.staged(what)]
         note = _quote(f"{p.endpoint}: past every tier, the profile allows {what}")
         end = f"accept comment {note}"
         counter = deny_counter(p.interface, what)
-        return jumps + self._tier_walk(chain, p.tiers(what), p.endpoint, what, counter, end)
+        return self._tier_walk(chain, p.tiers(what), p.endpoint, what, counter, end)
 
     def _tier_walk(
         self,
@@ -371,14 +393,25 @@ class Renderer:
         counter: str | None,
         end: str | None,
     ) -> list[str]:
-        """The tiers of one chain: each tier's policies' chains in order (after one that
-        can Pass, only while the Pass bit is clear), then its end (Deny: counted into
-        ``counter``, logged, dropped, unless Passed); past every tier ``end``."""
+        """The tiers of one chain: each tier's staged policies' chains (while no staged
+        rule of an earlier tier would have decided), then its policies' chains in order
+        (after one that can Pass, only while the Pass bit is clear), then its end (Deny:
+        counted into ``counter``, logged, dropped, unless Passed); past every tier ``end``.
+        A tier of staged policies alone ends in its last staged chain's ``-end`` counter
+        (and, when it would deny, the staged log) when none of their rules decided."""
         t = self.t
         out = []
-        if any(any(span.passing) for span in spans):
-            out.append(f"add rule {t} {chain} {_CLEAR}")
+        bits = PASS_MARK if any(any(span.passing) for span in spans) else 0
+        if any(span.staged for span in spans):
+            bits |= STAGED_DECIDED_MARK | STAGED_PASS_MARK
+        if bits:
+            mask = 0xFFFFFFFF ^ bits
+            out.append(f"add rule {t} {chain} meta mark set meta mark and {mask:#010x}")
         for span in spans:
+            out.extend(f"add rule {t} {chain} {_STAGED_UNDECIDED}jump {s}" for s in span.staged)
+            if not span.enforced:
+                out.extend(self._staged_tier_end(chain, span, who, what))
+                continue
             guard = ""
             for name, passing in zip(span.chains, span.passing, strict=True):
                 out.append(f"add rule {t} {chain} {guard}jump {name}")
@@ -390,10 +423,27 @@ class Renderer:
                     out.append(f"add rule {t} {chain} {guard}{count}jump log-{what}")
                 note = _quote(f"{who}: end of tier {span.tier}")
                 out.append(f"add rule {t} {chain} {guard}drop comment {note}")
-            if guard:
-                out.append(f"add rule {t} {chain} {_CLEAR}")
+            if guard or span.staged:
+                out.append(f"add rule {t} {chain} {_clear(guard, span.staged)}")
         if end is not None:
             out.append(f"add rule {t} {chain} {end}")
+        return out
+
+    def _staged_tier_end(self, chain: str, span: TierSpan, who: str, what: Direction) -> list[str]:
+        """The end of a tier only staged policies select the endpoint in: nothing decides
+        here; when none of the staged rules would have (this tier or an earlier one), the
+        tier's end is counted into its last staged chain's ``-end`` counter and, when it
+        would deny, logged as the staged policy's; then the staged Pass bit is cleared."""
+        t = self.t
+        out = []
+        if self.visibility:
+            counter = staged_end_counter(span.staged[-1])
+            denies = span.default_action == "Deny"
+            log = _rule_log(STAGED_LOG_PREFIX, what, counter) if denies else ""
+            note = _quote(f"{who}: staged end of tier {span.tier}")
+            body = " ".join(x for x in (f'counter name "{counter}"', log) if x)
+            out.append(f"add rule {t} {chain} {_STAGED_NOTHING}{body} comment {note}")
+        out.append(f"add rule {t} {chain} {_clear('', span.staged)}")
         return out
 
     def endpoint_rules(self, p: EndpointProgram) -> list[str]:

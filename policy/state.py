@@ -33,6 +33,7 @@ from policy import engine
 from policy.calico import Failsafes
 from policy.counters import (
     DEFAULT_DENY,
+    END_OF_TIER,
     CounterKey,
     chain_counters,
     counted_keys,
@@ -302,6 +303,8 @@ class PolicyDataplane:
         chain, _, index = counter.removeprefix("pkt-").rpartition("-")
         with self._lock:
             c = self._engine.chains.get(chain)
+            if c is not None and c.end_action is not None and index == "end":
+                return f"{c.tier}/{c.policy} {c.direction} {END_OF_TIER}"
             if c is None or not index.isdigit():
                 return None
             for r in c.rules:

@@ -51,6 +51,7 @@ from pydantic import Field, model_validator
 from bundle.calico import DEFAULT_TIER as DEFAULT_TIER
 from bundle.calico import DEFAULT_TIER_ORDER as DEFAULT_TIER_ORDER
 from bundle.calico import KUBERNETES_POLICY_ORDER as KUBERNETES_POLICY_ORDER
+from bundle.calico import KUBERNETES_POLICY_PREFIX
 from bundle.calico import PROTOCOLS as PROTOCOLS
 from bundle.types import IPNetwork
 from resources import names
@@ -65,7 +66,7 @@ CALICO_API_VERSION = "projectcalico.org/v3"
 TABBY_API_VERSION = "tabby.io/v1"
 
 #: name prefixes Calico keeps for the policies it derives (Kubernetes NetworkPolicies)
-RESERVED_PREFIXES = ("knp.default.", "ossg.default.")
+RESERVED_PREFIXES = (KUBERNETES_POLICY_PREFIX, "ossg.default.")
 
 Action = Literal["Allow", "Deny", "Log", "Pass"]
 PolicyType = Literal["Ingress", "Egress"]

@@ -185,11 +185,11 @@ ROUTING: tuple[Kind[object], ...] = tuple(
     BY_NAME[n] for n in ("node", "heartbeat", "pool", "block", "bgpconfiguration", "bgppeer")
 )
 #: What the policy engine reads (tabby-node watches it; ``tabbyctl policy`` reads it): the
-#: Kubernetes kinds and Calico's policies, network sets, tiers and host endpoints. (Staged
-#: Kubernetes policies are Calico's too, but not read by the engine yet.)
+#: Kubernetes kinds and Calico's policies (staged ones and staged Kubernetes policies
+#: included), network sets, tiers and host endpoints.
 POLICY: tuple[Kind[object], ...] = (
     *(BY_NAME[n] for n in ("networkpolicy", "namespace", "pod", "workloadendpoint")),
-    *(k for k in CALICO_POLICY if k is not STAGED_KUBERNETES_POLICIES),
+    *CALICO_POLICY,
 )
 #: The store kinds a tabby-node watches (directly, or through tabby-typha): routing's,
 #: policy's, and the policy traces other nodes ask of it.

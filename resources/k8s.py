@@ -266,13 +266,18 @@ class Container(StrictModel):
 class PodSpec(StrictModel):
     containers: list[Container] = Field(default_factory=list)
     nodeName: str | None = None
+    #: the pod's service account (Calico's rules and policies select by it: ``serviceAccounts``,
+    #: ``serviceAccountSelector``); the API server sets ``default`` when none is given
+    serviceAccountName: str | None = None
 
     @model_validator(mode="after")
     def _node_name(self) -> PodSpec:
-        if self.nodeName is not None:
-            why = names.dns1123_subdomain(self.nodeName)
-            if why is not None:
-                raise FieldError(why, "nodeName", value=self.nodeName)
+        for field in ("nodeName", "serviceAccountName"):
+            value = getattr(self, field)
+            if value is not None:
+                why = names.dns1123_subdomain(value)
+                if why is not None:
+                    raise FieldError(why, field, value=value)
         return self
 
     @model_validator(mode="after")

@@ -57,7 +57,7 @@ def _labels(labels: dict[str, str] | None) -> Labels:
 class RemotePod:
     """Another node's Pod: what policy reads of it (``policy.inputs.pod``)."""
 
-    __slots__ = ("labels", "name", "namespace", "ports")
+    __slots__ = ("labels", "name", "namespace", "ports", "service_account")
 
     def __init__(
         self,
@@ -65,12 +65,15 @@ class RemotePod:
         name: str,
         labels: Labels = (),
         ports: tuple[tuple[str, Protocol, int], ...] = (),
+        service_account: str = "",
     ) -> None:
         self.namespace = namespace
         self.name = name
         self.labels = labels
         #: ``(name, protocol, containerPort)`` of every named port (``Pod.named_ports``)
         self.ports = ports
+        #: ``spec.serviceAccountName`` ("" when unset)
+        self.service_account = service_account
 
     @classmethod
     def of(cls, pod: Pod) -> RemotePod:
@@ -79,6 +82,7 @@ class RemotePod:
             intern(pod.metadata.name or ""),  # one string with its endpoints' ``pod``
             _labels(pod.metadata.labels),
             _share(tuple((intern(n), proto, port) for n, proto, port in pod.named_ports())),
+            intern(pod.spec.serviceAccountName or ""),
         )
 
     def named_ports(self) -> list[tuple[str, Protocol, int]]:
@@ -91,7 +95,7 @@ class RemotePod:
         return hash(self._fields())
 
     def _fields(self) -> tuple[object, ...]:
-        return (self.namespace, self.name, self.labels, self.ports)
+        return (self.namespace, self.name, self.labels, self.ports, self.service_account)
 
     def __repr__(self) -> str:
         return f"RemotePod({self.namespace}/{self.name})"
@@ -159,7 +163,8 @@ class RemoteEndpoint:
 
 def reduce_pod(data: JSON) -> JSON | None:
     """Of another node's stored Pod, what policy reads (``RemotePod``), still a stored Pod:
-    metadata's name, namespace and labels, ``spec.nodeName`` and the containers' named ports.
+    metadata's name, namespace and labels, ``spec.nodeName``, ``spec.serviceAccountName`` and
+    the containers' named ports.
     Its annotations, uid, status, addresses and unnamed ports are its own node's. None when
     malformed (parsed as it is, and refused there)."""
     meta, spec = data.get("metadata"), data.get("spec")
@@ -175,6 +180,8 @@ def reduce_pod(data: JSON) -> JSON | None:
         if named:
             containers.append({"name": c.get("name"), "ports": named})
     reduced: JSON = {"metadata": reduced_meta, "spec": {"nodeName": spec["nodeName"]}}
+    if spec.get("serviceAccountName"):
+        reduced["spec"]["serviceAccountName"] = spec["serviceAccountName"]
     if containers:
         reduced["spec"]["containers"] = containers
     return reduced

@@ -188,8 +188,9 @@ def project_pod(obj: JSON) -> JSON | None:
             entry["ports"] = ports
         containers.append(entry)
     pod_spec: JSON = {"containers": containers}
-    if spec.get("nodeName"):
-        pod_spec["nodeName"] = spec.get("nodeName")
+    for field in ("nodeName", "serviceAccountName"):
+        if spec.get(field):
+            pod_spec[field] = spec.get(field)
     doc: JSON = {
         "apiVersion": "v1",
         "kind": "Pod",

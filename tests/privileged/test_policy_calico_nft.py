@@ -25,6 +25,7 @@ from policy.calico import (
     PortMatch,
     Tier,
 )
+from policy.counters import END_OF_TIER
 from policy.engine import ClusterState
 from policy.incremental import Update
 from tests import policy_truth_table as tt
@@ -187,6 +188,52 @@ def test_network_sets_and_the_staged_counters(cluster: Cluster) -> None:
         assert staged, counts
         assert all(k.policy == "would-deny" and k.verdict == "deny" for k in staged)
         assert sum(staged.values()) > 0
+    finally:
+        cluster.apply(cluster.state(tt.Step((), tt.everything)))
+
+
+def test_a_staged_tier_end_counts_what_its_staged_policies_would_deny(cluster: Cluster) -> None:
+    """A tier only a staged policy selects x/b in (``security``: Allow UDP) decides nothing:
+    every probe passes. What none of its rules would have decided is counted at the tier's
+    end (the staged policy's ``end-of-tier`` counter, verdict deny): TCP 80 is; UDP is the
+    staged rule's; TCP 81, which an enforced tier before it allows, never reaches it."""
+    to_b = {"selector": "pod == 'b'", "namespace_selector": "ns == 'x'"}
+    port_81 = EntityMatch(ports=(PortMatch(81, 81),))
+    first = gnp(
+        "tcp-81", (CalicoRule("Allow", protocol=TCP, destination=port_81),), tier="first", **to_b
+    )
+    staged = gnp(
+        "udp-only", (CalicoRule("Allow", protocol=UDP),), tier="security", staged=True, **to_b
+    )
+    base = cluster.state(tt.Step((), tt.everything))
+    state = dataclasses.replace(
+        base, calico_policies=(first, staged), tiers=(Tier("first", 5, "Pass"), SECURITY)
+    )
+
+    def counts() -> tuple[int, int]:
+        got = cluster.node.run(cluster.dp.packet_counts)
+        end = sum(n for k, (n, _) in got.items() if k.staged and k.rule == END_OF_TIER)
+        rule = sum(n for k, (n, _) in got.items() if k.staged and k.rule == "ingress[0]")
+        return end, rule
+
+    def probe(proto: str, port: int) -> tuple[int, int]:
+        before = counts()
+        job = (tt.address("x/b"), proto, port)
+        assert cluster.probe({"y/a": [job]}, timeout=3.0)[("y/a", job)], (proto, port)
+        after = counts()
+        return after[0] - before[0], after[1] - before[1]
+
+    try:
+        cluster.apply(state)
+        ends = [k for k in cluster.node.run(cluster.dp.packet_counts) if k.rule == END_OF_TIER]
+        assert [(k.policy, k.verdict, k.tier) for k in ends] == [("udp-only", "deny", "security")]
+        end, rule = probe("TCP", 80)
+        assert end > 0
+        assert rule == 0
+        end, rule = probe("UDP", 80)
+        assert end == 0
+        assert rule > 0
+        assert probe("TCP", 81) == (0, 0)
     finally:
         cluster.apply(cluster.state(tt.Step((), tt.everything)))
 

@@ -38,6 +38,29 @@ def test_a_pods_projection_is_what_policy_reads() -> None:
     assert remote.labels == (("app", "db"),)
 
 
+def test_a_pods_service_account_reaches_other_nodes_policy() -> None:
+    """``spec.serviceAccountName`` is what Calico's ``serviceAccounts`` rules and
+    ``serviceAccountSelector`` read: kept in another node's projection, read into the
+    node's record and into the policy engine's pod."""
+    from policy import inputs
+
+    data = pod("a", "n1")
+    data["spec"]["serviceAccountName"] = "web-sa"
+    projected = views.projection("pod", data)
+    assert projected["spec"]["serviceAccountName"] == "web-sa"
+    index = Index((PODS,), keep_raw={"pod": lambda d: (d, False)}, compact={"pod": RemotePod.of})
+    index.put("pod", "default/a", Doc(projected, 3))
+    remote = index.get(PODS, "default/a")
+    assert isinstance(remote, RemotePod)
+    assert inputs.pod(remote).service_account == "web-sa"
+    # another account is another record (a node sees the change)
+    other = dict(projected, spec={**projected["spec"], "serviceAccountName": "db-sa"})
+    index.put("pod", "default/a", Doc(other, 4))
+    changed = index.get(PODS, "default/a")
+    assert changed is not None
+    assert changed != remote
+
+
 def test_a_blocks_projection_keeps_the_borrowed_addresses_alone() -> None:
     data = block("10.244.1.0/29", "n1", {0: "n1", 1: "n1", 5: "n2"})
     projected = views.projection("block", data)

@@ -198,6 +198,23 @@ def test_bookmarks_move_the_version_so_a_reconnect_needs_no_list(
     t.join(3)
 
 
+def test_a_pods_service_account_is_mirrored() -> None:
+    """Calico's ``serviceAccounts`` rules read it (etcd mode mirrors it; the Kubernetes
+    datastore projects the same); the API server's deprecated ``serviceAccount`` is not."""
+    from policy import inputs
+    from resources.k8s import Pod
+
+    p = pod("x", "a")
+    p["spec"]["serviceAccountName"] = "web-sa"
+    p["spec"]["serviceAccount"] = "web-sa"
+    projected = kinds.project_pod(p)
+    assert projected is not None
+    assert projected["spec"]["serviceAccountName"] == "web-sa"
+    assert "serviceAccount" not in projected["spec"]
+    model = Pod.model_validate(projected)
+    assert inputs.pod(model).service_account == "web-sa"
+
+
 def test_host_network_pods_are_not_mirrored() -> None:
     p = pod("x", "h")
     p["spec"]["hostNetwork"] = True

@@ -29,7 +29,7 @@ from policy.calico import (
     Tier,
     protocol_number,
 )
-from policy.counters import CounterKey
+from policy.counters import END_OF_TIER, CounterKey, counters_of, staged_end_counter
 from policy.engine import (
     ClusterState,
     ContainerPort,
@@ -39,6 +39,7 @@ from policy.engine import (
     Pod,
     Policy,
     Rule,
+    compute,
 )
 from resources.selector import parse_selector, policy_selector, rule_selector
 from tests import policy_fuzz as fz
@@ -569,7 +570,6 @@ def test_log_rules_and_staged_denials_reach_the_policy_log_naming_the_rule() -> 
     rule's counter in the prefix (within the log's rate limit); tabby-node's policy log
     names the rule and says ``log`` / ``would-deny``; the counters carry tier, rule, staged."""
     from dataplane import nfnetlink as nfl
-    from policy.counters import counters_of
     from policy.state import PolicyDataplane
     from tabby_node import policylog
     from tests.unit.policy.test_visibility import Recorder
@@ -583,11 +583,16 @@ def test_log_rules_and_staged_denials_reach_the_policy_log_naming_the_rule() -> 
     text = rec.sent[-1]  # the full table: the first sync replaces it
     keys = counters_of(dp.desired())
     (log_counter,) = [n for n, k in keys.items() if k.policy == "p" and k.verdict == "log"]
-    (deny_counter,) = [n for n, k in keys.items() if k.staged and k.verdict == "deny"]
+    (deny_counter,) = [
+        n for n, k in keys.items() if k.staged and k.verdict == "deny" and k.rule != END_OF_TIER
+    ]
     assert keys[deny_counter] == CounterKey("", "s", "ingress", "deny", SEC, "ingress[1]", True)
     assert f'log prefix "tabby-log ingress {log_counter}" group 116' in text
     assert f'log prefix "tabby-staged ingress {deny_counter}" group 116' in text
-    assert text.count('limit name "log-denied" log prefix "tabby-') == 2  # IPv4 only
+    assert text.count(f'limit name "log-denied" log prefix "tabby-log ingress {log_counter}"') == 1
+    assert (
+        text.count(f'limit name "log-denied" log prefix "tabby-staged ingress {deny_counter}"') == 1
+    )
 
     flows = policylog.DeniedFlows("n1")
     namer = policylog.Namer(dp)
@@ -607,6 +612,83 @@ def test_log_rules_and_staged_denials_reach_the_policy_log_naming_the_rule() -> 
     )
     assert got is not None
     assert (got.verdict, got.policies) == ("would-deny", ("security/staged:s ingress[1]",))
+
+
+def test_a_staged_tier_end_is_counted_and_logged_where_no_staged_rule_decided() -> None:
+    """A tier only staged policies select the pod in decides nothing in the kernel; when
+    none of their rules would have decided (nor a staged rule of an earlier tier), its end
+    is counted into the last staged chain's ``-end`` counter (verdict: the tier's
+    defaultAction) and, when it would deny, logged as that policy's ``would-deny``. An
+    enforced tier's staged policies add no end: the tier's own end counts it."""
+    from dataplane import nfnetlink as nfl
+    from policy.state import PolicyDataplane
+    from tabby_node import policylog
+    from tests.unit.policy.test_visibility import Recorder
+
+    rec = Recorder()
+    dp = PolicyDataplane("n1", backend=rec, families=(4,), counter_reader=rec.reset_counters)
+    web = "app == 'web'"
+    first = gnp("a", [allow(protocol=UDP)], selector=web, tier=SEC, staged=True, order=1)
+    last = gnp(
+        "b", [CalicoRule("Pass", protocol=TCP)], selector=web, tier=SEC, staged=True, order=2
+    )
+    state = dataclasses.replace(base(), calico_policies=(first, last), tiers=(S10,))
+    dp.sync(state)
+    text = rec.sent[-1]
+    ir = dp.desired()
+    keys = counters_of(ir)
+    ends = {n: k for n, k in keys.items() if k.rule == END_OF_TIER}
+    assert {k.policy for k in ends.values()} == {"a", "b"}
+    assert all(k.verdict == "deny" and k.staged and k.tier == SEC for k in ends.values())
+    (prog,) = [p for p in ir.endpoints.values() if p.tiers("ingress")]
+    (span,) = [s for s in prog.tiers("ingress") if s.tier == SEC]
+    assert not span.enforced
+    assert len(span.staged) == 2
+    end = staged_end_counter(span.staged[-1])
+    assert ends[end].policy == "b"  # the tier's last staged policy names its end
+    end_rules = [line for line in text.splitlines() if f'counter name "{end}"' in line]
+    assert len(end_rules) == 1
+    (line,) = end_rules
+    assert "meta mark and 0x0c000000 == 0x00000000" in line  # no staged rule decided
+    assert f'log prefix "tabby-staged ingress {end}"' in line
+    assert "drop" not in line  # it decides nothing
+    assert "accept" not in line
+    # the pod stays allowed in the kernel's model (the staged tier is not enforced)
+    assert ir.evaluate("10.0.1.1", prog.addresses[0], "tcp", 80, None, prog.interface)
+
+    namer = policylog.Namer(dp)
+    tcp = nfl.Packet(4, "10.0.1.1", prog.addresses[0], 6, 40000, 80)
+    got = policylog.record(
+        policylog.DeniedFlows("n1"),
+        namer,
+        nfl.LoggedPacket(f"tabby-staged ingress {end}", 0, 9, tcp, 1_700_000_000.0),
+    )
+    assert got is not None
+    assert (got.verdict, got.policies) == ("would-deny", (f"{SEC}/staged:b ingress end-of-tier",))
+
+    # with an enforced policy of the same tier selecting the pod, the tier decides: no end
+    enforced = gnp("c", [allow(protocol=UDP)], selector=web, tier=SEC, order=3)
+    dp.sync(dataclasses.replace(state, calico_policies=(first, last, enforced)))
+    (prog,) = [p for p in dp.desired().endpoints.values() if p.tiers("ingress")]
+    (span,) = [s for s in prog.tiers("ingress") if s.tier == SEC]
+    assert span.enforced
+    text = rec.sent[-1]
+    assert "staged end of tier" not in text
+
+
+def test_a_tier_default_action_change_renames_its_staged_chains() -> None:
+    """A staged chain's end counter carries its tier's defaultAction: changing it is a new
+    chain (new counters), as an edited policy is."""
+    staged = gnp("s", [allow(protocol=UDP)], tier=SEC, staged=True)
+    deny_tier = dataclasses.replace(base(), calico_policies=(staged,), tiers=(S10,))
+    pass_tier = dataclasses.replace(deny_tier, tiers=(S10_PASS,))
+    one = {n for n, c in compute(deny_tier, "n1").chains.items() if c.staged}
+    two = compute(pass_tier, "n1")
+    assert one
+    assert one.isdisjoint(n for n, c in two.chains.items() if c.staged)
+    ends = [k for k in counters_of(two).values() if k.rule == END_OF_TIER]
+    assert ends
+    assert all(k.verdict == "pass" for k in ends)
 
 
 def test_the_policies_selecting_a_pod_in_the_order_they_are_walked() -> None:

@@ -5,11 +5,15 @@ semantics, through a full conversion and through changes (``PolicyInputs.updates
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
+
+import pytest
 
 from policy import calico, engine, inputs
 from policy.incremental import IncrementalPolicy
 from resources.index import BY_NAME, POLICY, Change, Documents
+from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
 from tests.unit.policy.world import NODE, PolicyWorld
 
@@ -85,6 +89,7 @@ def test_tabby_node_watches_calicos_kinds() -> None:
     names = {k.name for k in POLICY}
     assert {"globalnetworkpolicy", "calico-networkpolicy", "tier", "networkset"} <= names
     assert {"globalnetworkset", "stagednetworkpolicy", "stagedglobalnetworkpolicy"} <= names
+    assert "stagedkubernetesnetworkpolicy" in names
 
 
 def test_the_documents_decide_with_calicos_semantics() -> None:
@@ -193,3 +198,136 @@ def test_load_of_other_calico_inputs_is_followed() -> None:
     d = eng.take_delta()
     assert not d.empty
     assert eng.programs == engine.compute(other, NODE).endpoints
+
+
+#: x/a isolated for ingress: only from namespace y, TCP 80 (staged: nothing enforced)
+SKNP = {
+    "metadata": {"name": "only-y", "namespace": "x"},
+    "spec": {
+        "podSelector": {"matchLabels": {"pod": "a"}},
+        "ingress": [
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}],
+                "ports": [{"protocol": "TCP", "port": 80}],
+            }
+        ],
+    },
+}
+
+
+def test_a_staged_kubernetes_policy_is_evaluated_never_enforced() -> None:
+    """A StagedKubernetesNetworkPolicy is the Kubernetes policy it stages in Calico's form,
+    staged (tier default, order 1000, ``knp.default.<name>``): explain says what it would
+    do, the kernel's program counts it (a tier of staged policies alone: its end counted),
+    nothing it would deny is denied. Its staged ``Delete`` is no input."""
+    w = PolicyWorld()
+    w.docs.setdefault("stagedkubernetesnetworkpolicy", {})
+    w.put("stagedkubernetesnetworkpolicy", "x/only-y", SKNP)
+    state = _state(w)
+    (staged,) = state.calico_policies
+    assert (staged.key, staged.tier, staged.order) == (
+        "staged:x/knp.default.only-y",
+        "default",
+        1000,
+    )
+    denied = engine.explain(state, ZB, XA, "TCP", 80).ingress
+    assert denied is not None
+    assert denied.allowed
+    assert denied.staged.startswith("would have denied")
+    allowed = engine.explain(state, YA, XA, "TCP", 80).ingress
+    assert allowed is not None
+    assert allowed.allowed
+    assert allowed.staged.startswith("would have allowed")
+    ir = engine.compute(state, NODE)
+    (prog,) = [p for p in ir.endpoints.values() if p.tiers("ingress")]
+    (span,) = prog.tiers("ingress")
+    assert (span.tier, span.enforced, len(span.staged)) == ("default", False, 1)
+    src, dst = tt.address("z/b"), tt.address("x/a")
+    assert ir.evaluate(src, dst, "TCP", 80, None, prog.interface)
+
+    w.put("stagedkubernetesnetworkpolicy", "x/only-y", {**SKNP, "spec": {"stagedAction": "Delete"}})
+    assert _state(w).calico_policies == ()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_kubernetes_policy_in_calicos_form_decides_as_itself(seed: int) -> None:
+    """Random Kubernetes policies (``tests/policy_fuzz.py``: selectors with every operator,
+    namespace selectors, ipBlocks with excepts, numbered, ranged and named ports of several
+    protocols) replaced by their Calico form (``inputs.as_calico``, enforced) decide every
+    connection between the world's pods, and from addresses in and out of the ipBlocks,
+    exactly as the policies themselves: the conversion StagedKubernetesNetworkPolicy uses."""
+    r = random.Random(seed)
+    world = fz.World()
+    for _ in range(200):
+        world.apply(fz.random_update(r, world.state()))
+    names = [(ns, f"pod{j}") for ns in fz.NAMESPACES for j in range(8)]
+    endpoints = tuple(
+        engine.Endpoint(
+            ns, pod, fz.NODE, f"calx{i}",
+            (f"10.0.0.{i + 1}" if i < 14 else f"10.1.0.{i + 1}", f"fd00::{i + 1:x}"),
+            labels=fz.labels(r),
+        )
+        for i, (ns, pod) in enumerate(names)
+    )  # fmt: skip
+    k8s = dataclasses.replace(world.state(), endpoints=endpoints)
+    assert k8s.policies
+    converted = dataclasses.replace(
+        k8s, policies=(), calico_policies=tuple(inputs.as_calico(p) for p in k8s.policies)
+    )
+    packets: list[tuple[str, int | None]] = [
+        ("TCP", 8080), ("TCP", 8081), ("UDP", 53), ("TCP", 9090), ("SCTP", 50), ("ICMP", None)
+    ]  # fmt: skip
+    for pol in k8s.policies:  # each numbered port's edges, and just outside them
+        for rule in (*pol.ingress, *pol.egress):
+            for spec in rule.ports:
+                if isinstance(spec.port, int):
+                    last = spec.end_port or spec.port
+                    edges = (spec.port - 1, spec.port, last, last + 1)
+                    packets += [(spec.protocol, p) for p in edges if 0 < p < 65536]
+    checked = 0
+    for _ in range(600):
+        a, b = r.choice(endpoints), r.choice(endpoints)
+        proto, port = r.choice(packets)
+        src: engine.Target = (a.namespace, a.pod)
+        if r.random() < 0.2:
+            src = r.choice(("10.0.0.3", "10.0.0.9", "10.0.0.20", "fd00::2", "fd00::5"))
+        want = engine.explain(k8s, src, (b.namespace, b.pod), proto, port)
+        got = engine.explain(converted, src, (b.namespace, b.pod), proto, port)
+        assert got.allowed is want.allowed, (seed, src, b.key, proto, port, want.lines())
+        checked += 1
+    assert checked == 600
+
+
+def test_service_accounts_of_the_pods_documents_are_matched() -> None:
+    """A pod's ``spec.serviceAccountName`` (as the API server stores it) is what a rule's
+    ``serviceAccounts`` names and a policy's ``serviceAccountSelector`` reads."""
+    w = world()
+    for key, account in (("y/a", "frontend"), ("z/b", "batch")):
+        doc = w.docs["pod"][key].data
+        w.put("pod", key, {**doc, "spec": {**doc.get("spec", {}), "serviceAccountName": account}})
+    gnp = {
+        "metadata": {"name": "security.frontend-only"},
+        "spec": {
+            "tier": "security",
+            "order": 1,
+            "selector": "pod == 'a'",
+            "namespaceSelector": "ns == 'x'",
+            "ingress": [
+                {"action": "Allow", "source": {"serviceAccounts": {"names": ["frontend"]}}},
+                {"action": "Deny"},
+            ],
+        },
+    }
+    w.put("globalnetworkpolicy", "security.frontend-only", gnp)
+    state = _state(w)
+    assert engine.allowed(state, YA, XA, "UDP", 99)
+    assert not engine.allowed(state, ZB, XA, "UDP", 99)
+    # a policy for the pods of one account
+    batch = {
+        "metadata": {"name": "batch-isolated"},
+        "spec": {"serviceAccountSelector": "projectcalico.org/name == 'batch'", "ingress": []},
+    }
+    w.put("globalnetworkpolicy", "batch-isolated", batch)
+    state = _state(w)
+    assert not engine.allowed(state, XA, ZB, "UDP", 99)
+    assert engine.allowed(state, XA, YA, "UDP", 99)
