@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 from bundle.calico import KUBERNETES_POLICY_ORDER, KUBERNETES_POLICY_PREFIX, endpoint_labels
@@ -466,18 +466,19 @@ class _View:
         }
         self._calico_labels: dict[int, dict[str, str]] = {}
         self.network_sets = [
-            (s.networks(), self._scoped(dict(s.labels), s.namespace, None))
+            (s.networks(), network_set_labels(s, self.ns_labels))
             for s in sorted(state.network_sets, key=lambda s: s.key)
         ]
+        self._tiers: dict[str, Tier] = {}
+        for t in state.tiers:
+            self._tiers.setdefault(t.name, t)
         #: every node's host endpoints, with the labels selectors read on them
-        self.hosts = [
-            (h, endpoint_labels(dict(h.labels)))
-            for h in sorted(state.host_endpoints, key=lambda h: h.key)
-        ]
+        hosts = sorted(state.host_endpoints, key=lambda h: h.key)
+        self.hosts = [(h, host_labels(h)) for h in hosts]
         self.host_by_addr: dict[IPAddress, tuple[HostEndpoint, Mapping[str, str]]] = {}
-        for h, labels in self.hosts:
+        for h, selected_by in self.hosts:
             for text in h.expected_ips:
-                self.host_by_addr.setdefault(ipaddress.ip_address(text), (h, labels))
+                self.host_by_addr.setdefault(ipaddress.ip_address(text), (h, selected_by))
 
     def _scoped(
         self, labels: Mapping[str, str], ns: str | None, account: str | None
@@ -513,14 +514,7 @@ class _View:
         return Party(addr, self.calico_labels(m), sets, ports)
 
     def tier(self, name: str) -> Tier:
-        """A tier by name: a Tier resource's, ``default``'s defaults, or (a policy naming a
-        tier that does not exist) last, ending in Deny: never open by a missing tier. The
-        ``default`` tier always ends in Deny, as in Calico: what isolates a pod under a
-        Kubernetes NetworkPolicy cannot be passed on by a Tier resource."""
-        for t in self.state.tiers:
-            if t.name == name:
-                return t if name != DEFAULT_TIER else dataclasses.replace(t, default_action="Deny")
-        return Tier(name, DEFAULT_TIER_ORDER if name == DEFAULT_TIER else None, "Deny")
+        return resolve_tier(self._tiers, name)
 
     def ns_matches(self, sel: LabelSelector, ns: str) -> bool:
         labels = self.ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns})
@@ -529,6 +523,30 @@ class _View:
 
     def namespaces(self) -> list[str]:
         return sorted(self.by_ns)
+
+
+def resolve_tier(tiers: Mapping[str, Tier], name: str) -> Tier:
+    """A tier by name: a Tier resource's, ``default``'s defaults, or (a policy naming a
+    tier that does not exist) last, ending in Deny: never open by a missing tier. The
+    ``default`` tier always ends in Deny, as in Calico: what isolates a pod under a
+    Kubernetes NetworkPolicy cannot be passed on by a Tier resource."""
+    t = tiers.get(name)
+    if t is not None:
+        return t if name != DEFAULT_TIER else dataclasses.replace(t, default_action="Deny")
+    return Tier(name, DEFAULT_TIER_ORDER if name == DEFAULT_TIER else None, "Deny")
+
+
+def host_labels(h: HostEndpoint) -> Mapping[str, str]:
+    """The labels Calico's selectors read on a host endpoint."""
+    return endpoint_labels(dict(h.labels))
+
+
+def network_set_labels(s: NetworkSet, ns_labels: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The labels Calico's selectors read on a network set (a namespaced one's namespace's
+    under ``pcns.``; ``ns_labels``: the effective labels of the namespaces by name)."""
+    ns = s.namespace
+    scope = ns_labels.get(ns, {NAMESPACE_NAME_LABEL: ns}) if ns is not None else None
+    return endpoint_labels(dict(s.labels), namespace=ns, namespace_labels=scope)
 
 
 def _member_matches_peer(view: _View, pol: Policy, peer: Peer, m: _Member) -> bool:
@@ -684,7 +702,7 @@ class PolicyChain:
     #: verdict); None for an enforced policy
     end_action: TierAction | None = None
 
-    @property
+    @functools.cached_property
     def can_pass(self) -> bool:
         return any(isinstance(r, TierRule) and r.verdict == "pass" for r in self.rules)
 
@@ -1311,10 +1329,16 @@ def compute(state: ClusterState, node: str, families: Iterable[Family] = (4, 6))
 
 
 def _my_hosts(view: _View, node: str) -> list[tuple[HostEndpoint, Mapping[str, str]]]:
-    """``node``'s host endpoints with an interface, one per interface (the first by name:
-    Calico allows one)."""
+    return node_hosts(view.hosts, node)
+
+
+def node_hosts(
+    hosts: Iterable[tuple[HostEndpoint, Mapping[str, str]]], node: str
+) -> list[tuple[HostEndpoint, Mapping[str, str]]]:
+    """Of ``hosts`` (host endpoints with their labels, by key), ``node``'s with an
+    interface, one per interface (the first by key: Calico allows one), by name."""
     out: dict[str, tuple[HostEndpoint, Mapping[str, str]]] = {}
-    for h, labels in view.hosts:
+    for h, labels in hosts:
         if h.node == node and h.interface and h.interface not in out:
             out[h.interface] = (h, labels)
     return sorted(out.values(), key=lambda x: x[0].name)
@@ -1323,14 +1347,67 @@ def _my_hosts(view: _View, node: str) -> list[tuple[HostEndpoint, Mapping[str, s
 def _host_entries(
     view: _View, labels: Mapping[str, str], stage: HostStage
 ) -> dict[str, list[_Entry]]:
-    """The policies of one host endpoint at ``stage``, by tier, each tier in its order."""
-    out: dict[str, list[_Entry]] = {}
-    for c in view.state.calico_policies:
-        if host_policy_applies(c, stage) and c.selector.matches(labels):
-            sort = policy_sort_key(c.order, c.key)
-            out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
-    tiers = sorted((view.tier(t) for t in out), key=tier_sort_key)
-    return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
+    return host_entries(view.state.calico_policies, labels, stage, view.tier)
+
+
+def host_entries(
+    calico: Iterable[CalicoPolicy],
+    labels: Mapping[str, str],
+    stage: HostStage,
+    tier_of: Callable[[str], Tier],
+) -> dict[str, list[_Entry]]:
+    """The policies of one host endpoint (``labels``) at ``stage``, by tier, each tier in
+    its order."""
+    selecting = (c for c in calico if host_policy_applies(c, stage) and c.selector.matches(labels))
+    return _by_tier((), selecting, stage_direction(stage), tier_of, staged=False)
+
+
+def stage_direction(stage: HostStage) -> Direction:
+    return HOST_STAGES[stage][1]
+
+
+#: a policy's chain for one direction, as a program refers to it (:class:`_Builder`'s in
+#: :func:`compute`; one kept per policy revision in :mod:`policy.incremental`)
+ChainOf = Callable[[CalicoPolicy, Direction], PolicyChain]
+
+
+def host_program(
+    h: HostEndpoint,
+    labels: Mapping[str, str],
+    calico: Iterable[CalicoPolicy],
+    chain_of: ChainOf,
+    tier_of: Callable[[str], Tier],
+) -> HostProgram:
+    """One host endpoint's program: per stage the tiers of the policies among ``calico``
+    that apply there."""
+    assert h.interface is not None
+    policies = tuple(calico)
+    stages: list[tuple[HostStage, tuple[TierSpan, ...]]] = []
+    for stage, (kind, direction, _) in HOST_STAGES.items():
+        spans: list[TierSpan] = []
+        for tier, entries in host_entries(policies, labels, stage, tier_of).items():
+            names: list[str] = []
+            passing: list[bool] = []
+            for e in entries:
+                assert e.calico is not None
+                chain = chain_of(e.calico, direction)
+                names.append(chain.name)
+                passing.append(chain.can_pass)
+            action = tier_of(tier).default_action if kind == "normal" else "Pass"
+            spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
+        stages.append((stage, tuple(spans)))
+    return HostProgram(h.name, h.interface, tuple(stages))
+
+
+def _builder_chains(b: _Builder, chains: dict[str, PolicyChain]) -> ChainOf:
+    """The builder's chain of a policy, recorded in ``chains``."""
+
+    def chain_of(c: CalicoPolicy, direction: Direction) -> PolicyChain:
+        chain = b.calico_chain(c, direction)
+        chains[chain.name] = chain
+        return chain
+
+    return chain_of
 
 
 def _host_program(
@@ -1340,55 +1417,49 @@ def _host_program(
     labels: Mapping[str, str],
     chains: dict[str, PolicyChain],
 ) -> HostProgram:
-    assert h.interface is not None
-    stages: list[tuple[HostStage, tuple[TierSpan, ...]]] = []
-    for stage, (kind, direction, _) in HOST_STAGES.items():
-        spans: list[TierSpan] = []
-        for tier, entries in _host_entries(view, labels, stage).items():
-            names: list[str] = []
-            passing: list[bool] = []
-            for e in entries:
-                assert e.calico is not None
-                chain = b.calico_chain(e.calico, direction)
-                chains[chain.name] = chain
-                names.append(chain.name)
-                passing.append(chain.can_pass)
-            action = view.tier(tier).default_action if kind == "normal" else "Pass"
-            spans.append(TierSpan(tier, tuple(names), tuple(passing), action))
-        stages.append((stage, tuple(spans)))
-    return HostProgram(h.name, h.interface, tuple(stages))
+    chain_of = _builder_chains(b, chains)
+    return host_program(h, labels, view.state.calico_policies, chain_of, view.tier)
 
 
 def _tiered_program(
     view: _View, b: _Builder, m: _Member, prog: EndpointProgram, chains: dict[str, PolicyChain]
 ) -> EndpointProgram:
-    """``prog`` with the directions a Calico policy (staged or not) applies to tiered: the
-    chains of every policy that applies, by tier (as :func:`explain` walks them), the
-    staged policies' chains first."""
+    entries = {d: _entries(view, m, d, staged=True) for d in _DIRECTIONS}
+    return tiered_program(prog, entries, _builder_chains(b, chains), view.tier)
+
+
+def tiered_program(
+    prog: EndpointProgram,
+    entries: Mapping[Direction, Mapping[str, Sequence[_Entry]]],
+    chain_of: ChainOf,
+    tier_of: Callable[[str], Tier],
+) -> EndpointProgram:
+    """``prog`` with the directions a Calico policy (staged or not) applies to tiered:
+    ``entries`` (per direction, :func:`tier_entries` of the endpoint, staged ones too), by
+    tier as :func:`explain` walks them, each tier with its staged policies' chains."""
     out = prog
     for direction in _DIRECTIONS:
-        by_tier = _entries(view, m, direction, staged=True)
+        by_tier = entries[direction]
         if not any(e.calico is not None for es in by_tier.values() for e in es):
             continue
         spans: list[TierSpan] = []
-        for tier, entries in by_tier.items():
+        for tier, in_tier in by_tier.items():
             names: list[str] = []
             passing: list[bool] = []
             staged: list[str] = []
-            for e in entries:
+            for e in in_tier:
                 if e.k8s is not None:
                     names.append(_policy_chain_name(e.k8s, direction))
                     passing.append(False)
                     continue
                 assert e.calico is not None
-                chain = b.calico_chain(e.calico, direction)
-                chains[chain.name] = chain
+                chain = chain_of(e.calico, direction)
                 if e.calico.staged:
                     staged.append(chain.name)
                 else:
                     names.append(chain.name)
                     passing.append(chain.can_pass)
-            action = view.tier(tier).default_action
+            action = tier_of(tier).default_action
             spans.append(TierSpan(tier, tuple(names), tuple(passing), action, tuple(staged)))
         flat = tuple(n for span in spans for n in span.chains)
         if direction == "ingress":
@@ -1439,6 +1510,23 @@ def policy_chain(
     b = _Builder(_View(ClusterState()), frozenset(families))
     chain = b.policy_chain(pol, direction)
     return chain, dict(b.sets), dict(b.elements)
+
+
+def calico_policy_chain(
+    pol: CalicoPolicy,
+    direction: Direction,
+    families: Iterable[Family] = (4, 6),
+    tier: Tier | None = None,
+) -> tuple[PolicyChain, dict[str, SetDef]]:
+    """A Calico policy's chain for one direction exactly as :func:`compute` makes it, with
+    the sets it uses (empty here: their elements depend on the endpoints, host endpoints
+    and network sets). It depends on the policy alone, and a staged one's on its ``tier``
+    too (the Tier resource, None when there is none: its defaultAction ends the chain);
+    like :func:`policy_chain`, built once per revision of them."""
+    tiers = (tier,) if tier is not None else ()
+    b = _Builder(_View(ClusterState(tiers=tiers)), frozenset(families))
+    chain = b.calico_chain(pol, direction)
+    return chain, dict(b.sets)
 
 
 # --- direct evaluation and explain ------------------------------------------------------------
@@ -1587,23 +1675,58 @@ def _entries(
 ) -> dict[str, list[_Entry]]:
     """The policies that apply to ``me`` for ``direction``, by tier, each tier in its order
     (staged policies too when ``staged``: what they would do)."""
+    k8s = (p for p in view.state.policies if _selects(p, me))
+    calico: Iterable[CalicoPolicy] = ()
+    if view.state.calico_policies:
+        labels = view.calico_labels(me)
+        calico = (c for c in view.state.calico_policies if c.selector.matches(labels))
+    return tier_entries(k8s, calico, direction, view.tier, staged=staged)
+
+
+def tier_entries(
+    k8s: Iterable[Policy],
+    calico: Iterable[CalicoPolicy],
+    direction: Direction,
+    tier_of: Callable[[str], Tier],
+    *,
+    staged: bool,
+) -> dict[str, list[_Entry]]:
+    """Of the policies that select an endpoint (``k8s``: by their pod selector in its
+    namespace; ``calico``: by their selector over its Calico labels), those that apply to it
+    for ``direction``, by tier, each tier in its order (staged policies too when
+    ``staged``). Untracked and pre-DNAT policies apply to host endpoints only."""
+    calico = (c for c in calico if c.stage == "normal")
+    return _by_tier(k8s, calico, direction, tier_of, staged=staged)
+
+
+def _by_tier(
+    k8s: Iterable[Policy],
+    calico: Iterable[CalicoPolicy],
+    direction: Direction,
+    tier_of: Callable[[str], Tier],
+    *,
+    staged: bool,
+) -> dict[str, list[_Entry]]:
+    """Policies that apply (their selectors and stage decided) as a tier walk sees them:
+    those of ``direction``, by tier (tiers by order), each tier by (order, name); a
+    Kubernetes NetworkPolicy one of tier ``default`` at order 1000 named as Calico
+    converts it."""
     out: dict[str, list[_Entry]] = {}
-    for p in view.state.policies:
-        if direction in p.types and _selects(p, me):
+    for p in k8s:
+        if direction in p.types:
             sort = policy_sort_key(
                 KUBERNETES_POLICY_ORDER, f"{p.namespace}/{KUBERNETES_POLICY_PREFIX}{p.name}"
             )
             out.setdefault(DEFAULT_TIER, []).append(_Entry(DEFAULT_TIER, sort, p.key, k8s=p))
-    labels: Mapping[str, str] | None = None
-    for c in view.state.calico_policies:
-        if direction not in c.types or (c.staged and not staged) or c.stage != "normal":
-            continue  # (untracked and pre-DNAT policies apply to host endpoints only)
-        labels = labels if labels is not None else view.calico_labels(me)
-        if c.selector.matches(labels):
-            sort = policy_sort_key(c.order, c.key.removeprefix("staged:"))
-            out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
-    tiers = sorted((view.tier(t) for t in out), key=tier_sort_key)
-    return {t.name: sorted(out[t.name], key=lambda e: e.sort) for t in tiers}
+    for c in calico:
+        if direction not in c.types or (c.staged and not staged):
+            continue
+        sort = policy_sort_key(c.order, c.key.removeprefix("staged:"))
+        out.setdefault(c.tier, []).append(_Entry(c.tier, sort, c.key, calico=c))
+    tiers = sorted((tier_of(t) for t in out), key=tier_sort_key)
+    # (a staged policy and its enforced namesake sort alike: the key decides, whatever the
+    # order the policies came in)
+    return {t.name: sorted(out[t.name], key=lambda e: (e.sort, e.key)) for t in tiers}
 
 
 def _first_in_tier(

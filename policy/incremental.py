@@ -17,7 +17,23 @@ the IR change it causes:
   scanning the endpoints of the namespaces in its scope, a new named-port set those of the
   pods declaring the port name), the programs of the local endpoints it selects; chains no
   local endpoint needs and sets no chain uses go;
-* the IP pools (NAT).
+* the IP pools (NAT);
+* Calico's model (:mod:`policy.calico`), followed the same way: a rule selector's sets hold
+  the addresses of the endpoints (and host endpoints' expected IPs) it matches, counted, and
+  the nets of the network sets it matches (computed again for the selectors a changed
+  network set matches); a policy's chains are built once per revision and exist while a
+  local endpoint it applies to or a host endpoint's program uses them; per local endpoint
+  the Calico policies whose selector selects it are kept, so that its tiered program is
+  built from its own policies (:func:`~policy.engine.tier_entries`,
+  :func:`~policy.engine.tiered_program`). A Calico policy put or removed tests its selector
+  against the local endpoints; a local endpoint (or its pod, or its namespace's labels)
+  tests its labels against every Calico policy; a tier rebuilds the programs of the local
+  endpoints with a policy in it; this node's host endpoints' programs are made again on any
+  change of Calico's policies, tiers or of this node's host endpoints (a few per node).
+  Entering or leaving the model, or the node's first host endpoint or its last, replaces
+  the table (:attr:`Delta.replace`); no change is a full computation.
+
+A program touched by a batch of changes is made once, when next read.
 
 Set membership is reference-counted per element: two endpoints with one address, an address
 in several sets, an endpoint moving between sets on a relabel all leave each set exactly
@@ -36,13 +52,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal, TypeVar
 
 from bundle.calico import endpoint_labels
 from policy import engine
-from policy.calico import CalicoPolicy, HostEndpoint, Matcher, NetworkSet, Tier
+from policy.calico import DEFAULT_TIER, CalicoPolicy, HostEndpoint, Matcher, NetworkSet, Tier
 from policy.counters import chain_counters
 from policy.engine import (
     NAMESPACE_NAME_LABEL,
@@ -188,6 +205,26 @@ def _label_view(raw: Labels) -> tuple[Mapping[str, str], frozenset[tuple[str, st
     return dict(raw), frozenset(raw)
 
 
+@functools.lru_cache(maxsize=65536)
+def _calico_view(
+    items: frozenset[tuple[str, str]],
+    ns: str,
+    namespace: Namespace | None,
+    account: str,
+    service_account: ServiceAccount | None,
+) -> Mapping[str, str]:
+    """The labels Calico's selectors read on an endpoint (its own, its namespace's under
+    ``pcns.``, its service account's under ``pcsa.``), as :mod:`policy.engine` gives them
+    (never to be changed)."""
+    return endpoint_labels(
+        dict(items),
+        namespace=ns,
+        namespace_labels=_ns_view(namespace, ns)[0],
+        service_account=account or None,
+        service_account_labels=dict(service_account.labels) if service_account else None,
+    )
+
+
 def _ns_view(ns: Namespace | None, name: str) -> tuple[dict[str, str], frozenset[tuple[str, str]]]:
     labels = ns.effective_labels if ns is not None else {NAMESPACE_NAME_LABEL: name}
     return labels, frozenset(labels.items())
@@ -207,8 +244,14 @@ class _Member:
     v6: tuple[str, ...]
     #: on this node with a host interface: it gets a program
     local: bool
+    #: its pod's service account ("" when none is known; Calico's labels name it)
+    account: str = ""
     #: the policies selecting it (local endpoints only: the others have none)
     selected: set[_Key] | None = None
+    #: the Calico policies whose selector selects it (local endpoints only)
+    calico: set[str] | None = None
+    #: the labels Calico's selectors read on it (:func:`_calico_view`), once asked
+    clabels: Mapping[str, str] | None = None
 
     @property
     def ns(self) -> str:
@@ -221,6 +264,10 @@ class _Member:
         assert self.selected is not None, "a remote endpoint has no policies"
         return self.selected
 
+    def calico_of(self) -> set[str]:
+        assert self.calico is not None, "a remote endpoint has no policies"
+        return self.calico
+
     def same_for_sets(self, other: _Member) -> bool:
         return (
             self.ep.namespace == other.ep.namespace
@@ -228,6 +275,7 @@ class _Member:
             and self.ports == other.ports
             and self.v4 == other.v4
             and self.v6 == other.v6
+            and self.account == other.account
         )
 
 
@@ -240,6 +288,9 @@ class _Group:
     pods: LabelSelector | None
     port: str | None
     names: dict[int, str]
+    #: a Calico rule's selector: the endpoints' addresses (``sel``) or the network sets'
+    #: nets (``selnet``) it matches
+    selector: Matcher | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -291,6 +342,7 @@ class IncrementalPolicy:
         self._groups_nssel: set[str] = set()
         self._groups_by_port: dict[str, str] = {}
         self._programs: dict[str, EndpointProgram] = {}
+        self._dirty: set[str] = set()  # interfaces whose program is to be made again
         # counts (metrics) kept as the IR changes
         self._n_elements = 0
         self._n_chain_rules = 0
@@ -303,21 +355,26 @@ class IncrementalPolicy:
         self._d_programs: dict[str, EndpointProgram | None] = {}
         self._d_nat: NatConfig | None = None
         self._state: ClusterState | None = None
-        # Calico's kinds. While a Calico policy exists the IR is the full computation's,
-        # taken at each take_delta (``_exported``); the structures above keep following the
-        # Kubernetes inputs, for when the last Calico policy goes.
+        # Calico's kinds, followed change by change as well (see the module docstring)
         self._calico: dict[str, CalicoPolicy] = {}
         self._network_sets: dict[str, NetworkSet] = {}
         self._tiers: dict[str, Tier] = {}
         self._host_endpoints: dict[str, HostEndpoint] = {}
         #: service accounts by ``namespace/name``: their labels are Calico's (``pcsa.``)
         self._accounts: dict[str, ServiceAccount] = {}
-        self._exported: DesiredState | None = None
-        # what changed since the last take_delta, for Calico's model: only remote
-        # endpoints (their addresses), or anything else (a full computation)
-        self._calico_full = True
-        self._calico_addrs: set[str] = set()
-        self._eps_by_addr: dict[str, set[_Key]] = {}
+        self._c_templates: dict[tuple[str, Direction], _Template] = {}
+        # Calico policy -> the local endpoints its selector selects
+        self._c_local: dict[str, set[_Key]] = {}
+        # Calico policy -> its chains now, by direction
+        self._c_chains: dict[str, dict[Direction, str]] = {}
+        # Calico policy -> the directions the node's host endpoints' programs use it in
+        self._c_host_dirs: dict[str, set[Direction]] = {}
+        self._hosts: dict[str, HostProgram] = {}
+        self._groups_sel: set[str] = set()
+        self._groups_selnet: set[str] = set()
+        # what the last take_delta sent: Calico's model or not, the host programs
+        self._sent_calico = False
+        self._sent_hosts: dict[str, HostProgram] = {}
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -344,7 +401,7 @@ class IncrementalPolicy:
     @property
     def calico(self) -> bool:
         """Whether a Calico policy (staged or not) or a host endpoint of this node exists:
-        the IR is then computed whole."""
+        the table is then in Calico's model (entering or leaving it replaces the table)."""
         return bool(self._calico) or any(
             h.node == self.node and h.interface for h in self._host_endpoints.values()
         )
@@ -356,17 +413,14 @@ class IncrementalPolicy:
 
     def desired(self) -> DesiredState:
         """The IR, materialised: equal to ``compute(self.state(), node, families)``."""
-        if self.calico:
-            return engine.compute(self.state(), self.node, self.families)
-        return self._k8s_desired()
-
-    def _k8s_desired(self) -> DesiredState:
+        self._flush()
         return DesiredState(
             dict(self._sets),
             {name: frozenset(elems) for name, elems in self._members.items()},
             dict(self._chains),
             dict(self._programs),
-            len(self._policies),
+            len(self._policies) + len(self._calico),
+            dict(self._hosts),
         )
 
     @property
@@ -376,31 +430,23 @@ class IncrementalPolicy:
 
     @property
     def chains(self) -> Mapping[str, PolicyChain]:
-        """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds
-        (with Calico's model: as of the last :meth:`take_delta`)."""
-        if self._exported is not None:
-            return MappingProxyType(self._exported.chains)
+        """The policy chains now (read-only, live: no copy): what ``desired().chains`` holds."""
         return MappingProxyType(self._chains)
 
     @property
     def programs(self) -> Mapping[str, EndpointProgram]:
-        """The endpoint programs by interface now (read-only, live): ``desired().endpoints``
-        (with Calico's model: as of the last :meth:`take_delta`)."""
-        if self._exported is not None:
-            return MappingProxyType(self._exported.endpoints)
+        """The endpoint programs by interface now (read-only, live): ``desired().endpoints``."""
+        self._flush()
         return MappingProxyType(self._programs)
 
     def stats(self) -> tuple[int, int, int, int, int]:
         """(endpoint programs, policies, rules, sets, set elements) of the IR, without
         materialising it; rules as the dataplane counts them (policy chains' rules, and per
         endpoint and direction its jumps and final verdict)."""
-        if self._exported is not None:
-            ir = self._exported
-            rules = ir.rule_count + sum(_program_rules(p) for p in ir.endpoints.values())
-            elements = sum(len(e) for e in ir.elements.values())
-            return len(ir.endpoints), ir.policies, rules, len(ir.sets), elements
+        self._flush()
         rules = self._n_chain_rules + self._n_program_rules
-        return len(self._programs), len(self._policies), rules, len(self._sets), self._n_elements
+        policies = len(self._policies) + len(self._calico)
+        return len(self._programs), policies, rules, len(self._sets), self._n_elements
 
     # -- changes ----------------------------------------------------------------------------
 
@@ -420,16 +466,15 @@ class IncrementalPolicy:
                 return self.put_namespace(v)
             return self.remove_namespace(u.key)
         if u.kind == "calico-policy":
-            return self._put_calico(self._calico, u.key, v, CalicoPolicy)
+            return self.put_calico_policy(u.key, v if isinstance(v, CalicoPolicy) else None)
         if u.kind == "network-set":
-            return self._put_calico(self._network_sets, u.key, v, NetworkSet)
+            return self.put_network_set(u.key, v if isinstance(v, NetworkSet) else None)
         if u.kind == "tier":
-            return self._put_calico(self._tiers, u.key, v, Tier)
+            return self.put_tier(u.key, v if isinstance(v, Tier) else None)
         if u.kind == "host-endpoint":
-            return self._put_calico(self._host_endpoints, u.key, v, HostEndpoint)
+            return self.put_host_endpoint(u.key, v if isinstance(v, HostEndpoint) else None)
         if u.kind == "service-account":
-            # (read by Calico's selectors alone: a full computation while in Calico's model)
-            return self._put_calico(self._accounts, u.key, v, ServiceAccount)
+            return self.put_service_account(u.key, v if isinstance(v, ServiceAccount) else None)
         ns, _, name = u.key.partition("/")
         if u.kind == "policy":
             if isinstance(v, Policy):
@@ -448,27 +493,17 @@ class IncrementalPolicy:
     def load(self, state: ClusterState, nat: NatConfig | None = None) -> int:
         """Make the inputs equal to ``state`` (and ``nat``) by applying their differences as
         changes; returns how many inputs differed. Removals first, then what selectors read
-        (namespaces, pods, endpoints), policies last: on an empty engine that fills every
-        set once, by scanning, as :func:`~policy.engine.compute` does."""
+        (namespaces, pods, endpoints, Calico's tiers, network sets and host endpoints),
+        policies last: on an empty engine that fills every set once, by scanning, as
+        :func:`~policy.engine.compute` does."""
         want_pol = {(p.namespace, p.name): p for p in state.policies}
         want_ns = {n.name: n for n in state.namespaces}
         want_pods = {(p.namespace, p.name): p for p in state.pods}
         want_eps = {e.key: e for e in state.endpoints}
+        want_calico = {c.key: c for c in state.calico_policies}
         n = 0
-        for inputs, want in (
-            (self._calico, {c.key: c for c in state.calico_policies}),
-            (self._network_sets, {s.key: s for s in state.network_sets}),
-            (self._tiers, {t.name: t for t in state.tiers}),
-            (self._host_endpoints, {h.key: h for h in state.host_endpoints}),
-            (self._accounts, {a.key: a for a in state.service_accounts}),
-        ):
-            if inputs != want:
-                n += len(inputs.keys() ^ want.keys())
-                n += sum(1 for k in inputs.keys() & want.keys() if inputs[k] != want[k])
-                inputs.clear()
-                inputs.update(want)  # type: ignore[arg-type]
-                self._state = None
-                self._calico_full = True
+        for ck in [k for k in self._calico if k not in want_calico]:
+            n += self.put_calico_policy(ck, None)
         for pk in [k for k in self._policies if k not in want_pol]:
             n += self.remove_policy(*pk)
         for ek in [k for k in self._endpoints if k not in want_eps]:
@@ -477,34 +512,31 @@ class IncrementalPolicy:
             n += self.remove_namespace(name)
         for ns in want_ns.values():
             n += self.put_namespace(ns)
+        accounts = {a.key: a for a in state.service_accounts}
+        n += _load_kind(self._accounts, accounts, self.put_service_account)
         for pk in [k for k in self._pods if k not in want_pods]:
             n += self.remove_pod(*pk)
         for pod in want_pods.values():
             n += self.put_pod(pod)
         for ep in want_eps.values():
             n += self.put_endpoint(ep)
+        n += _load_kind(self._tiers, {t.name: t for t in state.tiers}, self.put_tier)
+        n += _load_kind(
+            self._network_sets, {s.key: s for s in state.network_sets}, self.put_network_set
+        )
+        hosts = {h.key: h for h in state.host_endpoints}
+        n += _load_kind(self._host_endpoints, hosts, self.put_host_endpoint)
         for pol in want_pol.values():
             n += self.put_policy(pol)
+        for ck, c in want_calico.items():
+            n += self.put_calico_policy(ck, c)
         if nat is not None:
             n += self.set_nat(nat)
         return n
 
-    def _put_calico(self, inputs: dict[str, V], key: str, value: object, kind: type[V]) -> bool:
-        """A Calico input put (``value`` of ``kind``) or removed (anything else)."""
-        if isinstance(value, kind):
-            if inputs.get(key) == value:
-                return False
-            inputs[key] = value
-        elif inputs.pop(key, None) is None:
-            return False
-        self._state = None
-        self._calico_full = True
-        return True
-
     def set_nat(self, nat: NatConfig) -> bool:
         if nat == self._nat:
             return False
-        self._calico_full = True
         if self._d_nat is None:
             self._d_nat = self._nat
         self._nat = nat
@@ -514,7 +546,6 @@ class IncrementalPolicy:
         old = self._namespaces.get(ns.name)
         if old == ns:
             return False
-        self._calico_full = True
         self._namespaces[ns.name] = ns
         self._relabel_namespace(ns.name, old, ns)
         return True
@@ -523,7 +554,6 @@ class IncrementalPolicy:
         old = self._namespaces.pop(name, None)
         if old is None:
             return False
-        self._calico_full = True
         self._relabel_namespace(name, old, None)
         return True
 
@@ -532,8 +562,6 @@ class IncrementalPolicy:
         old = self._pods.get(key)
         if old == pod:
             return False
-        if (old.service_account if old is not None else "") != pod.service_account:
-            self._calico_full = True  # in Calico's labels only: no set of the endpoints' moves
         self._pods[key] = pod
         self._state = None
         self._repod(key)
@@ -544,8 +572,6 @@ class IncrementalPolicy:
         old = self._pods.pop(key, None)
         if old is None:
             return False
-        if old.service_account:
-            self._calico_full = True
         self._state = None
         self._repod(key)
         return True
@@ -570,7 +596,6 @@ class IncrementalPolicy:
         old = self._policies.get(key)
         if old == pol:
             return False
-        self._calico_full = True
         self._repolicy(key, old, pol)
         return True
 
@@ -579,91 +604,233 @@ class IncrementalPolicy:
         old = self._policies.get(key)
         if old is None:
             return False
-        self._calico_full = True
         self._repolicy(key, old, None)
         return True
+
+    # -- Calico's kinds ----------------------------------------------------------------------
+
+    def put_calico_policy(self, key: str, pol: CalicoPolicy | None) -> bool:
+        """A Calico policy (namespaced, global, staged) put, or removed (``None``): the
+        local endpoints its old or new selector selects (one selector test per local
+        endpoint), its chains, the sets they use, those endpoints' programs; the host
+        endpoints' programs (all of this node's, recomputed)."""
+        old = self._calico.get(key)
+        if old == pol:
+            return False
+        self._state = None
+        if pol is not None:
+            self._calico[key] = pol
+        else:
+            del self._calico[key]
+        for d in _DIRECTIONS:
+            self._c_templates.pop((key, d), None)
+        was = self._c_local.pop(key, set())
+        now: set[_Key] = set()
+        if pol is not None:
+            for keys in self._iface_eps.values():
+                for ek in keys:
+                    if pol.selector.matches(self._clabels(self._endpoints[ek])):
+                        now.add(ek)
+        for ek in was - now:
+            self._endpoints[ek].calico_of().discard(key)
+        for ek in now - was:
+            self._endpoints[ek].calico_of().add(key)
+        if now:
+            self._c_local[key] = now
+        if self._hosts:
+            self._rehost()
+        self._c_sync(key)
+        for iface in sorted({self._endpoints[ek].ep.interface for ek in was | now}):
+            self._reprogram(iface)
+        return True
+
+    def put_tier(self, name: str, tier: Tier | None) -> bool:
+        """A tier put or removed: the programs of the local endpoints with a policy in it
+        (for ``default``, of every local endpoint a Calico policy selects: the Kubernetes
+        policies are in it), the chains of its staged policies (they end in its
+        defaultAction), the host endpoints' programs."""
+        if self._tiers.get(name) == tier:
+            return False
+        self._state = None
+        if tier is not None:
+            self._tiers[name] = tier
+        else:
+            del self._tiers[name]
+        ifaces: set[str] = set()
+        for ck, keys in self._c_local.items():
+            if name == DEFAULT_TIER or self._calico[ck].tier == name:
+                ifaces.update(self._endpoints[ek].ep.interface for ek in keys)
+        # a staged policy's chain ends in its tier's defaultAction: a new chain
+        for ck, c in self._calico.items():
+            if c.staged and c.tier == name:
+                for d in _DIRECTIONS:
+                    self._c_templates.pop((ck, d), None)
+                self._c_sync(ck)
+        if self._hosts:
+            self._rehost()
+        for iface in sorted(ifaces):
+            self._reprogram(iface)
+        return True
+
+    def put_network_set(self, key: str, nset: NetworkSet | None) -> bool:
+        """A network set put or removed: the nets of the selectors that match it, before
+        or after, computed again."""
+        old = self._network_sets.get(key)
+        if old == nset:
+            return False
+        self._state = None
+        if nset is not None:
+            self._network_sets[key] = nset
+        else:
+            del self._network_sets[key]
+        labels = [self._netset_labels(s) for s in (old, nset) if s is not None]
+        for gid in sorted(self._groups_selnet):
+            g = self._groups[gid]
+            assert g.selector is not None
+            if any(g.selector.matches(x) for x in labels):
+                self._refill_nets(g)
+        return True
+
+    def put_host_endpoint(self, key: str, host: HostEndpoint | None) -> bool:
+        """A host endpoint put or removed (any node's): its expected IPs in and out of the
+        selector sets; when it is (or was) one of this node's, the host programs."""
+        old = self._host_endpoints.get(key)
+        if old == host:
+            return False
+        self._state = None
+        if host is not None:
+            self._host_endpoints[key] = host
+        else:
+            del self._host_endpoints[key]
+        for gid in self._groups_sel:
+            g = self._groups[gid]
+            for fam, name in g.names.items():
+                for a in self._host_ips(g, old, fam):
+                    self._dec(name, a)
+                for a in self._host_ips(g, host, fam):
+                    self._inc(name, a)
+        if any(h is not None and h.node == self.node and h.interface for h in (old, host)):
+            self._rehost()
+        return True
+
+    def _clabels(self, m: _Member) -> Mapping[str, str]:
+        got = m.clabels
+        if got is None:
+            got = _calico_view(
+                m.items, m.ns, self._namespaces.get(m.ns), m.account, self._account_of(m)
+            )
+            m.clabels = got
+        return got
+
+    def _netset_labels(self, s: NetworkSet) -> Mapping[str, str]:
+        ns = s.namespace
+        scope = {ns: _ns_view(self._namespaces.get(ns), ns)[0]} if ns is not None else {}
+        return engine.network_set_labels(s, scope)
+
+    def _host_ips(self, g: _Group, h: HostEndpoint | None, fam: int) -> list[str]:
+        """The addresses host endpoint ``h`` puts in the ``sel`` set of family ``fam`` of
+        ``g``: its expected IPs of that family, when the selector selects it."""
+        if h is None or not h.expected_ips:
+            return []
+        assert g.selector is not None
+        if not g.selector.matches(engine.host_labels(h)):
+            return []
+        return [a for a in h.expected_ips if ipaddress.ip_address(a).version == fam]
+
+    def _refill_nets(self, g: _Group) -> None:
+        """A ``selnet`` group's sets: the nets of the network sets its selector matches,
+        as disjoint prefixes (computed whole: a union of nets is not counted per net)."""
+        assert g.selector is not None
+        nets = [
+            n
+            for s in self._network_sets.values()
+            if g.selector.matches(self._netset_labels(s))
+            for n in s.networks()
+        ]
+        for fam, name in g.names.items():
+            want = set(engine.collapsed(n for n in nets if n.version == fam))
+            have = self._members[name]
+            for e in [e for e in have if e not in want]:
+                self._dec(name, e)
+            for e in want - have.keys():
+                self._inc(name, e)
+
+    def _tier_of(self, name: str) -> Tier:
+        return engine.resolve_tier(self._tiers, name)
+
+    def _chain_of(self, pol: CalicoPolicy, direction: Direction) -> PolicyChain:
+        return self._c_template(pol.key, direction).chain
+
+    def _c_template(self, key: str, direction: Direction) -> _Template:
+        t = self._c_templates.get((key, direction))
+        if t is None:
+            pol = self._calico[key]
+            tier = self._tiers.get(pol.tier)
+            chain, sets = engine.calico_policy_chain(pol, direction, self.families, tier)
+            t = _Template(chain, sets, {})
+            self._c_templates[(key, direction)] = t
+        return t
+
+    def _c_sync(self, key: str) -> None:
+        """The chains of Calico policy ``key`` as they must be now: per direction, while it
+        applies to a local endpoint selected (stage normal, of the direction) or a host
+        program uses it. New ones are put before old ones go (their common sets stay)."""
+        pol = self._calico.get(key)
+        want: list[_Template] = []
+        if pol is not None:
+            local = bool(self._c_local.get(key)) and pol.stage == "normal"
+            host = self._c_host_dirs.get(key, set())
+            want = [
+                self._c_template(key, d)
+                for d in _DIRECTIONS
+                if (local and d in pol.types) or d in host
+            ]
+        for t in want:
+            self._put_chain(t)
+        names = {t.chain.name for t in want}
+        for name in self._c_chains.pop(key, {}).values():
+            if name not in names:
+                self._drop_chain(name)
+        if want:
+            self._c_chains[key] = {t.chain.direction: t.chain.name for t in want}
+
+    def _rehost(self) -> None:
+        """This node's host endpoints' programs, computed again (few: all of them), and the
+        chains whose use by them changed."""
+        hosts = sorted(self._host_endpoints.values(), key=lambda h: h.key)
+        mine = engine.node_hosts(((h, engine.host_labels(h)) for h in hosts), self.node)
+        used: dict[str, set[Direction]] = {}
+
+        def chain_of(pol: CalicoPolicy, direction: Direction) -> PolicyChain:
+            used.setdefault(pol.key, set()).add(direction)
+            return self._chain_of(pol, direction)
+
+        policies = tuple(self._calico.values())
+        self._hosts = {
+            h.name: engine.host_program(h, labels, policies, chain_of, self._tier_of)
+            for h, labels in mine
+        }
+        was, self._c_host_dirs = self._c_host_dirs, used
+        for key in sorted(was.keys() | used.keys()):
+            if was.get(key) != used.get(key):
+                self._c_sync(key)
 
     # -- the delta --------------------------------------------------------------------------
 
     def take_delta(self) -> Delta:
-        """What changed in the IR since the last call (net), and start anew. While a Calico
-        policy exists, the difference of two full computations; entering or leaving that
-        model replaces the table (``Delta.replace``)."""
-        k8s = self._take_k8s_delta()
+        """What changed in the IR since the last call (net), and start anew. Entering or
+        leaving Calico's model (the first Calico policy or host endpoint of this node, the
+        last gone), or the node's first host endpoint or its last gone, replaces the table
+        (``Delta.replace``)."""
+        self._flush()
+        d = self._take_k8s_delta()
         calico = self.calico
-        if not calico and self._exported is None:
-            return k8s
-        if not calico:
-            self._exported = None
-            return Delta(nat=k8s.nat, replace=True)
-        was = self._exported
-        if was is None or self._calico_full or _structural(k8s):
-            now = engine.compute(self.state(), self.node, self.families)
-        else:
-            now = self._remote_changes(was, k8s)
-        self._exported = now
-        self._calico_full, self._calico_addrs = False, set()
-        if was is None:
-            return Delta(nat=k8s.nat, replace=True)
-        return ir_difference(was, now, k8s.nat)
-
-    def _remote_changes(self, was: DesiredState, k8s: Delta) -> DesiredState:
-        """The IR after changes of remote endpoints only (no program, no chain changes):
-        the Kubernetes sets as the structures above changed them (``k8s``), Calico's
-        selector sets and the named-port sets only Calico's rules use tested again for
-        the addresses the changed endpoints had or have. Equal to ``engine.compute``."""
-        elements = dict(was.elements)
-        for name in k8s.added.keys() | k8s.removed.keys():
-            gone = k8s.removed.get(name, frozenset())
-            elements[name] = (elements[name] - gone) | k8s.added.get(name, frozenset())
-        addrs = self._calico_addrs
-        for name, sd in was.sets.items():
-            if name in self._sets or not addrs or sd.kind not in ("sel", "named-port"):
-                continue
-            mine = {a for a in addrs if (":" in a) == (sd.family == 6)}
-            if sd.kind == "sel":
-                assert sd.selector is not None
-                sel = sd.selector
-                held = set(elements[name])
-                for a in mine:
-                    keys = self._eps_by_addr.get(a, ())
-                    if any(
-                        sel.matches(self._calico_labels(self._endpoints[k])) for k in keys
-                    ) or self._host_holds(a, sel):
-                        held.add(a)
-                    else:
-                        held.discard(a)
-            else:
-                held = {e for e in elements[name] if not (isinstance(e, tuple) and e[0] in mine)}
-                for a in mine:
-                    for k in self._eps_by_addr.get(a, ()):
-                        for cp in self._endpoints[k].ports:
-                            if cp.name == sd.port_name:
-                                held.add((a, cp.protocol.lower(), cp.port))
-            if held != elements[name]:
-                elements[name] = frozenset(held)
-        return DesiredState(was.sets, elements, was.chains, was.endpoints, was.policies, was.hosts)
-
-    def _host_holds(self, addr: str, sel: Matcher) -> bool:
-        """Whether a host endpoint that ``sel`` selects expects address ``addr``."""
-        return any(
-            addr in h.expected_ips and sel.matches(endpoint_labels(dict(h.labels)))
-            for h in self._host_endpoints.values()
-        )
-
-    def _calico_labels(self, m: _Member) -> Mapping[str, str]:
-        """The labels Calico's selectors read on an endpoint, as the engine builds them."""
-        pod = self._pods.get((m.ns, m.ep.pod))
-        account = pod.service_account if pod is not None else ""
-        ns_labels = _ns_view(self._namespaces.get(m.ns), m.ns)[0]
-        held = self._accounts.get(f"{m.ns}/{account}") if account else None
-        return endpoint_labels(
-            m.labels,
-            namespace=m.ns,
-            namespace_labels=ns_labels,
-            service_account=account or None,
-            service_account_labels=dict(held.labels) if held is not None else None,
-        )
+        replace = calico != self._sent_calico or bool(self._hosts) != bool(self._sent_hosts)
+        hosts = (self._sent_hosts, self._hosts) if self._hosts != self._sent_hosts else None
+        self._sent_calico, self._sent_hosts = calico, self._hosts
+        if replace:
+            return Delta(nat=d.nat, replace=True)
+        return dataclasses.replace(d, hosts=hosts) if hosts is not None else d
 
     def _take_k8s_delta(self) -> Delta:
         new_sets: dict[str, SetDef] = {}
@@ -711,6 +878,11 @@ class IncrementalPolicy:
         nat = None
         if self._d_nat is not None and self._d_nat != self._nat:
             nat = (self._d_nat, self._nat)
+        counters = {
+            name: tuple(sorted(chain_counters(before)))
+            for name, before in self._d_chains.items()
+            if name in gone_chains and before is not None and before.tier
+        }
         self._d_sets, self._d_added, self._d_removed = {}, {}, {}
         self._d_chains, self._d_programs, self._d_nat = {}, {}, None
         return Delta(
@@ -726,6 +898,7 @@ class IncrementalPolicy:
             changed_eps,
             tuple(sorted(gone_eps)),
             nat,
+            counters,
         )
 
     # -- endpoints ----------------------------------------------------------------------------
@@ -746,11 +919,10 @@ class IncrementalPolicy:
             v4,
             v6,
             ep.node == self.node and bool(ep.interface),
+            pod.service_account if pod is not None else "",
         )
 
     def _index(self, key: _Key, m: _Member) -> None:
-        for a in (*m.v4, *m.v6):
-            self._eps_by_addr.setdefault(a, set()).add(key)
         self._eps_by_ns.setdefault(m.ns, set()).add(key)
         self._eps_by_pod.setdefault((m.ns, m.ep.pod), []).append(key)
         if m.local:
@@ -758,8 +930,6 @@ class IncrementalPolicy:
             self._iface_eps.setdefault(m.ep.interface, set()).add(key)
 
     def _unindex(self, key: _Key, m: _Member) -> None:
-        for a in (*m.v4, *m.v6):
-            _discard(self._eps_by_addr, a, key)
         _discard(self._eps_by_ns, m.ns, key)
         pod = (m.ns, m.ep.pod)
         same_pod = self._eps_by_pod[pod]
@@ -775,16 +945,14 @@ class IncrementalPolicy:
         for ek in sorted(self._eps_by_pod.get(key, ())):
             old = self._endpoints[ek]
             new = self._member(old.ep)
-            if new.items != old.items or new.ports != old.ports:
+            if (new.items, new.ports, new.account) != (old.items, old.ports, old.account):
                 self._replace(ek, old, new)
 
-    def _replace(self, key: _Key, old: _Member | None, new: _Member | None) -> None:
-        """One endpoint changes from ``old`` to ``new`` (either may be None)."""
-        for m in (old, new):
-            if m is not None:
-                if m.local:
-                    self._calico_full = True  # a program may change
-                self._calico_addrs.update(m.v4, m.v6)
+    def _replace(
+        self, key: _Key, old: _Member | None, new: _Member | None, *, relabelled: bool = False
+    ) -> None:
+        """One endpoint changes from ``old`` to ``new`` (either may be None); ``relabelled``:
+        only its namespace's labels changed (what Calico's selectors read)."""
         self._state = None
         if old is not None:
             self._unindex(key, old)
@@ -794,40 +962,66 @@ class IncrementalPolicy:
         else:
             del self._endpoints[key]
         # 1. its elements in the sets that exist now
-        if old is None or new is None or not old.same_for_sets(new):
+        if relabelled:
+            self._move_elements(old, new, self._groups_sel)
+        elif old is None or new is None or not old.same_for_sets(new):
             self._move_elements(old, new)
         # 2. local: which policies select it, their chains (and new sets, filled by scanning
         #    the indexes, which already hold ``new``), the programs of its interfaces
         counts: dict[_Key, int] = {}
         ifaces: set[str] = set()
+        was: set[str] = set()
+        now: set[str] = set()
         if old is not None and old.local:
             for pk in old.policies():
                 counts[pk] = counts.get(pk, 0) - 1
             ifaces.add(old.ep.interface)
+            was = old.calico_of()
         if new is not None and new.local:
             self._select(old, new)
             for pk in new.policies():
                 counts[pk] = counts.get(pk, 0) + 1
             ifaces.add(new.ep.interface)
+            now = new.calico_of()
         for pk, n in sorted(counts.items()):
             if n:
                 self._count_selected(pk, n)
+        self._c_reselect(key, was, now)
         for iface in sorted(ifaces):
             self._reprogram(iface)
 
-    def _move_elements(self, old: _Member | None, new: _Member | None) -> None:
+    def _c_reselect(self, key: _Key, was: set[str], now: set[str]) -> None:
+        """Local endpoint ``key`` was selected by the Calico policies ``was``, now by
+        ``now``: a policy's chains come with its first local endpoint, go with its last."""
+        for ck in sorted(was ^ now):
+            selected = self._c_local.setdefault(ck, set())
+            if ck in now:
+                selected.add(key)
+            else:
+                selected.discard(key)
+            if len(selected) == (1 if ck in now else 0):  # the first, or the last gone
+                if not selected:
+                    del self._c_local[ck]
+                self._c_sync(ck)
+
+    def _move_elements(
+        self, old: _Member | None, new: _Member | None, only: Iterable[str] | None = None
+    ) -> None:
         """An endpoint's elements out of (``old``) and into (``new``) every set that exists
-        now and may hold them: those of namespace selectors, of its namespace, of its named
-        ports."""
-        gids = set(self._groups_nssel)
-        for m in (old, new):
-            if m is None:
-                continue
-            gids.update(self._groups_by_scope.get(m.ns, ()))
-            for cp in m.ports:
-                gid = self._groups_by_port.get(cp.name)
-                if gid is not None:
-                    gids.add(gid)
+        now and may hold them (or the groups ``only``): those of namespace selectors, of its
+        namespace, of its named ports, of Calico's selectors."""
+        if only is not None:
+            gids = set(only)
+        else:
+            gids = self._groups_nssel | self._groups_sel
+            for m in (old, new):
+                if m is None:
+                    continue
+                gids.update(self._groups_by_scope.get(m.ns, ()))
+                for cp in m.ports:
+                    gid = self._groups_by_port.get(cp.name)
+                    if gid is not None:
+                        gids.add(gid)
         for gid in gids:
             g = self._groups[gid]
             for fam, name in g.names.items():
@@ -841,9 +1035,11 @@ class IncrementalPolicy:
                     self._inc(name, e)
 
     def _select(self, old: _Member | None, new: _Member) -> None:
-        """The policies that select local endpoint ``new``: ``old``'s when its namespace and
-        labels are the same, else found again."""
-        if old is not None and old.local and (old.ns, old.items) == (new.ns, new.items):
+        """The policies that select local endpoint ``new``, Kubernetes' and Calico's:
+        ``old``'s when what their selectors read is the same, else found again (one
+        selector test per policy of its namespace, per Calico policy)."""
+        same = old is not None and old.local
+        if same and old is not None and (old.ns, old.items) == (new.ns, new.items):
             new.selected = set(old.policies())
         else:
             new.selected = {
@@ -851,6 +1047,13 @@ class IncrementalPolicy:
                 for pk, p in self._policies_by_ns.get(new.ns, {}).items()
                 if p.pod_selector.matches(new.labels, new.items)
             }
+        if not self._calico:
+            new.calico = set()
+        elif same and old is not None and self._clabels(old) == self._clabels(new):
+            new.calico = set(old.calico_of())
+        else:
+            labels = self._clabels(new)
+            new.calico = {k for k, c in self._calico.items() if c.selector.matches(labels)}
 
     def _contribution(self, g: _Group, m: _Member | None, fam: int) -> frozenset[Element]:
         """The elements ``m`` puts into the set of family ``fam`` of group ``g``."""
@@ -859,6 +1062,8 @@ class IncrementalPolicy:
         addrs = m.addrs(fam)
         if not addrs:
             return frozenset()
+        if g.selector is not None:
+            return frozenset(addrs) if g.selector.matches(self._clabels(m)) else frozenset()
         if g.port is not None:
             return frozenset(
                 (a, cp.protocol.lower(), cp.port)
@@ -885,16 +1090,14 @@ class IncrementalPolicy:
                 return False
         return g.pods is None or g.pods.matches(m.labels, m.items)
 
-    # -- namespaces -------------------------------------------------------------------------
+    # -- namespaces and service accounts -----------------------------------------------------
 
     def _relabel_namespace(self, name: str, old: Namespace | None, new: Namespace | None) -> None:
         self._state = None
         was, now = _ns_view(old, name), _ns_view(new, name)
         if was[1] == now[1]:
             return
-        keys = self._eps_by_ns.get(name)
-        if not keys:
-            return
+        keys = sorted(self._eps_by_ns.get(name, ()))
         flips: list[tuple[_Group, bool]] = []
         for gid in sorted(self._groups_nssel):
             g = self._groups[gid]
@@ -902,9 +1105,7 @@ class IncrementalPolicy:
             before, after = g.scope.matches(*was), g.scope.matches(*now)
             if before != after:
                 flips.append((g, after))
-        if not flips:
-            return
-        members = [self._endpoints[k] for k in sorted(keys)]
+        members = [self._endpoints[k] for k in keys]
         for g, after in flips:
             for m in members:
                 if g.pods is not None and not g.pods.matches(m.labels, m.items):
@@ -915,6 +1116,43 @@ class IncrementalPolicy:
                             self._inc(sname, a)
                         else:
                             self._dec(sname, a)
+        # Calico's labels of its endpoints (``pcns.*``) changed: each re-tested against the
+        # selector sets and, when local, the Calico policies
+        if self._groups_sel or self._calico:
+            for k, m in zip(keys, members, strict=True):
+                m.clabels = _calico_view(m.items, name, old, m.account, self._account_of(m))
+                self._replace(k, m, self._member(m.ep), relabelled=True)
+        else:
+            for m in members:
+                m.clabels = None
+        if any(s.namespace == name for s in self._network_sets.values()):
+            for gid in sorted(self._groups_selnet):
+                self._refill_nets(self._groups[gid])
+
+    def put_service_account(self, key: str, account: ServiceAccount | None) -> bool:
+        """A service account put or removed (``None``): its labels are Calico's ``pcsa.``
+        labels of the endpoints of its pods, each re-tested as a namespace relabel's
+        (only while Calico's selectors exist: nothing else reads them)."""
+        old = self._accounts.get(key)
+        if old == account:
+            return False
+        ns, _, name = key.partition("/")
+        keys = sorted(k for k in self._eps_by_ns.get(ns, ()) if self._endpoints[k].account == name)
+        before = [self._endpoints[k] for k in keys]
+        for m in before:  # what they read until now, for the re-test
+            m.clabels = self._clabels(m) if (self._groups_sel or self._calico) else None
+        if account is None:
+            del self._accounts[key]
+        else:
+            self._accounts[key] = account
+        self._state = None
+        if self._groups_sel or self._calico:
+            for k, m in zip(keys, before, strict=True):
+                self._replace(k, m, self._member(m.ep), relabelled=True)
+        return True
+
+    def _account_of(self, m: _Member) -> ServiceAccount | None:
+        return self._accounts.get(f"{m.ns}/{m.account}") if m.account else None
 
     # -- policies ---------------------------------------------------------------------------
 
@@ -1040,6 +1278,9 @@ class IncrementalPolicy:
         if d.kind == "cidr":
             return
         gid = _group_id(name)
+        if d.kind in ("sel", "selnet"):
+            self._ref_calico_set(gid, d)
+            return
         g = self._groups.get(gid)
         if g is None:
             scope = d.scope if d.kind == "addr" else None
@@ -1052,7 +1293,11 @@ class IncrementalPolicy:
             if g.port is not None:
                 self._groups_by_port[g.port] = gid
         g.names[d.family] = name
-        # fill it from the endpoints it can hold
+        self._fill(g, d)
+
+    def _fill(self, g: _Group, d: SetDef) -> None:
+        """A new pod or named-port set filled from the endpoints it can hold."""
+        name = d.name
         if g.port is not None:
             port = g.port
             keys: Iterable[_Key] = [
@@ -1077,6 +1322,25 @@ class IncrementalPolicy:
             for e in self._contribution(g, self._endpoints[k], d.family):
                 self._inc(name, e)
 
+    def _ref_calico_set(self, gid: str, d: SetDef) -> None:
+        """A Calico selector's new set, filled: by one scan of every endpoint and host
+        endpoint (``sel``), from the network sets (``selnet``)."""
+        g = self._groups.get(gid)
+        if g is None:
+            g = _Group(None, None, None, {}, d.selector)
+            self._groups[gid] = g
+            (self._groups_sel if d.kind == "sel" else self._groups_selnet).add(gid)
+        g.names[d.family] = d.name
+        if d.kind == "selnet":
+            self._refill_nets(g)
+            return
+        for m in self._endpoints.values():
+            for e in self._contribution(g, m, d.family):
+                self._inc(d.name, e)
+        for h in self._host_endpoints.values():
+            for a in self._host_ips(g, h, d.family):
+                self._inc(d.name, a)
+
     def _unref_set(self, name: str) -> None:
         refs = self._set_refs[name] - 1
         if refs:
@@ -1099,6 +1363,8 @@ class IncrementalPolicy:
         if g.names:
             return
         del self._groups[gid]
+        self._groups_sel.discard(gid)
+        self._groups_selnet.discard(gid)
         if isinstance(g.scope, str):
             _discard(self._groups_by_scope, g.scope, gid)
         elif g.scope is not None:
@@ -1140,6 +1406,16 @@ class IncrementalPolicy:
     # -- programs ---------------------------------------------------------------------------
 
     def _reprogram(self, iface: str) -> None:
+        """The program of ``iface`` is to be made again: once, when next read (a batch of
+        changes, a load, touches a program once)."""
+        self._dirty.add(iface)
+
+    def _flush(self) -> None:
+        for iface in sorted(self._dirty):
+            self._program_of(iface)
+        self._dirty.clear()
+
+    def _program_of(self, iface: str) -> None:
         """An interface's program from the local endpoints on it (one, unless two endpoints
         claim one interface: then as :func:`~policy.engine.compute` merges them)."""
         old = self._programs.get(iface)
@@ -1157,14 +1433,23 @@ class IncrementalPolicy:
                 for d in _DIRECTIONS:
                     if d in pol.types:
                         jumps[d].extend([self._template(pk, d).chain.name] * times[pk])
-            last = members[-1].ep
+            last = members[-1]
             prog = EndpointProgram(
                 iface,
-                f"{last.namespace}/{last.name}",
-                last.addresses,
+                f"{last.ep.namespace}/{last.ep.name}",
+                last.ep.addresses,
                 tuple(jumps["ingress"]) or None,
                 tuple(jumps["egress"]) or None,
             )
+            if last.calico_of():
+                # tiered as compute does it, from the last endpoint's policies alone
+                k8s = [self._policies[pk] for pk in last.policies()]
+                calico = [self._calico[ck] for ck in last.calico_of()]
+                entries = {
+                    d: engine.tier_entries(k8s, calico, d, self._tier_of, staged=True)
+                    for d in _DIRECTIONS
+                }
+                prog = engine.tiered_program(prog, entries, self._chain_of, self._tier_of)
         if prog == old:
             return
         if iface not in self._d_programs:
@@ -1177,61 +1462,16 @@ class IncrementalPolicy:
             self._n_program_rules += _program_rules(prog)
 
 
-def _structural(d: Delta) -> bool:
-    """Whether a delta of the Kubernetes structures made or removed anything but set
-    elements (what only a full computation follows in Calico's model)."""
-    return bool(
-        d.new_sets
-        or d.gone_sets
-        or d.new_chains
-        or d.changed_chains
-        or d.gone_chains
-        or d.new_endpoints
-        or d.changed_endpoints
-        or d.gone_endpoints
-    )
-
-
-def ir_difference(
-    was: DesiredState, now: DesiredState, nat: tuple[NatConfig, NatConfig] | None = None
-) -> Delta:
-    """The :class:`Delta` from one IR to another (and the NAT pools' change). The first
-    host endpoint of the node, or its last gone, replaces the table (the host base
-    chains come and go with them)."""
-    if bool(was.hosts) != bool(now.hosts):
-        return Delta(nat=nat, replace=True)
-    hosts = (was.hosts, now.hosts) if was.hosts != now.hosts else None
-    common = [
-        n for n in was.sets.keys() & now.sets.keys() if was.elements[n] is not now.elements[n]
-    ]
-    added = {n: now.elements[n] - was.elements[n] for n in common}
-    removed = {n: was.elements[n] - now.elements[n] for n in common}
-    gone_chains = sorted(was.chains.keys() - now.chains.keys())
-    counters = {
-        name: tuple(sorted(chain_counters(was.chains[name])))
-        for name in gone_chains
-        if was.chains[name].tier
-    }
-    return Delta(
-        {n: now.sets[n] for n in now.sets.keys() - was.sets.keys()},
-        {n: now.elements[n] for n in now.sets.keys() - was.sets.keys()},
-        tuple(sorted(was.sets.keys() - now.sets.keys())),
-        {n: e for n, e in added.items() if e},
-        {n: e for n, e in removed.items() if e},
-        {n: c for n, c in now.chains.items() if n not in was.chains},
-        {n: c for n, c in now.chains.items() if n in was.chains and was.chains[n] != c},
-        tuple(gone_chains),
-        {i: p for i, p in now.endpoints.items() if i not in was.endpoints},
-        {
-            i: (was.endpoints[i], p)
-            for i, p in now.endpoints.items()
-            if i in was.endpoints and was.endpoints[i] != p
-        },
-        tuple(sorted(was.endpoints.keys() - now.endpoints.keys())),
-        nat,
-        counters,
-        hosts=hosts,
-    )
+def _load_kind(
+    have: Mapping[str, V], want: Mapping[str, V], put: Callable[[str, V | None], bool]
+) -> int:
+    """Make inputs of one of Calico's kinds ``want`` by ``put`` (None: removed)."""
+    n = 0
+    for k in [k for k in have if k not in want]:
+        n += put(k, None)
+    for k, v in want.items():
+        n += put(k, v)
+    return n
 
 
 def _program_rules(p: EndpointProgram) -> int:

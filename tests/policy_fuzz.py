@@ -10,7 +10,7 @@ whole protocols, every ``policyTypes`` form; the NAT pools. :func:`random_update
 change, biased to touch what exists (relabel, move, readdress, delete). With ``calico``, also
 Calico's kinds: namespaced, global and staged policies in three tiers with every action and
 match field, network sets (namespaced and global, overlapping nets), tiers with either
-``defaultAction``.
+``defaultAction``, host endpoints; pods' service accounts, read by Calico's selectors.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from policy.engine import (
     PortSpec,
     Requirement,
     Rule,
+    ServiceAccount,
 )
 from policy.incremental import Update
 from resources.selector import parse_selector, policy_selector, rule_selector
@@ -145,8 +146,16 @@ def namespace(r: random.Random) -> Namespace:
 
 
 def pod(r: random.Random) -> Pod:
+    """A pod, with a service account (what Calico's selectors may read) or none."""
     ports = tuple(r.sample(PORTS, r.randint(0, 2)))
-    return Pod(r.choice(NAMESPACES), f"pod{r.randint(0, 9)}", labels(r), ports)
+    account = r.choice(("", "", "sa1", "sa2"))
+    return Pod(r.choice(NAMESPACES), f"pod{r.randint(0, 9)}", labels(r), ports, account)
+
+
+def service_account(r: random.Random) -> ServiceAccount:
+    """A ServiceAccount of a pod's (its labels are Calico's ``pcsa.``)."""
+    labs = (("role", r.choice(("web", "db"))),) if r.random() < 0.7 else ()
+    return ServiceAccount(r.choice(NAMESPACES), r.choice(("sa1", "sa2")), labs)
 
 
 def addresses(r: random.Random) -> tuple[str, ...]:
@@ -208,6 +217,9 @@ CALICO_SELECTORS = (
     "tier == 'db' || app == 'y'",
 )
 NAMESPACE_SELECTORS = (None, None, "all()", "env == 'prod'", "global()")
+ACCOUNT_SELECTORS = (
+    None, None, None, None, "all()", "projectcalico.org/name == 'sa1'", "role == 'web'"
+)  # fmt: skip
 TIERS = ("default", "security", "platform")
 NETS = ("10.0.0.0/30", "10.0.0.8/29", "10.0.0.0/28", "192.168.0.0/24", "fd00::/126", "fd00::4/127")
 
@@ -223,6 +235,7 @@ def _entity(r: random.Random, protocol: int | None, namespace: str | None) -> En
         sel,
         not_selector=not_sel,
         namespace_selector=ns_sel,
+        service_account_selector=r.choice(ACCOUNT_SELECTORS),
         service_account_names=accounts,
         policy_namespace=namespace,
     )
@@ -261,7 +274,12 @@ def calico_policy(r: random.Random) -> CalicoPolicy:
     namespace = r.choice((*NAMESPACES, None))
     sel = r.choice(CALICO_SELECTORS)
     ns_sel = r.choice(NAMESPACE_SELECTORS[:4]) if namespace is None else None
-    selector = policy_selector(sel, namespace=namespace, namespace_selector=ns_sel)
+    selector = policy_selector(
+        sel,
+        namespace=namespace,
+        namespace_selector=ns_sel,
+        service_account_selector=r.choice(ACCOUNT_SELECTORS),
+    )
     ingress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 3)))
     egress = tuple(calico_rule(r, namespace) for _ in range(r.randint(0, 2)))
     types: frozenset[Direction] = r.choice(
@@ -340,10 +358,15 @@ def random_calico_update(r: random.Random, st: ClusterState) -> Update:
         return Update("tier", t.name, t)
     if c < 0.92:
         return Update("tier", r.choice(TIERS), None)
-    if c < 0.98 or not st.host_endpoints:
+    if c < 0.95 or not st.host_endpoints:
         h = host_endpoint(r)
         return Update("host-endpoint", h.key, h)
-    return Update("host-endpoint", r.choice(st.host_endpoints).key, None)
+    if c < 0.96:
+        return Update("host-endpoint", r.choice(st.host_endpoints).key, None)
+    if c < 0.99 or not st.service_accounts:
+        a = service_account(r)
+        return Update("service-account", a.key, a)
+    return Update("service-account", r.choice(st.service_accounts).key, None)
 
 
 def random_update(r: random.Random, st: ClusterState, *, calico: bool = False) -> Update:
@@ -396,6 +419,7 @@ class World:
         self.network_sets: dict[str, NetworkSet] = {}
         self.tiers: dict[str, Tier] = {}
         self.host_endpoints: dict[str, HostEndpoint] = {}
+        self.service_accounts: dict[str, ServiceAccount] = {}
 
     def apply(self, u: Update) -> None:
         if u.kind == "nat":
@@ -411,6 +435,7 @@ class World:
             "network-set": self.network_sets,
             "tier": self.tiers,
             "host-endpoint": self.host_endpoints,
+            "service-account": self.service_accounts,
         }[u.kind]  # type: ignore[assignment]
         if u.value is None:
             table.pop(u.key, None)
@@ -427,4 +452,5 @@ class World:
             tuple(self.network_sets.values()),
             tuple(self.tiers.values()),
             tuple(self.host_endpoints.values()),
+            tuple(self.service_accounts.values()),
         )

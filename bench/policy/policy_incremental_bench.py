@@ -28,8 +28,8 @@ namespace made here (libnftables), so the time includes the nft transaction; the
 deleted at the end, pass or fail. Timings are numbers to read, never a pass or fail.
 
 With ``--calico N``, N Calico GlobalNetworkPolicies in a tier ``security`` (Deny of one app,
-Pass of the rest) are added: the engine is then in Calico's model, where each change is a
-full computation (policy/DESIGN.md), and the numbers show what that costs.
+Pass of the rest) are added: the engine is then in Calico's model, followed change by change
+as well (policy/DESIGN.md "Calico's model"), and the numbers show what that costs.
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def test_a_staged_delete_changed_or_deleted_never_removes_the_enforced_policy() 
 
 def test_load_of_other_calico_inputs_is_followed() -> None:
     """``load`` (tabby-node's periodic check) with other Calico inputs and nothing else
-    changed: the next delta is the full computation's."""
+    changed: the next delta brings the programs to the full computation's."""
     state = _state(world())
     eng = IncrementalPolicy(NODE)
     eng.load(state)

@@ -4,7 +4,9 @@ deltas, against the full computation.
 The core proof replays random change sequences (``tests/policy_fuzz.py``: policies with pod
 and namespace selectors, ipBlocks, named ports, both families; namespaces and pods
 relabelled; endpoints added, removed, moved between nodes, readdressed; duplicate addresses;
-endpoints whose pod is missing; the NAT pools) and after EVERY change compares:
+endpoints whose pod is missing; the NAT pools; with ``calico``, Calico's kinds too: policies
+of every kind and stage, staged ones, tiers, network sets, host endpoints, service
+accounts) and after EVERY change compares:
 
 * the incrementally kept IR with ``engine.compute`` of the same inputs (kept independently);
 * the delta's nft text with what ``Renderer.delta`` diffs out of the two computed states;
@@ -21,12 +23,14 @@ import dataclasses
 import logging
 import os
 import random
+from collections.abc import Mapping
 
 import pytest
 
 from dataplane import nft
 from datastore.base import Doc
 from policy import engine, inputs
+from policy.calico import CalicoPolicy, CalicoRule, Direction, EntityMatch, Tier
 from policy.engine import (
     ClusterState,
     ContainerPort,
@@ -45,6 +49,7 @@ from policy.incremental import Delta, IncrementalPolicy, Update, differences
 from policy.render import Renderer, Snapshot
 from policy.state import PolicyDataplane
 from resources.index import ENDPOINTS, POLICY, POOLS, Change, Index
+from resources.selector import parse_selector
 from tests import policy_fuzz as fz
 from tests import policy_truth_table as tt
 from tests.nft_model import NftModel
@@ -455,6 +460,89 @@ def test_work_per_remote_event_does_not_grow_with_the_cluster(
     small, large = work(300), work(3000)
     assert small == large
     assert all(small[1:])  # it did something (a pod without endpoints is nothing)
+
+
+class _Counted:
+    """A Calico selector that counts its evaluations (the engine takes anything with
+    ``matches``; equal and named by its text, as the real one)."""
+
+    calls = 0
+
+    def __init__(self, text: str) -> None:
+        self.sel = parse_selector(text)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        _Counted.calls += 1
+        return self.sel.matches(labels)
+
+    def __str__(self) -> str:
+        return str(self.sel)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Counted) and str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+def _gnp(i: int, app: str, peer: str, proto: int = 6) -> CalicoPolicy:
+    source = EntityMatch(selector=_Counted(f"app == '{peer}'"))
+    rules = (
+        CalicoRule("Deny", protocol=proto, source=source),
+        CalicoRule("Pass"),
+    )
+    types: frozenset[Direction] = frozenset({"ingress"})
+    return CalicoPolicy(f"g{i}", None, _Counted(f"app == '{app}'"), "security", i, types, rules)
+
+
+def test_work_per_event_in_calicos_model_does_not_grow_with_the_calico_policies() -> None:
+    """In Calico's model (GlobalNetworkPolicies in a tier) no change but entering it is a
+    full computation: selector evaluations and the delta's size for a remote pod's start
+    and relabel, a GlobalNetworkPolicy's change and a tier's are the same with 10 and 200
+    Calico policies (the 190 more select no local endpoint); a local pod's start tests its
+    labels against every Calico policy once (190 evaluations more), a namespace relabel
+    its local endpoints' (5 in ns3)."""
+
+    def work(extra: int) -> list[int]:
+        state = dataclasses.replace(
+            _cluster(300),
+            calico_policies=(
+                *(_gnp(i, f"app{i % 7}", f"app{(i + 1) % 7}") for i in range(10)),
+                *(_gnp(10 + i, "nobody", "app1") for i in range(extra)),
+            ),
+            tiers=(Tier("security", 10),),
+        )
+        eng = IncrementalPolicy(fz.NODE, (4,))
+        eng.load(state)
+        assert eng.take_delta().replace
+        pod = Pod("ns3", "new", (("app", "app3"), ("tier", "web")), (ContainerPort("http", 80),))
+        remote = Endpoint("ns3", "new", "n9", "calinew", ("10.99.0.1",), "new-eth0")
+        local_pod = dataclasses.replace(pod, name="mine")
+        local = Endpoint("ns3", "mine", fz.NODE, "calimine", ("10.99.0.2",), "mine-eth0")
+        steps = (
+            lambda: eng.put_pod(pod),
+            lambda: eng.put_endpoint(remote),
+            lambda: eng.put_pod(dataclasses.replace(pod, labels=(("app", "app4"),))),
+            lambda: eng.put_calico_policy("g3", _gnp(3, "app3", "app5", 17)),
+            lambda: eng.put_tier("security", Tier("security", 20, "Pass")),
+            lambda: eng.put_pod(local_pod) and eng.put_endpoint(local),
+            lambda: eng.put_namespace(Namespace("ns3", (("team", "t9"),))),
+        )
+        out = []
+        for step in steps:
+            _Counted.calls = 0
+            assert step()
+            d = eng.take_delta()
+            assert not d.replace
+            out.append(_Counted.calls + d.size)
+        assert eng.desired() == engine.compute(eng.state(), fz.NODE, (4,))
+        return out
+
+    small, large = work(0), work(190)
+    assert small[:5] == large[:5]
+    assert large[5] - small[5] == 190
+    assert large[6] - small[6] == 6 * 190  # ns3's 5 local endpoints and the new one
+    assert all(small[1:])
 
 
 # --- the dataplane ------------------------------------------------------------------------------
