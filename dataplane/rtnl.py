@@ -188,6 +188,26 @@ def _text(data: bytes, start: int, end: int) -> str:
     return data[start:end].split(b"\0", 1)[0].decode(errors="replace")
 
 
+def _link_kind(data: bytes, start: int, end: int) -> str | None:
+    """IFLA_INFO_KIND of an IFLA_LINKINFO payload."""
+    for info, a, b in _attrs(data, start, end):
+        if info == IFLA_INFO_KIND:
+            return _text(data, a, b)
+    return None
+
+
+def _ipv6_disabled(data: bytes, start: int, end: int) -> bool | None:
+    """disable_ipv6 of an IFLA_AF_SPEC payload (None: it has no IPv6 configuration)."""
+    for family, a, b in _attrs(data, start, end):
+        if family != socket.AF_INET6:
+            continue
+        for what, c, d in _attrs(data, a, b):
+            at = c + 4 * DEVCONF_DISABLE_IPV6
+            if what == IFLA_INET6_CONF and at + 4 <= d:
+                return bool(_U32.unpack_from(data, at)[0])
+    return None
+
+
 def parse_link(data: bytes) -> Link:
     """The :class:`Link` one RTM_NEWLINK message (``data``: the message, its header
     first) describes. Read straight from the bytes: pyroute2's decoding of a link (its
@@ -216,17 +236,9 @@ def parse_link(data: bytes) -> Link:
         elif attr == IFLA_IFALIAS:
             alias = _text(data, a, b)
         elif attr == IFLA_LINKINFO:
-            for info, c, d in _attrs(data, a, b):
-                if info == IFLA_INFO_KIND:
-                    kind = _text(data, c, d)
+            kind = _link_kind(data, a, b)
         elif attr == IFLA_AF_SPEC:
-            for family, c, d in _attrs(data, a, b):
-                if family != socket.AF_INET6:
-                    continue
-                for what, e, f in _attrs(data, c, d):
-                    at = e + 4 * DEVCONF_DISABLE_IPV6
-                    if what == IFLA_INET6_CONF and at + 4 <= f:
-                        v6off = bool(_U32.unpack_from(data, at)[0])
+            v6off = _ipv6_disabled(data, a, b)
     return Link(
         index=index,
         name=name,
