@@ -4,7 +4,8 @@ pyroute2 is used for what it is best at, the rtnetlink message formats: requests
 as its ``ifinfmsg``/``ifaddrmsg``/``rtmsg``/``nsidmsg`` messages and replies are decoded by
 the same classes, except a link's: what a :class:`Link` holds is read straight from its bytes
 (:func:`parse_link`; every call reads one or two links, and pyroute2's decoding of one was
-~0.5 ms of CPU), the rest of it decoded by pyroute2 only when asked (:class:`LinkReply`). The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
+~0.5 ms of CPU), the rest of it decoded by pyroute2 only when asked (:class:`LinkReply`).
+The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
 its replies up to the ACK (or NLMSG_DONE for a dump). pyroute2's own ``IPRoute`` runs every
 request through an asyncio event loop and its request filters: ~0.35 ms more per request and
 ~60 ms more to import (asyncio, its socket layer), measured. Requests that do not depend on
