@@ -13,7 +13,9 @@ the interpreter alone (``-I -S -c pass``: no site, nothing imported but what it 
 start), the same plus the modules a call served by tabby-node imports (``bundle.entry``,
 ``tabby_node.client``: the plugin's whole fast path), the floor, and the floor built with
 bytecode optimisation (``optimize=2``) and with the bootloader's options too (UTF-8 mode,
-unbuffered): what each trim can take off; and the installed plugin (``/opt/cni/bin/tabby``)
+unbuffered): what each trim can take off; the interpreter with ``ctypes`` imported too
+(PyInstaller's bootstrap imports it at the start of every process of a bundle that holds it,
+as tabby's does, and the floor's does not); and the installed plugin (``/opt/cni/bin/tabby``)
 itself, a CHECK it forwards to a stand-in node that answers at once: the client process of a
 served call, whole.
 
@@ -193,6 +195,15 @@ def compare(rounds: int) -> None:
             "-S",
             "-c",
             SERVED_PATH.format(root=str(ROOT), more=SERVED_IMPORTS),
+        ],
+        # PyInstaller's bootstrap imports ctypes in every process of a bundle that holds it
+        # (pyimod03_ctypes.install); tabby's does (dataplane.netns, pyroute2), the floor not
+        "+ ctypes": [
+            python,
+            "-I",
+            "-S",
+            "-c",
+            SERVED_PATH.format(root=str(ROOT), more=SERVED_IMPORTS + "; import ctypes"),
         ],
         **{name: [build(name=name)] for name in VARIANTS},
     }
