@@ -2,7 +2,10 @@
 
 pyroute2 is used for what it is best at, the rtnetlink message formats: requests are built
 as its ``ifinfmsg``/``ifaddrmsg``/``rtmsg``/``nsidmsg`` messages and replies are decoded by
-the same classes. The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
+the same classes, except a link's: what a :class:`Link` holds is read straight from its bytes
+(:func:`parse_link`; every call reads one or two links, and pyroute2's decoding of one was
+~0.5 ms of CPU), the rest of it decoded by pyroute2 only when asked (:class:`LinkReply`).
+The transport is ours: one blocking NETLINK_ROUTE socket, a request, then
 its replies up to the ACK (or NLMSG_DONE for a dump). pyroute2's own ``IPRoute`` runs every
 request through an asyncio event loop and its request filters: ~0.35 ms more per request and
 ~60 ms more to import (asyncio, its socket layer), measured. Requests that do not depend on
@@ -28,7 +31,7 @@ import errno as errno_mod
 import ipaddress
 import socket
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from dataplane import lazy_pyroute2
@@ -84,7 +87,7 @@ Attr = tuple[str, object]
 Decoder = Callable[..., Message]
 
 _DECODERS: dict[int, Decoder] = {
-    RTM_NEWLINK: ifinfmsg,
+    RTM_NEWLINK: lambda data, offset=0: LinkReply(data, offset),
     RTM_NEWADDR: ifaddrmsg,
     RTM_NEWROUTE: rtmsg,
     RTM_NEWNSID: nsidmsg,
@@ -157,6 +160,143 @@ class Request:
     msg: Message
     msg_type: int
     flags: int = 0
+
+
+# What a Link holds of a RTM_NEWLINK reply (linux/if_link.h, linux/ipv6.h), read by
+# :func:`parse_link` without pyroute2.
+_IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+_NLA = struct.Struct("=HH")
+_U32 = struct.Struct("=I")
+_S32 = struct.Struct("=i")
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK = 1, 3, 4, 5
+IFLA_LINKINFO, IFLA_IFALIAS, IFLA_AF_SPEC, IFLA_LINK_NETNSID = 18, 20, 26, 37
+IFLA_INFO_KIND = 1
+IFLA_INET6_CONF = 2
+DEVCONF_DISABLE_IPV6 = 26  # index of disable_ipv6 in IFLA_INET6_CONF's array of u32
+
+
+def _attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, payload start, payload end) of each netlink attribute in data[start:end]."""
+    pos = start
+    while pos + _NLA.size <= end:
+        length, kind = _NLA.unpack_from(data, pos)
+        if length < _NLA.size or pos + length > end:
+            return
+        yield kind & _NLA_TYPE_MASK, pos + _NLA.size, pos + length
+        pos += (length + 3) & ~3
+
+
+def _text(data: bytes, start: int, end: int) -> str:
+    return data[start:end].split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _link_kind(data: bytes, start: int, end: int) -> str | None:
+    """IFLA_INFO_KIND of an IFLA_LINKINFO payload."""
+    for info, a, b in _attrs(data, start, end):
+        if info == IFLA_INFO_KIND:
+            return _text(data, a, b)
+    return None
+
+
+def _ipv6_disabled(data: bytes, start: int, end: int) -> bool | None:
+    """disable_ipv6 of an IFLA_AF_SPEC payload (None: it has no IPv6 configuration)."""
+    for family, a, b in _attrs(data, start, end):
+        if family != socket.AF_INET6:
+            continue
+        for what, c, d in _attrs(data, a, b):
+            at = c + 4 * DEVCONF_DISABLE_IPV6
+            if what == IFLA_INET6_CONF and at + 4 <= d:
+                return bool(_U32.unpack_from(data, at)[0])
+    return None
+
+
+def parse_link(data: bytes) -> Link:
+    """The :class:`Link` one RTM_NEWLINK message (``data``: the message, its header
+    first) describes. Read straight from the bytes: pyroute2's decoding of a link (its
+    nested per-family configuration above all) was most of the netlink CPU of a call
+    tabby-node serves (py-spy, bench.cni.datastore_cni_bench), and a Link needs a few
+    attributes of it."""
+    end = min(len(data), _NLMSGHDR.unpack_from(data, 0)[0])
+    start = _NLMSGHDR.size
+    _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, start)
+    name, kind, mac, alias = "", None, None, ""
+    mtu = 0
+    peer: int | None = None
+    nsid: int | None = None
+    v6off: bool | None = None
+    for attr, a, b in _attrs(data, start + _IFINFOMSG.size, end):
+        if attr == IFLA_IFNAME:
+            name = _text(data, a, b)
+        elif attr == IFLA_ADDRESS:
+            mac = ":".join(f"{octet:02x}" for octet in data[a:b])
+        elif attr == IFLA_MTU and b - a >= 4:
+            mtu = _U32.unpack_from(data, a)[0]
+        elif attr == IFLA_LINK and b - a >= 4:
+            peer = _U32.unpack_from(data, a)[0]
+        elif attr == IFLA_LINK_NETNSID and b - a >= 4:
+            nsid = _S32.unpack_from(data, a)[0]
+        elif attr == IFLA_IFALIAS:
+            alias = _text(data, a, b)
+        elif attr == IFLA_LINKINFO:
+            kind = _link_kind(data, a, b)
+        elif attr == IFLA_AF_SPEC:
+            v6off = _ipv6_disabled(data, a, b)
+    return Link(
+        index=index,
+        name=name,
+        kind=kind,
+        mac=mac,
+        up=bool(flags & IFF_UP),
+        mtu=mtu,
+        peer_index=peer,
+        peer_netnsid=nsid,
+        ipv6_disabled=v6off,
+        alias=alias,
+    )
+
+
+class LinkReply:
+    """A RTM_NEWLINK reply, kept as its bytes: :meth:`Rtnl._link` reads it with
+    :func:`parse_link`; what else a caller asks of it (:mod:`dataplane.rtnl_routing`: a
+    VXLAN's attributes) pyroute2 decodes on first use."""
+
+    __slots__ = ("_decoded", "raw")
+
+    def __init__(self, data: bytes | bytearray, offset: int = 0) -> None:
+        length = _NLMSGHDR.unpack_from(data, offset)[0]
+        self.raw = bytes(data[offset : offset + length])
+        self._decoded: Message | None = None
+
+    def _message(self) -> Message:
+        if self._decoded is None:
+            msg: Message = ifinfmsg(self.raw)
+            msg.decode()
+            self._decoded = msg
+        return self._decoded
+
+    @property
+    def data(self) -> bytes:
+        return self.raw
+
+    def __getitem__(self, key: str) -> object:
+        return self._message()[key]
+
+    def __setitem__(self, key: str, value: object) -> None:
+        self._message()[key] = value
+
+    def get(self, key: str | tuple[str, ...]) -> object:
+        return self._message().get(key)
+
+    def get_attr(self, name: str) -> object:
+        return self._message().get_attr(name)
+
+    def encode(self) -> object:
+        return self._message().encode()
+
+    def decode(self) -> object:
+        """Nothing now: the reply is decoded when something other than a Link is read."""
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,25 +509,7 @@ class Rtnl:
 
     @staticmethod
     def _link(msg: Message) -> Link:
-        kind = msg.get(("linkinfo", "kind"))
-        mac = msg.get("address")
-        peer = msg.get("link")
-        nsid = msg.get("link_netnsid")
-        alias = msg.get("ifalias")
-        inet6 = msg.get(("af_spec", "af_inet6", "inet6_conf"))
-        v6off = inet6.get("disable_ipv6") if isinstance(inet6, dict) else None
-        return Link(
-            index=int(msg["index"]),
-            name=str(msg.get("ifname")),
-            kind=str(kind) if kind is not None else None,
-            mac=str(mac).lower() if mac is not None else None,
-            up=bool(int(msg["flags"]) & IFF_UP),
-            mtu=int(msg.get("mtu") or 0),
-            peer_index=int(peer) if peer is not None else None,
-            peer_netnsid=int(nsid) if nsid is not None else None,
-            ipv6_disabled=bool(v6off) if v6off is not None else None,
-            alias=str(alias) if alias else "",
-        )
+        return parse_link(bytes(msg.data))
 
     def link_by_name(self, name: str) -> Link | None:
         return self.link_of(self.results(self.send([link_request(name)]))[0])

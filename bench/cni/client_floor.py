@@ -13,7 +13,11 @@ the interpreter alone (``-I -S -c pass``: no site, nothing imported but what it 
 start), the same plus the modules a call served by tabby-node imports (``bundle.entry``,
 ``tabby_node.client``: the plugin's whole fast path), the floor, and the floor built with
 bytecode optimisation (``optimize=2``) and with the bootloader's options too (UTF-8 mode,
-unbuffered): what each trim can take off.
+unbuffered): what each trim can take off; the interpreter with ``ctypes`` imported too
+(PyInstaller's bootstrap imports it at the start of every process of a bundle that holds it,
+as tabby's does, and the floor's does not); and the installed plugin (``/opt/cni/bin/tabby``)
+itself, a CHECK it forwards to a stand-in node that answers at once: the client process of a
+served call, whole.
 
 The program (``bench/cni/client_floor_main.py``, an empty module) lands in
 ``build/client-floor/dist/floor/floor`` (``build/`` is not tracked); it is rebuilt when it is
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,9 +114,68 @@ SERVED_IMPORTS = (
 )
 
 
+#: The installed plugin's whole fast path (``--compare``): a CHECK forwarded to a node that
+#: answers at once, so what is timed is the client process alone.
+PLUGIN = "/opt/cni/bin/tabby"
+FORWARDED_CONF = b'{"cniVersion":"1.0.0","name":"floor","type":"tabby"}'
+
+
+class InstantNode:
+    """A stand-in for tabby-node on a socket of its own (``path``): takes each call
+    (tabby_node's framing: "A", then the answer) and answers it at once, success and an
+    empty result, in a thread of this process (so the client's CPU is all that
+    RUSAGE_CHILDREN counts)."""
+
+    def __init__(self, directory: str) -> None:
+        import socket
+        import threading
+
+        self.path = os.path.join(directory, "node.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(16)
+        threading.Thread(target=self._serve, name="instant-node", daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import struct
+
+        from tabby_node import ACCEPT
+
+        answer = ACCEPT + struct.pack("!III", 0, 0, 0)
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                _msg, fds, _flags, _addr = socket.recv_fds(conn, 65536, 2)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def forwarded_call(node: InstantNode) -> tuple[list[str], dict[str, str], bytes]:
+    """The argv, environment and stdin of a CHECK the installed plugin forwards to ``node``."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CNI_COMMAND": "CHECK",
+        "CNI_CONTAINERID": "client-floor",
+        "CNI_NETNS": "/proc/self/ns/net",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": os.path.dirname(PLUGIN),
+        "TABBY_NODE_SOCKET": node.path,
+    }
+    return [PLUGIN], env, FORWARDED_CONF
+
+
 def compare(rounds: int) -> None:
     """``--compare``: the programs below, one after the other, ``rounds`` times."""
     import resource
+    import tempfile
     import time
 
     from bench.stats import pct
@@ -132,25 +196,45 @@ def compare(rounds: int) -> None:
             "-c",
             SERVED_PATH.format(root=str(ROOT), more=SERVED_IMPORTS),
         ],
+        # PyInstaller's bootstrap imports ctypes in every process of a bundle that holds it
+        # (pyimod03_ctypes.install); tabby's does (dataplane.netns, pyroute2), the floor not
+        "+ ctypes": [
+            python,
+            "-I",
+            "-S",
+            "-c",
+            SERVED_PATH.format(root=str(ROOT), more=SERVED_IMPORTS + "; import ctypes"),
+        ],
         **{name: [build(name=name)] for name in VARIANTS},
     }
-    cpu: dict[str, list[float]] = {k: [] for k in programs}
-    wall: dict[str, list[float]] = {k: [] for k in programs}
-    for _ in range(rounds):
-        for name, argv in programs.items():
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            t0 = time.perf_counter()
-            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-            wall[name].append((time.perf_counter() - t0) * 1000)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-            cpu[name].append(used * 1000)
+    directory = tempfile.mkdtemp(prefix="tabby-client-floor-")
+    node = InstantNode(directory)
+    calls: dict[str, tuple[list[str], dict[str, str] | None, bytes | None]] = {
+        name: (argv, None, None) for name, argv in programs.items()
+    }
+    if os.path.exists(PLUGIN):
+        calls["the plugin, forwarding"] = forwarded_call(node)
+    cpu: dict[str, list[float]] = {k: [] for k in calls}
+    wall: dict[str, list[float]] = {k: [] for k in calls}
+    try:
+        for _ in range(rounds):
+            for name, (argv, env, stdin) in calls.items():
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t0 = time.perf_counter()
+                subprocess.run(argv, input=stdin, env=env, capture_output=True, check=True)
+                wall[name].append((time.perf_counter() - t0) * 1000)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                cpu[name].append(used * 1000)
+    finally:
+        node.close()
+        shutil.rmtree(directory, ignore_errors=True)
     print(
         f"client floor, what it is made of: {rounds} interleaved rounds, ms per process "
         f"(CPU p10 is the least disturbed by the load); load {os.getloadavg()[0]:.2f}"
     )
     print(f"{'program':30} {'cpu p10':>8} {'cpu p50':>8} {'wall p50':>9}")
-    for name in programs:
+    for name in calls:
         print(
             f"{name:30} {pct(cpu[name], 10):8.1f} {pct(cpu[name], 50):8.1f} "
             f"{pct(wall[name], 50):9.1f}"

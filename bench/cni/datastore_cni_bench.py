@@ -513,35 +513,70 @@ def agent_cpu_s(case: Case) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs so far (/proc/stat's first line; busy: all but
+    idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = float(sum(fields))
+    return total - fields[3] - fields[4], total
+
+
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The share of the machine's CPU time that was busy between two :func:`machine_cpu`."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else None
+
+
+def busy_text(busy: float | None) -> str:
+    return "-" if busy is None else f"{busy * 100:.0f}%"
+
+
+def client_cpu(report: dict[str, Any], label: str) -> float | None:
+    """The CPU p50 of ``label``'s ADD processes (cni_bench: wait4's rusage of the plugin
+    processes of one pod's ADD)."""
+    add = (report.get("stats") or {}).get(label, {}).get("ADD") or {}
+    cpu: float | None = add.get("cpu_p50")
+    return cpu
+
+
 def throughput(args: argparse.Namespace, cases: list[str]) -> int:
     """Issue 32's table: per k, the reference alone, then each case alone, k at once."""
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     print(
         f"datastore_cni_bench --throughput: {args.pods} pods per run, k started at once until "
         f"all are answered (pods/s of the ADD phase); x: tabby's rate over ptp+host-local's "
-        f"(target >= {THROUGHPUT_TARGET}); node cpu: tabby-node's CPU ms per pod "
-        f"(ADD+CHECK+DEL, warm-up included); load at the end of each run",
+        f"(target >= {THROUGHPUT_TARGET}); client cpu: CPU ms of one pod's ADD processes "
+        f"(p50: ptp and host-local, or the tabby plugin forwarding to tabby-node); node cpu: "
+        f"tabby-node's CPU ms per pod (ADD+CHECK+DEL, warm-up included); busy: the share of "
+        f"the machine's {os.cpu_count()} CPUs in use over the run (every process: the "
+        f"machine is shared); load at the end of each run",
         flush=True,
     )
     print(
-        f"{'k':>3} {'path':22} {'pods/s':>7} {'x':>6} {'met':>3} {'node cpu':>8} {'load':>5}",
+        f"{'k':>3} {'path':22} {'pods/s':>7} {'x':>6} {'met':>3} {'client cpu':>10} "
+        f"{'node cpu':>8} {'busy':>5} {'load':>5}",
         flush=True,
     )
     failures = 0
     for k in ks:
         args.k = k
+        cpu_before = machine_cpu()
         reference = run_case(None, args, args.keep, mode="concurrent")
+        busy = busy_share(cpu_before, machine_cpu())
         failures += len(reference.get("failures") or [])
         ref_rate = phase_rate(reference, "ADD")
         print(
-            f"{k:3} {'ptp+host-local':22} {fmt(ref_rate, 0):>7} {'':>6} {'':>3} {'':>8} "
+            f"{k:3} {'ptp+host-local':22} {fmt(ref_rate, 0):>7} {'':>6} {'':>3} "
+            f"{fmt(client_cpu(reference, 'ptp')):>10} {'':>8} {busy_text(busy):>5} "
             f"{os.getloadavg()[0]:5.2f}",
             flush=True,
         )
         for name in cases:
             with case_env(name, args.tabby_node) as case:
                 cpu0 = agent_cpu_s(case)
+                cpu_before = machine_cpu()
                 report = run_case(case, args, args.keep, mode="concurrent", alone=True)
+                busy = busy_share(cpu_before, machine_cpu())
                 cpu1 = agent_cpu_s(case)
             failures += len(report.get("failures") or [])
             rate = phase_rate(report, "ADD")
@@ -554,7 +589,8 @@ def throughput(args: argparse.Namespace, cases: list[str]) -> int:
             )
             print(
                 f"{k:3} {name:22} {fmt(rate, 0):>7} {fmt(share, 2) + 'x':>6} {met:>3} "
-                f"{fmt(cpu):>8} {os.getloadavg()[0]:5.2f}",
+                f"{fmt(client_cpu(report, name)):>10} {fmt(cpu):>8} "
+                f"{busy_text(busy):>5} {os.getloadavg()[0]:5.2f}",
                 flush=True,
             )
     if failures:

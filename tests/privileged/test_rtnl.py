@@ -11,13 +11,14 @@ import errno
 import ipaddress
 import os
 import subprocess
+from collections.abc import Callable
 
 import pytest
 
 from cni_plugin.cni_codes import to_cni_error
 from dataplane.errors import NetlinkFailure
 from dataplane.rtnl import Rtnl, link_request, route_request
-from tests.privileged.netns_util import Netns, Node
+from tests.privileged.netns_util import Netns, Node, run_in_thread_netns
 
 pytestmark = pytest.mark.privileged
 
@@ -191,3 +192,55 @@ def test_netnsid_of_an_unrelated_namespace_is_none(node: Node, make_pod: object)
         assert node.run(work) is None
     finally:
         os.close(fd)
+
+
+def test_links_read_from_their_bytes_are_what_pyroute2_decodes(
+    node: Node, make_pod: Callable[[], Netns]
+) -> None:
+    """``parse_link`` (a link read straight from the kernel's bytes) against pyroute2's
+    decoding of the same replies, for every link of a node and a pod namespace: a veth
+    pair across them (peer index, netns id), an alias, IPv6 off on one end."""
+    pod = make_pod()
+    node.ip("link", "add", "ptest0", "type", "veth", "peer", "name", "eth0", "netns", pod.name)
+    node.ip("link", "set", "ptest0", "alias", "ns/pod", "up")
+    pod.ip("link", "set", "eth0", "up")
+    pod.exec("sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=1")
+
+    def compare() -> list[tuple[object, object]]:
+        from dataplane.rtnl import IFF_UP, NLM_F_DUMP, RTM_GETLINK, Link, ifinfmsg, parse_link
+
+        out = []
+        with Rtnl.here("test") as r:
+            for reply in r._request("dump links", ifinfmsg(), RTM_GETLINK, NLM_F_DUMP):
+                msg = ifinfmsg(bytes(reply.data))
+                msg.decode()
+                inet6 = msg.get(("af_spec", "af_inet6", "inet6_conf"))
+                v6off = inet6.get("disable_ipv6") if isinstance(inet6, dict) else None
+                kind, peer, nsid = (
+                    msg.get(("linkinfo", "kind")),
+                    msg.get("link"),
+                    msg.get("link_netnsid"),
+                )
+                decoded = Link(
+                    index=msg["index"],
+                    name=msg.get("ifname"),
+                    kind=kind,
+                    mac=msg.get("address"),
+                    up=bool(msg["flags"] & IFF_UP),
+                    mtu=msg.get("mtu") or 0,
+                    peer_index=peer,
+                    peer_netnsid=nsid,
+                    ipv6_disabled=None if v6off is None else bool(v6off),
+                    alias=msg.get("ifalias") or "",
+                )
+                out.append((parse_link(bytes(reply.data)), decoded))
+        return out
+
+    pairs = node.run(compare) + run_in_thread_netns(pod.path, compare)
+    assert len(pairs) >= 4  # lo and ptest0, lo and eth0
+    for read, decoded in pairs:
+        assert read == decoded
+    by_name = {read.name: read for read, _ in pairs}  # type: ignore[attr-defined]
+    assert by_name["eth0"].ipv6_disabled is True
+    assert by_name["ptest0"].alias == "ns/pod"
+    assert by_name["ptest0"].kind == "veth"

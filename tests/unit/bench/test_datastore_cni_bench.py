@@ -1,11 +1,19 @@
 """datastore_cni_bench reads tabby-node's per-call numbers from its /metrics: the names and
-labels the node exports (``tabby_node.metrics``), read back per verb."""
+labels the node exports (``tabby_node.metrics``), read back per verb; and --throughput's
+accounting of the machine (its busy share, the plugin processes' CPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.cni.datastore_cni_bench import cpu_text, parse_node_calls
+from bench.cni.datastore_cni_bench import (
+    busy_share,
+    busy_text,
+    client_cpu,
+    cpu_text,
+    machine_cpu,
+    parse_node_calls,
+)
 from tabby_node.metrics import Metrics
 
 
@@ -35,3 +43,19 @@ def test_node_calls_are_read_per_verb_from_the_nodes_own_exposition() -> None:
     )
     assert parse_node_calls(older) == {"ADD": {"n": 2.0}, "DEL": {"n": 1.0}}
     assert cpu_text(parse_node_calls(older)["ADD"], "ADD") == "-"
+
+
+def test_busy_share_is_the_busy_part_of_the_cpu_time_between_two_readings() -> None:
+    assert busy_share((100.0, 400.0), (250.0, 600.0)) == 0.75
+    assert busy_share((1.0, 5.0), (1.0, 5.0)) is None  # no time between them: no share
+    assert busy_text(0.754) == "75%"
+    assert busy_text(None) == "-"
+    busy, total = machine_cpu()  # this machine's /proc/stat: busy is a part of the total
+    assert 0 <= busy <= total
+
+
+def test_client_cpu_is_the_cpu_p50_of_the_labels_add() -> None:
+    report = {"stats": {"ptp": {"ADD": {"cpu_p50": 12.5}, "DEL": {"cpu_p50": 9.0}}}}
+    assert client_cpu(report, "ptp") == 12.5
+    assert client_cpu(report, "node-file") is None
+    assert client_cpu({}, "ptp") is None

@@ -122,3 +122,74 @@ def test_truncated_message_is_ebadmsg_not_a_crash() -> None:
     with pytest.raises(NetlinkFailure) as info:
         make(sock).link_by_name("lo")
     assert info.value.errno == errno.EBADMSG
+
+
+def nla(kind: int, payload: bytes) -> bytes:
+    """One netlink attribute, padded to 4 bytes."""
+    raw = struct.pack("=HH", 4 + len(payload), kind) + payload
+    return raw + bytes(-len(raw) % 4)
+
+
+def newlink(index: int, flags: int, *attrs: bytes) -> bytes:
+    body = struct.pack("=BxHiII", 0, 1, index, flags, 0) + b"".join(attrs)
+    return HDR.pack(HDR.size + len(body), rtnl.RTM_NEWLINK, 0, 1, 0) + body
+
+
+def inet6_conf(disable_ipv6: int) -> bytes:
+    conf = [0] * 40
+    conf[rtnl.DEVCONF_DISABLE_IPV6] = disable_ipv6
+    return struct.pack(f"={len(conf)}I", *conf)
+
+
+def test_a_link_is_read_from_its_bytes_with_each_attribute() -> None:
+    nested = 0x8000  # NLA_F_NESTED, as the kernel sets it
+    data = newlink(
+        42,
+        rtnl.IFF_UP,
+        nla(rtnl.IFLA_IFNAME, b"cali12345\0"),
+        nla(rtnl.IFLA_ADDRESS, bytes.fromhex("eeeeeeeeeeee")),
+        nla(rtnl.IFLA_MTU, struct.pack("=I", 1450)),
+        nla(rtnl.IFLA_LINK, struct.pack("=I", 3)),
+        nla(rtnl.IFLA_LINK_NETNSID, struct.pack("=i", 0)),
+        nla(rtnl.IFLA_IFALIAS, b"ns/pod\0"),
+        nla(rtnl.IFLA_LINKINFO | nested, nla(rtnl.IFLA_INFO_KIND, b"veth\0")),
+        nla(
+            rtnl.IFLA_AF_SPEC | nested,
+            nla(2, nla(1, b"\0" * 8))  # AF_INET's configuration: not the one read
+            + nla(10 | nested, nla(1, struct.pack("=I", 0)) + nla(2, inet6_conf(1))),
+        ),
+    )
+    link = rtnl.parse_link(data)
+    assert link == rtnl.Link(
+        index=42,
+        name="cali12345",
+        kind="veth",
+        mac="ee:ee:ee:ee:ee:ee",
+        up=True,
+        mtu=1450,
+        peer_index=3,
+        peer_netnsid=0,
+        ipv6_disabled=True,
+        alias="ns/pod",
+    )
+
+
+def test_a_link_without_the_optional_attributes_and_a_truncated_one() -> None:
+    """What the kernel leaves out stays None (no kind, no peer, no IPv6 state); an attribute
+    whose length runs past the message ends the reading, it does not read past it."""
+    bare = rtnl.parse_link(newlink(1, 0, nla(rtnl.IFLA_IFNAME, b"lo\0")))
+    assert bare == rtnl.Link(1, "lo", None, None, False, 0, None, None, None, "")
+    cut = newlink(1, 0, nla(rtnl.IFLA_IFNAME, b"lo\0")) + struct.pack("=HH", 64, rtnl.IFLA_MTU)
+    cut = struct.pack("=I", len(cut)) + cut[4:]
+    assert rtnl.parse_link(cut).mtu == 0
+
+
+def test_a_link_reply_is_what_pyroute2_decodes_too() -> None:
+    """Beside the Link read from its bytes, a reply answers what is asked of it by name
+    (``dataplane.rtnl_routing`` reads a VXLAN's attributes so), decoded by pyroute2."""
+    sock = ScriptedSocket(lambda seq: [link_reply(seq, 5, "eth0", 0), ack(seq)])
+    r = make(sock)
+    (reply,) = r.results(r.send([rtnl.link_request("eth0")]))[0]  # type: ignore[misc]
+    assert reply.get("ifname") == "eth0"
+    assert reply["index"] == 5
+    assert r.link_of([reply]) == rtnl.parse_link(bytes(reply.data))
