@@ -569,8 +569,8 @@ def test_sync_ends_soon_after_stop_while_etcd_does_not_answer(
 def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> None:
     node_kinds = list(WATCHED_KINDS)
     assert watch_groups(node_kinds) == [
-        # Calico's policy kinds (calico/v1/...) but StagedKubernetesNetworkPolicy, which no
-        # node watches: the one gap that splits them in two ranges
+        # Calico's policy kinds (calico/v1/...), every one watched: one range with the
+        # heartbeats after them
         (
             "calico-networkpolicy",
             "globalnetworkpolicy",
@@ -578,8 +578,11 @@ def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> N
             "hostendpoint",
             "networkset",
             "stagedglobalnetworkpolicy",
+            "stagedkubernetesnetworkpolicy",
+            "stagednetworkpolicy",
+            "tier",
+            "heartbeat",
         ),
-        ("stagednetworkpolicy", "tier", "heartbeat"),
         ("block",),
         (
             "pool",
@@ -589,6 +592,7 @@ def test_watch_groups_are_the_fewest_ranges_without_handles_or_affinities() -> N
             "networkpolicy",
             "node",
             "pod",
+            "serviceaccount",
             "workloadendpoint",
             "trace",  # a policy trace's request to this node (tabbyctl policy trace)
         ),
