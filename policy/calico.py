@@ -205,9 +205,14 @@ class CalicoPolicy:
     pre_dnat: bool = False
     do_not_track: bool = False
     apply_on_forward: bool = False
+    #: a staged ``Delete``: it stages deleting the enforced policy of its name (explain's
+    #: "would" leaves that policy out); it has no rules and selects nothing
+    staged_delete: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "types", frozenset(self.types))
+        if self.staged_delete and not self.staged:
+            raise ValueError("a staged Delete is staged")
         if not self.types <= {"ingress", "egress"}:
             raise ValueError(f"unknown policy types {sorted(self.types)}")
         if (self.pre_dnat or self.do_not_track) and not self.apply_on_forward:

@@ -1729,6 +1729,25 @@ def _by_tier(
     return {t.name: sorted(out[t.name], key=lambda e: (e.sort, e.key)) for t in tiers}
 
 
+def _staged_world(view: _View, tiers: dict[str, list[_Entry]]) -> dict[str, list[_Entry]]:
+    """``tiers`` as they would be were the staged policies enforced: a staged policy (Set)
+    replaces the enforced policy of its name (a StagedNetworkPolicy a NetworkPolicy, a
+    StagedGlobalNetworkPolicy a GlobalNetworkPolicy, a StagedKubernetesNetworkPolicy,
+    ``knp.default.<name>``, the Kubernetes NetworkPolicy ``<name>``), a staged Delete
+    removes it (it selects nothing itself)."""
+    staged = {c.key.removeprefix("staged:") for c in view.state.calico_policies if c.staged}
+    if not staged:
+        return tiers
+
+    def hidden(e: _Entry) -> bool:
+        if e.k8s is not None:
+            return f"{e.k8s.namespace}/{KUBERNETES_POLICY_PREFIX}{e.k8s.name}" in staged
+        return e.calico is not None and not e.calico.staged and e.key in staged
+
+    out = {tier: [e for e in entries if not hidden(e)] for tier, entries in tiers.items()}
+    return {tier: entries for tier, entries in out.items() if entries}
+
+
 def _first_in_tier(
     view: _View, entries: Iterable[_Entry], direction: Direction, ctx: _Context, logged: list[str]
 ) -> tuple[Action, str] | None:
@@ -1778,8 +1797,12 @@ def _walk(
 ) -> DirectionVerdict:
     """The tiers in order: the first rule that decides in the first policy (order, then name)
     that applies decides; Pass leaves the tier; a tier that applies and decides nothing ends
-    in its defaultAction; past every tier the profile allows."""
+    in its defaultAction; past every tier the profile allows. With ``staged`` (what the
+    staged policies would do), each staged policy stands in for the enforced policy of its
+    name, a staged Delete for its absence."""
     tiers = _entries(view, me, direction, staged=staged)
+    if staged:
+        tiers = _staged_world(view, tiers)
     names = tuple(e.key for entries in tiers.values() for e in entries)
     if not names:
         why = f"no policy selects the pod for {direction}"

@@ -126,12 +126,26 @@ def policy(np: NetworkPolicy | StagedKubernetesNetworkPolicy) -> engine.Policy:
     )
 
 
-def staged_kubernetes_policy(p: StagedKubernetesNetworkPolicy) -> calico.CalicoPolicy | None:
+def staged_kubernetes_policy(p: StagedKubernetesNetworkPolicy) -> calico.CalicoPolicy:
     """A StagedKubernetesNetworkPolicy: the Kubernetes policy it stages in Calico's form
-    (:func:`as_calico`), staged; None for a staged ``Delete`` (as Calico's staged kinds)."""
+    (:func:`as_calico`), staged; a staged ``Delete`` as :func:`staged_delete`."""
     if p.spec.stagedAction == "Delete":
-        return None
+        name = f"{KUBERNETES_POLICY_PREFIX}{p.metadata.name or ''}"
+        return staged_delete(name, p.metadata.namespace or "default", DEFAULT_TIER)
     return as_calico(policy(p), staged=True)
+
+
+#: What a staged Delete selects: nothing (it only hides its enforced namesake from explain's
+#: "would"; no endpoint program ever holds it).
+_NOTHING = parse_selector("!all()")
+
+
+def staged_delete(name: str, namespace: str | None, tier: str) -> calico.CalicoPolicy:
+    """A staged ``Delete`` of the enforced policy ``namespace/name`` (``knp.default.<name>``:
+    a Kubernetes NetworkPolicy's): no rules, selecting nothing."""
+    return calico.CalicoPolicy(
+        name, namespace, _NOTHING, tier, None, frozenset(), staged=True, staged_delete=True
+    )
 
 
 def as_calico(pol: engine.Policy, *, staged: bool = False) -> calico.CalicoPolicy:
@@ -314,16 +328,15 @@ def _rule(r: Rule, namespace: str | None) -> calico.CalicoRule:
     )
 
 
-def calico_policy(p: CalicoPolicyModel) -> calico.CalicoPolicy | None:
-    """A Calico policy kind (NetworkPolicy, GlobalNetworkPolicy, their staged kinds); None
-    for a staged ``Delete`` (what deleting a policy would do is not evaluated: see
-    policy/DESIGN.md)."""
+def calico_policy(p: CalicoPolicyModel) -> calico.CalicoPolicy:
+    """A Calico policy kind (NetworkPolicy, GlobalNetworkPolicy, their staged kinds; a
+    staged ``Delete`` as :func:`staged_delete`)."""
     spec = p.spec
-    if getattr(spec, "stagedAction", "Set") == "Delete":
-        return None
     namespace = p.metadata.namespace if p.NAMESPACED else None
     if p.NAMESPACED and namespace is None:
         namespace = "default"
+    if getattr(spec, "stagedAction", "Set") == "Delete":
+        return staged_delete(p.name, namespace, spec.tier)
     selector = policy_selector(
         spec.selector,
         namespace=namespace,
@@ -450,10 +463,8 @@ class PolicyInputs:
             p
             for kind in (CALICO_POLICIES, GLOBAL_POLICIES, STAGED_POLICIES, STAGED_GLOBAL_POLICIES)
             for p in self._each(docs, kind, calico_policy)
-            if p is not None
         ]
-        staged_k8s = self._each(docs, STAGED_KUBERNETES_POLICIES, staged_kubernetes_policy)
-        policies += [p for p in staged_k8s if p is not None]
+        policies += self._each(docs, STAGED_KUBERNETES_POLICIES, staged_kubernetes_policy)
         sets = self._each(docs, NETWORK_SETS, network_set)
         sets += self._each(docs, GLOBAL_NETWORK_SETS, network_set)
         state = engine.ClusterState(
@@ -499,9 +510,8 @@ class PolicyInputs:
         for ch, kind, value in converted:  # every conversion succeeded: now record them
             memo = self._memo.setdefault(ch.kind, {})
             held = memo.get(ch.key)
-            # (a staged Delete converts to None: held as such, never an engine input)
-            old_key = _engine_key(held[1]) if held is not None and held[1] is not None else None
-            if value is None:  # deleted, or no engine input (a staged Delete)
+            old_key = _engine_key(held[1]) if held is not None else None
+            if value is None:  # deleted
                 memo.pop(ch.key, None)
                 if old_key is not None:
                     out.append(Update(kind, old_key, None))

@@ -343,6 +343,11 @@ def put(value: Policy | Namespace | Pod | Endpoint) -> Update:
 def random_calico_update(r: random.Random, st: ClusterState) -> Update:
     """One change of Calico's kinds to the world ``st``."""
     c = r.random()
+    if c < 0.05:  # a staged Delete of one of the policies the fuzz draws
+        from policy.inputs import staged_delete
+
+        p = staged_delete(r.choice(("p1", "p2", "p3")), r.choice((*NAMESPACES, None)), "default")
+        return Update("calico-policy", p.key, p)
     if c < 0.45:
         p = calico_policy(r)
         return Update("calico-policy", p.key, p)

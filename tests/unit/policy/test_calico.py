@@ -708,3 +708,22 @@ def test_the_policies_selecting_a_pod_in_the_order_they_are_walked() -> None:
         "egress": ["default/a/early"],
     }
     assert engine.selecting_policies(state, "a", "db")["ingress"][-1] == "default/staged:s"
+
+
+def test_a_staged_policy_stands_in_for_its_enforced_namesake_in_explains_would() -> None:
+    """Calico's ``stagedAction: Set``: were it enforced, the staged policy would replace the
+    policy of its name; explain's "would" walks it in that policy's place."""
+    web = "app == 'web'"
+    enforced = gnp("p", [deny()], selector=web)
+    staged = gnp("p", [allow()], selector=web, staged=True)
+    state = dataclasses.replace(base(), calico_policies=(enforced, staged))
+    v = engine.explain(state, CLIENT, WEB, "TCP", 80).ingress
+    assert v is not None
+    assert not v.allowed
+    assert v.staged.startswith("would have allowed")
+    # another name: both in the walk, the enforced one's Deny first (by name)
+    other = gnp("q", [allow()], selector=web, staged=True)
+    state = dataclasses.replace(base(), calico_policies=(enforced, other))
+    v = engine.explain(state, CLIENT, WEB, "TCP", 80).ingress
+    assert v is not None
+    assert v.staged.startswith("would have denied")

@@ -138,10 +138,28 @@ def test_the_documents_decide_with_calicos_semantics() -> None:
     assert not ir.evaluate(zb, dst, "TCP", 82, by_addr[zb], by_addr[dst])
 
 
-def test_a_staged_delete_is_not_an_input() -> None:
+def test_a_staged_delete_shows_what_deleting_its_policy_would_do() -> None:
+    """A staged Delete is a staged policy that selects nothing and has no rules: the kernel
+    holds nothing of it, and explain's "would" walks the tiers without the enforced policy
+    of its name (x/web allows x/a TCP 80-81 and isolates it for the rest: without it, the
+    security tier passes and the profile allows)."""
     w = world()
+    del w.docs["stagednetworkpolicy"]["x/would-deny"]
     w.put("stagednetworkpolicy", "x/web", STAGED_DELETE)
-    assert "staged:x/web" not in {p.key for p in _state(w).calico_policies}
+    state = _state(w)
+    (marker,) = [p for p in state.calico_policies if p.key == "staged:x/web"]
+    assert marker.staged_delete
+    assert (marker.ingress, marker.egress, marker.types) == ((), (), frozenset())
+    denied = engine.explain(state, ZB, XA, "TCP", 82).ingress
+    assert denied is not None
+    assert not denied.allowed
+    assert denied.staged.startswith("would have allowed")
+    without = dataclasses.replace(
+        state, calico_policies=tuple(p for p in state.calico_policies if p is not marker)
+    )
+    got, want = engine.compute(state, NODE), engine.compute(without, NODE)
+    # nothing of it in the kernel's state (it counts as a policy)
+    assert dataclasses.replace(got, policies=want.policies) == want
 
 
 def test_changes_of_calicos_kinds_become_engine_updates() -> None:
@@ -170,16 +188,17 @@ def test_changes_of_calicos_kinds_become_engine_updates() -> None:
 
 
 def test_a_staged_delete_changed_or_deleted_never_removes_the_enforced_policy() -> None:
-    """A staged Delete converts to nothing; changing or deleting it later removes nothing
-    (its store key, ``x/web``, is the enforced policy's engine key)."""
+    """A staged Delete put, changed and deleted is the staged policy ``staged:x/web`` each
+    time, never the enforced ``x/web`` of the same store key."""
     w = world()
     memo = inputs.PolicyInputs()
     memo.convert(Documents.from_raw(w.docs))
     w.put("stagednetworkpolicy", "x/web", STAGED_DELETE)
     model: Any = Documents.from_raw(w.docs).of(BY_NAME["stagednetworkpolicy"])["x/web"].value
-    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
-    assert memo.updates([Change("stagednetworkpolicy", "x/web", model)]) == []
-    assert memo.updates([Change("stagednetworkpolicy", "x/web", None)]) == []
+    for value in (model, model, None):
+        (u,) = memo.updates([Change("stagednetworkpolicy", "x/web", value)])
+        assert (u.kind, u.key) == ("calico-policy", "staged:x/web")
+        assert (u.value is None) == (value is None)
     # a staged Set deleted removes the staged policy, by its engine key
     memo.convert(Documents.from_raw(world().docs))
     (u,) = memo.updates([Change("stagednetworkpolicy", "x/would-deny", None)])
@@ -245,8 +264,16 @@ def test_a_staged_kubernetes_policy_is_evaluated_never_enforced() -> None:
     src, dst = tt.address("z/b"), tt.address("x/a")
     assert ir.evaluate(src, dst, "TCP", 80, None, prog.interface)
 
+    # its staged Delete: what deleting the Kubernetes policy of its name would do
     w.put("stagedkubernetesnetworkpolicy", "x/only-y", {**SKNP, "spec": {"stagedAction": "Delete"}})
-    assert _state(w).calico_policies == ()
+    (marker,) = _state(w).calico_policies
+    assert marker.staged_delete
+    enforced = tt.pol("only-y", tt.A, types=("Ingress",))  # x/a isolated: nothing allowed
+    w.put("networkpolicy", enforced.key, tt.network_policy(enforced))
+    verdict = engine.explain(_state(w), ZB, XA, "TCP", 80).ingress
+    assert verdict is not None
+    assert not verdict.allowed
+    assert verdict.staged.startswith("would have allowed")
 
 
 @pytest.mark.parametrize("seed", range(8))
