@@ -325,26 +325,36 @@ def test_a_kubernetes_policy_in_calicos_form_decides_as_itself(seed: int) -> Non
     assert checked == 600
 
 
-def test_service_accounts_of_the_pods_documents_are_matched() -> None:
-    """A pod's ``spec.serviceAccountName`` (as the API server stores it) is what a rule's
-    ``serviceAccounts`` names and a policy's ``serviceAccountSelector`` reads."""
-    w = world()
+def _give_accounts(w: PolicyWorld) -> None:
+    """y/a runs as service account ``frontend``, z/b as ``batch``."""
     for key, account in (("y/a", "frontend"), ("z/b", "batch")):
         doc = w.docs["pod"][key].data
         w.put("pod", key, {**doc, "spec": {**doc.get("spec", {}), "serviceAccountName": account}})
-    gnp = {
-        "metadata": {"name": "security.frontend-only"},
+
+
+def _only_from_accounts(name: str, accounts: dict[str, Any]) -> dict[str, Any]:
+    """A GlobalNetworkPolicy of tier security: x/a only from ``accounts``."""
+    return {
+        "metadata": {"name": name},
         "spec": {
             "tier": "security",
             "order": 1,
             "selector": "pod == 'a'",
             "namespaceSelector": "ns == 'x'",
             "ingress": [
-                {"action": "Allow", "source": {"serviceAccounts": {"names": ["frontend"]}}},
+                {"action": "Allow", "source": {"serviceAccounts": accounts}},
                 {"action": "Deny"},
             ],
         },
     }
+
+
+def test_service_accounts_of_the_pods_documents_are_matched() -> None:
+    """A pod's ``spec.serviceAccountName`` (as the API server stores it) is what a rule's
+    ``serviceAccounts`` names and a policy's ``serviceAccountSelector`` reads."""
+    w = world()
+    _give_accounts(w)
+    gnp = _only_from_accounts("security.frontend-only", {"names": ["frontend"]})
     w.put("globalnetworkpolicy", "security.frontend-only", gnp)
     state = _state(w)
     assert engine.allowed(state, YA, XA, "UDP", 99)
@@ -366,27 +376,13 @@ def test_a_service_accounts_labels_are_what_its_selectors_read() -> None:
     a relabelled account moves its pods in and out, through the incremental engine too."""
     w = world()
     w.docs.setdefault("serviceaccount", {})
-    for key, account in (("y/a", "frontend"), ("z/b", "batch")):
-        doc = w.docs["pod"][key].data
-        w.put("pod", key, {**doc, "spec": {**doc.get("spec", {}), "serviceAccountName": account}})
+    _give_accounts(w)
     labels = {"y/frontend": {"role": "web"}, "z/batch": {"role": "jobs"}}
     for key, account_labels in labels.items():
         ns, name = key.split("/")
         meta = {"name": name, "namespace": ns, "labels": account_labels}
         w.put("serviceaccount", key, {"metadata": meta})
-    gnp = {
-        "metadata": {"name": "security.web-only"},
-        "spec": {
-            "tier": "security",
-            "order": 1,
-            "selector": "pod == 'a'",
-            "namespaceSelector": "ns == 'x'",
-            "ingress": [
-                {"action": "Allow", "source": {"serviceAccounts": {"selector": "role == 'web'"}}},
-                {"action": "Deny"},
-            ],
-        },
-    }
+    gnp = _only_from_accounts("security.web-only", {"selector": "role == 'web'"})
     w.put("globalnetworkpolicy", "security.web-only", gnp)
     jobs = {
         "metadata": {"name": "jobs-isolated"},
