@@ -1359,7 +1359,9 @@ def host_entries(
     """The policies of one host endpoint (``labels``) at ``stage``, by tier, each tier in
     its order."""
     selecting = (c for c in calico if host_policy_applies(c, stage) and c.selector.matches(labels))
-    return _by_tier((), selecting, stage_direction(stage), tier_of, staged=False)
+    return tier_entries(
+        (), selecting, stage_direction(stage), tier_of, staged=False, workload=False
+    )
 
 
 def stage_direction(stage: HostStage) -> Direction:
@@ -1690,27 +1692,17 @@ def tier_entries(
     tier_of: Callable[[str], Tier],
     *,
     staged: bool,
+    workload: bool = True,
 ) -> dict[str, list[_Entry]]:
     """Of the policies that select an endpoint (``k8s``: by their pod selector in its
     namespace; ``calico``: by their selector over its Calico labels), those that apply to it
-    for ``direction``, by tier, each tier in its order (staged policies too when
-    ``staged``). Untracked and pre-DNAT policies apply to host endpoints only."""
-    calico = (c for c in calico if c.stage == "normal")
-    return _by_tier(k8s, calico, direction, tier_of, staged=staged)
-
-
-def _by_tier(
-    k8s: Iterable[Policy],
-    calico: Iterable[CalicoPolicy],
-    direction: Direction,
-    tier_of: Callable[[str], Tier],
-    *,
-    staged: bool,
-) -> dict[str, list[_Entry]]:
-    """Policies that apply (their selectors and stage decided) as a tier walk sees them:
-    those of ``direction``, by tier (tiers by order), each tier by (order, name); a
-    Kubernetes NetworkPolicy one of tier ``default`` at order 1000 named as Calico
-    converts it."""
+    for ``direction``, as a tier walk sees them: by tier (tiers by order), each tier by
+    (order, name), staged policies too when ``staged``; a Kubernetes NetworkPolicy one of
+    tier ``default`` at order 1000 named as Calico converts it. Untracked and pre-DNAT
+    policies apply to host endpoints only: a ``workload`` endpoint's leave them out (a host
+    endpoint's caller has decided their stage)."""
+    if workload:
+        calico = (c for c in calico if c.stage == "normal")
     out: dict[str, list[_Entry]] = {}
     for p in k8s:
         if direction in p.types:

@@ -609,19 +609,25 @@ class IncrementalPolicy:
 
     # -- Calico's kinds ----------------------------------------------------------------------
 
+    def _swap(self, inputs: dict[str, V], key: str, value: V | None) -> bool:
+        """``value`` put at ``key`` of one of Calico's inputs (None: removed); whether that
+        changed anything."""
+        if inputs.get(key) == value:
+            return False
+        self._state = None
+        if value is None:
+            del inputs[key]
+        else:
+            inputs[key] = value
+        return True
+
     def put_calico_policy(self, key: str, pol: CalicoPolicy | None) -> bool:
         """A Calico policy (namespaced, global, staged) put, or removed (``None``): the
         local endpoints its old or new selector selects (one selector test per local
         endpoint), its chains, the sets they use, those endpoints' programs; the host
         endpoints' programs (all of this node's, recomputed)."""
-        old = self._calico.get(key)
-        if old == pol:
+        if not self._swap(self._calico, key, pol):
             return False
-        self._state = None
-        if pol is not None:
-            self._calico[key] = pol
-        else:
-            del self._calico[key]
         for d in _DIRECTIONS:
             self._c_templates.pop((key, d), None)
         was = self._c_local.pop(key, set())
@@ -649,13 +655,8 @@ class IncrementalPolicy:
         (for ``default``, of every local endpoint a Calico policy selects: the Kubernetes
         policies are in it), the chains of its staged policies (they end in its
         defaultAction), the host endpoints' programs."""
-        if self._tiers.get(name) == tier:
+        if not self._swap(self._tiers, name, tier):
             return False
-        self._state = None
-        if tier is not None:
-            self._tiers[name] = tier
-        else:
-            del self._tiers[name]
         ifaces: set[str] = set()
         for ck, keys in self._c_local.items():
             if name == DEFAULT_TIER or self._calico[ck].tier == name:
@@ -676,13 +677,8 @@ class IncrementalPolicy:
         """A network set put or removed: the nets of the selectors that match it, before
         or after, computed again."""
         old = self._network_sets.get(key)
-        if old == nset:
+        if not self._swap(self._network_sets, key, nset):
             return False
-        self._state = None
-        if nset is not None:
-            self._network_sets[key] = nset
-        else:
-            del self._network_sets[key]
         labels = [self._netset_labels(s) for s in (old, nset) if s is not None]
         for gid in sorted(self._groups_selnet):
             g = self._groups[gid]
@@ -695,13 +691,8 @@ class IncrementalPolicy:
         """A host endpoint put or removed (any node's): its expected IPs in and out of the
         selector sets; when it is (or was) one of this node's, the host programs."""
         old = self._host_endpoints.get(key)
-        if old == host:
+        if not self._swap(self._host_endpoints, key, host):
             return False
-        self._state = None
-        if host is not None:
-            self._host_endpoints[key] = host
-        else:
-            del self._host_endpoints[key]
         for gid in self._groups_sel:
             g = self._groups[gid]
             for fam, name in g.names.items():
@@ -1133,19 +1124,14 @@ class IncrementalPolicy:
         """A service account put or removed (``None``): its labels are Calico's ``pcsa.``
         labels of the endpoints of its pods, each re-tested as a namespace relabel's
         (only while Calico's selectors exist: nothing else reads them)."""
-        old = self._accounts.get(key)
-        if old == account:
+        if self._accounts.get(key) == account:
             return False
         ns, _, name = key.partition("/")
         keys = sorted(k for k in self._eps_by_ns.get(ns, ()) if self._endpoints[k].account == name)
         before = [self._endpoints[k] for k in keys]
         for m in before:  # what they read until now, for the re-test
             m.clabels = self._clabels(m) if (self._groups_sel or self._calico) else None
-        if account is None:
-            del self._accounts[key]
-        else:
-            self._accounts[key] = account
-        self._state = None
+        self._swap(self._accounts, key, account)
         if self._groups_sel or self._calico:
             for k, m in zip(keys, before, strict=True):
                 self._replace(k, m, self._member(m.ep), relabelled=True)
