@@ -6,7 +6,7 @@ for the CNI binary to import."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -68,9 +68,11 @@ class CniDataplane:
     def __init__(self, inner: Dataplane) -> None:
         self.inner = inner
 
-    def setup(self, spec: SetupSpec) -> SetupResult:
+    def setup(
+        self, spec: SetupSpec, addresses: Callable[[], Sequence[IPAddress]] | None = None
+    ) -> SetupResult:
         with cni_errors():
-            return self.inner.setup(spec)
+            return self.inner.setup(spec, addresses)
 
     def teardown(
         self,

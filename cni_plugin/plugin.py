@@ -246,7 +246,7 @@ class _InBackground:
         self._fn = fn
         self._phase = phase
         self._seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name="tabby-record", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"tabby-{phase}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -264,6 +264,92 @@ class _InBackground:
         phases.add(f"{self._phase}_wait", time.perf_counter() - started)
         phases.add(self._phase, self._seconds)
         return self._error
+
+
+class _AddIpam:
+    """An ADD's IPAM call: started at once when ``overlapped`` (an exec'd plugin runs while
+    the caller validates), else when the dataplane asks for the addresses
+    (:meth:`addresses`, with the veth pair under way). Once they are known, the attachment
+    is recorded (in tabby-node, its policy programmed) while the pair is configured.
+    ``beside``: the time the dataplane spent in :meth:`addresses` (IPAM's, not the
+    kernel's)."""
+
+    def __init__(self, owner: Plugin, args: skel.CmdArgs, ipam_type: str, overlapped: bool):
+        self.owner, self.args, self.ipam_type = owner, args, ipam_type
+        self.started = time.perf_counter()
+        self.pending = owner.ipam.start(ipam_type, "ADD", args) if overlapped else None
+        self.conf: PluginValues | None = None
+        self.host_ifname = ""
+        self.result: JSON = {}
+        self.allocated: list[Address] = []
+        self.asked = False
+        self.beside = 0.0
+        self._recorded: _InBackground | None = None
+
+    def addresses(self) -> list[Address]:
+        self.asked = True
+        entered = time.perf_counter()
+        try:
+            return self._allocate()
+        finally:
+            self.beside = time.perf_counter() - entered
+
+    def _allocate(self) -> list[Address]:
+        assert self.conf is not None
+        args = self.args
+        try:
+            if self.pending is None:
+                self.started = time.perf_counter()
+                raw = self.owner.ipam.start(self.ipam_type, "ADD", args)()
+            else:
+                raw = self.pending()
+        finally:
+            phases.add("ipam", time.perf_counter() - self.started)
+        try:
+            self.result = types.canonical(raw or {}, args.cni_version)
+            addresses = _addresses(self.result)
+            if not addresses:
+                raise CniError(
+                    Code.DELEGATE_FAILED,
+                    f"{self.conf.ipam_type} returned no IP addresses",
+                    "ADD-8: a result without addresses is an error",
+                )
+        except BaseException:
+            self.owner._ipam_del_quietly(args, self.ipam_type)
+            raise
+        self.allocated = addresses
+        conf, host, endpoints = self.conf, self.host_ifname, self.owner.endpoints
+        self._recorded = _InBackground(
+            lambda: endpoints.added(args, conf, addresses, host), "endpoint"
+        )
+        return addresses
+
+    def refused(self) -> None:
+        """The ADD was refused before the dataplane asked: an overlapped call that
+        allocated gives its addresses back."""
+        if self.pending is None or self.asked:
+            return
+        try:
+            self.pending()
+        except CniError:
+            return  # IPAM failed too: nothing was allocated
+        self.owner._refused_after_ipam(self.args, self.ipam_type)
+
+    def rolled_back(self) -> None:
+        """The dataplane failed (and removed what it made): the endpoint and the addresses
+        go too, whatever was allocated (ADD-5)."""
+        self.refused()
+        if not self.allocated:
+            return
+        assert self.conf is not None
+        if self.recorded() is None:
+            self.owner._erase_quietly(self.args, self.conf)
+        self.owner._ipam_del_quietly(self.args, self.ipam_type)
+
+    def recorded(self) -> BaseException | None:
+        """Waits for the attachment's record: what it raised (None: recorded)."""
+        assert self._recorded is not None
+        return self._recorded.wait()
 
 
 def policy_table_present() -> bool:
@@ -565,17 +651,20 @@ class Plugin:
             logger.error("rollback: IPAM DEL failed: %s", e)
 
     def add(self, args: skel.CmdArgs) -> JSON:
-        # The IPAM call starts first; this process validates its configuration and loads
-        # netlink while the IPAM process runs (2 cores: about 100 ms off a standalone ADD).
-        # A configuration that turns out invalid is refused after the IPAM call is rolled
-        # back, so nothing is left behind either way.
+        # The IPAM call and the veth pair overlap. An exec'd IPAM plugin (the binaries)
+        # starts first: this process validates its configuration, loads netlink and makes
+        # the pair while the IPAM process runs (2 cores: about 100 ms off a standalone ADD);
+        # a configuration that turns out invalid is refused after the IPAM call is rolled
+        # back. Where the configuration is validated first (tabby-node, IPAM in-process),
+        # the IPAM call runs in this thread while the dataplane makes the pair on another.
+        # Either way the pair is configured once the addresses are known, and nothing is
+        # left behind when any part fails.
         if self.policy_table is not None and self.policy_table():
             refuse_unserved_add()
         ipam_type = _raw_ipam_type(args.config)
         if ipam_type is None or self.validate_first:
             ipam_type = configuration(args).ipam_type  # raises the precise error (code 7)
-        ipam_started = time.perf_counter()
-        pending = self.ipam.start(ipam_type, "ADD", args)
+        call = _AddIpam(self, args, ipam_type, overlapped=not self.validate_first)
         try:
             conf = configuration(args)
             apply_logging(args, conf)
@@ -583,59 +672,35 @@ class Plugin:
             prev = types.prev_result(args.config, args.cni_version) or {}
             mtu = self._mtu(conf)
             dp = self.dataplane
+            pair = setup_spec(args, conf, [], mac, mtu)
         except BaseException:
-            try:
-                pending()
-            except CniError:
-                pass  # IPAM failed too: nothing was allocated
-            else:
-                self._refused_after_ipam(args, ipam_type)
+            call.refused()
             raise
+        call.conf, call.host_ifname = conf, pair.host_ifname
+        setup_started = time.perf_counter()
         try:
-            raw = pending()
+            done = dp.setup(pair, call.addresses)
+        except BaseException:
+            # Whatever failed, the dataplane removed what it made (ADD-5); BaseException:
+            # also on SIGTERM/Ctrl-C.
+            call.rolled_back()
+            raise
         finally:
-            phases.add("ipam", time.perf_counter() - ipam_started)
-        try:
-            ipam_result = types.canonical(raw or {}, args.cni_version)
-            addresses = _addresses(ipam_result)
-            if not addresses:
-                raise CniError(
-                    Code.DELEGATE_FAILED,
-                    f"{conf.ipam_type} returned no IP addresses",
-                    "ADD-8: a result without addresses is an error",
-                )
-            spec = setup_spec(args, conf, addresses, mac, mtu)
-        except BaseException:
-            self._ipam_del_quietly(args, ipam_type)
-            raise
-        # The attachment is recorded (and, in tabby-node, its policy programmed) while the
-        # kernel side is built: datastore round trips overlap netlink work.
-        recorded = _InBackground(
-            lambda: self.endpoints.added(args, conf, addresses, spec.host_ifname), "endpoint"
-        )
-        try:
-            with phases.timed("netlink"):
-                done = dp.setup(spec)
-        except BaseException:
-            # Whatever failed after IPAM succeeded: the dataplane cleaned itself up; give the
-            # addresses back before reporting (ADD-5). BaseException: also on SIGTERM/Ctrl-C.
-            if recorded.wait() is None:
-                self._erase_quietly(args, conf)
-            self._ipam_del_quietly(args, ipam_type)
-            raise
-        failure = recorded.wait()
+            phases.on_path("netlink", time.perf_counter() - setup_started - call.beside)
+        failure = call.recorded()
         if failure is not None:
-            self._teardown_quietly(args, conf, addresses)
+            self._teardown_quietly(args, conf, call.allocated)
             self._ipam_del_quietly(args, ipam_type)
             raise failure
         logger.info(
             "added %s on %s (host veth %s)",
-            ", ".join(map(str, addresses)),
+            ", ".join(map(str, call.allocated)),
             args.netns,
             done.host_ifname,
         )
         return types.render(
-            build_result(args, conf, prev, ipam_result, addresses, done, mtu), args.cni_version
+            build_result(args, conf, prev, call.result, call.allocated, done, mtu),
+            args.cni_version,
         )
 
     def delete(self, args: skel.CmdArgs) -> None:
@@ -657,9 +722,13 @@ class Plugin:
             host = host_ifname(args, conf)
         except Unknown as e:
             logger.warning("no host veth of that name can exist (%s): pod side only", e)
-        # The endpoint (and in tabby-node the pod's policy) is removed while the kernel
-        # side is torn down, as an ADD records it: the teardown waits for no store (DEL-7),
-        # and the addresses are released only after both (DEL-3, below).
+        # The endpoint (and in tabby-node the pod's policy) is removed, and the kernel side
+        # torn down, each on a thread of its own: the teardown waits for no store (DEL-7).
+        # The addresses are released once the endpoint is gone (no policy of the old pod
+        # can meet a new pod given its address), beside the kernel's teardown (the veth's
+        # deletion is most of a DEL): a new pod given an address still on the old veth gets
+        # the host route (it replaces it), and the old veth's deletion takes only what
+        # points at it. IPAM DEL runs whatever failed before (DEL-3).
         erased: _InBackground | None = None
         try:
             read.store(conf.ipam)
@@ -668,28 +737,29 @@ class Plugin:
             logger.warning("no workload endpoint of that key or store (%s): none removed", e)
         else:
             erased = _InBackground(lambda: self.endpoints.removed(args, conf), "endpoint")
+        addresses = _addresses(prev) if prev else None
+        torn = _InBackground(
+            lambda: self.dataplane.teardown(args.netns or None, args.ifname, host, addresses),
+            "netlink",
+        )
         local_error: CniError | None = None
         try:
-            with phases.timed("netlink"):
-                self.dataplane.teardown(
-                    args.netns or None,
-                    args.ifname,
-                    host,
-                    _addresses(prev) if prev else None,
-                )
-        except CniError as e:
-            logger.error("local teardown failed: %s", e)
-            local_error = e
-        finally:
             failure = erased.wait() if erased is not None else None
-        if isinstance(failure, CniError):
-            logger.error("cannot remove the workload endpoint: %s", failure)
-            local_error = local_error or failure
-        elif failure is not None:
-            raise failure
-        # IPAM DEL always, even when local cleanup failed or the netns is gone (DEL-3).
-        with phases.timed("ipam"):
-            self._ipam(args, conf, "DEL")()
+            if isinstance(failure, CniError):
+                logger.error("cannot remove the workload endpoint: %s", failure)
+                local_error = failure
+            elif failure is not None:
+                raise failure
+            with phases.timed("ipam"):
+                self._ipam(args, conf, "DEL")()
+        finally:
+            unbuilt = torn.wait()
+            if isinstance(unbuilt, CniError):
+                logger.error("local teardown failed: %s", unbuilt)
+        if isinstance(unbuilt, CniError):
+            local_error = unbuilt
+        elif unbuilt is not None:
+            raise unbuilt
         logger.info("deleted (netns %s)", args.netns or "-")
         if local_error is not None:
             raise local_error
@@ -767,7 +837,7 @@ class Plugin:
             for r in default_pod_routes(addresses)
             if (str(r.dst), str(r.gw) if r.gw is not None else None) in listed
         ]
-        with phases.timed("netlink"):
+        with phases.timed("netlink_wait"), phases.timed("netlink"):
             self.dataplane.check(
                 spec, ExpectedState(container_mac=pod_if.get("mac"), routes=routes)
             )

@@ -9,7 +9,11 @@ recording costs one attribute lookup and keeps nothing.
 Phases (``PHASES``):
 
 * ``ipam``: the IPAM verb, its durable write included.
-* ``netlink``: the kernel side of the attachment (veth, addresses, routes, sysctls).
+* ``netlink``: the kernel side of the attachment (veth, addresses, routes, sysctls);
+  ``netlink_wait``: the part of it on the call's path. An ADD makes the veth pair beside
+  the IPAM call (only the configuration that follows, and the wait for the pair, count); a
+  DEL tears the attachment down beside the IPAM call (only the wait once the IPAM call is
+  done counts); CHECK's is all on the path (:func:`on_path`).
 * ``endpoint``: the WorkloadEndpoint write (a DEL: its removal) and, in tabby-node, the
   pod's policy. An ADD and a DEL run it beside ``netlink``: only ``endpoint_wait``, the
   time the call waited for it once the kernel side was done, is on the call's path.
@@ -23,9 +27,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-PHASES = ("ipam", "netlink", "endpoint", "endpoint_wait", "server")
-#: The phases on a call's path (``endpoint`` overlaps ``netlink`` in an ADD: its wait is).
-ON_PATH = ("ipam", "netlink", "endpoint_wait")
+PHASES = ("ipam", "netlink", "netlink_wait", "endpoint", "endpoint_wait", "server")
+#: The phases on a call's path (``netlink`` and ``endpoint`` overlap others: their waits are).
+ON_PATH = ("ipam", "netlink_wait", "endpoint_wait")
 
 _call = threading.local()
 
@@ -40,6 +44,13 @@ def add(phase: str, seconds: float) -> None:
     phases: dict[str, float] | None = getattr(_call, "phases", None)
     if phases is not None:
         phases[phase] = phases.get(phase, 0.0) + seconds
+
+
+def on_path(phase: str, seconds: float) -> None:
+    """``seconds`` of ``phase`` that the call waited for whole: to ``phase`` and to
+    ``<phase>_wait``."""
+    add(phase, seconds)
+    add(f"{phase}_wait", seconds)
 
 
 @contextmanager

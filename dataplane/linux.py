@@ -7,10 +7,12 @@ production); the pod namespace is entered only by short-lived worker threads
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 from bundle.types import IPAddress, IPNetwork
@@ -121,7 +123,9 @@ def _already_exists(spec: SetupSpec) -> InterfaceConflict:
     )
 
 
-def setup(spec: SetupSpec) -> SetupResult:
+def setup(
+    spec: SetupSpec, addresses: Callable[[], Sequence[IPAddress]] | None = None
+) -> SetupResult:
     """Build the attachment's data path; on failure remove whatever was created and raise.
 
     Raises :class:`~dataplane.errors.NetNSNotFound`, :class:`~dataplane.errors.InvalidNetNS`,
@@ -129,42 +133,112 @@ def setup(spec: SetupSpec) -> SetupResult:
     in the pod (which is then left untouched), or another
     :class:`~dataplane.errors.DataplaneError` for kernel failures.
 
+    ``addresses``: where the addresses come from when they are not known yet (the spec's own
+    are then ignored): it is called in the calling thread while the veth pair is made on a
+    thread of its own (the kernel's veth creation and the caller's IPAM overlap), then the
+    pair is configured with what it returned. What it raises is raised unchanged, the pair
+    removed first; ``setup`` raises before calling it only when the namespace cannot be
+    opened.
+
     Round trips (the usual case, IPv4 or IPv6 or both): the veth pair made with its pod end
     directly in the pod; both ends read back at once (two sockets, both requests under way
     together); then each side's changes in one datagram, both under way together: the host
     end up with its alias and its routes, the pod end up with its addresses and routes.
     Names already taken are looked at only when the kernel refuses the pair (EEXIST).
     """
-    if not spec.addresses:
+    if addresses is None and not spec.addresses:
         raise DataplaneError("no addresses to configure", "setup() needs at least one")
     with netns_mod.open_netns(spec.netns_path) as ns, _sockets(ns) as (host, pod):
+        if addresses is None:
+            host_link, pod_link = _make_pair(spec, ns, host, pod)
+        else:
+            spec, (host_link, pod_link) = _pair_beside(spec, ns, host, pod, addresses)
         try:
-            _add_veth(spec, ns, host)
-        except NetlinkFailure as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-            _prepare(spec, ns, host, pod)  # a conflict raises; a stale veth of ours goes
-            _add_veth(spec, ns, host)
-        host_link: Link | None = None
-        try:
-            host_sent = host.send([link_request(spec.host_ifname)])
-            pod_sent = pod.send([link_request(spec.ifname)])
-            host_link = host.link_of(host.results(host_sent)[0])
-            pod_link = pod.link_of(pod.results(pod_sent)[0])
-            if host_link is None:
-                raise DataplaneError(
-                    f"host veth {spec.host_ifname} vanished right after creation",
-                    "another process deleted it concurrently",
-                )
-            if pod_link is None:
-                raise DataplaneError(
-                    f"pod interface {spec.ifname} not found after creating the veth pair",
-                    f"in {spec.netns_path}",
-                )
             return _configure(spec, ns, host, pod, host_link, pod_link)
         except BaseException:
             _rollback(host, spec.host_ifname, host_link)
             raise
+
+
+def _make_pair(spec: SetupSpec, ns: NetNS, host: Rtnl, pod: Rtnl) -> tuple[Link, Link]:
+    """The veth pair, made and read back (both ends); removed again if that fails."""
+    try:
+        _add_veth(spec, ns, host)
+    except NetlinkFailure as exc:
+        if exc.errno != errno.EEXIST:
+            raise
+        _prepare(spec, ns, host, pod)  # a conflict raises; a stale veth of ours goes
+        _add_veth(spec, ns, host)
+    host_link: Link | None = None
+    try:
+        host_sent = host.send([link_request(spec.host_ifname)])
+        pod_sent = pod.send([link_request(spec.ifname)])
+        host_link = host.link_of(host.results(host_sent)[0])
+        pod_link = pod.link_of(pod.results(pod_sent)[0])
+        if host_link is None:
+            raise DataplaneError(
+                f"host veth {spec.host_ifname} vanished right after creation",
+                "another process deleted it concurrently",
+            )
+        if pod_link is None:
+            raise DataplaneError(
+                f"pod interface {spec.ifname} not found after creating the veth pair",
+                f"in {spec.netns_path}",
+            )
+        return host_link, pod_link
+    except BaseException:
+        _rollback(host, spec.host_ifname, host_link)
+        raise
+
+
+def _pair_beside(
+    spec: SetupSpec,
+    ns: NetNS,
+    host: Rtnl,
+    pod: Rtnl,
+    addresses: Callable[[], Sequence[IPAddress]],
+) -> tuple[SetupSpec, tuple[Link, Link]]:
+    """``addresses()`` in this thread while the pair is made on another: the spec with the
+    addresses, and the pair. The sockets and the namespace's descriptor are only the other
+    thread's until it is joined (a netlink socket stays in the namespace it was opened in,
+    whichever thread uses it); sysctls, which are read in the thread's own namespace, are
+    written by ``_configure`` in this one."""
+    maker = _Beside(lambda: _make_pair(spec, ns, host, pod))
+    try:
+        given = tuple(addresses())
+    except BaseException:
+        made = maker.join()
+        if isinstance(made, tuple):
+            _rollback(host, spec.host_ifname, made[0])
+        raise
+    made = maker.join()
+    if isinstance(made, BaseException):
+        raise made
+    if not given:
+        _rollback(host, spec.host_ifname, made[0])
+        raise DataplaneError("no addresses to configure", "setup() needs at least one")
+    return dataclasses.replace(spec, addresses=given), made
+
+
+class _Beside:
+    """``fn()`` on a thread of its own; ``join()`` returns its result or what it raised."""
+
+    def __init__(self, fn: Callable[[], tuple[Link, Link]]) -> None:
+        self._fn = fn
+        self._out: tuple[Link, Link] | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tabby-veth", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._out = self._fn()
+        except BaseException as e:  # handed to the caller by join()
+            self._out = e
+
+    def join(self) -> tuple[Link, Link] | BaseException:
+        self._thread.join()
+        assert self._out is not None
+        return self._out
 
 
 def _add_veth(spec: SetupSpec, ns: NetNS, host: Rtnl) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from bundle.types import IPAddress, IPNetwork
@@ -139,7 +139,9 @@ class Dataplane(Protocol):
     """What the plugin needs from a data path. :mod:`dataplane.linux` (the module
     itself) implements it; tests of the plugin can pass a fake."""
 
-    def setup(self, spec: SetupSpec) -> SetupResult: ...
+    def setup(
+        self, spec: SetupSpec, addresses: Callable[[], Sequence[IPAddress]] | None = None
+    ) -> SetupResult: ...
 
     def teardown(
         self,

@@ -135,9 +135,11 @@ def cni_env(verb: str, pod: dict[str, Any], extra: str = "") -> dict[str, str]:
 class NoKernel:
     """The dataplane of a simulated node: it has no kernel; tabby's handlers do the rest."""
 
-    def setup(self, spec: Any) -> Any:
+    def setup(self, spec: Any, addresses: Any = None) -> Any:
         from dataplane.model import SetupResult
 
+        if addresses is not None:
+            addresses()
         return SetupResult(
             host_ifname=spec.host_ifname,
             host_mac="ee:ee:ee:ee:ee:ee",

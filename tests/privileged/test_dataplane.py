@@ -7,9 +7,12 @@ goes to addresses inside these namespaces. Rule IDs (GEN-15, GEN-16): cni_protoc
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -289,6 +292,111 @@ def test_failure_midway_rolls_back(node: Node, make_pod: MakePod) -> None:
     assert "errno 17" in exc.value.details
     assert "add address" in exc.value.details
     assert "calirollback0" not in node.links()
+    assert pod.links() == ["lo"]
+    assert host_routes(node, f"{ip}/32") == ""
+
+
+# --- setup with the addresses asked for while the pair is made (the served ADD) ----------
+
+
+def _pair_only(spec: SetupSpec) -> SetupSpec:
+    return dataclasses.replace(spec, addresses=())
+
+
+def _wait_for_link(name: str) -> None:
+    """Until ``name`` exists in the calling thread's namespace (2 s at most)."""
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            socket.if_nametoindex(name)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def test_addresses_are_asked_for_in_the_calling_thread(node: Node, make_pod: MakePod) -> None:
+    """The same data path as with the addresses given; the callable runs in the calling
+    thread (where the IPAM call's namespaces are), the pair on another."""
+    pod = make_pod()
+    spec = make_spec(pod, 30)
+    seen: list[int] = []
+
+    def addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        seen.append(threading.get_ident())
+        return list(spec.addresses)
+
+    def run() -> tuple[int, object]:
+        return threading.get_ident(), dataplane.setup(_pair_only(spec), addresses)
+
+    caller, res = node.run(run)
+    assert seen == [caller]
+    assert res.host_ifname == spec.host_ifname  # type: ignore[attr-defined]
+    node.run(dataplane.check, spec)
+    node.ping(str(spec.addresses[0]))
+
+
+def test_a_failed_address_call_removes_the_pair(node: Node, make_pod: MakePod) -> None:
+    """The IPAM call fails once the pair exists: what it raised is raised unchanged, and
+    neither end is left."""
+    pod = make_pod()
+    spec = make_spec(pod, 31)
+
+    def addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        _wait_for_link(spec.host_ifname)
+        raise LookupError("no address available")
+
+    with pytest.raises(LookupError, match="no address available"):
+        node.run(dataplane.setup, _pair_only(spec), addresses)
+    assert spec.host_ifname not in node.links()
+    assert pod.links() == ["lo"]
+
+
+def test_no_addresses_removes_the_pair(node: Node, make_pod: MakePod) -> None:
+    pod = make_pod()
+    spec = make_spec(pod, 32)
+
+    def addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        _wait_for_link(spec.host_ifname)
+        return []
+
+    with pytest.raises(dataplane.DataplaneError, match="no addresses"):
+        node.run(dataplane.setup, _pair_only(spec), addresses)
+    assert spec.host_ifname not in node.links()
+    assert pod.links() == ["lo"]
+
+
+def test_a_pair_refused_beside_the_address_call(node: Node, make_pod: MakePod) -> None:
+    """The pod already has ``eth0``: the refusal comes after the addresses were asked for
+    (the caller gives them back), and the foreign interface is left untouched."""
+    pod = make_pod()
+    pod.ip("link", "add", "eth0", "type", "bridge")
+    before = pod.link_line("eth0")
+    spec = make_spec(pod, 33)
+    asked: list[bool] = []
+
+    def addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        asked.append(True)
+        return list(spec.addresses)
+
+    with pytest.raises(InterfaceConflict, match="already exists"):
+        node.run(dataplane.setup, _pair_only(spec), addresses)
+    assert asked == [True]
+    assert pod.link_line("eth0") == before
+    assert spec.host_ifname not in node.links()
+
+
+def test_a_failed_configuration_after_the_address_call_rolls_back(
+    node: Node, make_pod: MakePod
+) -> None:
+    pod = make_pod()
+    ip = pod_ips(34, (4,))[0]
+    spec = SetupSpec(pod.path, "eth0", "calibeside0", ())
+    with pytest.raises(NetlinkFailure) as exc:
+        node.run(dataplane.setup, spec, lambda: [ip, ip])  # 2nd address: EEXIST
+    assert "add address" in exc.value.details
+    assert "calibeside0" not in node.links()
     assert pod.links() == ["lo"]
     assert host_routes(node, f"{ip}/32") == ""
 

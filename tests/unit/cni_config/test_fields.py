@@ -215,9 +215,11 @@ class Recorder:
         self.calls.append(f"ipam {command}")
         return lambda: {"cniVersion": args.cni_version, "ips": [{"address": "10.1.0.2/32"}]}
 
-    def setup(self, spec: Any) -> Any:
+    def setup(self, spec: Any, addresses: Any = None) -> Any:
         from dataplane.model import SetupResult
 
+        if addresses is not None:
+            addresses()
         self.calls.append("setup")
         return SetupResult(
             spec.host_ifname, "ee:ee:ee:ee:ee:ee", 2, spec.ifname, "02:00:00:00:00:01", 3, ()

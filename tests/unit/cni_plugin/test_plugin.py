@@ -3,6 +3,7 @@ delegation and chaining rules of cni_protocol/CONFORMANCE.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import ipaddress
 import json
@@ -38,6 +39,8 @@ class FakeDataplane:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.fail_setup: Exception | None = None
+        #: raised by setup before it asks for the addresses (the namespace cannot be opened)
+        self.fail_open: Exception | None = None
         self.fail_teardown: Exception | None = None
         self.fail_check: Exception | None = None
         self.fail_list: Exception | None = None
@@ -45,7 +48,13 @@ class FakeDataplane:
         self.veths: list[Any] = []
         self.live = False
 
-    def setup(self, spec: Any) -> Any:
+    def setup(self, spec: Any, addresses: Any = None) -> Any:
+        # As the kernel's: the addresses are asked for while the pair is made, and a
+        # failure of the pair or its configuration comes after.
+        if self.fail_open:
+            raise self.fail_open
+        if addresses is not None:
+            spec = dataclasses.replace(spec, addresses=tuple(addresses()))
         self.calls.append(("setup", spec))
         if self.fail_setup:
             raise self.fail_setup
@@ -203,12 +212,12 @@ def test_add_result_shape(fakes: tuple[FakeDataplane, FakeIpam], version: str) -
 
 
 def test_add_and_del_time_their_phases(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
-    """tabby-node's per-phase times (``cni_protocol.phases``): the IPAM, the kernel side,
-    the endpoint beside the kernel side in an ADD (and what the ADD waited of it), in line
-    in a DEL."""
+    """tabby-node's per-phase times (``cni_protocol.phases``): the IPAM, the kernel side
+    (and what the call waited of it), the endpoint beside the kernel side (and what the
+    call waited of it)."""
     for command, want in (
-        ("ADD", {"ipam", "netlink", "endpoint", "endpoint_wait", "server"}),
-        ("DEL", {"ipam", "netlink", "endpoint", "endpoint_wait", "server"}),
+        ("ADD", {"ipam", "netlink", "netlink_wait", "endpoint", "endpoint_wait", "server"}),
+        ("DEL", {"ipam", "netlink", "netlink_wait", "endpoint", "endpoint_wait", "server"}),
     ):
         phases.begin()
         rc, out = run(command, conf())
@@ -217,6 +226,7 @@ def test_add_and_del_time_their_phases(fakes: tuple[FakeDataplane, FakeIpam]) ->
         assert set(got) == want, command
         assert got["server"] < 60.0
         assert got["endpoint_wait"] <= got["endpoint"] + 0.001
+        assert got["netlink_wait"] <= got["netlink"] + 0.001
 
 
 def test_add_keeps_prev_result(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
@@ -288,6 +298,45 @@ def test_refused_repeated_add_of_a_live_pod_keeps_its_addresses(
     rc, out = run("ADD", conf(mtu=5))
     assert (rc, out["code"]) == (1, 2)
     assert ipam.calls == ["ADD"]
+
+
+def test_add_whose_namespace_cannot_be_opened_gives_back_the_overlapped_ipam(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """The binaries start the IPAM call first: a namespace that is gone fails the ADD
+    before the dataplane asks for the addresses, which are given back."""
+    dp, ipam = fakes
+    dp.fail_open = NetNSNotFound("/run/netns/p1")
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"]) == (1, 3)
+    assert ipam.calls == ["ADD", "DEL"]
+    assert ENDPOINTS[-1].calls == []
+
+
+def test_served_add_asks_ipam_only_once_the_namespace_is_open() -> None:
+    """tabby-node (IPAM in-process, run when the dataplane asks, beside the pair): a
+    namespace that is gone fails the ADD before any address is allocated."""
+    dp, ipam, eps = FakeDataplane(), FakeIpam(), FakeEndpoints()
+    handlers = plugin.Plugin(
+        dataplane=lambda: dp, ipam=ipam, endpoints=eps, validate_first=True
+    ).handlers()
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "c1",
+        "CNI_NETNS": "/run/netns/p1",
+        "CNI_IFNAME": "eth0",
+        "CNI_PATH": "/opt/cni/bin",
+    }
+    dp.fail_open = NetNSNotFound("/run/netns/p1")
+    rc, out = skel.run(handlers, env, json.dumps(conf()).encode())
+    assert (rc, json.loads(out)["code"]) == (1, 3)
+    assert ipam.calls == []
+    dp.fail_open = None
+    dp.fail_setup = NetlinkFailure("add route 0.0.0.0/0", "pod", errno.EPERM)
+    rc, out = skel.run(handlers, env, json.dumps(conf()).encode())
+    assert (rc, json.loads(out)["code"]) == (1, 103)
+    assert ipam.calls == ["ADD", "DEL"]
+    assert [c[0] for c in eps.calls] == ["added", "removed"]
 
 
 def test_tabby_node_validates_before_the_ipam_call() -> None:
@@ -394,7 +443,7 @@ def test_bad_known_fields(
 def test_del_always_tears_down_then_releases(
     fakes: tuple[FakeDataplane, FakeIpam], netns: str
 ) -> None:
-    """DEL-1..3: local cleanup first, IPAM DEL always, also without a netns."""
+    """DEL-1..3: local cleanup, IPAM DEL always, also without a netns."""
     dp, ipam = fakes
     for _ in range(3):
         rc, out = run("DEL", conf(), CNI_NETNS=netns)
@@ -424,47 +473,73 @@ def test_del_reports_locked_store_after_local_cleanup(
     assert dp.calls[0][0] == "teardown"
 
 
-def test_del_removes_the_endpoint_while_the_kernel_side_is_torn_down(
+def test_del_releases_once_the_endpoint_is_gone_beside_the_teardown(
     fakes: tuple[FakeDataplane, FakeIpam],
 ) -> None:
-    """DEL-3, DEL-7: the endpoint's removal overlaps the teardown (which waits for no store),
-    and the addresses are released only after both; a failed removal is reported after
-    the IPAM DEL, which still runs."""
+    """DEL-3, DEL-7: the endpoint's removal and the IPAM DEL that follows it both run
+    while the kernel side is torn down (which waits for no store); the addresses are never
+    released before the endpoint is gone; a failed removal is reported after the IPAM DEL,
+    which still runs."""
     import threading
 
     dp, ipam = fakes
     eps = ENDPOINTS[-1]
-    in_teardown, removing = threading.Event(), threading.Event()
+    in_teardown, released = threading.Event(), threading.Event()
     order: list[str] = []
     teardown, removed, start = dp.teardown, eps.removed, ipam.start
 
     def slow_teardown(*a: Any) -> None:
         in_teardown.set()
-        assert removing.wait(10), "the endpoint's removal did not run beside the teardown"
+        assert released.wait(10), "the IPAM DEL did not run beside the teardown"
         teardown(*a)
         order.append("teardown")
 
     def removing_endpoint(args: skel.CmdArgs, c: Any) -> None:
-        removing.set()
         assert in_teardown.wait(10)
         removed(args, c)
         order.append("removed")
 
     def ipam_start(ipam_type: str, command: str, args: skel.CmdArgs) -> plugin.Pending:
         order.append(f"ipam {command}")
+        released.set()
         return start(ipam_type, command, args)
 
     dp.teardown = slow_teardown  # type: ignore[method-assign]
     eps.removed = removing_endpoint  # type: ignore[method-assign]
     ipam.start = ipam_start  # type: ignore[method-assign]
     assert run("DEL", conf()) == (0, None)
-    assert sorted(order[:2]) == ["removed", "teardown"]
-    assert order[2:] == ["ipam DEL"]
+    assert order == ["removed", "ipam DEL", "teardown"]
     eps.fail["removed"] = CniError(11, "IPAM datastore lock timeout")
     order.clear()
+    released.clear()
     rc, out = run("DEL", conf())
     assert (rc, out["code"]) == (1, 11)
-    assert order == ["teardown", "ipam DEL"]  # the removal failed: reported after IPAM DEL
+    assert order == ["ipam DEL", "teardown"]  # the removal failed: reported after IPAM DEL
+
+
+def test_del_reports_the_ipam_error_after_the_teardown_is_done(
+    fakes: tuple[FakeDataplane, FakeIpam],
+) -> None:
+    """An IPAM DEL that fails while the kernel side is torn down: the call still waits for
+    the teardown, then reports the IPAM error (a local failure is only logged then)."""
+    import threading
+
+    dp, ipam = fakes
+    done = threading.Event()
+    teardown = dp.teardown
+
+    def slow_teardown(*a: Any) -> None:
+        threading.Event().wait(0.05)
+        teardown(*a)
+        done.set()
+
+    dp.teardown = slow_teardown  # type: ignore[method-assign]
+    ipam.fail["DEL"] = CniError(11, "IPAM datastore busy, try again later")
+    rc, out = run("DEL", conf())
+    assert (rc, out["code"]) == (1, 11)
+    assert done.is_set()
+    dp.fail_teardown = NetlinkFailure("delete link cali0", "host", errno.EBUSY)
+    assert run("DEL", conf())[1]["code"] == 11
 
 
 def test_del_with_garbage_prev_result_still_cleans(fakes: tuple[FakeDataplane, FakeIpam]) -> None:
