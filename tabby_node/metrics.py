@@ -101,10 +101,11 @@ CATALOGUE: dict[str, tuple[str, str, str]] = {
         "histogram",
         "verb, phase",
         "where a served CNI call's time went: ipam (the IPAM verb and its durable write), "
-        "netlink (the kernel side), endpoint (the WorkloadEndpoint write and the pod's "
-        "policy; an ADD runs it beside netlink), endpoint_wait (the part of it the call "
-        "waited for), server (the rest: framing, namespace entry, thread hand-offs, "
-        "parsing, rendering)",
+        "netlink (the kernel side; an ADD makes the veth pair beside ipam, a DEL deletes "
+        "it beside ipam), netlink_wait (the part of it the call waited for), endpoint (the "
+        "WorkloadEndpoint write and the pod's policy; beside netlink), endpoint_wait (the "
+        "part of it the call waited for), server (the rest: framing, namespace entry, "
+        "thread hand-offs, parsing, rendering)",
     ),
     "tabby_cni_cpu_seconds_total": (
         "counter",

@@ -73,8 +73,15 @@ NODENAME = "bench-node"
 #: tabby-node's /metrics in the case's namespace (private: any port is free there)
 METRICS_PORT = 9191
 #: The phases of a served call tabby-node times (``cni_protocol.phases``), as the table
-#: names them; endpoint is only its wait (an ADD runs it beside netlink).
-PHASE_COLUMNS = (("ipam", "ipam"), ("netlink", "nl"), ("endpoint_wait", "ep"), ("server", "srv"))
+#: names them: the phases on the call's path (netlink and the endpoint are only their
+#: waits: an ADD makes the veth pair beside the IPAM call and records the endpoint beside
+#: the pair's configuration, a DEL releases the addresses beside the veth's deletion).
+PHASE_COLUMNS = (
+    ("ipam", "ipam"),
+    ("netlink_wait", "nl"),
+    ("endpoint_wait", "ep"),
+    ("server", "srv"),
+)
 #: tabby-node's CPU per served call (ms, all its threads), the issue's targets.
 CPU_TARGETS = {"ADD": 12.0, "DEL": 8.0}
 #: ``--tabby-node checkout``: the program the checkout's tabby-node runs as
@@ -415,7 +422,8 @@ def table(args: argparse.Namespace) -> int:
         f"ptp+host-local's p50 in the same run; paired: median of pod-by-pod ratios); "
         f"node cpu: tabby-node's CPU per served call, ms (all its threads; target "
         f"ADD <= {CPU_TARGETS['ADD']:.0f}, DEL <= {CPU_TARGETS['DEL']:.0f}); ipam, nl "
-        f"(netlink), ep (the endpoint and its policy: what the call waited of it), srv "
+        f"(the kernel side: what the call waited of it), ep (the endpoint and its policy: "
+        f"what the call waited of it), srv "
         f"(tabby-node's own work: framing, namespace entry, hand-offs, parsing): mean ms "
         f"of the served call, from tabby-node's metrics; floor: the client floor, wall/cpu "
         f"p50 ms (a frozen Python process that does nothing); load at the end of each run",

@@ -20,7 +20,13 @@ from tabby_node.metrics import Metrics
 def test_node_calls_are_read_per_verb_from_the_nodes_own_exposition() -> None:
     m = Metrics()
     for ipam, netlink, server in ((0.004, 0.003, 0.001), (0.006, 0.005, 0.003)):
-        phases = {"ipam": ipam, "netlink": netlink, "endpoint_wait": 0.0005, "server": server}
+        phases = {
+            "ipam": ipam,
+            "netlink": netlink + 0.010,  # beside ipam: only its wait is on the call's path
+            "netlink_wait": netlink,
+            "endpoint_wait": 0.0005,
+            "server": server,
+        }
         m.cni_request("ADD", 0, b"{}", 0.02, phases, cpu=0.010)
     m.cni_request("DEL", 0, b"", 0.03, {"ipam": 0.002, "server": 0.001}, cpu=0.009)
     _, body = m.exposition("text/plain")
@@ -30,10 +36,10 @@ def test_node_calls_are_read_per_verb_from_the_nodes_own_exposition() -> None:
     assert add["n"] == 2
     assert add["cpu"] == pytest.approx(10.0)
     assert add["ipam"] == pytest.approx(5.0)
-    assert add["netlink"] == pytest.approx(4.0)
+    assert add["netlink_wait"] == pytest.approx(4.0)
     assert add["endpoint_wait"] == pytest.approx(0.5)
     assert add["server"] == pytest.approx(2.0)
-    assert "netlink" not in got["DEL"]
+    assert "netlink_wait" not in got["DEL"]
     assert cpu_text(add, "ADD") == "10.0 ok"
     assert cpu_text(got["DEL"], "DEL") == "9.0 no"
     assert cpu_text(None, "ADD") == "-"
