@@ -1,10 +1,12 @@
 """The ``tabby`` plugin's verbs: delegate addressing to IPAM, wire the pod, report.
 
-ADD: IPAM ADD (exec'd from CNI_PATH, identical stdin) -> dataplane setup -> result. If
-anything fails after IPAM succeeded, the dataplane is rolled back and IPAM DEL runs before
-the error is reported (ADD-5). DEL: local teardown first and always, then IPAM DEL always
-(DEL-2, DEL-3, DEL-7); an invalid field is dropped to its default, and a part that depends on
-one is skipped (DEL-9). CHECK compares the kernel with prevResult and forwards to IPAM.
+ADD: IPAM ADD (exec'd from CNI_PATH with identical stdin, or in tabby-node's own process)
+while the dataplane makes the veth pair, then the pair configured with the addresses ->
+result. If anything fails after IPAM succeeded, the dataplane is rolled back and IPAM DEL
+runs before the error is reported (ADD-5). DEL: local teardown started first and always,
+IPAM DEL always, once the endpoint is removed, beside the teardown (DEL-2, DEL-3, DEL-7); an
+invalid field is dropped to its default, and a part that depends on one is skipped (DEL-9).
+CHECK compares the kernel with prevResult and forwards to IPAM.
 GC removes host veths of this network whose attachment is not valid, then forwards.
 Rule IDs (ADD-5, ...) are defined in cni_protocol/CONFORMANCE.md.
 """
