@@ -236,36 +236,23 @@ def _store_errors() -> AbstractContextManager[None]:
 
 
 class _InBackground:
-    """``fn()`` on a thread of its own; ``wait()`` returns what it raised (None: it
-    returned). The thread inherits the caller's namespaces (clone copies them). Its time
+    """``fn()`` on a thread of its own (:class:`bundle.beside.Beside`: it inherits the
+    caller's namespaces); ``wait()`` returns what it raised (None: it returned). Its time
     counts to the caller's phase ``phase``, and the time ``wait()`` waited to
     ``<phase>_wait`` (:mod:`cni_protocol.phases`)."""
 
     def __init__(self, fn: Callable[[], object], phase: str) -> None:
-        import threading
+        from bundle.beside import Beside
 
-        self._error: BaseException | None = None
-        self._fn = fn
         self._phase = phase
-        self._seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name=f"tabby-{phase}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            self._fn()
-        except BaseException as e:  # handed to the caller by wait()
-            self._error = e
-        finally:
-            self._seconds = time.perf_counter() - started
+        self._call: Beside[object] = Beside(fn, f"tabby-{phase}")
 
     def wait(self) -> BaseException | None:
         started = time.perf_counter()
-        self._thread.join()
+        out = self._call.join()
         phases.add(f"{self._phase}_wait", time.perf_counter() - started)
-        phases.add(self._phase, self._seconds)
-        return self._error
+        phases.add(self._phase, self._call.seconds)
+        return out if isinstance(out, BaseException) else None
 
 
 class _AddIpam:

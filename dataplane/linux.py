@@ -11,10 +11,10 @@ import dataclasses
 import errno
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
+from bundle.beside import Beside
 from bundle.types import IPAddress, IPNetwork
 from dataplane import netns as netns_mod
 from dataplane import sysctl
@@ -203,7 +203,7 @@ def _pair_beside(
     thread's until it is joined (a netlink socket stays in the namespace it was opened in,
     whichever thread uses it); sysctls, which are read in the thread's own namespace, are
     written by ``_configure`` in this one."""
-    maker = _Beside(lambda: _make_pair(spec, ns, host, pod))
+    maker = Beside(lambda: _make_pair(spec, ns, host, pod), "tabby-veth")
     try:
         given = tuple(addresses())
     except BaseException:
@@ -218,27 +218,6 @@ def _pair_beside(
         _rollback(host, spec.host_ifname, made[0])
         raise DataplaneError("no addresses to configure", "setup() needs at least one")
     return dataclasses.replace(spec, addresses=given), made
-
-
-class _Beside:
-    """``fn()`` on a thread of its own; ``join()`` returns its result or what it raised."""
-
-    def __init__(self, fn: Callable[[], tuple[Link, Link]]) -> None:
-        self._fn = fn
-        self._out: tuple[Link, Link] | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="tabby-veth", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._out = self._fn()
-        except BaseException as e:  # handed to the caller by join()
-            self._out = e
-
-    def join(self) -> tuple[Link, Link] | BaseException:
-        self._thread.join()
-        assert self._out is not None
-        return self._out
 
 
 def _add_veth(spec: SetupSpec, ns: NetNS, host: Rtnl) -> None:

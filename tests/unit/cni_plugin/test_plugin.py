@@ -313,47 +313,45 @@ def test_add_whose_namespace_cannot_be_opened_gives_back_the_overlapped_ipam(
     assert ENDPOINTS[-1].calls == []
 
 
-def test_served_add_asks_ipam_only_once_the_namespace_is_open() -> None:
-    """tabby-node (IPAM in-process, run when the dataplane asks, beside the pair): a
-    namespace that is gone fails the ADD before any address is allocated."""
+@pytest.fixture
+def served() -> Iterator[tuple[FakeDataplane, FakeIpam, FakeEndpoints]]:
+    """The handlers as tabby-node runs them: the configuration validated first, the IPAM
+    call in-process (started when the dataplane asks for the addresses)."""
     dp, ipam, eps = FakeDataplane(), FakeIpam(), FakeEndpoints()
-    handlers = plugin.Plugin(
-        dataplane=lambda: dp, ipam=ipam, endpoints=eps, validate_first=True
-    ).handlers()
-    env = {
-        "CNI_COMMAND": "ADD",
-        "CNI_CONTAINERID": "c1",
-        "CNI_NETNS": "/run/netns/p1",
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": "/opt/cni/bin",
-    }
+    HANDLERS.append(
+        plugin.Plugin(
+            dataplane=lambda: dp, ipam=ipam, endpoints=eps, validate_first=True
+        ).handlers()
+    )
+    yield dp, ipam, eps
+    HANDLERS.clear()
+
+
+def test_served_add_asks_ipam_only_once_the_namespace_is_open(
+    served: tuple[FakeDataplane, FakeIpam, FakeEndpoints],
+) -> None:
+    """tabby-node (IPAM beside the pair): a namespace that is gone fails the ADD before any
+    address is allocated; a pair that fails after gives the addresses back."""
+    dp, ipam, eps = served
     dp.fail_open = NetNSNotFound("/run/netns/p1")
-    rc, out = skel.run(handlers, env, json.dumps(conf()).encode())
-    assert (rc, json.loads(out)["code"]) == (1, 3)
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"]) == (1, 3)
     assert ipam.calls == []
     dp.fail_open = None
     dp.fail_setup = NetlinkFailure("add route 0.0.0.0/0", "pod", errno.EPERM)
-    rc, out = skel.run(handlers, env, json.dumps(conf()).encode())
-    assert (rc, json.loads(out)["code"]) == (1, 103)
+    rc, out = run("ADD", conf())
+    assert (rc, out["code"]) == (1, 103)
     assert ipam.calls == ["ADD", "DEL"]
     assert [c[0] for c in eps.calls] == ["added", "removed"]
 
 
-def test_tabby_node_validates_before_the_ipam_call() -> None:
+def test_tabby_node_validates_before_the_ipam_call(
+    served: tuple[FakeDataplane, FakeIpam, FakeEndpoints],
+) -> None:
     """Where the models are warm (tabby-node), an invalid configuration never reaches IPAM."""
-    dp, ipam = FakeDataplane(), FakeIpam()
-    handlers = plugin.Plugin(
-        dataplane=lambda: dp, ipam=ipam, endpoints=FakeEndpoints(), validate_first=True
-    ).handlers()
-    env = {
-        "CNI_COMMAND": "ADD",
-        "CNI_CONTAINERID": "c1",
-        "CNI_NETNS": "/run/netns/p1",
-        "CNI_IFNAME": "eth0",
-        "CNI_PATH": "/opt/cni/bin",
-    }
-    rc, out = skel.run(handlers, env, json.dumps(conf(mtu=5)).encode())
-    assert (rc, json.loads(out)["code"]) == (1, 2)
+    dp, ipam, _ = served
+    rc, out = run("ADD", conf(mtu=5))
+    assert (rc, out["code"]) == (1, 2)
     assert ipam.calls == []
     assert dp.calls == []
 
