@@ -259,7 +259,8 @@ class _AddIpam:
     """An ADD's IPAM call: started at once when ``overlapped`` (an exec'd plugin runs while
     the caller validates), else when the dataplane asks for the addresses
     (:meth:`addresses`, with the veth pair under way). Once they are known, the attachment
-    is recorded (in tabby-node, its policy programmed) while the pair is configured.
+    (``conf``, its host veth ``host``) is recorded (in tabby-node, its policy programmed)
+    while the pair is configured.
     ``beside``: the time the dataplane spent in :meth:`addresses` (IPAM's, not the
     kernel's)."""
 
@@ -267,24 +268,21 @@ class _AddIpam:
         self.owner, self.args, self.ipam_type = owner, args, ipam_type
         self.started = time.perf_counter()
         self.pending = owner.ipam.start(ipam_type, "ADD", args) if overlapped else None
-        self.conf: PluginValues | None = None
-        self.host_ifname = ""
         self.result: JSON = {}
         self.allocated: list[Address] = []
         self.asked = False
         self.beside = 0.0
         self._recorded: _InBackground | None = None
 
-    def addresses(self) -> list[Address]:
+    def addresses(self, conf: PluginValues, host: str) -> list[Address]:
         self.asked = True
         entered = time.perf_counter()
         try:
-            return self._allocate()
+            return self._allocate(conf, host)
         finally:
             self.beside = time.perf_counter() - entered
 
-    def _allocate(self) -> list[Address]:
-        assert self.conf is not None
+    def _allocate(self, conf: PluginValues, host: str) -> list[Address]:
         args = self.args
         try:
             if self.pending is None:
@@ -300,14 +298,14 @@ class _AddIpam:
             if not addresses:
                 raise CniError(
                     Code.DELEGATE_FAILED,
-                    f"{self.conf.ipam_type} returned no IP addresses",
+                    f"{conf.ipam_type} returned no IP addresses",
                     "ADD-8: a result without addresses is an error",
                 )
         except BaseException:
             self.owner._ipam_del_quietly(args, self.ipam_type)
             raise
         self.allocated = addresses
-        conf, host, endpoints = self.conf, self.host_ifname, self.owner.endpoints
+        endpoints = self.owner.endpoints
         self._recorded = _InBackground(
             lambda: endpoints.added(args, conf, addresses, host), "endpoint"
         )
@@ -324,15 +322,14 @@ class _AddIpam:
             return  # IPAM failed too: nothing was allocated
         self.owner._refused_after_ipam(self.args, self.ipam_type)
 
-    def rolled_back(self) -> None:
+    def rolled_back(self, conf: PluginValues) -> None:
         """The dataplane failed (and removed what it made): the endpoint and the addresses
         go too, whatever was allocated (ADD-5)."""
         self.refused()
         if not self.allocated:
             return
-        assert self.conf is not None
         if self.recorded() is None:
-            self.owner._erase_quietly(self.args, self.conf)
+            self.owner._erase_quietly(self.args, conf)
         self.owner._ipam_del_quietly(self.args, self.ipam_type)
 
     def recorded(self) -> BaseException | None:
@@ -665,14 +662,13 @@ class Plugin:
         except BaseException:
             call.refused()
             raise
-        call.conf, call.host_ifname = conf, pair.host_ifname
         setup_started = time.perf_counter()
         try:
-            done = dp.setup(pair, call.addresses)
+            done = dp.setup(pair, lambda: call.addresses(conf, pair.host_ifname))
         except BaseException:
             # Whatever failed, the dataplane removed what it made (ADD-5); BaseException:
             # also on SIGTERM/Ctrl-C.
-            call.rolled_back()
+            call.rolled_back(conf)
             raise
         finally:
             phases.on_path("netlink", time.perf_counter() - setup_started - call.beside)
@@ -826,7 +822,7 @@ class Plugin:
             for r in default_pod_routes(addresses)
             if (str(r.dst), str(r.gw) if r.gw is not None else None) in listed
         ]
-        with phases.timed("netlink_wait"), phases.timed("netlink"):
+        with phases.timed("netlink", waited=True):
             self.dataplane.check(
                 spec, ExpectedState(container_mac=pod_if.get("mac"), routes=routes)
             )

@@ -54,13 +54,14 @@ def on_path(phase: str, seconds: float) -> None:
 
 
 @contextmanager
-def timed(phase: str) -> Iterator[None]:
-    """The block's wall time counts to ``phase``, also when it raises."""
+def timed(phase: str, *, waited: bool = False) -> Iterator[None]:
+    """The block's wall time counts to ``phase``, also when it raises; ``waited``: the call
+    waited for all of it (:func:`on_path`)."""
     started = time.perf_counter()
     try:
         yield
     finally:
-        add(phase, time.perf_counter() - started)
+        (on_path if waited else add)(phase, time.perf_counter() - started)
 
 
 def end(total: float) -> dict[str, float]:
